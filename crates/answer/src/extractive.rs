@@ -1,0 +1,396 @@
+//! Answering without a language model: quoting the sentences that best match the question.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use unicode_segmentation::UnicodeSegmentation;
+
+use crate::grounding::contains_marker;
+use crate::sources::Source;
+
+/// An answer made of verbatim sentences from the sources, each followed by its citation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtractiveAnswer {
+    /// The quoted sentences, each followed by ` [n]`, separated by single spaces.
+    pub answer: String,
+    /// The source numbers cited, ascending, each once.
+    pub citations: Vec<usize>,
+}
+
+/// Quotes the sentences of `sources` that best match `question`, within `max_chars` chars.
+///
+/// Sentences (Unicode sentence boundaries) are scored by the content words they share with the question
+/// (lowercased, stop words dropped, lightly stemmed so "notice" matches "notices"), each shared word weighted by
+/// how rare it is among all the sentences, and the total weighted down by the source's rank (source 1 counts most).
+/// The best sentences that fit are quoted verbatim, each followed by `[n]`, in source order and then text order.
+///
+/// Sentences containing something [`crate::ground`] would read as a citation marker (a footnote such as `[3]` in
+/// the document) are never quoted, so the answer carries exactly the citations this function adds and passes
+/// `ground` with all of them kept. Sources whose `number` is outside 1..=sources.len() are ignored for the same
+/// reason.
+///
+/// `None` when no sentence shares a content word with the question or none fits `max_chars`: the caller refuses.
+pub fn extractive_answer(
+    question: &str,
+    sources: &[Source],
+    max_chars: usize,
+) -> Option<ExtractiveAnswer> {
+    let question_terms: HashSet<String> = content_terms(question).collect();
+    if question_terms.is_empty() || max_chars == 0 {
+        return None;
+    }
+
+    let mut sentence_count = 0usize;
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (rank, source) in sources.iter().enumerate() {
+        if source.number == 0 || source.number > sources.len() {
+            continue;
+        }
+        for (offset, raw) in source.text.split_sentence_bound_indices() {
+            let sentence = raw.trim();
+            if !sentence.chars().any(char::is_alphanumeric) {
+                continue;
+            }
+            sentence_count += 1;
+            let matched: HashSet<String> = content_terms(sentence)
+                .filter(|term| question_terms.contains(term))
+                .collect();
+            if matched.is_empty() || contains_marker(sentence) {
+                continue;
+            }
+            candidates.push(Candidate {
+                rank,
+                number: source.number,
+                position: offset + (raw.len() - raw.trim_start().len()),
+                text: sentence,
+                matched,
+                score: 0.0,
+            });
+        }
+    }
+    if candidates.is_empty() {
+        return None;
+    }
+
+    let mut document_frequency: HashMap<&str, usize> = HashMap::new();
+    for candidate in &candidates {
+        for term in &candidate.matched {
+            *document_frequency.entry(term.as_str()).or_default() += 1;
+        }
+    }
+    let scores: Vec<f64> = candidates
+        .iter()
+        .map(|candidate| {
+            let coverage: f64 = candidate
+                .matched
+                .iter()
+                .map(|term| {
+                    let frequency = document_frequency
+                        .get(term.as_str())
+                        .copied()
+                        .unwrap_or(1)
+                        .max(1);
+                    (1.0 + sentence_count as f64 / frequency as f64).ln()
+                })
+                .sum();
+            coverage / (1.0 + 0.5 * candidate.rank as f64)
+        })
+        .collect();
+    for (candidate, score) in candidates.iter_mut().zip(scores) {
+        candidate.score = score;
+    }
+
+    candidates.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then(a.rank.cmp(&b.rank))
+            .then(a.position.cmp(&b.position))
+    });
+
+    let mut chosen: Vec<&Candidate> = Vec::new();
+    let mut used_chars = 0usize;
+    for candidate in &candidates {
+        if chosen.iter().any(|c| c.text == candidate.text) {
+            continue;
+        }
+        let separator = usize::from(!chosen.is_empty());
+        let cost =
+            candidate.text.chars().count() + format!(" [{}]", candidate.number).len() + separator;
+        if used_chars + cost > max_chars {
+            continue;
+        }
+        used_chars += cost;
+        chosen.push(candidate);
+    }
+    if chosen.is_empty() {
+        return None;
+    }
+
+    chosen.sort_by(|a, b| a.rank.cmp(&b.rank).then(a.position.cmp(&b.position)));
+    let answer = chosen
+        .iter()
+        .map(|c| format!("{} [{}]", c.text, c.number))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut citations: Vec<usize> = chosen.iter().map(|c| c.number).collect();
+    citations.sort_unstable();
+    citations.dedup();
+    Some(ExtractiveAnswer { answer, citations })
+}
+
+struct Candidate<'a> {
+    rank: usize,
+    number: usize,
+    /// Byte offset of the sentence in its source text.
+    position: usize,
+    text: &'a str,
+    matched: HashSet<String>,
+    score: f64,
+}
+
+/// The stemmed, lowercased words of a text that carry meaning.
+fn content_terms(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.unicode_words().filter_map(|word| {
+        let lower = word.to_lowercase();
+        let lower = lower.trim_end_matches("'s").trim_end_matches("’s");
+        let is_short_word = lower.chars().count() < 2 && !lower.chars().all(|c| c.is_numeric());
+        if lower.is_empty() || is_short_word || STOP_WORDS.contains(&lower) {
+            return None;
+        }
+        Some(stem(lower))
+    })
+}
+
+/// A light suffix-stripping stem: enough for "notices"/"notice", "policies"/"policy", "giving"/"give".
+/// Not a linguistic stemmer; both sides of every comparison go through the same function, which is what matters.
+fn stem(word: &str) -> String {
+    let length = word.chars().count();
+    let mut stemmed: String = if length > 4 && word.ends_with("ies") {
+        format!("{}y", &word[..word.len() - 3])
+    } else if length > 4 && word.ends_with("sses") {
+        word[..word.len() - 2].to_string()
+    } else if length > 3
+        && word.ends_with('s')
+        && !word.ends_with("ss")
+        && !word.ends_with("us")
+        && !word.ends_with("is")
+    {
+        word[..word.len() - 1].to_string()
+    } else {
+        word.to_string()
+    };
+
+    let length = stemmed.chars().count();
+    if length > 5 && stemmed.ends_with("ing") {
+        stemmed.truncate(stemmed.len() - 3);
+    } else if length > 4 && (stemmed.ends_with("ed") || stemmed.ends_with("ly")) {
+        stemmed.truncate(stemmed.len() - 2);
+    }
+    if stemmed.chars().count() > 3 && stemmed.ends_with('e') {
+        stemmed.truncate(stemmed.len() - 1);
+    }
+    stemmed
+}
+
+/// Common English function words, plus the words questions are phrased with.
+const STOP_WORDS: &[&str] = &[
+    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as",
+    "at", "be", "because", "been", "before", "being", "between", "both", "but", "by", "can",
+    "could", "did", "do", "does", "doing", "during", "each", "either", "else", "ever", "few",
+    "for", "from", "get", "gets", "got", "had", "has", "have", "having", "he", "her", "here",
+    "hers", "him", "his", "how", "however", "i", "if", "in", "into", "is", "it", "its", "itself",
+    "just", "let", "may", "me", "might", "more", "most", "much", "must", "my", "no", "nor", "not",
+    "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own",
+    "please", "same", "shall", "she", "should", "so", "some", "such", "tell", "than", "that",
+    "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through",
+    "to", "too", "under", "until", "up", "us", "very", "was", "we", "were", "what", "when",
+    "where", "whether", "which", "while", "who", "whom", "whose", "why", "will", "with", "would",
+    "yes", "you", "your", "yours",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grounding::{ground, Grounded};
+    use crate::reply::ModelReply;
+
+    fn source(number: usize, text: &str) -> Source {
+        Source {
+            number,
+            document_id: number as i64,
+            title: format!("Doc {number}"),
+            locators: vec![],
+            chunk_ids: vec![number as i64],
+            text: text.to_string(),
+            distance: 0.1 * number as f64,
+            token_estimate: 1,
+        }
+    }
+
+    fn handbook() -> Vec<Source> {
+        vec![
+            source(
+                1,
+                "Resignations must be made in writing. All staff must give thirty days notice before leaving. \
+                 The office is closed on public holidays.",
+            ),
+            source(
+                2,
+                "Managers may agree a shorter notice period with the employee. Parking is free for all visitors.",
+            ),
+            source(3, "The cafeteria serves lunch from noon."),
+        ]
+    }
+
+    fn assert_grounded(extract: &ExtractiveAnswer, sources_sent: usize) {
+        let reply = ModelReply {
+            answer: extract.answer.clone(),
+            citations: extract.citations.iter().map(|&n| n as i64).collect(),
+            sufficient: true,
+            reason: None,
+        };
+        match ground(&reply, sources_sent) {
+            Grounded::Answered {
+                answer,
+                kept,
+                stripped,
+            } => {
+                assert_eq!(
+                    answer, extract.answer,
+                    "grounding leaves the extract unchanged"
+                );
+                assert_eq!(kept, extract.citations);
+                assert!(stripped.is_empty());
+            }
+            other => panic!("extract failed grounding: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn quotes_matching_sentences_verbatim_with_citations_in_source_order() {
+        let sources = handbook();
+        let extract =
+            extractive_answer("How many days of notice do I have to give?", &sources, 400)
+                .expect("the handbook answers this");
+        assert_eq!(
+            extract.answer,
+            "All staff must give thirty days notice before leaving. [1] \
+             Managers may agree a shorter notice period with the employee. [2]"
+        );
+        assert_eq!(extract.citations, vec![1, 2]);
+        assert_grounded(&extract, sources.len());
+    }
+
+    #[test]
+    fn quoted_sentences_are_substrings_of_their_sources() {
+        let sources = handbook();
+        let extract = extractive_answer("notices for managers", &sources, 400).expect("matches");
+        for piece in extract.answer.split(" [") {
+            let sentence = piece
+                .split_once("] ")
+                .map_or(piece, |(_, sentence)| sentence);
+            if sentence.ends_with(']') || sentence.is_empty() {
+                continue;
+            }
+            assert!(
+                sources.iter().any(|s| s.text.contains(sentence)),
+                "{sentence:?} is verbatim"
+            );
+        }
+    }
+
+    #[test]
+    fn stemming_matches_inflected_forms() {
+        assert_eq!(stem("notices"), stem("notice"));
+        assert_eq!(stem("policies"), stem("policy"));
+        assert_eq!(stem("giving"), stem("give"));
+        assert_eq!(stem("requested"), stem("request"));
+        assert_eq!(stem("classes"), stem("class"));
+        assert_ne!(stem("status"), "statu");
+        let terms: Vec<String> = content_terms("What is the company's notice policy?").collect();
+        assert_eq!(terms, vec![stem("company"), stem("notice"), stem("policy")]);
+    }
+
+    #[test]
+    fn budget_limits_the_sentences_and_prefers_the_best() {
+        let sources = handbook();
+        let best_only = "All staff must give thirty days notice before leaving. [1]";
+        let extract =
+            extractive_answer("give notice days", &sources, best_only.len()).expect("one fits");
+        assert_eq!(extract.answer, best_only);
+        assert_eq!(extract.citations, vec![1]);
+        assert_eq!(extractive_answer("give notice days", &sources, 10), None);
+    }
+
+    #[test]
+    fn rank_breaks_ties_between_equal_sentences() {
+        let sources = vec![
+            source(1, "Bicycles are allowed."),
+            source(2, "Bicycles are welcome."),
+        ];
+        let extract = extractive_answer("bicycles", &sources, 30).expect("one fits");
+        assert_eq!(extract.answer, "Bicycles are allowed. [1]");
+    }
+
+    #[test]
+    fn nothing_in_common_gives_none() {
+        assert_eq!(
+            extractive_answer("Who won the football last night?", &handbook(), 400),
+            None
+        );
+        assert_eq!(extractive_answer("What is it?", &handbook(), 400), None);
+        assert_eq!(extractive_answer("notice", &[], 400), None);
+        assert_eq!(extractive_answer("notice", &handbook(), 0), None);
+    }
+
+    #[test]
+    fn sentences_with_bracket_numbers_are_not_quoted() {
+        let sources = vec![
+            source(
+                1,
+                "Notice is thirty days [3]. Notice for managers is agreed separately.",
+            ),
+            source(2, "Short notice [x] applies to interns."),
+        ];
+        let extract = extractive_answer("notice", &sources, 400).expect("clean sentences remain");
+        assert!(!extract.answer.contains("[3]"));
+        assert!(extract
+            .answer
+            .contains("Short notice [x] applies to interns. [2]"));
+        assert_grounded(&extract, sources.len());
+    }
+
+    #[test]
+    fn misnumbered_sources_are_ignored() {
+        let sources = vec![
+            source(1, "Unrelated text."),
+            source(7, "Notice is thirty days."),
+        ];
+        assert_eq!(extractive_answer("notice", &sources, 400), None);
+    }
+
+    #[test]
+    fn repeated_sentences_are_quoted_once() {
+        let sources = vec![
+            source(1, "Notice is thirty days."),
+            source(2, "Notice is thirty days."),
+        ];
+        let extract = extractive_answer("notice days", &sources, 400).expect("matches");
+        assert_eq!(extract.answer, "Notice is thirty days. [1]");
+        assert_grounded(&extract, 2);
+    }
+
+    #[test]
+    fn multilingual_text_does_not_panic() {
+        let sources = vec![source(
+            1,
+            "Die Kündigungsfrist beträgt dreißig Tage. 通知期間は三十日です。",
+        )];
+        let extract = extractive_answer("Kündigungsfrist Tage", &sources, 200).expect("matches");
+        assert_eq!(
+            extract.answer,
+            "Die Kündigungsfrist beträgt dreißig Tage. [1]"
+        );
+        assert_grounded(&extract, 1);
+    }
+}

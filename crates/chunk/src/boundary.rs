@@ -1,0 +1,391 @@
+//! Positions in the original text and the boundaries a chunk may start or end on.
+//!
+//! Every position carries both its byte offset (to slice the `&str`) and its char offset (what callers
+//! and PostgreSQL count). Char offsets are only ever derived by counting forward from an earlier known
+//! position, so no scan goes back to the start of the text.
+
+use std::ops::ControlFlow;
+
+use unicode_segmentation::UnicodeSegmentation;
+
+/// A place between two chars of the original text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pos {
+    pub(crate) byte: usize,
+    pub(crate) char: usize,
+}
+
+impl Pos {
+    pub(crate) const ORIGIN: Pos = Pos { byte: 0, char: 0 };
+
+    /// The position at `byte`, which must be a char boundary at or after `self`.
+    pub(crate) fn advanced_to(self, text: &str, byte: usize) -> Pos {
+        Pos {
+            byte,
+            char: self.char + text[self.byte..byte].chars().count(),
+        }
+    }
+
+    /// The position `count` chars further on, or the end of the text if it is closer.
+    pub(crate) fn advanced_by_chars(self, text: &str, count: usize) -> Pos {
+        let rest = &text[self.byte..];
+        match rest.char_indices().nth(count) {
+            Some((offset, _)) => Pos {
+                byte: self.byte + offset,
+                char: self.char + count,
+            },
+            None => Pos {
+                byte: text.len(),
+                char: self.char + rest.chars().count(),
+            },
+        }
+    }
+}
+
+/// A half-open range of the original text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) start: Pos,
+    pub(crate) end: Pos,
+}
+
+impl Span {
+    pub(crate) fn chars(&self) -> usize {
+        self.end.char - self.start.char
+    }
+
+    pub(crate) fn slice<'t>(&self, text: &'t str) -> &'t str {
+        &text[self.start.byte..self.end.byte]
+    }
+}
+
+pub(crate) fn is_line_break(c: char) -> bool {
+    matches!(
+        c,
+        '\n' | '\r' | '\u{0B}' | '\u{0C}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+    )
+}
+
+/// How many line breaks `c` adds to a whitespace run; two or more make the run a paragraph break.
+///
+/// CRLF counts once, and a form feed (the page break pdftotext emits) or U+2029 is a paragraph
+/// break by itself.
+pub(crate) fn break_weight(c: char, next: Option<char>) -> usize {
+    match c {
+        '\u{0C}' | '\u{2029}' => 2,
+        '\r' => usize::from(next != Some('\n')),
+        '\n' | '\u{0B}' | '\u{85}' | '\u{2028}' => 1,
+        _ => 0,
+    }
+}
+
+/// A copy of `slice`, byte for byte the same length, in which line breaks that do not form a blank line
+/// are spaces.
+///
+/// UAX #29 ends a sentence at every line break, which would turn each line of hard-wrapped prose (PDF
+/// and HTML extracts) into a "sentence". Replacing a break by as many spaces as it has bytes keeps every
+/// byte offset valid for the original, and non-whitespace chars stay where they were.
+pub(crate) fn soften_line_breaks(slice: &str) -> String {
+    fn push_run(out: &mut String, run: &str, breaks: usize) {
+        if breaks >= 2 {
+            out.push_str(run);
+            return;
+        }
+        for c in run.chars() {
+            if is_line_break(c) {
+                out.extend(std::iter::repeat_n(' ', c.len_utf8()));
+            } else {
+                out.push(c);
+            }
+        }
+    }
+
+    let mut out = String::with_capacity(slice.len());
+    let mut run_start = None;
+    let mut breaks = 0;
+    let mut chars = slice.char_indices().peekable();
+    while let Some((offset, c)) = chars.next() {
+        if c.is_whitespace() {
+            if run_start.is_none() {
+                run_start = Some(offset);
+                breaks = 0;
+            }
+            breaks += break_weight(c, chars.peek().map(|&(_, next)| next));
+        } else {
+            if let Some(start) = run_start.take() {
+                push_run(&mut out, &slice[start..offset], breaks);
+            }
+            out.push(c);
+        }
+    }
+    if let Some(start) = run_start {
+        push_run(&mut out, &slice[start..], breaks);
+    }
+    out
+}
+
+/// Kinds of place a chunk may start on, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tier {
+    /// The first non-blank char of a UAX #29 sentence.
+    Sentence,
+    /// A UAX #29 word boundary right after whitespace: the start of a word.
+    WordAfterSpace,
+    /// Any UAX #29 word boundary before a non-blank char (CJK ideographs, punctuation).
+    Word,
+    /// Any extended grapheme cluster boundary before a non-blank char.
+    Grapheme,
+}
+
+pub(crate) const TIERS: [Tier; 4] = [
+    Tier::Sentence,
+    Tier::WordAfterSpace,
+    Tier::Word,
+    Tier::Grapheme,
+];
+
+/// Calls `visit`, in text order, with every position strictly inside `span` where a chunk may start
+/// under `tier`; stops early when `visit` breaks.
+///
+/// Segmentation begins at `span.start`, which callers only ever set on a boundary, so the boundaries
+/// found are those of the whole text. Cost is linear in the span.
+pub(crate) fn for_each_start(
+    text: &str,
+    span: Span,
+    tier: Tier,
+    mut visit: impl FnMut(Pos) -> ControlFlow<()>,
+) {
+    let slice = span.slice(text);
+    let mut cursor = span.start;
+    let mut emit = |offset: usize| {
+        cursor = cursor.advanced_to(text, span.start.byte + offset);
+        visit(cursor)
+    };
+    match tier {
+        Tier::Sentence => {
+            let softened = soften_line_breaks(slice);
+            for (offset, piece) in softened.split_sentence_bound_indices() {
+                let blank_prefix = piece.len() - piece.trim_start().len();
+                if offset == 0 || blank_prefix == piece.len() {
+                    continue;
+                }
+                if emit(offset + blank_prefix).is_break() {
+                    return;
+                }
+            }
+        }
+        Tier::WordAfterSpace | Tier::Word => {
+            let mut after_space = false;
+            for (offset, word) in slice.split_word_bound_indices() {
+                let eligible = offset > 0
+                    && !word.starts_with(char::is_whitespace)
+                    && (after_space || tier == Tier::Word);
+                if eligible && emit(offset).is_break() {
+                    return;
+                }
+                after_space = word.ends_with(char::is_whitespace);
+            }
+        }
+        Tier::Grapheme => {
+            for (offset, grapheme) in slice.grapheme_indices(true) {
+                let eligible = offset > 0 && !grapheme.starts_with(char::is_whitespace);
+                if eligible && emit(offset).is_break() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// How far before the first position of interest a resumed segmentation starts looking for a place to
+/// begin.
+const RESYNC_MARGIN_CHARS: usize = 64;
+
+/// Where to begin segmenting `span` for `tier` when only starts at or after `from_char` matter.
+///
+/// Searching the end of a 10,000-char chunk should not segment all of it again. Segmentation may begin
+/// wherever the boundaries after it do not depend on the text before it: at a word that follows
+/// whitespace (for every tier), or between two ASCII chars other than CR LF (for graphemes). Such a
+/// place is looked for in the few chars before `from_char`; without one, the whole span is segmented.
+/// Finding it walks chars only, which is far cheaper than segmenting.
+pub(crate) fn resync_point(text: &str, span: Span, from_char: usize, tier: Tier) -> Pos {
+    if from_char >= span.end.char || from_char <= span.start.char + RESYNC_MARGIN_CHARS {
+        return span.start;
+    }
+    let look_from = from_char - RESYNC_MARGIN_CHARS;
+    let slice = span.slice(text);
+    let Some((offset, _)) = slice
+        .char_indices()
+        .rev()
+        .nth(span.end.char - 1 - look_from)
+    else {
+        return span.start;
+    };
+    let mut before = slice[..offset].chars().next_back();
+    let mut pos = Pos {
+        byte: span.start.byte + offset,
+        char: look_from,
+    };
+    for c in slice[offset..].chars() {
+        if pos.char >= from_char {
+            break;
+        }
+        if let Some(previous) = before {
+            let after_space = previous.is_whitespace()
+                && !c.is_whitespace()
+                && (c.is_ascii() || c.is_alphanumeric());
+            let between_ascii = tier == Tier::Grapheme
+                && previous.is_ascii()
+                && c.is_ascii()
+                && !(previous == '\r' && c == '\n');
+            if after_space || between_ascii {
+                return pos;
+            }
+        }
+        before = Some(c);
+        pos = Pos {
+            byte: pos.byte + c.len_utf8(),
+            char: pos.char + 1,
+        };
+    }
+    span.start
+}
+
+/// The end of the non-blank text before `cut`, never moving before `floor`.
+pub(crate) fn trim_end_before(text: &str, floor: Pos, cut: Pos) -> Pos {
+    let kept = text[floor.byte..cut.byte].trim_end();
+    let byte = floor.byte + kept.len();
+    Pos {
+        byte,
+        char: cut.char - text[byte..cut.byte].chars().count(),
+    }
+}
+
+/// The first position at or after `from` (and before `limit_byte`) that starts a non-blank grapheme,
+/// or `limit_byte` itself when there is none. `from` must be a grapheme boundary.
+pub(crate) fn skip_blank(text: &str, from: Pos, limit_byte: usize) -> Pos {
+    let mut pos = from;
+    for grapheme in text[from.byte..limit_byte].graphemes(true) {
+        if !grapheme.starts_with(char::is_whitespace) {
+            break;
+        }
+        pos = Pos {
+            byte: pos.byte + grapheme.len(),
+            char: pos.char + grapheme.chars().count(),
+        };
+    }
+    pos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softening_keeps_byte_length_and_paragraph_breaks() {
+        let input = "one\ntwo\u{2028}three\r\nfour\n\nfive\u{85}six";
+        let softened = soften_line_breaks(input);
+        assert_eq!(softened.len(), input.len());
+        assert_eq!(softened, "one two   three  four\n\nfive  six");
+    }
+
+    #[test]
+    fn form_feed_counts_as_a_paragraph_break() {
+        assert_eq!(soften_line_breaks("a\u{0C}b"), "a\u{0C}b");
+        assert_eq!(soften_line_breaks("a\r\rb"), "a\r\rb");
+        assert_eq!(soften_line_breaks("a\rb"), "a b");
+    }
+
+    #[test]
+    fn sentence_starts_skip_the_span_start_and_blank_pieces() {
+        let text = "First one. Second one.\n\nThird.";
+        let span = Span {
+            start: Pos::ORIGIN,
+            end: Pos::ORIGIN.advanced_to(text, text.len()),
+        };
+        let mut starts = Vec::new();
+        for_each_start(text, span, Tier::Sentence, |pos| {
+            starts.push(pos.char);
+            ControlFlow::Continue(())
+        });
+        assert_eq!(starts, vec![11, 24]);
+    }
+
+    #[test]
+    fn word_starts_after_space_exclude_punctuation() {
+        let text = "alpha, beta";
+        let span = Span {
+            start: Pos::ORIGIN,
+            end: Pos::ORIGIN.advanced_to(text, text.len()),
+        };
+        let mut after_space = Vec::new();
+        let mut any_word = Vec::new();
+        for_each_start(text, span, Tier::WordAfterSpace, |pos| {
+            after_space.push(pos.char);
+            ControlFlow::Continue(())
+        });
+        for_each_start(text, span, Tier::Word, |pos| {
+            any_word.push(pos.char);
+            ControlFlow::Continue(())
+        });
+        assert_eq!(after_space, vec![7]);
+        assert_eq!(any_word, vec![5, 7]);
+    }
+
+    #[test]
+    fn resync_points_find_the_same_starts_as_a_full_segmentation() {
+        let text = format!(
+            "{} Last sentence here, with words. {}",
+            "Opening words of a long sentence that runs on. ".repeat(4),
+            "base64AAAAbbbbCCCCddddEEEE".repeat(6)
+        );
+        let span = Span {
+            start: Pos::ORIGIN,
+            end: Pos::ORIGIN.advanced_to(&text, text.len()),
+        };
+        for tier in TIERS {
+            for from_char in [0, 70, 150, 200, 230, 300] {
+                let starts_from = |search: Span| {
+                    let mut starts = Vec::new();
+                    for_each_start(&text, search, tier, |pos| {
+                        if pos.char >= from_char {
+                            starts.push(pos);
+                        }
+                        ControlFlow::Continue(())
+                    });
+                    starts
+                };
+                let resynced = Span {
+                    start: resync_point(&text, span, from_char, tier),
+                    end: span.end,
+                };
+                assert!(resynced.start.char < from_char.max(1) || resynced.start == span.start);
+                assert_eq!(
+                    resynced.start,
+                    Pos::ORIGIN.advanced_to(&text, resynced.start.byte)
+                );
+                assert_eq!(
+                    starts_from(resynced),
+                    starts_from(span),
+                    "{tier:?} from {from_char}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn trimming_and_skipping_count_chars_not_bytes() {
+        let text = "é  \u{3000}ü";
+        let end = Pos::ORIGIN.advanced_to(text, text.len());
+        let trimmed = trim_end_before(text, Pos::ORIGIN, Pos { byte: 7, char: 4 });
+        assert_eq!(trimmed, Pos { byte: 2, char: 1 });
+        assert_eq!(
+            skip_blank(text, trimmed, end.byte),
+            Pos { byte: 7, char: 4 }
+        );
+        assert_eq!(
+            Pos::ORIGIN.advanced_by_chars(text, 10),
+            Pos { byte: 9, char: 5 }
+        );
+    }
+}

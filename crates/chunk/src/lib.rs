@@ -1,0 +1,86 @@
+//! Structure-aware text chunking for retrieval-augmented generation.
+//!
+//! Chunks that end mid-sentence embed poorly, so [`chunk_text`] follows the text's own structure:
+//!
+//! 1. The text is split into paragraphs on blank lines (a form feed or U+2029 also counts), and
+//!    consecutive paragraphs are packed into one chunk while they fit.
+//! 2. A paragraph larger than the chunk size is split into UAX #29 sentences, which are packed the same
+//!    way. Single line breaks inside a paragraph do not end a sentence, so hard-wrapped prose still
+//!    splits on full stops.
+//! 3. A "sentence" still larger than the size (a table, minified JSON, base64) is hard-cut: at a line
+//!    break or other whitespace in the last quarter of the window, else at a word boundary there, else at
+//!    a grapheme boundary.
+//! 4. Each chunk after the first repeats the end of the one before it, up to the configured overlap,
+//!    starting on a sentence boundary when one lies in that window, else on a word boundary.
+//! 5. A last chunk holding under a quarter of the size of new text is merged into the one before when the
+//!    result fits; otherwise the last two chunks are rebalanced so that neither is that small.
+//!
+//! Offsets are in chars (Unicode scalar values), as PostgreSQL's `substr` counts them, into the original
+//! text, and each chunk's text is exactly that slice, trimmed of surrounding whitespace. Chunks never
+//! exceed [`ChunkConfig::max_chars`]. The work is linear in the length of the text: boundaries are only
+//! ever searched inside the chunk at hand.
+//!
+//! ```
+//! use rag_chunk::{chunk_text, ChunkConfig, SizeUnit};
+//!
+//! let config = ChunkConfig::new(120, 40, SizeUnit::Characters).unwrap();
+//! let text = "PostgreSQL stores rows in pages. Each page is eight kilobytes. \
+//!             Tuples that do not fit are toasted. Indexes point at tuples by their location. \
+//!             Vacuum reclaims dead tuples.";
+//! let chunks = chunk_text(text, &config);
+//! assert!(chunks.len() > 1);
+//! for chunk in &chunks {
+//!     assert!(chunk.text.ends_with('.'));
+//!     let slice: String = text.chars().skip(chunk.char_start).take(chunk.char_end - chunk.char_start).collect();
+//!     assert_eq!(slice, chunk.text);
+//! }
+//! ```
+
+#![warn(missing_docs)]
+
+mod boundary;
+mod config;
+mod pack;
+mod units;
+
+pub use config::{
+    ChunkConfig, ChunkConfigError, SizeUnit, CHARS_PER_TOKEN, MAX_CHUNK_CHARS, MAX_OVERLAP_CHARS,
+    MIN_CHUNK_CHARS,
+};
+
+/// One chunk of a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// The chunk's text: exactly the original text's chars `char_start..char_end`.
+    pub text: String,
+    /// Offset of the chunk's first char in the original text, counted in chars from 0.
+    pub char_start: usize,
+    /// Offset just past the chunk's last char in the original text, counted in chars.
+    pub char_end: usize,
+    /// [`estimate_tokens`] of `text`.
+    pub token_estimate: usize,
+}
+
+/// Splits `text` into chunks following its paragraphs and sentences; see the crate documentation for
+/// the rules. Blank or empty text gives no chunks.
+///
+/// Chunks come in text order, each starting and ending later than the one before. The overlap actually
+/// shared is at most [`ChunkConfig::overlap_chars`] and may be less: it yields to a paragraph or
+/// sentence that would otherwise not fit whole, and at least a quarter of every chunk is new text.
+pub fn chunk_text(text: &str, config: &ChunkConfig) -> Vec<Chunk> {
+    let limits = pack::Limits::new(config.max_chars(), config.overlap_chars());
+    pack::chunk_spans(text, limits)
+        .into_iter()
+        .map(|span| Chunk {
+            text: span.slice(text).to_owned(),
+            char_start: span.start.char,
+            char_end: span.end.char,
+            token_estimate: span.chars().div_ceil(CHARS_PER_TOKEN),
+        })
+        .collect()
+}
+
+/// A crude token count: the number of chars divided by four, rounded up.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(CHARS_PER_TOKEN)
+}

@@ -1,0 +1,216 @@
+//! Cutting the text into the units the packer places whole: paragraphs, or the sentences of a
+//! paragraph too large for one chunk.
+
+use std::iter::Peekable;
+use std::str::CharIndices;
+
+use unicode_segmentation::UnicodeSegmentation;
+
+use crate::boundary::{break_weight, soften_line_breaks, Pos, Span};
+
+/// Paragraphs (split on blank lines) that fit in `max_chars`, and the sentences of those that do not,
+/// in text order, each trimmed of surrounding whitespace and never empty.
+///
+/// A sentence may still exceed `max_chars` (tables, minified JSON, base64); the packer hard-cuts it.
+/// Units are produced lazily so that a text of millions of one-line paragraphs costs no list of them.
+pub(crate) struct Units<'t> {
+    text: &'t str,
+    max_chars: usize,
+    chars: Peekable<CharIndices<'t>>,
+    char_index: usize,
+    paragraph_start: Option<Pos>,
+    content_end: Pos,
+    breaks_since_content: usize,
+    oversized: Option<Sentences>,
+}
+
+impl<'t> Units<'t> {
+    pub(crate) fn new(text: &'t str, max_chars: usize) -> Units<'t> {
+        Units {
+            text,
+            max_chars,
+            chars: text.char_indices().peekable(),
+            char_index: 0,
+            paragraph_start: None,
+            content_end: Pos::ORIGIN,
+            breaks_since_content: 0,
+            oversized: None,
+        }
+    }
+
+    fn next_paragraph(&mut self) -> Option<Span> {
+        while let Some((byte, c)) = self.chars.next() {
+            let index = self.char_index;
+            self.char_index += 1;
+            if c.is_whitespace() {
+                self.breaks_since_content +=
+                    break_weight(c, self.chars.peek().map(|&(_, next)| next));
+                continue;
+            }
+            let finished = if self.breaks_since_content >= 2 {
+                self.paragraph_start.take().map(|start| Span {
+                    start,
+                    end: self.content_end,
+                })
+            } else {
+                None
+            };
+            self.breaks_since_content = 0;
+            self.paragraph_start
+                .get_or_insert(Pos { byte, char: index });
+            self.content_end = Pos {
+                byte: byte + c.len_utf8(),
+                char: index + 1,
+            };
+            if finished.is_some() {
+                return finished;
+            }
+        }
+        self.paragraph_start.take().map(|start| Span {
+            start,
+            end: self.content_end,
+        })
+    }
+}
+
+impl Iterator for Units<'_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        loop {
+            if let Some(sentences) = &mut self.oversized {
+                if let Some(sentence) = sentences.next(self.text) {
+                    return Some(sentence);
+                }
+                self.oversized = None;
+            }
+            let paragraph = self.next_paragraph()?;
+            if paragraph.chars() <= self.max_chars {
+                return Some(paragraph);
+            }
+            self.oversized = Some(Sentences::new(self.text, paragraph));
+        }
+    }
+}
+
+/// The sentences of one oversized paragraph, segmented on its softened copy.
+struct Sentences {
+    paragraph: Span,
+    softened: String,
+    /// Bytes of `softened` already handed out.
+    consumed: usize,
+    cursor: Pos,
+}
+
+impl Sentences {
+    fn new(text: &str, paragraph: Span) -> Sentences {
+        Sentences {
+            paragraph,
+            softened: soften_line_breaks(paragraph.slice(text)),
+            consumed: 0,
+            cursor: paragraph.start,
+        }
+    }
+
+    fn next(&mut self, text: &str) -> Option<Span> {
+        loop {
+            // Segmentation restarts at each boundary already found: a sentence boundary resets the
+            // UAX #29 state, so this finds the same boundaries as one pass while owning no iterator
+            // that borrows `softened`.
+            let piece = self.softened[self.consumed..]
+                .split_sentence_bounds()
+                .next()?;
+            let piece_offset = self.consumed;
+            self.consumed += piece.len();
+            let kept = piece.trim();
+            if kept.is_empty() {
+                continue;
+            }
+            let blank_prefix = piece.len() - piece.trim_start().len();
+            let start = self.cursor.advanced_to(
+                text,
+                self.paragraph.start.byte + piece_offset + blank_prefix,
+            );
+            let end = start.advanced_to(text, start.byte + kept.len());
+            self.cursor = end;
+            return Some(Span { start, end });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit_texts(text: &str, max_chars: usize) -> Vec<&str> {
+        Units::new(text, max_chars)
+            .map(|unit| unit.slice(text))
+            .collect()
+    }
+
+    #[test]
+    fn paragraphs_split_on_blank_lines_only() {
+        let text = "  First line\nsame paragraph.\n \t\nSecond.\r\n\r\nThird.\u{0C}Fourth.\n";
+        assert_eq!(
+            unit_texts(text, 100),
+            vec![
+                "First line\nsame paragraph.",
+                "Second.",
+                "Third.",
+                "Fourth."
+            ]
+        );
+    }
+
+    #[test]
+    fn oversized_paragraph_becomes_sentences_despite_hard_wrapping() {
+        let text = "Alpha beta gamma delta\nepsilon zeta. Eta theta iota kappa\nlambda mu. Nu xi.";
+        assert_eq!(
+            unit_texts(text, 30),
+            vec![
+                "Alpha beta gamma delta\nepsilon zeta.",
+                "Eta theta iota kappa\nlambda mu.",
+                "Nu xi."
+            ]
+        );
+    }
+
+    #[test]
+    fn restarted_sentence_segmentation_matches_one_pass() {
+        let text = "He said \"Stop.\" Then left (quickly.) The U.S. Army arrived. etc. and more!? \
+                    Numbers 3.14 stay. 「引用。」次の文。 Вопрос? Ответ! Ende...  \u{2029}New para.\n\n\nLast";
+        let paragraph = Span {
+            start: Pos::ORIGIN,
+            end: Pos::ORIGIN.advanced_to(text, text.len()),
+        };
+        let mut restarted = Sentences::new(text, paragraph);
+        let restarted: Vec<&str> = std::iter::from_fn(|| restarted.next(text))
+            .map(|span| span.slice(text))
+            .collect();
+        let one_pass: Vec<&str> = soften_line_breaks(text)
+            .split_sentence_bound_indices()
+            .filter(|(_, piece)| !piece.trim().is_empty())
+            .map(|(offset, piece)| {
+                let start = offset + piece.len() - piece.trim_start().len();
+                &text[start..start + piece.trim().len()]
+            })
+            .collect();
+        assert!(one_pass.len() > 10);
+        assert_eq!(restarted, one_pass);
+    }
+
+    #[test]
+    fn unit_offsets_count_chars() {
+        let text = "ééé.\n\nñ ü.";
+        let units: Vec<Span> = Units::new(text, 100).collect();
+        assert_eq!(units.len(), 2);
+        assert_eq!((units[1].start.char, units[1].end.char), (6, 10));
+        assert_eq!(units[1].slice(text), "ñ ü.");
+    }
+
+    #[test]
+    fn blank_text_has_no_units() {
+        assert_eq!(Units::new("", 100).count(), 0);
+        assert_eq!(Units::new(" \n\n\t\u{3000} ", 100).count(), 0);
+    }
+}

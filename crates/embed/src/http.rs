@@ -1,0 +1,456 @@
+//! One HTTP exchange, run on its own thread so the calling (Postgres backend) thread can keep polling its
+//! interrupt hook. The spawned thread owns everything it touches: a clone of the client (an `Arc` inside) and
+//! the request bytes. When the caller gives up, the thread is abandoned; it ends by itself at the latest when
+//! the client's timeout fires, and its reply goes nowhere.
+
+use std::fmt;
+use std::io::Read;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::blocking::Client;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+
+use crate::error::{classify_status, ProviderError, StatusClass};
+use crate::time::{parse_retry_after, parse_retry_after_ms};
+use crate::ProviderKind;
+
+/// How often the waiting thread polls the interrupt hook.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Largest successful body accepted. A batch of 256 inputs at 4096 dimensions printed as JSON floats is about
+/// 25 MB; anything far beyond is a misbehaving server, and the backend must not allocate without bound.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Error bodies are only excerpted, so little of them is read.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+/// Longest provider error text quoted in a message.
+pub(crate) const EXCERPT_CHARS: usize = 300;
+
+/// The HTTP methods the provider protocols use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    Get,
+    Post,
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+        })
+    }
+}
+
+/// What a call was, for error messages: `openai POST /embeddings (model "text-embedding-3-small")`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallContext<'a> {
+    pub kind: ProviderKind,
+    pub method: Method,
+    pub route: &'static str,
+    pub model: Option<&'a str>,
+}
+
+impl fmt::Display for CallContext<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.kind, self.method, self.route)?;
+        if let Some(model) = self.model {
+            write!(f, " (model {:?})", excerpt(model, 200))?;
+        }
+        Ok(())
+    }
+}
+
+impl CallContext<'_> {
+    /// A permanent error about a response that arrived with a success status but cannot be used.
+    pub(crate) fn bad_response(&self, status: u16, problem: &str, body: &[u8]) -> ProviderError {
+        let start = excerpt(
+            &String::from_utf8_lossy(&body[..body.len().min(4 * EXCERPT_CHARS)]),
+            EXCERPT_CHARS,
+        );
+        ProviderError::Permanent {
+            status: Some(status),
+            message: format!(
+                "{self}: HTTP {status}: unusable response: {problem}; body starts with: {start}"
+            ),
+        }
+    }
+}
+
+/// A successful (2xx) reply.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Everything the worker thread brings back; plain owned data.
+enum Outcome {
+    Answered {
+        status: u16,
+        retry_after: Option<String>,
+        retry_after_ms: Option<String>,
+        body: Vec<u8>,
+    },
+    TooLarge {
+        status: u16,
+        limit: usize,
+    },
+    Failed {
+        transient: bool,
+        timed_out: bool,
+        detail: String,
+    },
+}
+
+/// What to send.
+pub(crate) struct Outgoing {
+    pub method: Method,
+    pub url: String,
+    pub bearer: Option<String>,
+    pub json_body: Option<Vec<u8>>,
+}
+
+/// Sends the request on a fresh thread and waits for it, polling `interrupt` every [`POLL_INTERVAL`] and
+/// enforcing `timeout` as the whole-request deadline. Non-2xx statuses become errors here.
+pub(crate) fn exchange(
+    client: &Client,
+    outgoing: Outgoing,
+    timeout: Duration,
+    context: &CallContext<'_>,
+    interrupt: &mut dyn FnMut() -> bool,
+) -> Result<Reply, ProviderError> {
+    // Not sending at all is the cheapest way to honour a cancel that is already pending.
+    if interrupt() {
+        return Err(ProviderError::Interrupted);
+    }
+    let started = Instant::now();
+    let (sender, receiver) = mpsc::sync_channel(1);
+    let worker_client = client.clone();
+    let spawned = thread::Builder::new()
+        .name("rag-provider-http".to_string())
+        .spawn(move || {
+            let outcome = perform(&worker_client, outgoing);
+            // The caller may have given up and dropped the receiver; nobody is left to tell.
+            let _ = sender.send(outcome);
+        });
+    if let Err(error) = spawned {
+        return Err(ProviderError::Transient {
+            status: None,
+            retry_after: None,
+            message: format!("{context}: could not start the request thread: {error}"),
+        });
+    }
+    let outcome = loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        match receiver.recv_timeout(POLL_INTERVAL.min(left)) {
+            Ok(outcome) => break outcome,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // No lock or borrow is held here: the hook may unwind with a Postgres error.
+                if interrupt() {
+                    return Err(ProviderError::Interrupted);
+                }
+                if started.elapsed() >= timeout {
+                    return Err(timed_out(context, timeout));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(ProviderError::Transient {
+                    status: None,
+                    retry_after: None,
+                    message: format!("{context}: the request thread ended without a reply"),
+                })
+            }
+        }
+    };
+    settle(outcome, timeout, context)
+}
+
+fn timed_out(context: &CallContext<'_>, timeout: Duration) -> ProviderError {
+    ProviderError::Transient {
+        status: None,
+        retry_after: None,
+        message: format!("{context}: timed out after {:.3}s", timeout.as_secs_f64()),
+    }
+}
+
+fn settle(
+    outcome: Outcome,
+    timeout: Duration,
+    context: &CallContext<'_>,
+) -> Result<Reply, ProviderError> {
+    match outcome {
+        Outcome::Answered { status, body, .. } if (200..300).contains(&status) => {
+            Ok(Reply { status, body })
+        }
+        Outcome::Answered {
+            status,
+            retry_after,
+            retry_after_ms,
+            body,
+        } => {
+            let reason = reqwest::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|code| code.canonical_reason());
+            let mut message = format!("{context}: HTTP {status}");
+            if let Some(reason) = reason {
+                message.push(' ');
+                message.push_str(reason);
+            }
+            let text = provider_error_text(&body);
+            if !text.is_empty() {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            match classify_status(status) {
+                StatusClass::Transient => {
+                    // The standard header wins; OpenAI's millisecond variant is a fallback.
+                    let retry_after = retry_after
+                        .as_deref()
+                        .and_then(|value| parse_retry_after(value, SystemTime::now()))
+                        .or_else(|| retry_after_ms.as_deref().and_then(parse_retry_after_ms));
+                    Err(ProviderError::Transient {
+                        status: Some(status),
+                        retry_after,
+                        message,
+                    })
+                }
+                StatusClass::Permanent => Err(ProviderError::Permanent {
+                    status: Some(status),
+                    message,
+                }),
+            }
+        }
+        Outcome::TooLarge { status, limit } => Err(ProviderError::Permanent {
+            status: Some(status),
+            message: format!("{context}: HTTP {status}: response body exceeds {limit} bytes"),
+        }),
+        Outcome::Failed {
+            timed_out: true, ..
+        } => Err(timed_out(context, timeout)),
+        Outcome::Failed {
+            transient, detail, ..
+        } => {
+            let message = format!("{context}: {detail}");
+            if transient {
+                Err(ProviderError::Transient {
+                    status: None,
+                    retry_after: None,
+                    message,
+                })
+            } else {
+                Err(ProviderError::Permanent {
+                    status: None,
+                    message,
+                })
+            }
+        }
+    }
+}
+
+/// Runs on the worker thread: touches only its arguments.
+fn perform(client: &Client, outgoing: Outgoing) -> Outcome {
+    let mut request = match outgoing.method {
+        Method::Get => client.get(&outgoing.url),
+        Method::Post => client.post(&outgoing.url),
+    };
+    request = request.header(ACCEPT, "application/json");
+    if let Some(key) = outgoing.bearer {
+        // bearer_auth marks the header sensitive, keeping it out of reqwest's own Debug output.
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = outgoing.json_body {
+        request = request.header(CONTENT_TYPE, "application/json").body(body);
+    }
+    let response = match request.send() {
+        Ok(response) => response,
+        Err(error) => return failure(error),
+    };
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string)
+    };
+    let retry_after = header("retry-after");
+    let retry_after_ms = header("retry-after-ms");
+    let success = (200..300).contains(&status);
+    let limit = if success {
+        MAX_BODY_BYTES
+    } else {
+        MAX_ERROR_BODY_BYTES
+    };
+    if success
+        && response
+            .content_length()
+            .is_some_and(|length| length > limit as u64)
+    {
+        return Outcome::TooLarge { status, limit };
+    }
+    let mut body = Vec::new();
+    if let Err(error) = response.take(limit as u64 + 1).read_to_end(&mut body) {
+        let timed_out = error.kind() == std::io::ErrorKind::TimedOut;
+        return Outcome::Failed {
+            transient: true,
+            timed_out,
+            detail: format!("HTTP {status}: reading the response body failed: {error}"),
+        };
+    }
+    if body.len() > limit {
+        if success {
+            return Outcome::TooLarge { status, limit };
+        }
+        body.truncate(limit);
+    }
+    Outcome::Answered {
+        status,
+        retry_after,
+        retry_after_ms,
+        body,
+    }
+}
+
+fn failure(error: reqwest::Error) -> Outcome {
+    let timed_out = error.is_timeout();
+    // Builder errors (bad URL, bad header value) and redirect loops will not heal by waiting.
+    let transient = !(error.is_builder() || error.is_redirect());
+    // The URL is dropped: the route is already in the context, and a URL could carry credentials.
+    let error = error.without_url();
+    let mut detail = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !detail.contains(&text) {
+            detail.push_str(": ");
+            detail.push_str(&text);
+        }
+        source = cause.source();
+    }
+    Outcome::Failed {
+        transient,
+        timed_out,
+        detail: excerpt(&detail, 2 * EXCERPT_CHARS),
+    }
+}
+
+/// The provider's own explanation from an error body: Ollama `{"error": "..."}`, OpenAI
+/// `{"error": {"message": "..."}}`, FastAPI-style `{"detail": ...}`, or the raw text; at most
+/// [`EXCERPT_CHARS`] characters on one line.
+pub(crate) fn provider_error_text(body: &[u8]) -> String {
+    let raw = String::from_utf8_lossy(body);
+    let explained = match serde_json::from_str::<serde_json::Value>(&raw) {
+        Ok(serde_json::Value::Object(object)) => {
+            let nested_message = object.get("error").and_then(|error| error.get("message"));
+            [
+                nested_message,
+                object.get("error"),
+                object.get("message"),
+                object.get("detail"),
+            ]
+            .into_iter()
+            .flatten()
+            .find(|value| !value.is_null() && !value.is_object())
+            .map(|value| match value {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            })
+        }
+        _ => None,
+    };
+    excerpt(explained.as_deref().unwrap_or(&raw), EXCERPT_CHARS)
+}
+
+/// Collapses whitespace and control characters to single spaces and cuts at `max_chars` characters.
+pub(crate) fn excerpt(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut chars = 0usize;
+    let mut pending_space = false;
+    for ch in text.chars() {
+        if ch.is_whitespace() || ch.is_control() {
+            pending_space = !out.is_empty();
+            continue;
+        }
+        let needed = usize::from(pending_space) + 1;
+        if chars + needed > max_chars {
+            out.push('…');
+            return out;
+        }
+        if pending_space {
+            out.push(' ');
+            pending_space = false;
+        }
+        out.push(ch);
+        chars += needed;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_from_each_dialect() {
+        assert_eq!(
+            provider_error_text(br#"{"error":"model \"x\" not found"}"#),
+            "model \"x\" not found"
+        );
+        assert_eq!(
+            provider_error_text(
+                br#"{"error":{"message":"Incorrect API key","type":"invalid_request_error"}}"#
+            ),
+            "Incorrect API key"
+        );
+        assert_eq!(
+            provider_error_text(br#"{"detail":"Not Found"}"#),
+            "Not Found"
+        );
+        assert_eq!(
+            provider_error_text(br#"{"detail":[{"loc":["body"]}]}"#),
+            r#"[{"loc":["body"]}]"#
+        );
+        assert_eq!(
+            provider_error_text(b"<html>\n  Bad   Gateway\n</html>"),
+            "<html> Bad Gateway </html>"
+        );
+        assert_eq!(provider_error_text(b""), "");
+        assert_eq!(
+            provider_error_text(&[0xff, 0xfe, b'o', b'k']),
+            "\u{fffd}\u{fffd}ok"
+        );
+    }
+
+    #[test]
+    fn excerpt_is_bounded_and_char_safe() {
+        let long = "é".repeat(1000);
+        let cut = excerpt(&long, EXCERPT_CHARS);
+        assert_eq!(cut.chars().count(), EXCERPT_CHARS + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(excerpt("  a \n\t b  ", 10), "a b");
+        assert_eq!(excerpt("abc", 3), "abc");
+        assert_eq!(excerpt("abcd", 3), "abc…");
+    }
+
+    #[test]
+    fn context_display() {
+        let context = CallContext {
+            kind: ProviderKind::OpenAi,
+            method: Method::Post,
+            route: "/embeddings",
+            model: Some("m1"),
+        };
+        assert_eq!(
+            context.to_string(),
+            "openai POST /embeddings (model \"m1\")"
+        );
+        let context = CallContext {
+            kind: ProviderKind::Ollama,
+            method: Method::Get,
+            route: "/api/tags",
+            model: None,
+        };
+        assert_eq!(context.to_string(), "ollama GET /api/tags");
+    }
+}

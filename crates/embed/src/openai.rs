@@ -1,0 +1,204 @@
+//! The OpenAI-compatible API (OpenAI itself, vLLM, llama.cpp server, LM Studio, ...): `/embeddings`,
+//! `/chat/completions`, `/models`, relative to a base URL that already ends in `/v1`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::format_rfc3339;
+use crate::{ChatMessage, ChatOutput, ChatRequest, EmbedOutput, ModelInfo};
+
+pub(crate) const EMBED_ROUTE: &str = "/embeddings";
+pub(crate) const CHAT_ROUTE: &str = "/chat/completions";
+pub(crate) const MODELS_ROUTE: &str = "/models";
+
+/// Name given to the caller's schema in `response_format`; OpenAI requires one, and it has no meaning to us.
+const SCHEMA_NAME: &str = "response";
+
+#[derive(Serialize)]
+struct EmbedRequest<'a> {
+    model: &'a str,
+    input: &'a [String],
+    /// Pinned so a server defaulting to base64 cannot hand us strings where numbers belong.
+    encoding_format: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dimensions: Option<u32>,
+}
+
+pub(crate) fn embed_body(
+    model: &str,
+    inputs: &[String],
+    dimensions: Option<u32>,
+) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&EmbedRequest {
+        model,
+        input: inputs,
+        encoding_format: "float",
+        dimensions,
+    })
+}
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<i64>,
+    #[serde(default)]
+    completion_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingItem {
+    index: usize,
+    embedding: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct EmbedResponse {
+    data: Vec<EmbeddingItem>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// Parses and reorders by `index`; a response whose indices are not exactly `0..n` is refused, since pairing
+/// a vector with the wrong input is worse than failing.
+pub(crate) fn parse_embed(body: &[u8]) -> Result<EmbedOutput, String> {
+    let mut response: EmbedResponse =
+        serde_json::from_slice(body).map_err(|error| error.to_string())?;
+    response.data.sort_by_key(|item| item.index);
+    if let Some((position, item)) = response
+        .data
+        .iter()
+        .enumerate()
+        .find(|(position, item)| item.index != *position)
+    {
+        return Err(format!(
+            "embedding indices are not 0..{}: position {position} holds index {}",
+            response.data.len(),
+            item.index
+        ));
+    }
+    Ok(EmbedOutput {
+        vectors: response
+            .data
+            .into_iter()
+            .map(|item| item.embedding)
+            .collect(),
+        prompt_tokens: response.usage.and_then(|usage| usage.prompt_tokens),
+    })
+}
+
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'static str,
+    schema: &'a serde_json::Value,
+    strict: bool,
+}
+
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: &'a [ChatMessage],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+}
+
+pub(crate) fn chat_body(request: &ChatRequest<'_>) -> serde_json::Result<Vec<u8>> {
+    let response_format = request.json_schema.map(|schema| ResponseFormat {
+        kind: "json_schema",
+        json_schema: JsonSchemaFormat {
+            name: SCHEMA_NAME,
+            schema,
+            strict: true,
+        },
+    });
+    serde_json::to_vec(&ChatBody {
+        model: request.model,
+        messages: request.messages,
+        max_tokens: request.max_tokens,
+        temperature: request.temperature,
+        response_format,
+    })
+}
+
+#[derive(Deserialize)]
+struct ChoiceMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: ChoiceMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatOutput, String> {
+    let response: ChatResponse = serde_json::from_slice(body).map_err(|error| error.to_string())?;
+    let usage = response.usage.unwrap_or_default();
+    let Some(choice) = response.choices.into_iter().next() else {
+        return Err("`choices` is empty".to_string());
+    };
+    if let Some(refusal) = choice.message.refusal.filter(|text| !text.is_empty()) {
+        return Err(format!(
+            "the model refused: {}",
+            crate::http::excerpt(&refusal, crate::http::EXCERPT_CHARS)
+        ));
+    }
+    let Some(content) = choice.message.content else {
+        return Err(format!(
+            "`choices[0].message.content` is missing (finish_reason {:?})",
+            choice.finish_reason.as_deref().unwrap_or("none")
+        ));
+    };
+    Ok(ChatOutput {
+        content,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        truncated: choice.finish_reason.as_deref() == Some("length"),
+    })
+}
+
+#[derive(Deserialize)]
+struct Model {
+    id: String,
+    #[serde(default)]
+    created: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct ModelsResponse {
+    data: Vec<Model>,
+}
+
+pub(crate) fn parse_models(body: &[u8]) -> serde_json::Result<Vec<ModelInfo>> {
+    let response: ModelsResponse = serde_json::from_slice(body)?;
+    Ok(response
+        .data
+        .into_iter()
+        .map(|model| ModelInfo {
+            name: model.id,
+            size_bytes: None,
+            modified_at: model.created.and_then(format_rfc3339),
+            family: None,
+        })
+        .collect())
+}

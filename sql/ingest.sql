@@ -1,0 +1,386 @@
+-- Collections, ingestion and the worker's side of the store. Everything here runs in SQL so that a document,
+-- its text and its queue row are written in the caller's transaction: ingest returns at once, and a rollback
+-- leaves nothing behind.
+
+CREATE FUNCTION rag_create_collection(
+    name               text,
+    embedding_provider text DEFAULT 'ollama',
+    embedding_model    text DEFAULT NULL,
+    dimensions         integer DEFAULT NULL,
+    document_prefix    text DEFAULT NULL,
+    query_prefix       text DEFAULT NULL,
+    chunk_size         integer DEFAULT NULL,
+    chunk_overlap      integer DEFAULT NULL,
+    chunk_unit         text DEFAULT 'characters',
+    max_distance       double precision DEFAULT NULL,
+    retry_deadline     interval DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id integer;
+    v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
+    v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
+BEGIN
+    IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A name is 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit.';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
+        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider
+            USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
+    END IF;
+    IF dimensions IS NOT NULL AND (dimensions < 1 OR dimensions > 16000) THEN
+        RAISE EXCEPTION 'dimensions must be between 1 and 16000, not %', dimensions
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
+    END IF;
+    IF max_distance IS NOT NULL AND (max_distance <= 0 OR max_distance > 2) THEN
+        RAISE EXCEPTION 'max_distance must be in (0, 2], not %', max_distance
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'It is a cosine distance: 0 is identical, 2 is opposite.';
+    END IF;
+    PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
+    IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
+        RAISE EXCEPTION 'collection "%" already exists', name
+            USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
+    END IF;
+    INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
+                                 query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline)
+    VALUES (name, embedding_provider,
+            coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
+            dimensions,
+            coalesce(document_prefix, rag._setting('rag.document_prefix')),
+            coalesce(query_prefix, rag._setting('rag.query_prefix')),
+            v_size, v_overlap, chunk_unit,
+            coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
+            retry_deadline)
+    RETURNING id INTO v_id;
+    IF dimensions IS NOT NULL THEN
+        PERFORM rag._ensure_index(v_id);
+    END IF;
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF c.index_name IS NOT NULL THEN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    END IF;
+    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
+    DELETE FROM rag.collections WHERE id = c.id;
+    RETURN true;
+END $$;
+
+-- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
+-- indexes only fixed-dimension vectors, and collections of different models share one table.
+CREATE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+    v_index text;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.dimensions IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF c.index_name IS NOT NULL THEN
+        RETURN c.index_name;
+    END IF;
+    IF c.dimensions > 2000 THEN
+        -- pgvector's HNSW takes at most 2000 dimensions for vector; such collections are searched exactly.
+        RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
+        RETURN NULL;
+    END IF;
+    v_index := 'chunks_embedding_c' || c.id;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                   v_index, c.dimensions, c.id);
+    UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
+    RETURN v_index;
+END $$;
+
+CREATE FUNCTION rag._collection_id(p_name text) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_id integer;
+BEGIN
+    SELECT id INTO v_id FROM rag.collections WHERE name = p_name;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'collection "%" does not exist', p_name
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Create it with rag_create_collection(''' || coalesce(p_name, '') || '''), or list them in rag.status.';
+    END IF;
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION rag_ingest(
+    collection text,
+    title      text,
+    body       text,
+    metadata   jsonb DEFAULT '{}',
+    pages      text[] DEFAULT NULL,
+    source     text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection);
+    v_body text := body;
+    v_offsets integer[];
+    v_position integer := 0;
+    v_page text;
+    v_limit bigint := pg_size_bytes(rag._setting('rag.max_document_size'));
+    v_sha bytea;
+    v_id bigint;
+    v_status text;
+BEGIN
+    IF pages IS NOT NULL THEN
+        IF body IS NOT NULL AND body <> '' THEN
+            RAISE EXCEPTION 'give the text either as body or as pages, not both'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass NULL as body when you pass pages: the body is built from the pages.';
+        END IF;
+        IF cardinality(pages) = 0 THEN
+            RAISE EXCEPTION 'pages is an empty array' USING ERRCODE = 'invalid_parameter_value',
+                HINT = 'Pass at least one page, or pass the text as body.';
+        END IF;
+        v_offsets := ARRAY[]::integer[];
+        FOREACH v_page IN ARRAY pages LOOP
+            v_offsets := v_offsets || v_position;
+            v_position := v_position + char_length(coalesce(v_page, '')) + 2;
+        END LOOP;
+        v_body := array_to_string(pages, E'\n\n', '');
+    END IF;
+    IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
+        RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'rag_ingest needs non-empty text; for files use rag_ingest_file.';
+    END IF;
+    IF octet_length(v_body) > v_limit THEN
+        RAISE EXCEPTION 'document "%" is % bytes, above rag.max_document_size (%)',
+                        coalesce(title, ''), octet_length(v_body), pg_size_pretty(v_limit)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Split the document, or raise rag.max_document_size (superuser).';
+    END IF;
+    IF metadata IS NULL OR jsonb_typeof(metadata) <> 'object' THEN
+        RAISE EXCEPTION 'metadata must be a JSON object, not %', coalesce(jsonb_typeof(metadata), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass ''{}'' for no metadata.';
+    END IF;
+
+    v_sha := sha256(convert_to(v_body, 'UTF8'));
+    INSERT INTO rag.documents (collection_id, title, source, metadata, body, page_offsets, content_sha256)
+    VALUES (v_collection, coalesce(title, ''), source, metadata, v_body, v_offsets, v_sha)
+    ON CONFLICT (collection_id, content_sha256) DO NOTHING
+    RETURNING id INTO v_id;
+
+    IF v_id IS NULL THEN
+        -- Identical text is already here: return it and spend nothing. A failed copy gets another chance.
+        SELECT d.id, d.status INTO v_id, v_status
+          FROM rag.documents d WHERE d.collection_id = v_collection AND d.content_sha256 = v_sha;
+        IF v_status = 'failed' THEN
+            UPDATE rag.documents SET status = 'processing', failure_reason = NULL, updated_at = now() WHERE id = v_id;
+            INSERT INTO rag.queue (document_id) VALUES (v_id) ON CONFLICT (document_id) DO NOTHING;
+            PERFORM rag._wake_worker();
+        END IF;
+        RETURN v_id;
+    END IF;
+
+    INSERT INTO rag.queue (document_id) VALUES (v_id);
+    PERFORM rag._wake_worker();
+    RETURN v_id;
+END $$;
+
+CREATE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER AS $$
+    WITH gone AS (DELETE FROM rag.documents d WHERE d.id = rag_delete_document.document_id RETURNING 1)
+    SELECT count(*) > 0 FROM gone
+$$;
+
+-- Polls until every document of the collection has left 'processing', or the timeout passes. For scripts
+-- and tests that must wait for the worker; each check sees the latest committed state.
+CREATE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection);
+    v_deadline timestamptz := clock_timestamp() + timeout;
+BEGIN
+    LOOP
+        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing') THEN
+            RETURN true;
+        END IF;
+        IF clock_timestamp() >= v_deadline THEN
+            RETURN false;
+        END IF;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+
+------------------------------------------------------------------------------------------------------------
+-- The worker's side. These run as the worker (a superuser) or inside rag_process_queue; nobody else may
+-- call them.
+
+-- Claims the next due queue item: one whose claimant is gone counts as unclaimed, so work held by a killed
+-- worker is picked up again. Returns everything the worker needs to process it without another query.
+CREATE FUNCTION rag._claim_next(p_worker integer)
+RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs_chunking boolean,
+               attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
+               provider_name text, provider_kind text, provider_url text, provider_key_setting text,
+               embedding_model text, dimensions integer, document_prefix text,
+               chunk_size integer, chunk_overlap integer, chunk_unit text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q rag.queue;
+BEGIN
+    LOOP
+        SELECT * INTO q FROM rag.queue qu
+         WHERE qu.not_before <= now()
+           AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
+                OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+         ORDER BY qu.not_before, qu.id
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        IF q.unfinished_claims >= 5 THEN
+            UPDATE rag.documents SET status = 'failed', updated_at = now(),
+                   failure_reason = 'abandoned: processing it stopped a worker 5 times' ||
+                                    coalesce(' (last error: ' || q.last_error || ')', '')
+             WHERE id = q.document_id;
+            DELETE FROM rag.queue WHERE id = q.id;
+            CONTINUE;
+        END IF;
+        UPDATE rag.queue SET claimed_by = p_worker, claimed_at = now(),
+                             unfinished_claims = unfinished_claims + 1
+         WHERE id = q.id;
+        RETURN QUERY
+        SELECT q.id, d.id, c.id,
+               NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id),
+               q.attempts,
+               extract(epoch FROM now() - q.first_failure_at)::double precision,
+               extract(epoch FROM coalesce(c.retry_deadline, rag._setting('rag.retry_deadline')::interval))::integer,
+               p.name, p.kind, p.base_url, p.api_key_setting,
+               c.embedding_model, c.dimensions, c.document_prefix,
+               c.chunk_size, c.chunk_overlap, c.chunk_unit
+          FROM rag.documents d
+          JOIN rag.collections c ON c.id = d.collection_id
+          JOIN rag.providers p ON p.name = c.embedding_provider
+         WHERE d.id = q.document_id;
+        RETURN;
+    END LOOP;
+END $$;
+
+-- Seconds until the next deferred item is due (NULL when the queue is empty), so an idle worker sleeps
+-- exactly as long as it may.
+CREATE FUNCTION rag._seconds_until_due() RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(0, extract(epoch FROM min(not_before) - now()))::double precision FROM rag.queue
+$$;
+
+CREATE FUNCTION rag._store_chunks(p_document_id bigint, p_contents text[], p_starts integer[],
+                                  p_ends integer[], p_tokens integer[], p_pages integer[])
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    d rag.documents;
+    v_count integer;
+BEGIN
+    SELECT * INTO d FROM rag.documents WHERE id = p_document_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN -1;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end)
+        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end
+          FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
+               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal);
+    END IF;
+    SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
+    UPDATE rag.documents SET chunks_total = v_count,
+           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           updated_at = now()
+     WHERE id = p_document_id;
+    RETURN v_count;
+END $$;
+
+-- Writes one batch of vectors. Returns NULL on success, or the reason the document must fail (a vector of
+-- another dimension than the collection's). Counters are recomputed from the table, never incremented, so
+-- a batch written twice or a worker killed half-way leaves them exact.
+CREATE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
+                                      p_vectors text[], p_dimensions integer, p_tokens bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
+     WHERE d.id = p_document_id
+       FOR UPDATE OF col;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- deleted meanwhile: nothing to store
+    END IF;
+    IF c.dimensions IS NULL THEN
+        UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
+        PERFORM rag._ensure_index(c.id);
+    ELSIF c.dimensions <> p_dimensions THEN
+        RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
+                      c.embedding_model, p_dimensions, c.name, c.dimensions);
+    END IF;
+    UPDATE rag.chunks ch SET embedding = v.vec::vector
+      FROM unnest(p_chunk_ids, p_vectors) AS v(id, vec)
+     WHERE ch.id = v.id AND ch.document_id = p_document_id AND ch.embedding IS NULL;
+    UPDATE rag.documents SET
+           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           embed_calls = embed_calls + 1,
+           embed_tokens = embed_tokens + coalesce(p_tokens, 0),
+           updated_at = now()
+     WHERE id = p_document_id;
+    -- Progress: the retry clock starts again at the next failure.
+    UPDATE rag.queue SET attempts = 0, first_failure_at = NULL, last_error = NULL WHERE id = p_queue_id;
+    RETURN NULL;
+END $$;
+
+-- Marks the document ready when every chunk has its vector; returns whether it did.
+CREATE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    UPDATE rag.documents SET
+           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           updated_at = now()
+     WHERE id = p_document_id;
+    SELECT chunks_total = chunks_embedded INTO v_done FROM rag.documents WHERE id = p_document_id;
+    IF v_done IS NULL OR v_done THEN
+        UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
+         WHERE id = p_document_id AND status <> 'ready';
+        DELETE FROM rag.queue WHERE id = p_queue_id;
+        RETURN true;
+    END IF;
+    RETURN false;
+END $$;
+
+-- A transient failure: try again after p_delay_ms. p_counts is false when the work was only interrupted
+-- (shutdown), which is no fault of the provider's.
+CREATE FUNCTION rag._defer(p_queue_id bigint, p_delay_ms bigint, p_error text, p_counts boolean) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.queue SET
+           not_before = now() + make_interval(secs => p_delay_ms / 1000.0),
+           attempts = attempts + CASE WHEN p_counts THEN 1 ELSE 0 END,
+           first_failure_at = CASE WHEN p_counts THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
+           last_error = coalesce(p_error, last_error),
+           claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
+     WHERE id = p_queue_id
+$$;
+
+CREATE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.documents SET status = 'failed', failure_reason = left(p_reason, 2000), updated_at = now()
+     WHERE id = p_document_id;
+    DELETE FROM rag.queue WHERE id = p_queue_id;
+$$;

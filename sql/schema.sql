@@ -1,0 +1,129 @@
+-- The store: every table the extension owns lives in schema rag. User-facing functions are created in the
+-- extension's schema (public by default) so they can be called unqualified; helpers start with an
+-- underscore and live in rag.
+CREATE SCHEMA rag;
+COMMENT ON SCHEMA rag IS 'Tables, views and internal functions of the rag extension';
+
+-- Named provider configurations. A URL decides where the database sends document text, so only rag_admin
+-- (through rag_create_provider) may add one. Keys are never stored here: api_key_setting names a
+-- superuser-only setting (or a file-backed one) that holds the key.
+CREATE TABLE rag.providers (
+    name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'),
+    kind            text NOT NULL CHECK (kind IN ('ollama', 'openai')),
+    base_url        text CHECK (base_url IS NULL OR base_url ~ '^https?://'),
+    api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting ~ '^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_.]+$'),
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.ollama_url setting';
+INSERT INTO rag.providers (name, kind) VALUES ('ollama', 'ollama');
+
+CREATE TABLE rag.collections (
+    id                 integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name               text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$'),
+    embedding_provider text NOT NULL REFERENCES rag.providers (name),
+    embedding_model    text NOT NULL CHECK (embedding_model <> ''),
+    -- Learned from the first embedding when not given; never changes while vectors exist.
+    dimensions         integer CHECK (dimensions BETWEEN 1 AND 16000),
+    document_prefix    text NOT NULL DEFAULT '',
+    query_prefix       text NOT NULL DEFAULT '',
+    chunk_size         integer NOT NULL,
+    chunk_overlap      integer NOT NULL,
+    chunk_unit         text NOT NULL DEFAULT 'characters' CHECK (chunk_unit IN ('characters', 'tokens')),
+    max_distance       double precision NOT NULL CHECK (max_distance > 0 AND max_distance <= 2),
+    retry_deadline     interval CHECK (retry_deadline > interval '0'),
+    -- The partial HNSW index for this collection's vectors, once the dimension is known.
+    index_name         text,
+    created_at         timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
+
+CREATE TABLE rag.documents (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    collection_id   integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    title           text NOT NULL DEFAULT '',
+    source          text,
+    metadata        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metadata) = 'object'),
+    body            text NOT NULL,
+    -- Character offset at which each page starts, when the document came with pages.
+    page_offsets    integer[],
+    content_sha256  bytea NOT NULL,
+    status          text NOT NULL DEFAULT 'processing' CHECK (status IN ('processing', 'ready', 'failed')),
+    failure_reason  text,
+    chunks_total    integer NOT NULL DEFAULT 0,
+    chunks_embedded integer NOT NULL DEFAULT 0,
+    embed_calls     integer NOT NULL DEFAULT 0,
+    embed_tokens    bigint NOT NULL DEFAULT 0,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    ready_at        timestamptz,
+    UNIQUE (collection_id, content_sha256)
+);
+ALTER TABLE rag.documents ALTER COLUMN body SET STORAGE EXTENDED;
+
+CREATE TABLE rag.chunks (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    document_id    bigint NOT NULL REFERENCES rag.documents (id) ON DELETE CASCADE,
+    -- Denormalised so that each collection's partial HNSW index can name it in its predicate.
+    collection_id  integer NOT NULL,
+    ordinal        integer NOT NULL,
+    content        text NOT NULL,
+    token_estimate integer NOT NULL,
+    page           integer,
+    char_start     integer NOT NULL,
+    char_end       integer NOT NULL,
+    embedding      vector,
+    UNIQUE (document_id, ordinal)
+);
+-- The worker's question, "what is still to embed for this document?", must not scan the whole table.
+CREATE INDEX chunks_pending ON rag.chunks (document_id, ordinal) WHERE embedding IS NULL;
+
+-- The dedicated queue. A row is a document still to chunk and embed; it goes away when the document is
+-- ready or has failed for good.
+CREATE TABLE rag.queue (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    document_id      bigint NOT NULL UNIQUE REFERENCES rag.documents (id) ON DELETE CASCADE,
+    enqueued_at      timestamptz NOT NULL DEFAULT now(),
+    not_before       timestamptz NOT NULL DEFAULT now(),
+    -- Transient provider failures since the last progress, and when the first of them happened.
+    attempts         integer NOT NULL DEFAULT 0,
+    first_failure_at timestamptz,
+    -- Claims that ended without an outcome (the worker died or crashed): a document that keeps killing
+    -- its worker is failed instead of being retried for ever.
+    unfinished_claims integer NOT NULL DEFAULT 0,
+    claimed_by       integer,
+    claimed_at       timestamptz,
+    last_error       text
+);
+CREATE INDEX queue_due ON rag.queue (not_before, id);
+
+CREATE VIEW rag.status AS
+SELECT c.name AS collection,
+       c.embedding_provider,
+       c.embedding_model,
+       c.dimensions,
+       coalesce(d.processing, 0) AS documents_processing,
+       coalesce(d.ready, 0) AS documents_ready,
+       coalesce(d.failed, 0) AS documents_failed,
+       coalesce(d.chunks_embedded, 0) AS chunks_embedded,
+       coalesce(d.chunks_total, 0) AS chunks_total,
+       coalesce(q.depth, 0) AS queue_depth,
+       q.oldest AS oldest_pending,
+       e.last_error
+  FROM rag.collections c
+  LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
+               count(*) FILTER (WHERE status = 'ready') AS ready,
+               count(*) FILTER (WHERE status = 'failed') AS failed,
+               sum(chunks_embedded) AS chunks_embedded,
+               sum(chunks_total) AS chunks_total
+          FROM rag.documents WHERE collection_id = c.id) d ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS depth, min(qu.enqueued_at) AS oldest
+          FROM rag.queue qu JOIN rag.documents qd ON qd.id = qu.document_id
+         WHERE qd.collection_id = c.id) q ON true
+  LEFT JOIN LATERAL (
+        SELECT coalesce(qu.last_error, qd.failure_reason) AS last_error
+          FROM rag.documents qd LEFT JOIN rag.queue qu ON qu.document_id = qd.id
+         WHERE qd.collection_id = c.id AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
+         ORDER BY qd.updated_at DESC LIMIT 1) e ON true;
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error';

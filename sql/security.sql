@@ -1,0 +1,62 @@
+-- Roles, privileges and search_path for everything the extension created. This runs last, so it sees every
+-- function: Rust ones, SQL ones, user-facing and internal.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rag_reader') THEN
+        CREATE ROLE rag_reader NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rag_writer') THEN
+        CREATE ROLE rag_writer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rag_admin') THEN
+        CREATE ROLE rag_admin NOLOGIN;
+    END IF;
+END $$;
+GRANT rag_reader TO rag_writer;
+GRANT rag_writer TO rag_admin;
+
+REVOKE ALL ON SCHEMA rag FROM PUBLIC;
+GRANT USAGE ON SCHEMA rag TO rag_reader;
+REVOKE ALL ON ALL TABLES IN SCHEMA rag FROM PUBLIC;
+-- Readers see what is indexed; nobody but the owner writes the tables directly: writes go through the
+-- SECURITY DEFINER functions, which validate them.
+GRANT SELECT ON rag.collections, rag.documents, rag.chunks, rag.status, rag.providers TO rag_reader;
+
+DO $$
+DECLARE
+    f record;
+    v_extschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                          WHERE e.extname = 'rag');
+    v_vectorschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                             WHERE e.extname = 'vector');
+    v_path text;
+    v_grantee text;
+BEGIN
+    -- pg_temp last: a caller's temporary objects can never shadow ours inside SECURITY DEFINER code.
+    v_path := format('%I, %I, %I, pg_catalog, pg_temp', 'rag', v_extschema, v_vectorschema);
+    FOR f IN
+        SELECT p.oid::regprocedure AS signature, p.proname
+          FROM pg_depend dep
+          JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
+         WHERE dep.refclassid = 'pg_extension'::regclass
+           AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
+           AND dep.deptype = 'e'
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        v_grantee := CASE
+            WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models',
+                               '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting')
+                THEN 'rag_reader'
+            WHEN f.proname IN ('rag_ingest', 'rag_delete_document', '_wake_worker')
+                THEN 'rag_writer'
+            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index')
+                THEN 'rag_admin'
+            ELSE NULL  -- worker internals: superuser only
+        END;
+        IF v_grantee IS NOT NULL THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.signature, v_grantee);
+        END IF;
+    END LOOP;
+END $$;

@@ -1,0 +1,62 @@
+//! Chunking exposed to SQL, so users can see exactly what a collection's settings will do to their text.
+use super::raise;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use rag_chunk::{chunk_text, ChunkConfig, SizeUnit};
+
+pub fn parse_unit(unit: &str) -> SizeUnit {
+    match unit {
+        "characters" => SizeUnit::Characters,
+        "tokens" => SizeUnit::Tokens,
+        other => raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("unknown chunk unit \"{other}\""),
+            "Use 'characters' or 'tokens' (about 4 characters each).",
+        ),
+    }
+}
+
+pub fn config_or_raise(size: i32, overlap: i32, unit: &str) -> ChunkConfig {
+    let unit = parse_unit(unit);
+    if size < 0 || overlap < 0 {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("chunk size ({size}) and overlap ({overlap}) must not be negative"),
+            "Chunk size is 100 to 10000 characters, overlap 0 to 5000 and smaller than the size.",
+        );
+    }
+    match ChunkConfig::new(size as usize, overlap as usize, unit) {
+        Ok(config) => config,
+        Err(error) => raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            error.to_string(),
+            error.hint(),
+        ),
+    }
+}
+
+/// Splits text the way the worker will: paragraphs, then sentences, then a hard cut, with overlap.
+#[pg_extern(immutable, parallel_safe)]
+pub fn rag_chunk(
+    text: &str,
+    size: default!(i32, 1000),
+    overlap: default!(i32, 150),
+) -> SetOfIterator<'static, String> {
+    let config = config_or_raise(size, overlap, "characters");
+    SetOfIterator::new(
+        chunk_text(text, &config)
+            .into_iter()
+            .map(|chunk| chunk.text),
+    )
+}
+
+#[pg_schema]
+pub mod rag {
+    use super::*;
+
+    /// Raises the chunker's own error (with a hint) when a collection's chunk settings are out of bounds.
+    #[pg_extern(immutable, parallel_safe, name = "_validate_chunking")]
+    pub fn validate_chunking(size: i32, overlap: i32, unit: &str) -> i32 {
+        config_or_raise(size, overlap, unit).max_chars() as i32
+    }
+}

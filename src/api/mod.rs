@@ -1,0 +1,47 @@
+//! SQL-callable functions implemented in Rust. The SQL-language half of the API (ingest, collections,
+//! retrieval, status) lives in `sql/`; these are the parts that need Rust: chunking, provider calls.
+pub mod chunk;
+pub mod models;
+pub mod process;
+pub mod query;
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+/// Raises an ERROR with a hint; every user-facing failure should tell the user what to do next.
+pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: impl Into<String>) -> ! {
+    ErrorReport::new(code, message.into(), "rag")
+        .set_hint(hint)
+        .report(PgLogLevel::ERROR);
+    unreachable!("ERROR does not return")
+}
+
+#[pgrx::pg_schema]
+pub mod rag {
+    use pgrx::prelude::*;
+
+    /// A `rag.*` setting as text, read through Rust so that calling it loads the library first: on a server
+    /// without shared_preload_libraries the settings do not exist until then, and SQL code that reads them
+    /// with current_setting() would fail on the first call of a session.
+    #[pg_extern(stable, parallel_safe, name = "_setting")]
+    pub fn setting(name: &str) -> Option<String> {
+        if !name.starts_with("rag.") {
+            super::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("\"{name}\" is not a rag setting"),
+                "Only rag.* settings are read through this function.",
+            );
+        }
+        let name = std::ffi::CString::new(name).ok()?;
+        unsafe {
+            // The same call as current_setting(): units included, the caller's own privileges applied.
+            let value =
+                pgrx::pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), true);
+            (!value.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(value)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        }
+    }
+}

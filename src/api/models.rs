@@ -1,0 +1,68 @@
+//! `rag_models()`: what a provider serves (Ollama's /api/tags, OpenAI's /models).
+use super::query::raise_provider_error;
+use super::raise;
+use crate::provider::{self, ProviderRow};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+#[pg_extern(volatile, parallel_unsafe)]
+pub fn rag_models(
+    provider: default!(&str, "'ollama'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(size_bytes, Option<i64>),
+        name!(modified_at, Option<String>),
+        name!(family, Option<String>),
+    ),
+> {
+    let row = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT name, kind, base_url, api_key_setting FROM rag.providers WHERE name = $1",
+            Some(1),
+            &[provider.into()],
+        )?;
+        let mut found = None;
+        for row in rows {
+            found = Some(ProviderRow {
+                name: row.get::<String>(1)?.unwrap_or_default(),
+                kind: row.get::<String>(2)?.unwrap_or_default(),
+                base_url: row.get::<String>(3)?,
+                api_key_setting: row.get::<String>(4)?,
+            });
+        }
+        Ok::<_, pgrx::spi::Error>(found)
+    })
+    .unwrap_or_else(|error| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            error.to_string(),
+            "",
+        )
+    });
+    let Some(row) = row else {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("provider \"{provider}\" does not exist"),
+            "List providers with: SELECT name, kind FROM rag.providers;",
+        )
+    };
+    let client = provider::connect(&row, crate::settings::http_timeout())
+        .unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, ""));
+    let mut interrupt = || {
+        pgrx::check_for_interrupts!();
+        false
+    };
+    let models = client
+        .list_models(&mut interrupt)
+        .unwrap_or_else(|error| raise_provider_error(&row.name, "-", &error));
+    TableIterator::new(models.into_iter().map(|model| {
+        (
+            model.name,
+            model.size_bytes,
+            model.modified_at,
+            model.family,
+        )
+    }))
+}

@@ -1,0 +1,137 @@
+//! The one provider call made inside a user's session: embedding the question. It has a deadline
+//! (`rag.http_timeout`) and checks for interrupts while it waits, so query cancellation and
+//! `statement_timeout` stop it like any other statement.
+use super::raise;
+use crate::provider::{self, ProviderRow};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use rag_embed::ProviderError;
+
+pub struct QueryEmbedding {
+    pub literal: String,
+    pub prompt_tokens: Option<i64>,
+}
+
+pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
+    let row = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT p.name, p.kind, p.base_url, p.api_key_setting, c.embedding_model, c.query_prefix, c.dimensions
+               FROM rag.collections c JOIN rag.providers p ON p.name = c.embedding_provider
+              WHERE c.id = $1",
+            Some(1),
+            &[collection_id.into()],
+        )?;
+        let mut found = None;
+        for row in rows {
+            found = Some((
+                ProviderRow {
+                    name: row.get::<String>(1)?.unwrap_or_default(),
+                    kind: row.get::<String>(2)?.unwrap_or_default(),
+                    base_url: row.get::<String>(3)?,
+                    api_key_setting: row.get::<String>(4)?,
+                },
+                row.get::<String>(5)?.unwrap_or_default(),
+                row.get::<String>(6)?.unwrap_or_default(),
+                row.get::<i32>(7)?,
+            ));
+        }
+        Ok::<_, pgrx::spi::Error>(found)
+    });
+    let Some((provider_row, model, prefix, dimensions)) = row.unwrap_or_else(|error| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("reading collection {collection_id}: {error}"),
+            "",
+        )
+    }) else {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("collection {collection_id} does not exist"),
+            "List collections with: SELECT name FROM rag.collections;",
+        )
+    };
+    let client = provider::connect(&provider_row, crate::settings::http_timeout()).unwrap_or_else(
+        |message| {
+            raise(
+                PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+                message,
+                "Check the provider with rag_models().",
+            )
+        },
+    );
+    let input = vec![format!("{prefix}{question}")];
+    let mut interrupt = || {
+        pgrx::check_for_interrupts!();
+        false
+    };
+    let output = match client.embed(&model, &input, None, &mut interrupt) {
+        Ok(output) => output,
+        Err(error) => raise_provider_error(&provider_row.name, &model, &error),
+    };
+    let Some(vector) = output.vectors.into_iter().next() else {
+        raise(
+            PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
+            "the provider returned no embedding",
+            "",
+        )
+    };
+    if let Some(expected) = dimensions {
+        if vector.len() != expected as usize {
+            raise(
+                PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
+                format!(
+                    "model \"{model}\" returned a {}-dimensional query vector but the collection holds {expected}-dimensional vectors",
+                    vector.len()
+                ),
+                "The collection's model must not change under it; create a new collection for another model.",
+            );
+        }
+    }
+    QueryEmbedding {
+        literal: vector_literal(&vector),
+        prompt_tokens: output.prompt_tokens,
+    }
+}
+
+pub fn raise_provider_error(provider: &str, model: &str, error: &ProviderError) -> ! {
+    let (code, hint) = match error {
+        ProviderError::Transient { .. } => (
+            PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+            "The provider is busy or unreachable; try again, or raise rag.http_timeout.",
+        ),
+        ProviderError::Permanent { .. } => (
+            PgSqlErrorCode::ERRCODE_EXTERNAL_ROUTINE_EXCEPTION,
+            "Check the model name and the provider's credentials; rag_models() lists what the provider serves.",
+        ),
+        ProviderError::Interrupted => (PgSqlErrorCode::ERRCODE_QUERY_CANCELED, ""),
+    };
+    raise(
+        code,
+        format!("embedding provider \"{provider}\" (model \"{model}\"): {error}"),
+        hint,
+    )
+}
+
+pub fn vector_literal(vector: &[f32]) -> String {
+    let mut literal = String::with_capacity(vector.len() * 12 + 2);
+    literal.push('[');
+    for (index, value) in vector.iter().enumerate() {
+        if index > 0 {
+            literal.push(',');
+        }
+        literal.push_str(&value.to_string());
+    }
+    literal.push(']');
+    literal
+}
+
+#[pg_schema]
+pub mod rag {
+    use super::*;
+
+    /// The question's embedding as a pgvector literal, for the SQL half of retrieval.
+    #[pg_extern(volatile, parallel_unsafe, name = "_embed_query")]
+    pub fn embed_query(collection_id: i32, question: &str) -> String {
+        embed_question(collection_id, question).literal
+    }
+}

@@ -1,0 +1,47 @@
+//! `rag`: retrieval-augmented generation inside PostgreSQL.
+//!
+//! This crate is the Postgres glue only. Each pipeline stage that needs no Postgres lives in its own crate
+//! (`crates/extract`, `crates/chunk`, `crates/embed`, `crates/answer`) and is tested with plain `cargo test`;
+//! the SQL that stores and retrieves lives in `sql/`, and the modules here wire the two together:
+//! - [`settings`]: the `rag.*` GUCs;
+//! - [`api`]: SQL-callable functions implemented in Rust (chunk inspection, query embedding, model listing);
+//! - [`worker`]: the launcher, the per-database workers and the wake-up registry in shared memory;
+//! - [`store`]: the SPI calls the worker makes into the `rag` schema's functions.
+use pgrx::prelude::*;
+
+pub mod api;
+pub mod provider;
+pub mod settings;
+pub mod store;
+pub mod worker;
+
+::pgrx::pg_module_magic!();
+
+// The tables, views and roles come first; the Rust functions are created after them (pgrx orders them by
+// the `requires` lists), and the SQL functions that call Rust ones come last.
+extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!(
+    "../sql/ingest.sql",
+    name = "ingest",
+    requires = [
+        "schema",
+        api::chunk::rag::validate_chunking,
+        worker::wake::rag::wake_worker,
+        api::rag::setting
+    ]
+);
+extension_sql_file!(
+    "../sql/retrieve.sql",
+    name = "retrieve",
+    requires = ["ingest", api::query::rag::embed_query]
+);
+extension_sql_file!("../sql/security.sql", name = "security", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::define();
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        worker::registry::init_shared_memory();
+        worker::launcher::register();
+    }
+}

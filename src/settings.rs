@@ -1,0 +1,190 @@
+//! The `rag.*` configuration parameters. Collections copy the embedding defaults when they are created, so
+//! changing a default later never changes the vector space of an existing collection.
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+use std::time::Duration;
+
+pub static OLLAMA_URL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"http://127.0.0.1:11434"));
+pub static EMBEDDING_MODEL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"nomic-embed-text"));
+pub static DOCUMENT_PREFIX: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"search_document: "));
+pub static QUERY_PREFIX: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"search_query: "));
+pub static CHUNK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static CHUNK_OVERLAP: GucSetting<i32> = GucSetting::<i32>::new(150);
+pub static MAX_DISTANCE: GucSetting<f64> = GucSetting::<f64>::new(0.6);
+pub static MAX_DOCUMENT_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(32);
+pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+pub static RETRY_DEADLINE_S: GucSetting<i32> = GucSetting::<i32>::new(3600);
+pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static WORKERS_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static LAUNCHER_NAPTIME_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+
+pub fn define() {
+    // Where the database sends document text is a superuser's decision: SUSET.
+    GucRegistry::define_string_guc(
+        c"rag.ollama_url",
+        c"Base URL of the Ollama server used by the built-in 'ollama' provider.",
+        c"Collections whose provider has no base URL of its own use this one.",
+        &OLLAMA_URL,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"rag.embedding_model",
+        c"Embedding model given to new collections that name none.",
+        c"",
+        &EMBEDDING_MODEL,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"rag.document_prefix",
+        c"Text put before each chunk when it is embedded, for new collections.",
+        c"nomic-embed-text and similar models expect 'search_document: '.",
+        &DOCUMENT_PREFIX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"rag.query_prefix",
+        c"Text put before each question when it is embedded, for new collections.",
+        c"",
+        &QUERY_PREFIX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.chunk_size",
+        c"Default chunk size in characters for new collections.",
+        c"",
+        &CHUNK_SIZE,
+        100,
+        10_000,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.chunk_overlap",
+        c"Default chunk overlap in characters for new collections.",
+        c"",
+        &CHUNK_OVERLAP,
+        0,
+        5_000,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_float_guc(
+        c"rag.max_distance",
+        c"Default cosine-distance ceiling for new collections: chunks farther than this are never returned.",
+        c"",
+        &MAX_DISTANCE,
+        0.0,
+        2.0,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_document_size",
+        c"Largest document text rag_ingest accepts.",
+        c"",
+        &MAX_DOCUMENT_SIZE_KB,
+        1,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.batch_size",
+        c"Chunks sent to the embedding provider in one request.",
+        c"",
+        &BATCH_SIZE,
+        1,
+        2048,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.naptime",
+        c"How long an idle worker sleeps before it looks at the queue again (it is also woken on new work).",
+        c"",
+        &NAPTIME_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.http_timeout",
+        c"Deadline for one HTTP request to a provider.",
+        c"Inside a user's session statement_timeout and query cancellation also stop a request.",
+        &HTTP_TIMEOUT_MS,
+        100,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.retry_deadline",
+        c"How long a document keeps being retried after its first transient provider failure (429, 5xx, timeout).",
+        c"Collections may override it.",
+        &RETRY_DEADLINE_S,
+        1,
+        7 * 24 * 3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    // A postmaster-level setting can only be defined while the library is being preloaded; defining it
+    // later (CREATE EXTENSION on a server without shared_preload_libraries) is a FATAL error.
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        define_postmaster_settings();
+    }
+}
+
+fn define_postmaster_settings() {
+    GucRegistry::define_int_guc(
+        c"rag.max_workers",
+        c"Most embedding workers the launcher runs at once, over all databases.",
+        c"Each also takes one of max_worker_processes.",
+        &MAX_WORKERS,
+        1,
+        crate::worker::registry::SLOTS as i32 - 1,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.workers_per_database",
+        c"Embedding workers per database that has the extension.",
+        c"",
+        &WORKERS_PER_DATABASE,
+        1,
+        16,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.launcher_naptime",
+        c"How often the launcher looks for databases that need a worker when nothing wakes it.",
+        c"",
+        &LAUNCHER_NAPTIME_S,
+        1,
+        3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
+pub fn string(setting: &GucSetting<Option<CString>>) -> String {
+    setting
+        .get()
+        .map(|value| value.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+pub fn http_timeout() -> Duration {
+    Duration::from_millis(HTTP_TIMEOUT_MS.get().max(1) as u64)
+}

@@ -1,0 +1,224 @@
+//! The worker's calls into the store. The SQL functions in `sql/ingest.sql` own the `rag` tables; this module
+//! only moves values between them and Rust. Each function runs inside a transaction that its caller opened.
+use crate::provider::ProviderRow;
+use pgrx::prelude::*;
+use pgrx::spi::Error as SpiError;
+
+/// A claimed queue item and everything needed to process it.
+#[derive(Clone, Debug)]
+pub struct WorkItem {
+    pub queue_id: i64,
+    pub document_id: i64,
+    pub collection_id: i32,
+    pub needs_chunking: bool,
+    pub attempts: i32,
+    pub failure_age_seconds: Option<f64>,
+    pub retry_deadline_seconds: i32,
+    pub provider: ProviderRow,
+    pub model: String,
+    pub dimensions: Option<i32>,
+    pub document_prefix: String,
+    pub chunk_size: i32,
+    pub chunk_overlap: i32,
+    pub chunk_unit: String,
+}
+
+pub fn claim_next(worker_pid: i32) -> Result<Option<WorkItem>, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT * FROM rag._claim_next($1)",
+            Some(1),
+            &[worker_pid.into()],
+        )?;
+        let mut item = None;
+        for row in rows {
+            item = Some(WorkItem {
+                queue_id: row.get(1)?.unwrap_or_default(),
+                document_id: row.get(2)?.unwrap_or_default(),
+                collection_id: row.get(3)?.unwrap_or_default(),
+                needs_chunking: row.get(4)?.unwrap_or(true),
+                attempts: row.get(5)?.unwrap_or_default(),
+                failure_age_seconds: row.get(6)?,
+                retry_deadline_seconds: row.get(7)?.unwrap_or(3600),
+                provider: ProviderRow {
+                    name: row.get(8)?.unwrap_or_default(),
+                    kind: row.get(9)?.unwrap_or_default(),
+                    base_url: row.get(10)?,
+                    api_key_setting: row.get(11)?,
+                },
+                model: row.get(12)?.unwrap_or_default(),
+                dimensions: row.get(13)?,
+                document_prefix: row.get(14)?.unwrap_or_default(),
+                chunk_size: row.get(15)?.unwrap_or(1000),
+                chunk_overlap: row.get(16)?.unwrap_or(0),
+                chunk_unit: row.get(17)?.unwrap_or_else(|| "characters".to_string()),
+            });
+        }
+        Ok(item)
+    })
+}
+
+pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
+    Spi::get_one::<f64>("SELECT rag._seconds_until_due()")
+}
+
+pub struct DocumentText {
+    pub body: String,
+    pub page_offsets: Option<Vec<i32>>,
+}
+
+pub fn load_text(document_id: i64) -> Result<Option<DocumentText>, SpiError> {
+    // Read-write SPI even for reads: inside rag_process_queue the earlier steps are in the same command,
+    // and a read-only SPI query would not see what they wrote.
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT body, page_offsets FROM rag.documents WHERE id = $1",
+            Some(1),
+            &[document_id.into()],
+        )?;
+        let mut found = None;
+        for row in rows {
+            let body: Option<String> = row.get(1)?;
+            let offsets: Option<Vec<Option<i32>>> = row.get(2)?;
+            found = Some(DocumentText {
+                body: body.unwrap_or_default(),
+                page_offsets: offsets
+                    .map(|list| list.into_iter().map(|o| o.unwrap_or(0)).collect()),
+            });
+        }
+        Ok(found)
+    })
+}
+
+pub struct NewChunk {
+    pub content: String,
+    pub char_start: i32,
+    pub char_end: i32,
+    pub token_estimate: i32,
+    pub page: Option<i32>,
+}
+
+/// Returns the number of chunks the document has, or -1 when it was deleted meanwhile.
+pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
+    let mut contents = Vec::with_capacity(chunks.len());
+    let mut starts = Vec::with_capacity(chunks.len());
+    let mut ends = Vec::with_capacity(chunks.len());
+    let mut tokens = Vec::with_capacity(chunks.len());
+    let mut pages = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        contents.push(chunk.content);
+        starts.push(chunk.char_start);
+        ends.push(chunk.char_end);
+        tokens.push(chunk.token_estimate);
+        pages.push(chunk.page);
+    }
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6)",
+            Some(1),
+            &[
+                document_id.into(),
+                contents.into(),
+                starts.into(),
+                ends.into(),
+                tokens.into(),
+                pages.into(),
+            ],
+        )?;
+        Ok(rows.first().get_one::<i32>()?.unwrap_or(-1))
+    })
+}
+
+pub fn pending_chunks(document_id: i64, limit: i32) -> Result<Vec<(i64, String)>, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT id, content FROM rag.chunks WHERE document_id = $1 AND embedding IS NULL ORDER BY ordinal LIMIT $2",
+            None,
+            &[document_id.into(), (limit as i64).into()],
+        )?;
+        let mut batch = Vec::new();
+        for row in rows {
+            batch.push((
+                row.get::<i64>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?.unwrap_or_default(),
+            ));
+        }
+        Ok(batch)
+    })
+}
+
+/// Returns Some(reason) when the vectors cannot be stored and the document must fail.
+pub fn store_embeddings(
+    queue_id: i64,
+    document_id: i64,
+    chunk_ids: Vec<i64>,
+    vectors: Vec<String>,
+    dimensions: i32,
+    tokens: Option<i64>,
+) -> Result<Option<String>, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT rag._store_embeddings($1, $2, $3, $4, $5, $6)",
+            Some(1),
+            &[
+                queue_id.into(),
+                document_id.into(),
+                chunk_ids.into(),
+                vectors.into(),
+                dimensions.into(),
+                tokens.into(),
+            ],
+        )?;
+        rows.first().get_one::<String>()
+    })
+}
+
+pub fn finish(queue_id: i64, document_id: i64) -> Result<bool, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT rag._finish($1, $2)",
+            Some(1),
+            &[queue_id.into(), document_id.into()],
+        )?;
+        Ok(rows.first().get_one::<bool>()?.unwrap_or(false))
+    })
+}
+
+pub fn defer(
+    queue_id: i64,
+    delay_ms: i64,
+    error: Option<String>,
+    counts: bool,
+) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._defer($1, $2, $3, $4)",
+            None,
+            &[
+                queue_id.into(),
+                delay_ms.into(),
+                error.into(),
+                counts.into(),
+            ],
+        )?;
+        Ok(())
+    })
+}
+
+pub fn fail(queue_id: i64, document_id: i64, reason: &str) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._fail($1, $2, $3)",
+            None,
+            &[queue_id.into(), document_id.into(), reason.into()],
+        )?;
+        Ok(())
+    })
+}
+
+pub fn extension_installed() -> Result<bool, SpiError> {
+    Ok(
+        Spi::get_one::<bool>("SELECT true FROM pg_catalog.pg_extension WHERE extname = 'rag'")?
+            .unwrap_or(false),
+    )
+}

@@ -1,0 +1,321 @@
+//! The per-database worker: claim a document, chunk it, embed its chunks in batches, store the vectors, mark
+//! it ready. No transaction is open while a provider call is in flight, and every step is idempotent: only
+//! chunks still lacking a vector are sent, so a retry after a partial success pays only for what is missing.
+//!
+//! The same steps run inside a user's session for `rag_process_queue()`, with subtransactions instead of
+//! transactions, for servers that cannot preload the library.
+use crate::provider;
+use crate::store::{self, NewChunk, WorkItem};
+use crate::worker::registry::{self, SlotState};
+use crate::worker::transaction;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::prelude::*;
+use rag_embed::{Provider, ProviderError, RetryPolicy, SplitMix64};
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::time::Duration;
+
+/// How the steps of one document are made durable: separate transactions in the worker, subtransactions
+/// in a user's session.
+pub trait Steps {
+    fn run<R>(
+        &self,
+        body: impl FnOnce() -> Result<R, pgrx::spi::Error> + UnwindSafe + RefUnwindSafe,
+    ) -> Result<R, String>;
+    /// True when the caller wants the work to stop (shutdown); may also raise (query cancel).
+    fn interrupted(&self) -> bool;
+}
+
+pub struct WorkerTransactions;
+
+impl Steps for WorkerTransactions {
+    fn run<R>(
+        &self,
+        body: impl FnOnce() -> Result<R, pgrx::spi::Error> + UnwindSafe + RefUnwindSafe,
+    ) -> Result<R, String> {
+        transaction::run(body).and_then(|result| result.map_err(|error| error.to_string()))
+    }
+    fn interrupted(&self) -> bool {
+        shutdown_requested()
+    }
+}
+
+pub fn shutdown_requested() -> bool {
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+pub enum Outcome {
+    /// A document was worked on (finished, deferred or failed); look for more at once.
+    Worked,
+    /// Nothing is due.
+    Idle,
+    /// The caller asked us to stop.
+    Stopped,
+}
+
+/// Keeps the last provider client so a run of documents on one provider reuses its connections.
+#[derive(Default)]
+pub struct ProviderCache {
+    key: Option<(provider::ProviderRow, Duration)>,
+    client: Option<Provider>,
+}
+
+impl ProviderCache {
+    fn get(&mut self, row: &provider::ProviderRow) -> Result<&Provider, String> {
+        let timeout = crate::settings::http_timeout();
+        let wanted = (row.clone(), timeout);
+        if self.key.as_ref() != Some(&wanted) || self.client.is_none() {
+            self.client = Some(provider::connect(row, timeout)?);
+            self.key = Some(wanted);
+        }
+        Ok(self.client.as_ref().expect("client was just set"))
+    }
+}
+
+pub fn process_next(
+    steps: &impl Steps,
+    cache: &mut ProviderCache,
+    rng: &mut SplitMix64,
+) -> Result<Outcome, String> {
+    let pid = unsafe { pg_sys::MyProcPid };
+    let Some(item) = steps.run(|| store::claim_next(pid))? else {
+        return Ok(Outcome::Idle);
+    };
+    Ok(process_item(steps, cache, rng, &item))
+}
+
+fn process_item(
+    steps: &impl Steps,
+    cache: &mut ProviderCache,
+    rng: &mut SplitMix64,
+    item: &WorkItem,
+) -> Outcome {
+    let fail = |reason: String| {
+        if let Err(error) = steps.run(|| store::fail(item.queue_id, item.document_id, &reason)) {
+            pgrx::log!(
+                "rag worker: could not record failure of document {}: {error}",
+                item.document_id
+            );
+        }
+        Outcome::Worked
+    };
+
+    if item.needs_chunking {
+        match steps.run(|| chunk_document(item)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(reason)) => return fail(reason),
+            Err(error) => return fail(format!("chunking failed: {error}")),
+        }
+    }
+
+    let client = match cache.get(&item.provider) {
+        Ok(client) => client,
+        Err(reason) => return fail(reason),
+    };
+    let batch_size = crate::settings::BATCH_SIZE.get().max(1);
+    loop {
+        if steps.interrupted() {
+            release(steps, item);
+            return Outcome::Stopped;
+        }
+        let batch = match steps.run(|| store::pending_chunks(item.document_id, batch_size)) {
+            Ok(batch) => batch,
+            Err(error) => return fail(format!("reading chunks failed: {error}")),
+        };
+        if batch.is_empty() {
+            if let Err(error) = steps.run(|| store::finish(item.queue_id, item.document_id)) {
+                pgrx::log!(
+                    "rag worker: could not finish document {}: {error}",
+                    item.document_id
+                );
+            }
+            return Outcome::Worked;
+        }
+        let (ids, texts): (Vec<i64>, Vec<String>) = batch
+            .into_iter()
+            .map(|(id, text)| (id, format!("{}{}", item.document_prefix, text)))
+            .unzip();
+        let mut interrupt = || steps.interrupted();
+        match client.embed(&item.model, &texts, None, &mut interrupt) {
+            Ok(output) => {
+                let dimensions = output.vectors.first().map(|v| v.len()).unwrap_or(0) as i32;
+                let vectors: Vec<String> = output
+                    .vectors
+                    .iter()
+                    .map(|v| crate::api::query::vector_literal(v))
+                    .collect();
+                let stored = steps.run(|| {
+                    store::store_embeddings(
+                        item.queue_id,
+                        item.document_id,
+                        ids,
+                        vectors,
+                        dimensions,
+                        output.prompt_tokens,
+                    )
+                });
+                match stored {
+                    Ok(None) => {}
+                    Ok(Some(reason)) => return fail(reason),
+                    Err(error) => return fail(format!("storing vectors failed: {error}")),
+                }
+            }
+            Err(ProviderError::Interrupted) => {
+                release(steps, item);
+                return Outcome::Stopped;
+            }
+            Err(error @ ProviderError::Permanent { .. }) => {
+                return fail(format!(
+                    "embedding provider \"{}\": {error}",
+                    item.provider.name
+                ));
+            }
+            Err(error @ ProviderError::Transient { .. }) => {
+                let retry_after = match &error {
+                    ProviderError::Transient { retry_after, .. } => *retry_after,
+                    _ => None,
+                };
+                let policy = RetryPolicy {
+                    deadline: Duration::from_secs(item.retry_deadline_seconds.max(1) as u64),
+                    ..RetryPolicy::default()
+                };
+                let elapsed =
+                    Duration::from_secs_f64(item.failure_age_seconds.unwrap_or(0.0).max(0.0));
+                let attempt = item.attempts.max(0) as u32 + 1;
+                let message = format!("embedding provider \"{}\": {error}", item.provider.name);
+                return match policy.next_delay(attempt, elapsed, retry_after, rng) {
+                    Some(delay) => {
+                        let deferred = steps.run(|| {
+                            store::defer(
+                                item.queue_id,
+                                delay.as_millis() as i64,
+                                Some(message.clone()),
+                                true,
+                            )
+                        });
+                        if let Err(error) = deferred {
+                            pgrx::log!(
+                                "rag worker: could not defer document {}: {error}",
+                                item.document_id
+                            );
+                        }
+                        Outcome::Worked
+                    }
+                    None => fail(format!(
+                        "gave up after {} s of transient failures ({attempt} attempts): {message}",
+                        item.retry_deadline_seconds
+                    )),
+                };
+            }
+        }
+    }
+}
+
+/// Gives the claim back untouched so the next worker starts on it at once.
+fn release(steps: &impl Steps, item: &WorkItem) {
+    let _ = steps.run(|| store::defer(item.queue_id, 0, None, false));
+}
+
+/// Splits the document into chunks and stores them. Err(reason) means the document cannot be processed.
+fn chunk_document(item: &WorkItem) -> Result<Result<i32, String>, pgrx::spi::Error> {
+    let Some(text) = store::load_text(item.document_id)? else {
+        return Ok(Ok(-1));
+    };
+    let unit = match item.chunk_unit.as_str() {
+        "tokens" => rag_chunk::SizeUnit::Tokens,
+        _ => rag_chunk::SizeUnit::Characters,
+    };
+    let config = match rag_chunk::ChunkConfig::new(
+        item.chunk_size.max(0) as usize,
+        item.chunk_overlap.max(0) as usize,
+        unit,
+    ) {
+        Ok(config) => config,
+        Err(error) => {
+            return Ok(Err(format!(
+                "collection chunk settings are invalid: {error}"
+            )))
+        }
+    };
+    let offsets = text.page_offsets.unwrap_or_default();
+    let chunks: Vec<NewChunk> = rag_chunk::chunk_text(&text.body, &config)
+        .into_iter()
+        .map(|chunk| NewChunk {
+            page: page_of(&offsets, chunk.char_start),
+            char_start: chunk.char_start as i32,
+            char_end: chunk.char_end as i32,
+            token_estimate: chunk.token_estimate as i32,
+            content: chunk.text,
+        })
+        .collect();
+    drop(text.body);
+    Ok(Ok(store::store_chunks(item.document_id, chunks)?))
+}
+
+/// 1-based page holding character `position`, from the offsets at which pages start.
+fn page_of(page_offsets: &[i32], position: usize) -> Option<i32> {
+    if page_offsets.is_empty() {
+        return None;
+    }
+    let index = page_offsets.partition_point(|&start| start as usize <= position);
+    Some(index.max(1) as i32)
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
+    let slot =
+        unsafe { i32::from_polymorphic_datum(argument, false, pg_sys::INT4OID) }.unwrap_or(-1);
+    if slot < 0 || slot as usize >= registry::SLOTS {
+        return;
+    }
+    let slot = slot as usize;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = registry::slot_database(slot);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    registry::mark_running(slot);
+
+    if !transaction::run(|| store::extension_installed().unwrap_or(false)).unwrap_or(false) {
+        registry::mark_stopped(slot, SlotState::NoExtension);
+        return;
+    }
+
+    let steps = WorkerTransactions;
+    let mut cache = ProviderCache::default();
+    let mut rng = SplitMix64::from_entropy();
+    loop {
+        if shutdown_requested() {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
+        match process_next(&steps, &mut cache, &mut rng) {
+            Ok(Outcome::Worked) => continue,
+            Ok(Outcome::Stopped) => break,
+            Ok(Outcome::Idle) => {
+                let due = steps.run(store::seconds_until_due).ok().flatten();
+                let sleep = due
+                    .map(|seconds| Duration::from_secs_f64(seconds.max(0.01)).min(nap))
+                    .unwrap_or(nap);
+                if !BackgroundWorker::wait_latch(Some(sleep)) {
+                    break;
+                }
+            }
+            Err(error) => {
+                // The extension may have been dropped under us; then this database needs no worker.
+                if !transaction::run(|| store::extension_installed().unwrap_or(false))
+                    .unwrap_or(false)
+                {
+                    registry::mark_stopped(slot, SlotState::NoExtension);
+                    return;
+                }
+                pgrx::log!("rag worker: {error}");
+                if !BackgroundWorker::wait_latch(Some(nap)) {
+                    break;
+                }
+            }
+        }
+    }
+    registry::mark_stopped(slot, SlotState::Exited);
+}

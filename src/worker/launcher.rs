@@ -1,0 +1,155 @@
+//! The launcher: a static background worker that keeps one embedding worker (or `rag.workers_per_database`)
+//! running for each database that has the extension. It cannot see other databases' catalogs, so it starts a
+//! worker on each connectable database and lets the worker report back when the extension is absent; such a
+//! database is then left alone until a backend there asks for a worker (CREATE EXTENSION and every ingest do)
+//! or a slow re-check comes round.
+use crate::settings;
+use crate::worker::registry::{self, SlotState};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, DynamicBackgroundWorker,
+    SignalWakeFlags,
+};
+use pgrx::prelude::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long a database without the extension is left alone when nothing asks for it.
+const ABSENT_RECHECK: Duration = Duration::from_secs(300);
+
+pub fn register() {
+    BackgroundWorkerBuilder::new("rag launcher")
+        .set_type("rag launcher")
+        .set_function("rag_launcher_main")
+        .set_library("rag")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        // A crashed launcher comes back on its own; the workers it started are its to restart.
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+struct Running {
+    database: pg_sys::Oid,
+    handle: DynamicBackgroundWorker,
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
+    registry::set_launcher_pid(unsafe { pg_sys::MyProcPid });
+
+    let mut running: HashMap<usize, Running> = HashMap::new();
+    let mut absent_until: HashMap<pg_sys::Oid, Instant> = HashMap::new();
+
+    loop {
+        if shutdown_requested() {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        if registry::take_launcher_wake_request() {
+            absent_until.clear();
+        }
+        reap_stopped_workers(&mut running, &mut absent_until);
+
+        let databases = match crate::worker::transaction::run(list_databases) {
+            Ok(databases) => databases,
+            Err(message) => {
+                pgrx::log!("rag launcher: could not list databases: {message}");
+                Vec::new()
+            }
+        };
+        let now = Instant::now();
+        for database in databases {
+            if absent_until
+                .get(&database)
+                .is_some_and(|until| *until > now)
+            {
+                continue;
+            }
+            let wanted = settings::WORKERS_PER_DATABASE.get().max(1) as usize;
+            let have = registry::slots_of(database).len();
+            for _ in have..wanted {
+                if running.len() >= settings::MAX_WORKERS.get() as usize {
+                    break;
+                }
+                match start_worker(database) {
+                    Some((slot, handle)) => {
+                        running.insert(slot, Running { database, handle });
+                    }
+                    None => break,
+                }
+            }
+        }
+
+        let nap = Duration::from_secs(settings::LAUNCHER_NAPTIME_S.get().max(1) as u64);
+        if !BackgroundWorker::wait_latch(Some(nap)) {
+            break;
+        }
+    }
+    // Workers notice shutdown through the postmaster; nothing to hand over.
+}
+
+fn shutdown_requested() -> bool {
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+fn list_databases() -> Vec<pg_sys::Oid> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate ORDER BY oid",
+                None,
+                &[],
+            )
+            .map(|rows| rows.filter_map(|row| row.get::<pg_sys::Oid>(1).ok().flatten()).collect())
+            .unwrap_or_default()
+    })
+}
+
+fn start_worker(database: pg_sys::Oid) -> Option<(usize, DynamicBackgroundWorker)> {
+    let slot = registry::reserve_slot(database)?;
+    let started = BackgroundWorkerBuilder::new("rag worker")
+        .set_type("rag worker")
+        .set_function("rag_worker_main")
+        .set_library("rag")
+        .enable_spi_access()
+        .set_argument((slot as i32).into_datum())
+        // The launcher restarts workers itself; a postmaster restart of a dynamic worker would duplicate them
+        // after a crash, when the launcher starts fresh ones anyway.
+        .set_restart_time(None)
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic();
+    match started {
+        Ok(handle) => Some((slot, handle)),
+        Err(_) => {
+            registry::release_slot(slot);
+            pgrx::log!("rag launcher: could not start a worker (max_worker_processes reached?)");
+            None
+        }
+    }
+}
+
+fn reap_stopped_workers(
+    running: &mut HashMap<usize, Running>,
+    absent_until: &mut HashMap<pg_sys::Oid, Instant>,
+) {
+    let stopped: Vec<usize> = running
+        .iter()
+        .filter(|(_, worker)| {
+            matches!(worker.handle.pid(), Err(status) if !matches!(status, pgrx::bgworkers::BackgroundWorkerStatus::NotYetStarted))
+        })
+        .map(|(slot, _)| *slot)
+        .collect();
+    for slot in stopped {
+        if let Some(worker) = running.remove(&slot) {
+            if registry::slot_state(slot) == SlotState::NoExtension {
+                absent_until.insert(worker.database, Instant::now() + ABSENT_RECHECK);
+            }
+            registry::release_slot(slot);
+        }
+    }
+}

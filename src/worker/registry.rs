@@ -1,0 +1,153 @@
+//! A fixed table of worker slots in shared memory. The launcher fills a slot before it starts a worker and
+//! passes the slot number as the worker's argument; the worker publishes its pid there so backends can set
+//! its latch without a catalog lookup, and leaves a note of why it stopped so the launcher need not guess.
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PgAtomic};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+
+pub const SLOTS: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum SlotState {
+    Free = 0,
+    Starting = 1,
+    Running = 2,
+    /// The worker found no `rag` extension in its database and stopped: not worth restarting until woken.
+    NoExtension = 3,
+    /// The worker stopped for another reason (shutdown, an error it could not handle).
+    Exited = 4,
+}
+
+impl SlotState {
+    fn from_raw(raw: i32) -> SlotState {
+        match raw {
+            1 => SlotState::Starting,
+            2 => SlotState::Running,
+            3 => SlotState::NoExtension,
+            4 => SlotState::Exited,
+            _ => SlotState::Free,
+        }
+    }
+}
+
+static SLOT_DATABASE: PgAtomic<[AtomicU32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_database") };
+static SLOT_PID: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_pid") };
+static SLOT_STATE: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_state") };
+static LAUNCHER_PID: PgAtomic<AtomicI32> = unsafe { PgAtomic::new(c"rag_launcher_pid") };
+/// Set by backends that found no live worker for their database, so the launcher drops its back-off.
+static LAUNCHER_WAKE_REQUESTED: PgAtomic<AtomicBool> =
+    unsafe { PgAtomic::new(c"rag_launcher_wake") };
+
+/// Process-local: true only where the library was preloaded and so the shared memory above exists.
+static SHARED_MEMORY_READY: AtomicBool = AtomicBool::new(false);
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(SLOT_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
+    pg_shmem_init!(SLOT_PID = std::array::from_fn(|_| AtomicI32::new(0)));
+    pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
+    pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
+    pg_shmem_init!(LAUNCHER_WAKE_REQUESTED = AtomicBool::new(false));
+    SHARED_MEMORY_READY.store(true, Ordering::SeqCst);
+}
+
+pub fn available() -> bool {
+    SHARED_MEMORY_READY.load(Ordering::SeqCst)
+}
+
+pub fn slot_database(slot: usize) -> pg_sys::Oid {
+    pg_sys::Oid::from(SLOT_DATABASE.get()[slot].load(Ordering::SeqCst))
+}
+
+pub fn slot_state(slot: usize) -> SlotState {
+    SlotState::from_raw(SLOT_STATE.get()[slot].load(Ordering::SeqCst))
+}
+
+/// Launcher side: reserve a free slot for a worker of `database`.
+pub fn reserve_slot(database: pg_sys::Oid) -> Option<usize> {
+    let states = SLOT_STATE.get();
+    for (slot, state) in states.iter().enumerate() {
+        if state
+            .compare_exchange(
+                SlotState::Free as i32,
+                SlotState::Starting as i32,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+        {
+            SLOT_DATABASE.get()[slot].store(database.to_u32(), Ordering::SeqCst);
+            SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
+            return Some(slot);
+        }
+    }
+    None
+}
+
+pub fn release_slot(slot: usize) {
+    SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
+    SLOT_DATABASE.get()[slot].store(0, Ordering::SeqCst);
+    SLOT_STATE.get()[slot].store(SlotState::Free as i32, Ordering::SeqCst);
+}
+
+/// Worker side: announce that this process now serves the slot.
+pub fn mark_running(slot: usize) {
+    SLOT_PID.get()[slot].store(unsafe { pg_sys::MyProcPid }, Ordering::SeqCst);
+    SLOT_STATE.get()[slot].store(SlotState::Running as i32, Ordering::SeqCst);
+}
+
+/// Worker side: leave the reason for stopping behind for the launcher.
+pub fn mark_stopped(slot: usize, state: SlotState) {
+    SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
+    SLOT_STATE.get()[slot].store(state as i32, Ordering::SeqCst);
+}
+
+pub fn set_launcher_pid(pid: i32) {
+    LAUNCHER_PID.get().store(pid, Ordering::SeqCst);
+}
+
+pub fn take_launcher_wake_request() -> bool {
+    LAUNCHER_WAKE_REQUESTED.get().swap(false, Ordering::SeqCst)
+}
+
+/// Sets the latch of `pid` if it is a live PostgreSQL process; a stale pid is ignored rather than signalled.
+fn set_latch_of(pid: i32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    unsafe {
+        let proc = pg_sys::BackendPidGetProc(pid);
+        if proc.is_null() {
+            return false;
+        }
+        pg_sys::SetLatch(&raw mut (*proc).procLatch);
+    }
+    true
+}
+
+/// Wakes every worker of the current database; when there is none, asks the launcher to start one.
+pub fn wake_workers_of_current_database() {
+    if !available() {
+        return;
+    }
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let mut woke_any = false;
+    for slot in 0..SLOTS {
+        if SLOT_DATABASE.get()[slot].load(Ordering::SeqCst) == database
+            && slot_state(slot) == SlotState::Running
+        {
+            woke_any |= set_latch_of(SLOT_PID.get()[slot].load(Ordering::SeqCst));
+        }
+    }
+    if !woke_any {
+        LAUNCHER_WAKE_REQUESTED.get().store(true, Ordering::SeqCst);
+        set_latch_of(LAUNCHER_PID.get().load(Ordering::SeqCst));
+    }
+}
+
+/// Slots currently held for `database`, whatever their state.
+pub fn slots_of(database: pg_sys::Oid) -> Vec<usize> {
+    (0..SLOTS)
+        .filter(|&slot| slot_state(slot) != SlotState::Free && slot_database(slot) == database)
+        .collect()
+}

@@ -1,0 +1,43 @@
+//! Transactions for background workers that must survive errors. pgrx's `BackgroundWorker::transaction`
+//! lets an ERROR escape, which ends the worker; a worker that serves many documents has to roll back the one
+//! that failed and carry on with the next.
+use pgrx::pg_sys;
+use pgrx::PgTryBuilder;
+use std::panic::{RefUnwindSafe, UnwindSafe};
+
+pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let outcome = PgTryBuilder::new(|| Ok(body()))
+        .catch_others(|caught| Err(describe(&caught)))
+        .execute();
+    match outcome {
+        Ok(value) => {
+            unsafe {
+                pg_sys::PopActiveSnapshot();
+                pg_sys::CommitTransactionCommand();
+            }
+            Ok(value)
+        }
+        Err(message) => {
+            // Abort releases the snapshot, locks, SPI state and transaction memory in one go.
+            unsafe { pg_sys::AbortCurrentTransaction() };
+            Err(message)
+        }
+    }
+}
+
+pub fn describe(caught: &pg_sys::panic::CaughtError) -> String {
+    use pg_sys::panic::CaughtError;
+    let report = match caught {
+        CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => report,
+        CaughtError::RustPanic { ereport, .. } => ereport,
+    };
+    match report.detail() {
+        Some(detail) => format!("{} ({detail})", report.message()),
+        None => report.message().to_string(),
+    }
+}

@@ -1,0 +1,60 @@
+"""Helpers for the end-to-end scenarios: psql as a subprocess (no driver to install), and the provider test
+server's control API. scripts/test exports PGHOST, PGPORT, PGUSER, PROVIDER_PORT and WORK."""
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+
+def psql(sql, db="rag_e2e", check=True, port=None, timeout=120):
+    """Runs SQL and returns the rows as lists of strings (unaligned, tab-separated)."""
+    env = dict(os.environ)
+    if port is not None:
+        env["PGPORT"] = str(port)
+    result = subprocess.run(
+        ["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", db],
+        input=sql, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"psql failed ({result.returncode}): {result.stderr}\nSQL: {sql[:500]}")
+    rows = [line.split("\t") for line in result.stdout.splitlines() if line != ""]
+    return rows if check else (result.returncode, rows, result.stderr)
+
+
+def scalar(sql, **kwargs):
+    rows = psql(sql, **kwargs)
+    return rows[0][0] if rows else None
+
+
+def wait_for_server(db="postgres", port=None, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        code, _, _ = psql("SELECT 1", db=db, check=False, port=port)
+        if code == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the server did not come back")
+
+
+def provider(path, body=None):
+    url = f"http://127.0.0.1:{os.environ['PROVIDER_PORT']}{path}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def provider_calls(model):
+    stats = provider("/_control/stats")
+    entry = stats.get("models", stats).get(model) if isinstance(stats, dict) else None
+    return (entry or {}).get("calls", 0), (entry or {}).get("inputs", 0)
+
+
+def fresh_database(name):
+    psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", db="postgres")
+    psql(f"CREATE DATABASE {name}", db="postgres")
+    psql("CREATE EXTENSION rag CASCADE", db=name)

@@ -1,0 +1,153 @@
+"""End-to-end scenarios against the real cluster that scripts/test started (extension preloaded, worker
+running, provider test server answering)."""
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+from support import fresh_database, provider_calls, psql, scalar, wait_for_server
+
+DB = "rag_e2e"
+
+
+class Pipeline(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(DB)
+
+    def test_a_ingest_returns_before_any_provider_call(self):
+        model = "hash-384@slow50"
+        psql(f"SELECT rag_create_collection('early', embedding_model => '{model}')")
+        before = provider_calls(model)
+        # While the ingesting transaction is open, the document is invisible to the worker: if anything was
+        # embedded, ingest itself called the provider.
+        rows = psql(f"""
+            BEGIN;
+            SELECT rag_ingest('early', 'Doc', 'Ingest must not wait for the embedding provider.');
+            SELECT pg_sleep(0.5);
+            SELECT '{model}';
+            COMMIT;""")
+        self.assertEqual(provider_calls(model), before)
+        self.assertEqual(scalar("SELECT rag_wait('early', '30 seconds')"), "t")
+        self.assertEqual(provider_calls(model)[0], before[0] + 1)
+
+    def test_b_dedup_costs_no_provider_call(self):
+        model = "hash-384@slow1"
+        psql(f"SELECT rag_create_collection('dedup', embedding_model => '{model}')")
+        text = "Identical text is stored once and embedded once. " * 5
+        first = scalar(f"SELECT rag_ingest('dedup', 'One', '{text}')")
+        self.assertEqual(scalar("SELECT rag_wait('dedup', '30 seconds')"), "t")
+        calls = provider_calls(model)
+        second = scalar(f"SELECT rag_ingest('dedup', 'Two', '{text}')")
+        time.sleep(1.0)
+        self.assertEqual(first, second)
+        self.assertEqual(provider_calls(model), calls)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'dedup'"), "1")
+
+    def test_c_new_database_is_served_without_restart(self):
+        fresh_database("rag_e2e_later")
+        psql("SELECT rag_create_collection('later', embedding_model => 'hash-384')", db="rag_e2e_later")
+        psql("SELECT rag_ingest('later', 'Doc', 'A database created after the server started.')", db="rag_e2e_later")
+        self.assertEqual(scalar("SELECT rag_wait('later', '30 seconds')", db="rag_e2e_later"), "t")
+        self.assertEqual(scalar("SELECT status FROM rag.documents", db="rag_e2e_later"), "ready")
+        workers = psql("SELECT datname FROM pg_stat_activity WHERE backend_type = 'rag worker' ORDER BY 1", db="postgres")
+        self.assertIn(["rag_e2e_later"], workers)
+        psql("DROP DATABASE rag_e2e_later WITH (FORCE)", db="postgres")
+
+    def test_d_twenty_megabyte_text(self):
+        psql("SELECT rag_create_collection('big', embedding_model => 'hash-384', chunk_size => 10000, chunk_overlap => 0)")
+        sentence = "Large documents are chunked and embedded without exhausting memory. "
+        paragraph = sentence * 40
+        body = "\\n\\n".join([paragraph] * (20 * 1024 * 1024 // (len(paragraph) + 2)))
+        self.assertGreater(len(body), 19 * 1024 * 1024)
+        copy = "CREATE TEMP TABLE incoming (body text);\nCOPY incoming FROM STDIN;\n" + body + "\n\\.\n"
+        copy += "SELECT rag_ingest('big', 'Big', body) FROM incoming;\n"
+        psql(copy)
+        self.assertEqual(scalar("SELECT rag_wait('big', '180 seconds')"), "t")
+        row = psql("SELECT status, chunks_total, chunks_embedded, octet_length(body) FROM rag.documents d "
+                   "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'big'")[0]
+        self.assertEqual(row[0], "ready")
+        self.assertEqual(row[1], row[2])
+        self.assertGreater(int(row[1]), 2000)
+        self.assertGreater(int(row[3]), 19 * 1024 * 1024)
+        pid = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = 'rag_e2e' LIMIT 1",
+                     db="postgres")
+        if pid:
+            with open(f"/proc/{pid}/status") as status:
+                peak = [line for line in status if line.startswith("VmHWM")]
+            print(f"\n  worker peak RSS after the 20 MB document: {peak[0].split(':')[1].strip()}", end=" ")
+            self.assertLess(int(peak[0].split()[1]), 1024 * 1024, "worker peak RSS should stay under 1 GiB")
+
+    def test_z_worker_killed_mid_batch_finishes_with_exact_counts(self):
+        # Runs last: SIGKILL makes the postmaster reset every backend.
+        model = "hash-384@slow300"
+        psql("ALTER SYSTEM SET rag.batch_size = 2; SELECT pg_reload_conf();")
+        try:
+            psql(f"SELECT rag_create_collection('killed', embedding_model => '{model}', chunk_size => 100, chunk_overlap => 0)")
+            paragraphs = "\n\n".join(f"Paragraph {n} talks about topic number {n} in some detail here." for n in range(24))
+            doc = scalar(f"SELECT rag_ingest('killed', 'Doc', $${paragraphs}$$)")
+            deadline = time.time() + 60
+            embedded = 0
+            while time.time() < deadline:
+                embedded = int(scalar(f"SELECT chunks_embedded FROM rag.documents WHERE id = {doc}"))
+                if embedded >= 2:
+                    break
+                time.sleep(0.1)
+            self.assertGreaterEqual(embedded, 2)
+            total = int(scalar(f"SELECT chunks_total FROM rag.documents WHERE id = {doc}"))
+            self.assertLess(embedded, total, "the document finished before the worker could be killed")
+            pid = int(scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = current_database()"))
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(1.0)
+            wait_for_server(db=DB)
+            self.assertEqual(scalar("SELECT rag_wait('killed', '90 seconds')"), "t")
+            row = psql(f"""SELECT status, chunks_total, chunks_embedded,
+                                  (SELECT count(*) FROM rag.chunks WHERE document_id = {doc}),
+                                  (SELECT count(*) FROM rag.chunks WHERE document_id = {doc} AND embedding IS NOT NULL),
+                                  (SELECT count(DISTINCT ordinal) FROM rag.chunks WHERE document_id = {doc})
+                             FROM rag.documents WHERE id = {doc}""")[0]
+            self.assertEqual(row[0], "ready")
+            self.assertEqual(len(set(row[1:])), 1, f"counts disagree: {row}")
+            _, inputs = provider_calls(model)
+            # Only what was missing is embedded again: at most the one batch in flight when the worker died.
+            self.assertLessEqual(inputs, total + 2)
+        finally:
+            wait_for_server(db=DB)
+            psql("ALTER SYSTEM RESET rag.batch_size; SELECT pg_reload_conf();")
+
+
+class WithoutPreload(unittest.TestCase):
+    """A server that cannot preload the library still works through rag_process_queue()."""
+
+    def test_process_queue_in_session(self):
+        work = os.environ.get("WORK", "/tmp/rag-test")
+        port = subprocess.run(["python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"],
+                              capture_output=True, text=True).stdout.strip()
+        data = f"{work}/nopreload"
+        script = f"""
+            set -e
+            source {os.environ['ROOT']}/scripts/lib/cluster.sh
+            start_cluster {data} {port} "rag.ollama_url = 'http://127.0.0.1:{os.environ['PROVIDER_PORT']}'"
+            sed -i "s/^shared_preload_libraries = 'rag'/shared_preload_libraries = ''/" {data}/data/postgresql.conf
+            as_postgres $PG_BIN/pg_ctl -D {data}/data -w restart -l {data}/server.log >/dev/null
+        """
+        subprocess.run(["bash", "-c", script], check=True)
+        try:
+            psql("CREATE EXTENSION rag CASCADE", db="postgres", port=port)
+            self.assertEqual(scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'rag%'", db="postgres", port=port), "0")
+            psql("SELECT rag_create_collection('manual', embedding_model => 'hash-384', max_distance => 0.9)", db="postgres", port=port)
+            psql("SELECT rag_ingest('manual', 'Good', 'Documents can be processed by hand when no worker runs.')", db="postgres", port=port)
+            psql("SELECT rag_create_collection('manual-bad', embedding_model => 'hash-384@401')", db="postgres", port=port)
+            psql("SELECT rag_ingest('manual-bad', 'Bad', 'This one fails with 401, and must not stop the other.')", db="postgres", port=port)
+            self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "2")
+            rows = psql("SELECT title, status FROM rag.documents ORDER BY title", db="postgres", port=port)
+            self.assertEqual(rows, [["Bad", "failed"], ["Good", "ready"]])
+            hit = scalar("SELECT title FROM rag_query('manual', 'processed by hand without a worker', 1)", db="postgres", port=port)
+            self.assertEqual(hit, "Good")
+        finally:
+            subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {data}"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,26 @@
+-- The extension installs with its dependency, and every function it creates pins its search_path.
+CREATE EXTENSION rag CASCADE;
+SELECT extname, extrelocatable FROM pg_extension WHERE extname IN ('rag', 'vector') ORDER BY 1;
+
+-- No function of the extension may run with the caller's search_path.
+SELECT p.oid::regprocedure AS function_without_search_path
+  FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
+   AND d.classid = 'pg_proc'::regclass
+   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%');
+
+-- User-facing functions are callable unqualified; internals live in schema rag.
+SELECT n.nspname, count(*) FILTER (WHERE p.proname LIKE 'rag\_%') AS user_facing,
+       count(*) FILTER (WHERE p.proname LIKE '\_%') AS internal
+  FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
+   AND d.classid = 'pg_proc'::regclass
+ GROUP BY 1 ORDER BY 1;
+
+-- Nothing in schema rag is writable, or even readable, by PUBLIC.
+SELECT c.relname, has_table_privilege('public', c.oid, 'SELECT') AS public_select,
+       has_table_privilege('public', c.oid, 'INSERT,UPDATE,DELETE') AS public_write
+  FROM pg_class c WHERE c.relnamespace = 'rag'::regnamespace AND c.relkind IN ('r', 'v') ORDER BY 1;
+
+-- The worker was preloaded and a launcher runs.
+SELECT count(*) > 0 AS launcher_running FROM pg_stat_activity WHERE backend_type = 'rag launcher';

@@ -1,0 +1,34 @@
+SELECT rag_create_collection('docs', embedding_model => 'hash-384', max_distance => 0.9) > 0 AS created;
+SELECT name, embedding_provider, embedding_model, dimensions, document_prefix, query_prefix,
+       chunk_size, chunk_overlap, chunk_unit, max_distance
+  FROM rag.collections WHERE name = 'docs';
+
+-- Defaults come from the settings at creation time.
+SET rag.chunk_size = 800;
+SET rag.embedding_model = 'hash-64';
+SELECT rag_create_collection('defaults') > 0 AS created;
+SELECT embedding_model, chunk_size, chunk_overlap, max_distance FROM rag.collections WHERE name = 'defaults';
+RESET rag.chunk_size;
+RESET rag.embedding_model;
+
+-- Bad input: clear errors with hints.
+SELECT rag_create_collection('docs');
+SELECT rag_create_collection('bad name!');
+SELECT rag_create_collection('x', chunk_size => 500, chunk_overlap => 500);
+SELECT rag_create_collection('x', chunk_size => 20000);
+SELECT rag_create_collection('x', chunk_unit => 'words');
+SELECT rag_create_collection('x', embedding_provider => 'nowhere');
+SELECT rag_create_collection('x', max_distance => 3);
+SELECT rag_create_collection('x', dimensions => 0);
+
+-- Token units: 250 tokens are about 1000 characters.
+SELECT rag_create_collection('tokens', embedding_model => 'hash-384', chunk_size => 250, chunk_overlap => 25,
+                             chunk_unit => 'tokens') > 0 AS created;
+
+-- A collection created with its dimension gets its HNSW index at once.
+SELECT rag_create_collection('sized', embedding_model => 'hash-16', dimensions => 16) > 0 AS created;
+SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
+
+SELECT rag_drop_collection('defaults'), rag_drop_collection('sized'), rag_drop_collection('never-existed');
+SELECT count(*) AS leftover_indexes FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
+SELECT name FROM rag.collections ORDER BY name;

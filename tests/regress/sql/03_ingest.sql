@@ -1,0 +1,57 @@
+-- Ingest stores the document and queues it; the worker does the rest. Inside one transaction nothing can
+-- have been embedded yet: ingest makes no provider call.
+BEGIN;
+SELECT rag_ingest('docs', 'Employee Handbook 2026',
+  E'Notice period. All staff must give thirty days notice before resigning from their post.\n\n'
+  'Managers may agree a shorter notice period in writing with the employee.\n\n'
+  'Annual leave. Staff receive twenty five days of paid annual leave each calendar year.',
+  '{"department": "hr"}') AS handbook \gset
+SELECT status, chunks_total, chunks_embedded, embed_calls FROM rag.documents WHERE id = :handbook;
+SELECT count(*) AS queued FROM rag.queue WHERE document_id = :handbook;
+COMMIT;
+
+SELECT rag_ingest('docs', 'Canteen menu',
+  'The canteen serves lunch from noon until two. Vegetarian and vegan dishes are available every day.') AS canteen \gset
+SELECT rag_ingest('docs', 'Parking', 'Parking permits for the staff car park are issued by reception.') AS parking \gset
+
+SELECT rag_wait('docs', '30 seconds') AS all_done;
+SELECT title, status, failure_reason, chunks_total = chunks_embedded AS complete, embed_calls, metadata
+  FROM rag.documents WHERE collection_id = rag._collection_id('docs') ORDER BY id;
+
+-- The same text again returns the same document and costs nothing.
+SELECT rag_ingest('docs', 'A different title', 'The canteen serves lunch from noon until two. Vegetarian and vegan dishes are available every day.') = :canteen AS deduplicated;
+SELECT count(*) AS documents, sum(embed_calls) AS provider_calls FROM rag.documents WHERE collection_id = rag._collection_id('docs');
+
+-- Pages: each chunk knows the page it starts on.
+SELECT rag_create_collection('paged', embedding_model => 'hash-384', chunk_size => 100, chunk_overlap => 0) > 0 AS created;
+SELECT rag_ingest('paged', 'Report', NULL, pages => ARRAY[
+  'Page one talks about the budget for the coming year and its risks.',
+  'Page two describes the hiring plan for engineers and designers.',
+  'Page three lists the office locations in Berlin, Lisbon and Oslo.']) AS report \gset
+SELECT rag_wait('paged', '30 seconds') AS done;
+SELECT ordinal, page, left(content, 20) AS starts_with FROM rag.chunks WHERE document_id = :report ORDER BY ordinal;
+
+-- Bad input is refused with a clear error, and nothing is written.
+SELECT count(*) AS documents_before FROM rag.documents \gset
+SELECT rag_ingest('docs', 'Empty', '');
+SELECT rag_ingest('docs', 'Blank', E'  \n\t ');
+SELECT rag_ingest('docs', 'Null', NULL);
+SELECT rag_ingest('nope', 'Unknown collection', 'text');
+SELECT rag_ingest('docs', 'NUL byte', E'abc\000def');
+SELECT rag_ingest('docs', 'Bad metadata', 'text', '[1, 2]');
+SELECT rag_ingest('docs', 'Both', 'body', pages => ARRAY['page']);
+SET rag.max_document_size = '1kB';
+SELECT rag_ingest('docs', 'Too big', repeat('x', 2000));
+RESET rag.max_document_size;
+SELECT count(*) - :documents_before AS documents_written FROM rag.documents;
+SELECT count(*) AS orphan_chunks FROM rag.chunks ch WHERE NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = ch.document_id);
+
+-- A rolled-back ingest leaves nothing behind.
+BEGIN;
+SELECT rag_ingest('docs', 'Rolled back', 'This text is never committed.') > 0 AS ingested;
+ROLLBACK;
+SELECT count(*) AS rolled_back_rows FROM rag.documents WHERE title = 'Rolled back';
+
+-- Deleting a document removes its chunks and queue row in one transaction.
+SELECT rag_delete_document(:parking) AS deleted, rag_delete_document(:parking) AS deleted_again;
+SELECT count(*) AS parking_chunks FROM rag.chunks WHERE document_id = :parking;
