@@ -13,7 +13,12 @@ CREATE FUNCTION rag_create_collection(
     chunk_overlap      integer DEFAULT NULL,
     chunk_unit         text DEFAULT 'characters',
     max_distance       double precision DEFAULT NULL,
-    retry_deadline     interval DEFAULT NULL
+    retry_deadline     interval DEFAULT NULL,
+    chat_provider      text DEFAULT 'ollama',
+    chat_model         text DEFAULT NULL,
+    prompt_template    text DEFAULT NULL,
+    context_budget     integer DEFAULT 3000,
+    max_answer_tokens  integer DEFAULT 1024
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -39,12 +44,32 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'It is a cosine distance: 0 is identical, 2 is opposite.';
     END IF;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
+    IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
+        RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
+            USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
+    END IF;
+    chat_model := nullif(coalesce(chat_model, rag._setting('rag.chat_model')), '');
+    IF chat_model IS NOT NULL
+       AND chat_model = coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')) THEN
+        RAISE EXCEPTION 'chat_model "%" is the embedding model', chat_model
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name a chat model (rag_models() lists them), or leave it NULL for extractive answers.';
+    END IF;
+    IF prompt_template IS NOT NULL AND (strpos(prompt_template, '{{context}}') = 0 OR strpos(prompt_template, '{{query}}') = 0) THEN
+        RAISE EXCEPTION 'prompt_template must contain both {{context}} and {{query}}'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'They are replaced by the sources and the question.';
+    END IF;
+    IF context_budget IS NULL OR context_budget < 100 OR max_answer_tokens IS NULL OR max_answer_tokens < 16 THEN
+        RAISE EXCEPTION 'context_budget must be at least 100 tokens and max_answer_tokens at least 16'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'The defaults are 3000 and 1024.';
+    END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
     END IF;
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
-                                 query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline)
+                                 query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
+                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens)
     VALUES (name, embedding_provider,
             coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
             dimensions,
@@ -52,7 +77,7 @@ BEGIN
             coalesce(query_prefix, rag._setting('rag.query_prefix')),
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
-            retry_deadline)
+            retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens)
     RETURNING id INTO v_id;
     IF dimensions IS NOT NULL THEN
         PERFORM rag._ensure_index(v_id);

@@ -32,6 +32,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
     v_vector text;
+    v_tokens bigint;
+    v_started timestamptz := clock_timestamp();
+    v_embedded timestamptz;
+    v_nearest double precision;
+    v_count integer;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF query IS NULL OR btrim(query) = '' THEN
@@ -46,20 +51,28 @@ BEGIN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
     END IF;
-    IF c.dimensions IS NULL THEN
-        RETURN;  -- nothing embedded yet, so nothing can be near
+    IF c.dimensions IS NOT NULL THEN
+        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
+        v_embedded := clock_timestamp();
+        IF filter IS NOT NULL THEN
+            -- A metadata filter removes candidates after the index scan; iterative scans keep looking until
+            -- k rows survive it.
+            PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
+            RETURN QUERY EXECUTE rag._search_sql(c, true)
+                USING v_vector, k, coalesce(max_distance, c.max_distance), filter;
+        ELSE
+            RETURN QUERY EXECUTE rag._search_sql(c, false)
+                USING v_vector, k, coalesce(max_distance, c.max_distance);
+        END IF;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
     END IF;
-    v_vector := rag._embed_query(c.id, query);
-    IF filter IS NOT NULL THEN
-        -- A metadata filter removes candidates after the index scan; iterative scans keep looking until
-        -- k rows survive it.
-        PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-        RETURN QUERY EXECUTE rag._search_sql(c, true)
-            USING v_vector, k, coalesce(max_distance, c.max_distance), filter;
-    ELSE
-        RETURN QUERY EXECUTE rag._search_sql(c, false)
-            USING v_vector, k, coalesce(max_distance, c.max_distance);
-    END IF;
+    -- The ledger: one row per call, even when nothing was found.
+    PERFORM rag._record_query(c.id, 'query', query, NULL, NULL, 'retrieved', NULL,
+                              CASE WHEN coalesce(v_count, 0) = 0 THEN 'nothing within the distance ceiling' END,
+                              NULL, coalesce(v_count, 0), '[]', 0, c.embedding_model, NULL, v_tokens, NULL, NULL, 0,
+                              extract(epoch FROM v_embedded - v_started) * 1000,
+                              extract(epoch FROM clock_timestamp() - v_embedded) * 1000, NULL,
+                              extract(epoch FROM clock_timestamp() - v_started) * 1000);
 END $$;
 
 -- The plan rag_query runs for a collection, for DBAs checking that the HNSW index is used.

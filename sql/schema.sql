@@ -31,6 +31,12 @@ CREATE TABLE rag.collections (
     chunk_unit         text NOT NULL DEFAULT 'characters' CHECK (chunk_unit IN ('characters', 'tokens')),
     max_distance       double precision NOT NULL CHECK (max_distance > 0 AND max_distance <= 2),
     retry_deadline     interval CHECK (retry_deadline > interval '0'),
+    -- Answering. No chat model means extractive answers: sentences quoted from the sources, no LLM.
+    chat_provider      text NOT NULL DEFAULT 'ollama' REFERENCES rag.providers (name),
+    chat_model         text,
+    prompt_template    text CHECK (prompt_template IS NULL OR (prompt_template LIKE '%{{context}}%' AND prompt_template LIKE '%{{query}}%')),
+    context_budget     integer NOT NULL DEFAULT 3000 CHECK (context_budget BETWEEN 100 AND 1000000),
+    max_answer_tokens  integer NOT NULL DEFAULT 1024 CHECK (max_answer_tokens BETWEEN 16 AND 100000),
     -- The partial HNSW index for this collection's vectors, once the dimension is known.
     index_name         text,
     created_at         timestamptz NOT NULL DEFAULT now()
@@ -46,6 +52,8 @@ CREATE TABLE rag.documents (
     body            text NOT NULL,
     -- Character offset at which each page starts, when the document came with pages.
     page_offsets    integer[],
+    -- What citations call each page when it is not a page number: 'slide 3', 'sheet "Q3"', 'p. 12'.
+    page_labels     text[],
     content_sha256  bytea NOT NULL,
     status          text NOT NULL DEFAULT 'processing' CHECK (status IN ('processing', 'ready', 'failed')),
     failure_reason  text,

@@ -21,7 +21,10 @@ GRANT USAGE ON SCHEMA rag TO rag_reader;
 REVOKE ALL ON ALL TABLES IN SCHEMA rag FROM PUBLIC;
 -- Readers see what is indexed; nobody but the owner writes the tables directly: writes go through the
 -- SECURITY DEFINER functions, which validate them.
-GRANT SELECT ON rag.collections, rag.documents, rag.chunks, rag.status, rag.providers TO rag_reader;
+GRANT SELECT ON rag.collections, rag.documents, rag.chunks, rag.status, rag.providers, rag.prices TO rag_reader;
+-- The ledger and conversations hold other people's questions: administrators only (and each caller's own
+-- conversations through rag_conversation()).
+GRANT SELECT ON rag.queries, rag.ledger_daily TO rag_admin;
 
 DO $$
 DECLARE
@@ -47,11 +50,17 @@ BEGIN
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models',
-                               '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting')
+                               '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
+                               '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
+                               'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
+                               'rag_conversation_delete', '_conversation_of_caller')
                 THEN 'rag_reader'
-            WHEN f.proname IN ('rag_ingest', 'rag_delete_document', '_wake_worker')
+            WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections')
+                THEN 'rag_reader'
+            WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
-            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index')
+            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
+                               'rag_set_price')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only
         END;

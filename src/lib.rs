@@ -33,7 +33,16 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/retrieve.sql",
     name = "retrieve",
-    requires = ["ingest", api::query::rag::embed_query]
+    requires = [
+        "ingest",
+        api::query::rag::embed_query,
+        api::query::rag::embed_query_usage
+    ]
+);
+extension_sql_file!(
+    "../sql/answer.sql",
+    name = "answer",
+    requires = ["retrieve", api::rag::calling_role]
 );
 extension_sql_file!("../sql/security.sql", name = "security", finalize);
 

@@ -8,6 +8,7 @@ pub static OLLAMA_URL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"http://127.0.0.1:11434"));
 pub static EMBEDDING_MODEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"nomic-embed-text"));
+pub static CHAT_MODEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static DOCUMENT_PREFIX: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"search_document: "));
 pub static QUERY_PREFIX: GucSetting<Option<CString>> =
@@ -16,6 +17,11 @@ pub static CHUNK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static CHUNK_OVERLAP: GucSetting<i32> = GucSetting::<i32>::new(150);
 pub static MAX_DISTANCE: GucSetting<f64> = GucSetting::<f64>::new(0.6);
 pub static MAX_DOCUMENT_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+pub static MAX_FILE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+pub static MAX_DECOMPRESSED_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(256 * 1024);
+pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
+pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
@@ -39,6 +45,14 @@ pub fn define() {
         c"Embedding model given to new collections that name none.",
         c"",
         &EMBEDDING_MODEL,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"rag.chat_model",
+        c"Chat model given to new collections that name none; empty means extractive answers (no LLM).",
+        c"",
+        &CHAT_MODEL,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -97,6 +111,58 @@ pub fn define() {
         1024 * 1024,
         GucContext::Suset,
         GucFlags::UNIT_KB,
+    );
+    // File extraction limits: every defence against hostile files is one of these. Superuser-only, since
+    // raising them lets a caller spend the server's memory.
+    GucRegistry::define_int_guc(
+        c"rag.max_file_size",
+        c"Largest file rag_ingest_file and rag_extract_text accept.",
+        c"",
+        &MAX_FILE_SIZE_KB,
+        1,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_decompressed_size",
+        c"Most bytes decompressed from one file (zip members, PDF streams): a zip bomb stops here.",
+        c"",
+        &MAX_DECOMPRESSED_SIZE_KB,
+        1,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_archive_entries",
+        c"Most entries an Office or OpenDocument file may list.",
+        c"",
+        &MAX_ARCHIVE_ENTRIES,
+        1,
+        1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_xml_depth",
+        c"Deepest XML nesting accepted in a file.",
+        c"",
+        &MAX_XML_DEPTH,
+        8,
+        10_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_pdf_pages",
+        c"Most PDF pages extracted from one file.",
+        c"",
+        &MAX_PDF_PAGES,
+        1,
+        1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"rag.batch_size",

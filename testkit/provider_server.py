@@ -396,6 +396,9 @@ def collapse(text: str) -> str:
     return " ".join(text.split())
 
 
+_SOURCE_HEADER = re.compile(r'^Document \d+ ".*"')
+
+
 def find_sources(text: str) -> dict[int, str]:
     """Numbered source blocks ``[n] text`` (continued until a blank line)."""
     blocks: dict[int, list[str]] = {}
@@ -408,7 +411,10 @@ def find_sources(text: str) -> dict[int, str]:
             # not a new source: keep the first block.
             current = None if number in blocks else number
             if current is not None:
-                blocks[current] = [match.group(2)]
+                # The extension's source header (`[1] Document 7 "Title", p. 12`) names the source; the text
+                # to quote starts on the next line.
+                first = match.group(2)
+                blocks[current] = [] if _SOURCE_HEADER.match(first) else [first]
         elif current is not None:
             if not line.strip() or _PROMPT_LABEL.match(line):
                 current = None

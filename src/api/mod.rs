@@ -1,6 +1,8 @@
 //! SQL-callable functions implemented in Rust. The SQL-language half of the API (ingest, collections,
 //! retrieval, status) lives in `sql/`; these are the parts that need Rust: chunking, provider calls.
+pub mod ask;
 pub mod chunk;
+pub mod extract;
 pub mod models;
 pub mod process;
 pub mod query;
@@ -10,15 +12,33 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 /// Raises an ERROR with a hint; every user-facing failure should tell the user what to do next.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: impl Into<String>) -> ! {
-    ErrorReport::new(code, message.into(), "rag")
-        .set_hint(hint)
-        .report(PgLogLevel::ERROR);
+    let hint = hint.into();
+    let mut report = ErrorReport::new(code, message.into(), "rag");
+    if !hint.is_empty() {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::ERROR);
     unreachable!("ERROR does not return")
 }
 
 #[pgrx::pg_schema]
 pub mod rag {
     use pgrx::prelude::*;
+
+    /// The role the caller acts as, seen from inside SECURITY DEFINER code (where current_user is the owner):
+    /// the ledger and conversations record who asked, not who owns the extension.
+    #[pg_extern(stable, parallel_safe, name = "_calling_role")]
+    pub fn calling_role() -> String {
+        unsafe {
+            let name = pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetOuterUserId(), true);
+            if name.is_null() {
+                return String::new();
+            }
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
 
     /// A `rag.*` setting as text, read through Rust so that calling it loads the library first: on a server
     /// without shared_preload_libraries the settings do not exist until then, and SQL code that reads them

@@ -134,4 +134,14 @@ pub mod rag {
     pub fn embed_query(collection_id: i32, question: &str) -> String {
         embed_question(collection_id, question).literal
     }
+
+    /// The same, with the provider-reported token count for the ledger.
+    #[pg_extern(volatile, parallel_unsafe, name = "_embed_query_usage")]
+    pub fn embed_query_usage(
+        collection_id: i32,
+        question: &str,
+    ) -> TableIterator<'static, (name!(vector, String), name!(prompt_tokens, Option<i64>))> {
+        let embedding = embed_question(collection_id, question);
+        TableIterator::once((embedding.literal, embedding.prompt_tokens))
+    }
 }

@@ -79,6 +79,18 @@ class Pipeline(unittest.TestCase):
             print(f"\n  worker peak RSS after the 20 MB document: {peak[0].split(':')[1].strip()}", end=" ")
             self.assertLess(int(peak[0].split()[1]), 1024 * 1024, "worker peak RSS should stay under 1 GiB")
 
+    def test_e_refusal_by_distance_makes_no_chat_call(self):
+        chat = "chat-test@slow2"
+        psql(f"SELECT rag_create_collection('refuse', embedding_model => 'hash-384', chat_model => '{chat}', max_distance => 0.5)")
+        psql("SELECT rag_ingest('refuse', 'Handbook', 'All staff must give thirty days notice before resigning.')")
+        self.assertEqual(scalar("SELECT rag_wait('refuse', '30 seconds')"), "t")
+        row = psql("SELECT outcome, reason FROM rag_ask('refuse', 'Who won the football last night?')")[0]
+        self.assertEqual(row[0], "refused")
+        self.assertEqual(provider_calls(chat)[0], 0)
+        answered = psql("SELECT outcome FROM rag_ask('refuse', 'How much notice must staff give before resigning?')")[0][0]
+        self.assertEqual(answered, "answered")
+        self.assertEqual(provider_calls(chat)[0], 1)
+
     def test_z_worker_killed_mid_batch_finishes_with_exact_counts(self):
         # Runs last: SIGKILL makes the postmaster reset every backend.
         model = "hash-384@slow300"

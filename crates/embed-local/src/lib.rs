@@ -1,1 +1,732 @@
-//! placeholder
+//! In-process sentence embeddings with a BERT-family model (all-MiniLM-L6-v2 by default, 384 dimensions),
+//! so the rag extension can embed text inside a PostgreSQL backend with no model server.
+//!
+//! A model directory holds `config.json` (the Hugging Face BERT configuration), `tokenizer.json`,
+//! `model.safetensors` (F32 weights) and optionally `sentence_bert_config.json`, whose `max_seq_length`
+//! is the window sentence-transformers applies (256 for all-MiniLM-L6-v2, although the position table
+//! has 512 rows). `scripts/fetch-model` installs the default model.
+//!
+//! The output matches sentence-transformers: token embeddings from the last layer, mean-pooled over the
+//! attention mask, then L2-normalised, so the dot product of two vectors is their cosine similarity.
+//!
+//! Memory: the word-embedding table — more than half of the weights for MiniLM — is read straight from a
+//! memory map of `model.safetensors`, so every backend shares those pages through the page cache. The
+//! encoder layers are loaded through candle's memory-mapped `VarBuilder`, but candle's CPU tensors own
+//! their buffers, so those (about 42 MB for MiniLM) are private to each process.
+//!
+//! Threads: all tensor work runs on a private rayon pool of [`LoadOptions::threads`] workers (default:
+//! the number of cores, at most 2), created with every signal blocked so that PostgreSQL's signal
+//! handlers keep running on the backend's own thread.
+//!
+//! Inputs longer than the model's window are rejected with [`LocalModelError::TooLong`]: truncating
+//! would silently embed only the start of a chunk.
+
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{LayerNorm, Module, VarBuilder};
+use candle_transformers::models::bert::{BertEncoder, Config as BertConfig};
+use memmap2::Mmap;
+use tokenizers::Tokenizer;
+
+/// Name of the BERT configuration file inside a model directory.
+pub const CONFIG_FILE: &str = "config.json";
+/// Name of the Hugging Face tokenizer file inside a model directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Name of the F32 safetensors weights file inside a model directory.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// Optional sentence-transformers configuration whose `max_seq_length` narrows the window.
+pub const SENTENCE_CONFIG_FILE: &str = "sentence_bert_config.json";
+
+/// Upper bound on padded tokens (inputs × longest input) in one forward pass. Attention scores take
+/// `heads × tokens × longest × 4` bytes, so this keeps a batch of 512-token inputs near 100 MB instead
+/// of growing with the caller's batch.
+const MAX_PADDED_TOKENS_PER_PASS: usize = 4096;
+/// Upper bound on inputs in one forward pass, so short inputs still go in reasonably sized groups.
+const MAX_INPUTS_PER_PASS: usize = 64;
+
+/// How a [`LocalModel`] is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Worker threads for the tensor work. Values below 1 are treated as 1.
+    pub threads: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            threads: default_threads(),
+        }
+    }
+}
+
+/// The default worker count: the number of cores, capped at 2 because a PostgreSQL server runs many
+/// backends and a single embedding call should not take over the machine.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|cores| cores.get())
+        .unwrap_or(1)
+        .clamp(1, 2)
+}
+
+/// Everything that can go wrong while loading a model or embedding text.
+#[derive(Debug)]
+pub enum LocalModelError {
+    /// A model file could not be opened, read or mapped.
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A model file was read but its content is unusable.
+    InvalidFile {
+        /// The file concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The tokenizer rejected an input.
+    Tokenize {
+        /// Position of the input in the batch.
+        index: usize,
+        /// The tokenizer's message.
+        message: String,
+    },
+    /// An input has more tokens (special tokens included) than the model's window.
+    TooLong {
+        /// Position of the input in the batch.
+        index: usize,
+        /// Its token count.
+        tokens: usize,
+        /// The model's window ([`LocalModel::max_tokens`]).
+        max: usize,
+    },
+    /// The forward pass failed.
+    Inference {
+        /// The tensor library's message.
+        message: String,
+    },
+    /// The worker thread pool could not be created.
+    ThreadPool {
+        /// The thread library's message.
+        message: String,
+    },
+}
+
+impl fmt::Display for LocalModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LocalModelError::Io { path, source } => {
+                write!(f, "cannot read model file {}: {source}", path.display())?;
+                if source.kind() == std::io::ErrorKind::NotFound {
+                    write!(f, " (run scripts/fetch-model to install the default model)")?;
+                }
+                Ok(())
+            }
+            LocalModelError::InvalidFile { path, message } => {
+                write!(f, "invalid model file {}: {message}", path.display())
+            }
+            LocalModelError::Tokenize { index, message } => {
+                write!(f, "cannot tokenize input {index}: {message}")
+            }
+            LocalModelError::TooLong { index, tokens, max } => write!(
+                f,
+                "input {index} has {tokens} tokens, more than the model's window of {max} tokens"
+            ),
+            LocalModelError::Inference { message } => {
+                write!(f, "embedding forward pass failed: {message}")
+            }
+            LocalModelError::ThreadPool { message } => {
+                write!(f, "cannot start the embedding worker threads: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LocalModelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LocalModelError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn inference_error(error: candle_core::Error) -> LocalModelError {
+    LocalModelError::Inference {
+        message: error.to_string(),
+    }
+}
+
+fn invalid_file(path: &Path, message: impl Into<String>) -> LocalModelError {
+    LocalModelError::InvalidFile {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, LocalModelError> {
+    std::fs::read(path).map_err(|source| LocalModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The word-embedding table, read in place from the memory-mapped weights file.
+struct WordEmbeddingTable {
+    mmap: Mmap,
+    /// Byte offset of row 0 inside the file.
+    start: usize,
+    rows: usize,
+    width: usize,
+}
+
+impl WordEmbeddingTable {
+    fn open(path: &Path, tensor_name: &str, width: usize) -> Result<Self, LocalModelError> {
+        let file = File::open(path).map_err(|source| LocalModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: the mapping is read-only. Modifying or truncating model.safetensors while a process
+        // maps it is unsupported; scripts/fetch-model replaces files by rename, never in place.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LocalModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (header_len, metadata) = safetensors::SafeTensors::read_metadata(&mmap)
+            .map_err(|error| invalid_file(path, format!("unreadable safetensors header: {error}")))?;
+        let info = metadata
+            .info(tensor_name)
+            .ok_or_else(|| invalid_file(path, format!("no tensor named {tensor_name}")))?;
+        if info.dtype != safetensors::Dtype::F32 {
+            return Err(invalid_file(
+                path,
+                format!("{tensor_name} is {:?}, only F32 is supported", info.dtype),
+            ));
+        }
+        let [rows, columns] = info.shape[..] else {
+            return Err(invalid_file(
+                path,
+                format!("{tensor_name} has shape {:?}, expected 2 dimensions", info.shape),
+            ));
+        };
+        if columns != width {
+            return Err(invalid_file(
+                path,
+                format!("{tensor_name} rows have {columns} values, config.json says hidden_size {width}"),
+            ));
+        }
+        // The data section starts after the 8-byte length prefix and the JSON header.
+        let start = 8 + header_len + info.data_offsets.0;
+        let end = 8 + header_len + info.data_offsets.1;
+        let expected_len = rows
+            .checked_mul(columns)
+            .and_then(|count| count.checked_mul(4));
+        if end > mmap.len() || end < start || Some(end - start) != expected_len {
+            return Err(invalid_file(
+                path,
+                format!("{tensor_name} data range {start}..{end} does not fit its shape or the file"),
+            ));
+        }
+        Ok(WordEmbeddingTable {
+            mmap,
+            start,
+            rows,
+            width,
+        })
+    }
+
+    /// Appends the rows for `ids` to `out`. Decoding little-endian bytes, rather than casting the
+    /// mapped bytes to `&[f32]`, works whatever the alignment of the data section.
+    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), LocalModelError> {
+        let row_bytes = self.width * 4;
+        for &id in ids {
+            let row = id as usize;
+            if row >= self.rows {
+                return Err(LocalModelError::Inference {
+                    message: format!(
+                        "token id {id} is outside the {} rows of the word-embedding table",
+                        self.rows
+                    ),
+                });
+            }
+            let offset = self.start + row * row_bytes;
+            let bytes = &self.mmap[offset..offset + row_bytes];
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|value| f32::from_le_bytes([value[0], value[1], value[2], value[3]])),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A loaded sentence-embedding model. Cheap to share: all methods take `&self` and the type is
+/// `Send + Sync`.
+pub struct LocalModel {
+    tokenizer: Tokenizer,
+    word_embeddings: WordEmbeddingTable,
+    /// Position table, shape (max_position_embeddings, hidden).
+    position_embeddings: Tensor,
+    /// Token-type row 0, shape (hidden): single-segment inputs only ever use type 0.
+    token_type_embedding: Tensor,
+    embeddings_norm: LayerNorm,
+    encoder: BertEncoder,
+    hidden_size: usize,
+    max_tokens: usize,
+    threads: usize,
+    pool: rayon::ThreadPool,
+}
+
+impl fmt::Debug for LocalModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalModel")
+            .field("dimensions", &self.hidden_size)
+            .field("max_tokens", &self.max_tokens)
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct SentenceConfig {
+    max_seq_length: Option<usize>,
+}
+
+impl LocalModel {
+    /// Loads the model in `model_dir` (`config.json`, `tokenizer.json`, `model.safetensors`, optionally
+    /// `sentence_bert_config.json`) with [`LoadOptions::default`].
+    pub fn load(model_dir: &Path) -> Result<LocalModel, LocalModelError> {
+        LocalModel::load_with(model_dir, &LoadOptions::default())
+    }
+
+    /// Loads the model in `model_dir` with explicit options.
+    pub fn load_with(model_dir: &Path, options: &LoadOptions) -> Result<LocalModel, LocalModelError> {
+        let config_path = model_dir.join(CONFIG_FILE);
+        let config: BertConfig = serde_json::from_slice(&read_file(&config_path)?)
+            .map_err(|error| invalid_file(&config_path, error.to_string()))?;
+        if config.hidden_size == 0
+            || config.num_attention_heads == 0
+            || config.hidden_size % config.num_attention_heads != 0
+        {
+            return Err(invalid_file(
+                &config_path,
+                format!(
+                    "hidden_size {} is not a positive multiple of num_attention_heads {}",
+                    config.hidden_size, config.num_attention_heads
+                ),
+            ));
+        }
+        if config.type_vocab_size == 0 || config.max_position_embeddings == 0 {
+            return Err(invalid_file(
+                &config_path,
+                "type_vocab_size and max_position_embeddings must be positive",
+            ));
+        }
+
+        let max_tokens = window(model_dir, config.max_position_embeddings)?;
+        let tokenizer = load_tokenizer(&model_dir.join(TOKENIZER_FILE), config.vocab_size)?;
+
+        let weights_path = model_dir.join(WEIGHTS_FILE);
+        let prefix = tensor_prefix(&weights_path)?;
+        let word_embeddings = WordEmbeddingTable::open(
+            &weights_path,
+            &format!("{prefix}embeddings.word_embeddings.weight"),
+            config.hidden_size,
+        )?;
+        if word_embeddings.rows < tokenizer.get_vocab_size(true) {
+            return Err(invalid_file(
+                &weights_path,
+                format!(
+                    "the word-embedding table has {} rows but the tokenizer knows {} tokens",
+                    word_embeddings.rows,
+                    tokenizer.get_vocab_size(true)
+                ),
+            ));
+        }
+
+        let device = Device::Cpu;
+        let weights_error = |error: candle_core::Error| invalid_file(&weights_path, error.to_string());
+        // SAFETY: same contract as the word-embedding mapping: the file is never modified in place.
+        // candle copies each tensor it loads, and the mapping is released when `weights` drops.
+        let weights = unsafe {
+            VarBuilder::from_mmaped_safetensors(&[&weights_path], DType::F32, &device)
+        }
+        .map_err(weights_error)?;
+        let weights = match prefix.strip_suffix('.') {
+            Some(scope) => weights.pp(scope),
+            None => weights,
+        };
+        let embeddings = weights.pp("embeddings");
+        let position_embeddings = embeddings
+            .get(
+                (config.max_position_embeddings, config.hidden_size),
+                "position_embeddings.weight",
+            )
+            .map_err(weights_error)?;
+        let token_type_embedding = embeddings
+            .get(
+                (config.type_vocab_size, config.hidden_size),
+                "token_type_embeddings.weight",
+            )
+            .and_then(|table| table.get(0))
+            .map_err(weights_error)?;
+        let embeddings_norm = candle_nn::layer_norm(
+            config.hidden_size,
+            config.layer_norm_eps,
+            embeddings.pp("LayerNorm"),
+        )
+        .map_err(weights_error)?;
+        let encoder = BertEncoder::load(weights.pp("encoder"), &config).map_err(weights_error)?;
+
+        let threads = options.threads.max(1);
+        let pool = build_pool(threads)?;
+        Ok(LocalModel {
+            tokenizer,
+            word_embeddings,
+            position_embeddings,
+            token_type_embedding,
+            embeddings_norm,
+            encoder,
+            hidden_size: config.hidden_size,
+            max_tokens,
+            threads,
+            pool,
+        })
+    }
+
+    /// Length of the embedding vectors (384 for all-MiniLM-L6-v2).
+    pub fn dimensions(&self) -> usize {
+        self.hidden_size
+    }
+
+    /// The longest input accepted, in tokens including `[CLS]` and `[SEP]`: `max_seq_length` from
+    /// `sentence_bert_config.json` when present (256 for all-MiniLM-L6-v2, the length it was trained
+    /// for), otherwise `max_position_embeddings`.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Worker threads used for the tensor work.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Number of tokens `text` becomes, `[CLS]` and `[SEP]` included: compare with [`max_tokens`]
+    /// to size chunks.
+    ///
+    /// [`max_tokens`]: LocalModel::max_tokens
+    pub fn count_tokens(&self, text: &str) -> Result<usize, LocalModelError> {
+        self.encode(0, text).map(|ids| ids.len())
+    }
+
+    /// The token ids `text` becomes, `[CLS]` and `[SEP]` included, exactly as [`embed`] feeds them
+    /// to the model (no padding, no truncation).
+    ///
+    /// [`embed`]: LocalModel::embed
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, LocalModelError> {
+        self.encode(0, text)
+    }
+
+    /// Embeds a batch, returning one L2-normalised vector of [`dimensions`] values per input, in input
+    /// order. An input longer than [`max_tokens`] fails the whole call with
+    /// [`LocalModelError::TooLong`]; nothing is truncated.
+    ///
+    /// [`dimensions`]: LocalModel::dimensions
+    /// [`max_tokens`]: LocalModel::max_tokens
+    pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, LocalModelError> {
+        let mut encoded = Vec::with_capacity(texts.len());
+        for (index, text) in texts.iter().enumerate() {
+            let ids = self.encode(index, text)?;
+            if ids.len() > self.max_tokens {
+                return Err(LocalModelError::TooLong {
+                    index,
+                    tokens: ids.len(),
+                    max: self.max_tokens,
+                });
+            }
+            encoded.push(ids);
+        }
+
+        // Grouping inputs of similar length keeps padding, which is computed and thrown away, small.
+        let mut order: Vec<usize> = (0..encoded.len()).collect();
+        order.sort_by_key(|&index| encoded[index].len());
+        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); encoded.len()];
+        let mut group_start = 0;
+        while group_start < order.len() {
+            let mut group_end = group_start + 1;
+            while group_end < order.len() {
+                let longest = encoded[order[group_end]].len();
+                let count = group_end - group_start + 1;
+                if count > MAX_INPUTS_PER_PASS || count * longest > MAX_PADDED_TOKENS_PER_PASS {
+                    break;
+                }
+                group_end += 1;
+            }
+            let group: Vec<&[u32]> = order[group_start..group_end]
+                .iter()
+                .map(|&index| encoded[index].as_slice())
+                .collect();
+            let group_vectors = self.pool.install(|| self.forward(&group))?;
+            for (&index, vector) in order[group_start..group_end].iter().zip(group_vectors) {
+                vectors[index] = vector;
+            }
+            group_start = group_end;
+        }
+        Ok(vectors)
+    }
+
+    fn encode(&self, index: usize, text: &str) -> Result<Vec<u32>, LocalModelError> {
+        self.tokenizer
+            .encode_fast(text, true)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|error| LocalModelError::Tokenize {
+                index,
+                message: error.to_string(),
+            })
+    }
+
+    /// One forward pass over inputs padded to the longest, with padding masked out of both the
+    /// attention and the mean.
+    fn forward(&self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, LocalModelError> {
+        let batch = inputs.len();
+        let longest = inputs.iter().map(|ids| ids.len()).max().unwrap_or(0);
+        if batch == 0 || longest == 0 {
+            return Ok(vec![vec![0.0; self.hidden_size]; batch]);
+        }
+        let device = Device::Cpu;
+
+        let mut padded_ids = Vec::with_capacity(batch * longest);
+        let mut mask = Vec::with_capacity(batch * longest);
+        for ids in inputs {
+            padded_ids.extend_from_slice(ids);
+            padded_ids.resize(padded_ids.len() + longest - ids.len(), 0);
+            mask.extend(std::iter::repeat_n(1.0f32, ids.len()));
+            mask.extend(std::iter::repeat_n(0.0f32, longest - ids.len()));
+        }
+        let mut word_rows = Vec::with_capacity(batch * longest * self.hidden_size);
+        self.word_embeddings.gather(&padded_ids, &mut word_rows)?;
+
+        let run = || -> candle_core::Result<Vec<Vec<f32>>> {
+            let words = Tensor::from_vec(word_rows, (batch, longest, self.hidden_size), &device)?;
+            let positions = self.position_embeddings.narrow(0, 0, longest)?;
+            let embeddings = words
+                .broadcast_add(&positions)?
+                .broadcast_add(&self.token_type_embedding)?;
+            let embeddings = self.embeddings_norm.forward(&embeddings)?;
+
+            let mask = Tensor::from_vec(mask, (batch, longest), &device)?;
+            // Added to the attention scores: 0 for real tokens, the most negative f32 for padding,
+            // so softmax gives padding no weight (the same additive mask as Hugging Face BERT).
+            let attention_bias = mask
+                .affine(-f64::from(f32::MIN), f64::from(f32::MIN))?
+                .unsqueeze(1)?
+                .unsqueeze(1)?;
+            let hidden = self.encoder.forward(&embeddings, &attention_bias)?;
+
+            let mask = mask.unsqueeze(2)?;
+            let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+            let counts = mask.sum(1)?;
+            let mean = summed.broadcast_div(&counts)?;
+            // sentence-transformers divides by max(norm, 1e-12).
+            let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12f32, f32::MAX)?;
+            mean.broadcast_div(&norms)?.to_vec2::<f32>()
+        };
+        run().map_err(inference_error)
+    }
+}
+
+/// The model window: sentence-transformers' `max_seq_length` when present, never more than the
+/// position table allows.
+fn window(model_dir: &Path, max_position_embeddings: usize) -> Result<usize, LocalModelError> {
+    let path = model_dir.join(SENTENCE_CONFIG_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(max_position_embeddings)
+        }
+        Err(source) => return Err(LocalModelError::Io { path, source }),
+    };
+    let config: SentenceConfig =
+        serde_json::from_slice(&bytes).map_err(|error| invalid_file(&path, error.to_string()))?;
+    match config.max_seq_length {
+        Some(0) => Err(invalid_file(&path, "max_seq_length is 0")),
+        Some(length) => Ok(length.min(max_position_embeddings)),
+        None => Ok(max_position_embeddings),
+    }
+}
+
+fn load_tokenizer(path: &Path, model_vocab_size: usize) -> Result<Tokenizer, LocalModelError> {
+    let mut tokenizer = Tokenizer::from_bytes(read_file(path)?)
+        .map_err(|error| invalid_file(path, error.to_string()))?;
+    // The packaged tokenizer.json pads to and truncates at 128 tokens. Padding would be averaged
+    // into the mean (every similarity near 0.8); truncation would hide over-long inputs.
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(None)
+        .map_err(|error| invalid_file(path, error.to_string()))?;
+    if tokenizer.get_vocab_size(true) > model_vocab_size {
+        return Err(invalid_file(
+            path,
+            format!(
+                "the tokenizer knows {} tokens but config.json's vocab_size is {model_vocab_size}",
+                tokenizer.get_vocab_size(true)
+            ),
+        ));
+    }
+    Ok(tokenizer)
+}
+
+/// Checkpoints saved from `BertModel` name tensors `embeddings.…`; those saved from a task model
+/// nest them under `bert.…`.
+fn tensor_prefix(weights_path: &Path) -> Result<&'static str, LocalModelError> {
+    let file = File::open(weights_path).map_err(|source| LocalModelError::Io {
+        path: weights_path.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: read-only mapping of a file that is never modified in place; dropped on return.
+    let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LocalModelError::Io {
+        path: weights_path.to_path_buf(),
+        source,
+    })?;
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(&mmap).map_err(|error| {
+        invalid_file(weights_path, format!("unreadable safetensors header: {error}"))
+    })?;
+    ["", "bert."]
+        .into_iter()
+        .find(|prefix| {
+            metadata
+                .info(&format!("{prefix}embeddings.word_embeddings.weight"))
+                .is_some()
+        })
+        .ok_or_else(|| {
+            invalid_file(
+                weights_path,
+                "no embeddings.word_embeddings.weight tensor: not a BERT checkpoint",
+            )
+        })
+}
+
+fn build_pool(threads: usize) -> Result<rayon::ThreadPool, LocalModelError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|index| format!("rag-embed-{index}"))
+        .spawn_handler(|thread| {
+            let mut builder = std::thread::Builder::new();
+            if let Some(name) = thread.name() {
+                builder = builder.name(name.to_owned());
+            }
+            with_signals_blocked(|| builder.spawn(|| thread.run()))?;
+            Ok(())
+        })
+        .build()
+        .map_err(|error| LocalModelError::ThreadPool {
+            message: error.to_string(),
+        })
+}
+
+/// Runs `spawn` with every signal blocked on the calling thread, so threads it starts inherit a mask
+/// that keeps process-directed signals (PostgreSQL's SIGINT, SIGTERM, SIGUSR1...) on the backend's
+/// main thread, where its handlers expect to run.
+#[cfg(unix)]
+fn with_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    // SAFETY: sigfillset and pthread_sigmask only write the sigset_t values passed to them, which
+    // live on this stack frame; the previous mask is restored before returning.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous) == 0;
+        let result = spawn();
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        }
+        result
+    }
+}
+
+#[cfg(not(unix))]
+fn with_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
+    spawn()
+}
+
+/// A model that is loaded on first use and then kept for the life of the process, as a PostgreSQL
+/// backend wants: sessions that never embed never pay for loading. A failed load is not remembered,
+/// so installing the model later fixes the next call without a reconnect.
+pub struct LazyLocalModel {
+    model_dir: PathBuf,
+    options: LoadOptions,
+    loaded: OnceLock<LocalModel>,
+    loading: Mutex<()>,
+}
+
+impl LazyLocalModel {
+    /// Remembers where the model is; nothing is read until [`get`](LazyLocalModel::get).
+    pub fn new(model_dir: impl Into<PathBuf>, options: LoadOptions) -> LazyLocalModel {
+        LazyLocalModel {
+            model_dir: model_dir.into(),
+            options,
+            loaded: OnceLock::new(),
+            loading: Mutex::new(()),
+        }
+    }
+
+    /// The directory the model is loaded from.
+    pub fn model_dir(&self) -> &Path {
+        &self.model_dir
+    }
+
+    /// Whether the model has been loaded already.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.get().is_some()
+    }
+
+    /// The model, loading it first if this is the first successful call.
+    pub fn get(&self) -> Result<&LocalModel, LocalModelError> {
+        if let Some(model) = self.loaded.get() {
+            return Ok(model);
+        }
+        // Serialises loads so two threads do not both map and copy the weights; a poisoned lock
+        // only means an earlier load panicked, which leaves nothing half-initialised here.
+        let _guard = self
+            .loading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(model) = self.loaded.get() {
+            return Ok(model);
+        }
+        let model = LocalModel::load_with(&self.model_dir, &self.options)?;
+        Ok(self.loaded.get_or_init(|| model))
+    }
+}
+
+impl fmt::Debug for LazyLocalModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyLocalModel")
+            .field("model_dir", &self.model_dir)
+            .field("options", &self.options)
+            .field("loaded", &self.is_loaded())
+            .finish()
+    }
+}
+
+/// Cosine similarity of two vectors; for the unit vectors [`LocalModel::embed`] returns it is their
+/// dot product. Returns 0 when either vector is zero or the lengths differ.
+pub fn cosine_similarity(left: &[f32], right: &[f32]) -> f32 {
+    if left.len() != right.len() {
+        return 0.0;
+    }
+    let dot: f32 = left.iter().zip(right).map(|(a, b)| a * b).sum();
+    let left_norm = left.iter().map(|a| a * a).sum::<f32>().sqrt();
+    let right_norm = right.iter().map(|b| b * b).sum::<f32>().sqrt();
+    if left_norm == 0.0 || right_norm == 0.0 {
+        0.0
+    } else {
+        dot / (left_norm * right_norm)
+    }
+}

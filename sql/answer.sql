@@ -1,0 +1,217 @@
+-- Answering and its ledger. Every rag_query and rag_ask leaves one row in rag.queries, answered, refused or
+-- failed, with the provider's own token counts and the price in force when it ran.
+
+CREATE TABLE rag.prices (
+    model                  text NOT NULL,
+    input_usd_per_million  numeric NOT NULL DEFAULT 0 CHECK (input_usd_per_million >= 0),
+    output_usd_per_million numeric NOT NULL DEFAULT 0 CHECK (output_usd_per_million >= 0),
+    valid_from             timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (model, valid_from)
+);
+COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with no row costs 0 (local models)';
+
+CREATE TABLE rag.conversations (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    owner         name NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE rag.queries (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    collection_id      integer REFERENCES rag.collections (id) ON DELETE SET NULL,
+    collection         text NOT NULL,
+    kind               text NOT NULL CHECK (kind IN ('query', 'ask')),
+    question           text NOT NULL,
+    rewritten_question text,
+    conversation_id    bigint REFERENCES rag.conversations (id) ON DELETE SET NULL,
+    outcome            text NOT NULL CHECK (outcome IN ('retrieved', 'answered', 'refused', 'failed')),
+    answer             text,
+    reason             text,
+    nearest_distance   double precision,
+    sources_sent       integer NOT NULL DEFAULT 0,
+    citations          jsonb NOT NULL DEFAULT '[]',
+    citations_kept     integer NOT NULL DEFAULT 0,
+    citations_stripped integer NOT NULL DEFAULT 0,
+    embedding_model    text,
+    chat_model         text,
+    embed_tokens       bigint,
+    prompt_tokens      bigint,
+    completion_tokens  bigint,
+    chat_calls         integer NOT NULL DEFAULT 0,
+    embed_ms           double precision,
+    search_ms          double precision,
+    generate_ms        double precision,
+    latency_ms         double precision NOT NULL,
+    cost_usd           numeric NOT NULL DEFAULT 0,
+    -- The price rows in force when the call ran, so old amounts stay explainable after a price change.
+    prices             jsonb NOT NULL DEFAULT '{}',
+    role               name NOT NULL
+);
+CREATE INDEX queries_by_collection_day ON rag.queries (collection, created_at);
+
+CREATE TABLE rag.messages (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id    bigint NOT NULL REFERENCES rag.conversations (id) ON DELETE CASCADE,
+    role               text NOT NULL CHECK (role IN ('user', 'assistant')),
+    content            text NOT NULL,
+    rewritten_question text,
+    query_id           bigint REFERENCES rag.queries (id) ON DELETE SET NULL,
+    created_at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+                              valid_from timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
+    ON CONFLICT (model, valid_from) DO UPDATE
+       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
+           output_usd_per_million = EXCLUDED.output_usd_per_million
+$$;
+
+CREATE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
+     ORDER BY p.valid_from DESC LIMIT 1
+$$;
+
+-- Writes one ledger row and returns its id. The cost is computed here, from the provider-reported usage and
+-- the price rows in force, which are stored beside it. The role is the caller's, not the definer's.
+CREATE FUNCTION rag._record_query(
+    p_collection_id integer, p_kind text, p_question text, p_rewritten text, p_conversation_id bigint,
+    p_outcome text, p_answer text, p_reason text, p_nearest double precision, p_sources_sent integer,
+    p_citations jsonb, p_citations_stripped integer, p_embedding_model text, p_chat_model text,
+    p_embed_tokens bigint, p_prompt_tokens bigint, p_completion_tokens bigint, p_chat_calls integer,
+    p_embed_ms double precision, p_search_ms double precision, p_generate_ms double precision,
+    p_latency_ms double precision)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
+    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
+    v_cost numeric := 0;
+    v_id bigint;
+BEGIN
+    v_cost := coalesce(p_embed_tokens, 0) * coalesce(v_embed_price.input_usd_per_million, 0) / 1000000
+            + coalesce(p_prompt_tokens, 0) * coalesce(v_chat_price.input_usd_per_million, 0) / 1000000
+            + coalesce(p_completion_tokens, 0) * coalesce(v_chat_price.output_usd_per_million, 0) / 1000000;
+    v_cost := trim_scale(v_cost);
+    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
+                             answer, reason, nearest_distance, sources_sent, citations, citations_kept,
+                             citations_stripped, embedding_model, chat_model, embed_tokens, prompt_tokens,
+                             completion_tokens, chat_calls, embed_ms, search_ms, generate_ms, latency_ms, cost_usd,
+                             prices, role)
+    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_answer, p_reason, p_nearest, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
+           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
+           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
+           jsonb_strip_nulls(jsonb_build_object(
+               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
+               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
+           rag._calling_role()
+      FROM rag.collections c WHERE c.id = p_collection_id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+-- The anchors (k nearest chunks, whatever their distance, so the ledger knows how close the nearest was)
+-- and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
+CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+                                      p_max_distance double precision)
+RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF c.dimensions IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE format($q$
+        WITH anchors AS (
+            SELECT ch.id, ch.document_id, ch.ordinal,
+                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+              FROM rag.chunks ch
+             WHERE ch.collection_id = %2$s
+             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2),
+        wanted AS (
+            SELECT a.id AS chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
+            UNION ALL
+            SELECT n.id, NULL::double precision, a.id
+              FROM anchors a
+              JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+             WHERE a.distance <= $3)
+        SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+               CASE WHEN ch.page IS NULL THEN NULL
+                    ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
+          FROM wanted w
+          JOIN rag.chunks ch ON ch.id = w.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id
+         ORDER BY w.distance NULLS LAST, ch.id$q$, c.dimensions, c.id)
+        USING p_vector, p_k, p_max_distance;
+END $$;
+
+CREATE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.conversations (collection_id, owner)
+    VALUES (rag._collection_id(collection), rag._calling_role())
+    RETURNING id
+$$;
+
+CREATE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v rag.conversations;
+BEGIN
+    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    IF NOT FOUND OR (v.owner <> rag._calling_role() AND NOT pg_has_role(rag._calling_role(), 'rag_admin', 'MEMBER')) THEN
+        RAISE EXCEPTION 'conversation % does not exist', p_id
+            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE FUNCTION rag_conversation(conversation bigint)
+RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    RETURN QUERY
+    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
+      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
+END $$;
+
+CREATE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    DELETE FROM rag.conversations WHERE id = v_id;
+    RETURN FOUND;
+END $$;
+
+-- The ledger per collection and day: what the service did, how often it refused, how fast, at what cost.
+CREATE VIEW rag.ledger_daily AS
+SELECT collection,
+       date_trunc('day', created_at)::date AS day,
+       count(*) AS calls,
+       count(*) FILTER (WHERE kind = 'ask') AS asks,
+       count(*) FILTER (WHERE outcome = 'answered') AS answered,
+       count(*) FILTER (WHERE outcome = 'refused') AS refused,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
+       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
+       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
+       sum(cost_usd) AS cost_usd
+  FROM rag.queries
+ GROUP BY 1, 2;

@@ -1,0 +1,141 @@
+//! Files in: `rag_extract_text()` and `rag_ingest_file()`. Extraction happens in the caller's session, before
+//! anything is written, so a scan, an encrypted PDF or a zip bomb is an ERROR and leaves no row behind.
+use super::raise;
+use pgrx::prelude::*;
+use pgrx::{JsonB, PgSqlErrorCode};
+use rag_extract::{extract, ExtractError, Extracted, Limits};
+
+fn limits() -> Limits {
+    use crate::settings::*;
+    Limits {
+        max_input_bytes: MAX_FILE_SIZE_KB.get().max(1) as usize * 1024,
+        max_decompressed_bytes: MAX_DECOMPRESSED_SIZE_KB.get().max(1) as usize * 1024,
+        max_archive_entries: MAX_ARCHIVE_ENTRIES.get().max(1) as usize,
+        max_xml_depth: MAX_XML_DEPTH.get().max(1) as usize,
+        max_pdf_pages: MAX_PDF_PAGES.get().max(1) as usize,
+    }
+}
+
+pub fn extract_or_raise(data: &[u8], filename: Option<&str>) -> Extracted {
+    match extract(data, filename, &limits()) {
+        Ok(extracted) => extracted,
+        Err(error) => {
+            let code = match error {
+                ExtractError::TooLarge { .. } | ExtractError::TooDeep { .. } => {
+                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
+                }
+                ExtractError::UnsupportedFormat { .. } => {
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
+                }
+                _ => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            };
+            let name = filename
+                .map(|name| format!("\"{name}\": "))
+                .unwrap_or_default();
+            raise(
+                code,
+                format!("{name}{error}"),
+                error.hint().unwrap_or("").to_string(),
+            )
+        }
+    }
+}
+
+/// The text of a file (PDF, DOCX, XLSX, PPTX, ODT, ODS, ODP, HTML, Markdown, CSV, JSON, XML, YAML, TXT),
+/// sections separated by blank lines.
+#[pg_extern(immutable, parallel_safe)]
+pub fn rag_extract_text(data: &[u8], filename: default!(Option<&str>, "NULL")) -> String {
+    extract_or_raise(data, filename).text()
+}
+
+/// The parts of a file with what a citation would call them: `p. 3`, `slide 2`, `sheet "Q3"`.
+#[pg_extern(immutable, parallel_safe)]
+pub fn rag_extract_sections(
+    data: &[u8],
+    filename: default!(Option<&str>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(format, String),
+        name!(locator, Option<String>),
+        name!(text, String),
+    ),
+> {
+    let extracted = extract_or_raise(data, filename);
+    let format = extracted.format.to_string();
+    TableIterator::new(
+        extracted
+            .sections
+            .into_iter()
+            .map(move |section| (format.clone(), section.locator, section.text)),
+    )
+}
+
+/// Extracts a file and ingests its text; each page, slide or sheet becomes a page whose label citations use.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+pub fn rag_ingest_file(
+    collection: &str,
+    filename: &str,
+    data: &[u8],
+    metadata: default!(Option<JsonB>, "'{}'"),
+    title: default!(Option<&str>, "NULL"),
+) -> i64 {
+    let extracted = extract_or_raise(data, Some(filename));
+    let format = extracted.format.to_string();
+    let mut metadata = metadata
+        .map(|JsonB(value)| value)
+        .unwrap_or_else(|| serde_json::json!({}));
+    if let Some(object) = metadata.as_object_mut() {
+        object
+            .entry("format")
+            .or_insert_with(|| serde_json::Value::String(format));
+    }
+    let title = title.unwrap_or(filename).to_string();
+    let has_parts = extracted
+        .sections
+        .iter()
+        .any(|section| section.locator.is_some());
+    let (body, pages, labels): (
+        Option<String>,
+        Option<Vec<String>>,
+        Option<Vec<Option<String>>>,
+    ) = if has_parts {
+        let labels = extracted
+            .sections
+            .iter()
+            .map(|section| section.locator.clone())
+            .collect();
+        let pages = extracted
+            .sections
+            .into_iter()
+            .map(|section| section.text)
+            .collect();
+        (None, Some(pages), Some(labels))
+    } else {
+        (Some(extracted.text()), None, None)
+    };
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT rag_ingest($1, $2, $3, $4, $5, $6)",
+            Some(1),
+            &[
+                collection.into(),
+                title.into(),
+                body.into(),
+                JsonB(metadata).into(),
+                pages.into(),
+                filename.into(),
+            ],
+        )?;
+        let id = rows.first().get_one::<i64>()?.unwrap_or_default();
+        if labels.is_some() {
+            client.update(
+                "UPDATE rag.documents SET page_labels = $2 WHERE id = $1 AND page_labels IS DISTINCT FROM $2",
+                None,
+                &[id.into(), labels.into()],
+            )?;
+        }
+        Ok::<_, pgrx::spi::Error>(id)
+    })
+    .unwrap_or_else(|error| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ingesting \"{filename}\": {error}"), ""))
+}

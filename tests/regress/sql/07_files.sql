@@ -1,0 +1,37 @@
+-- Files in: text extraction in the database, page-aware ingestion, and clear errors for files that cannot
+-- be read. The fixtures are real files from public test suites (crates/extract/tests/fixtures/README.md).
+\getenv root ROOT
+\set fixtures :root '/crates/extract/tests/fixtures/'
+
+SELECT format, locator, left(text, 60) AS text
+  FROM rag_extract_sections(pg_read_binary_file(:'fixtures' || 'two-different-pages.pdf'), 'two-different-pages.pdf');
+SELECT format, locator, replace(text, E'\n', ' / ') AS text
+  FROM rag_extract_sections(pg_read_binary_file(:'fixtures' || 'tbl-cell.pptx'), 'tbl-cell.pptx');
+SELECT format, locator, replace(text, E'\t', ' ') AS text
+  FROM rag_extract_sections(pg_read_binary_file(:'fixtures' || 'self_evaluation_report_2014-05-19.xlsx'));
+SELECT position('They push the human race forward.' IN rag_extract_text(pg_read_binary_file(:'fixtures' || 'crazyones.pdf'))) > 0
+       AS crazy_ones_words_intact;
+SELECT rag_extract_text(convert_to('<html><head><style>p{}</style></head><body><h1>Title</h1><p>One &amp; two.</p><script>x()</script><p>Three</p></body></html>', 'UTF8'), 'page.html');
+
+-- Ingest a PDF: each page is a page of the document, and chunks know theirs.
+SELECT rag_create_collection('files', embedding_model => 'hash-384', chunk_size => 100, chunk_overlap => 0) > 0 AS created;
+SELECT rag_ingest_file('files', 'tbl-cell.pptx', pg_read_binary_file(:'fixtures' || 'tbl-cell.pptx'),
+                       metadata => '{"team": "design"}') AS deck \gset
+SELECT rag_wait('files', '30 seconds') AS done;
+SELECT title, source, metadata, page_labels, status FROM rag.documents WHERE id = :deck;
+SELECT ordinal, page, left(replace(content, E'\n', ' / '), 40) AS content FROM rag.chunks WHERE document_id = :deck ORDER BY ordinal;
+-- The same file again costs nothing.
+SELECT rag_ingest_file('files', 'copy.pptx', pg_read_binary_file(:'fixtures' || 'tbl-cell.pptx')) = :deck AS deduplicated;
+
+-- Files that cannot be read: an ERROR naming the problem, with a hint, and nothing written.
+SELECT count(*) AS documents_before FROM rag.documents \gset
+SELECT rag_ingest_file('files', 'secret.pdf', pg_read_binary_file(:'fixtures' || 'r4-user-password.pdf'));
+SELECT rag_ingest_file('files', 'scan.pdf', pg_read_binary_file(:'fixtures' || 'imagemagick-lzw.pdf'));
+SELECT rag_ingest_file('files', 'truncated.pdf', substring(pg_read_binary_file(:'fixtures' || 'crazyones.pdf') FROM 1 FOR 600));
+SELECT rag_ingest_file('files', 'random.pdf', decode(repeat('deadbeef', 64), 'hex'));
+SELECT rag_ingest_file('files', 'empty.txt', ''::bytea);
+SELECT rag_ingest_file('files', 'latin1.txt', '\xe974e9'::bytea);
+SET rag.max_file_size = '1kB';
+SELECT rag_ingest_file('files', 'big.docx', pg_read_binary_file(:'fixtures' || 'test.docx'));
+RESET rag.max_file_size;
+SELECT count(*) - :documents_before AS documents_written FROM rag.documents;
