@@ -402,7 +402,8 @@ fn answer_with_model(
 }
 
 fn answer_extractively(collection: &Collection, question: &str, sources: &[Source]) -> Outcome {
-    let budget = (collection.max_answer_tokens as usize * 4).min(2000);
+    // An extract is read, not generated: a few sentences say more than a page of them.
+    let budget = (collection.max_answer_tokens as usize * 4).min(700);
     match extractive_answer(question, sources, budget) {
         Some(extract) => Outcome {
             outcome: "answered",

@@ -245,6 +245,9 @@ pub struct LengthStats {
     pub max_chars: usize,
     /// Chunks longer than the configured size (both splitters promise none).
     pub over_limit: usize,
+    /// Chunks shorter than a quarter of the configured size: fragments that embed poorly (a lone heading or
+    /// caption), which rag_chunk tries to avoid at the end of a document.
+    pub under_quarter: usize,
 }
 
 impl LengthStats {
@@ -262,6 +265,9 @@ impl LengthStats {
             stats.max_chars = stats.max_chars.max(length);
             if length > limit {
                 stats.over_limit += 1;
+            }
+            if length.saturating_mul(4) < limit {
+                stats.under_quarter += 1;
             }
         }
         stats
@@ -340,6 +346,7 @@ mod tests {
         assert_eq!(stats.min_chars, 50);
         assert_eq!(stats.max_chars, 1001);
         assert_eq!(stats.over_limit, 1);
+        assert_eq!(stats.under_quarter, 1, "only 50 is under 1000 / 4");
         assert_eq!(stats.mean_chars(), 362.75);
         assert_eq!(stats.expansion(1451), 1.0);
     }
