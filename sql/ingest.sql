@@ -85,6 +85,49 @@ BEGIN
     RETURN v_id;
 END $$;
 
+CREATE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
+                                    api_key_setting text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('ollama', 'openai') THEN
+        RAISE EXCEPTION 'provider kind must be ''ollama'' or ''openai'', not %', coalesce(quote_literal(kind), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Any OpenAI-compatible server (vLLM, llama.cpp, LM Studio, LiteLLM) is kind openai.';
+    END IF;
+    IF base_url IS NOT NULL AND base_url !~ '^https?://[^/\s]+' THEN
+        RAISE EXCEPTION 'base_url must be an http or https URL, not %', quote_literal(base_url)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example http://127.0.0.1:11434 or https://api.openai.com/v1.';
+    END IF;
+    IF kind = 'openai' AND base_url IS NULL THEN
+        RAISE EXCEPTION 'an openai provider needs a base_url' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'The URL includes the version path, for example https://api.openai.com/v1.';
+    END IF;
+    IF api_key_setting IS NOT NULL AND api_key_setting <> 'rag.openai_api_key'
+       AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$' THEN
+        RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', quote_literal(api_key_setting)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Keys never go in a table: put the key in rag.openai_api_key (postgresql.conf or ALTER SYSTEM) or in the file named by rag.secrets_file.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = rag_create_provider.name) THEN
+        RAISE EXCEPTION 'provider "%" already exists', name USING ERRCODE = 'duplicate_object',
+            HINT = 'Drop it with rag_drop_provider first.';
+    END IF;
+    INSERT INTO rag.providers (name, kind, base_url, api_key_setting)
+    VALUES (name, kind, rtrim(base_url, '/'), api_key_setting);
+END $$;
+
+CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.collections c
+                WHERE c.embedding_provider = rag_drop_provider.name OR c.chat_provider = rag_drop_provider.name) THEN
+        RAISE EXCEPTION 'provider "%" is used by a collection', name USING ERRCODE = 'dependent_objects_still_exist',
+            HINT = 'Drop or change the collections that use it first.';
+    END IF;
+    DELETE FROM rag.providers p WHERE p.name = rag_drop_provider.name;
+    RETURN FOUND;
+END $$;
+
 CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -250,7 +293,7 @@ END $$;
 
 -- Claims the next due queue item: one whose claimant is gone counts as unclaimed, so work held by a killed
 -- worker is picked up again. Returns everything the worker needs to process it without another query.
-CREATE FUNCTION rag._claim_next(p_worker integer)
+CREATE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}')
 RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs_chunking boolean,
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
                provider_name text, provider_kind text, provider_url text, provider_key_setting text,
@@ -265,6 +308,10 @@ BEGIN
          WHERE qu.not_before <= now()
            AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                 OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+           -- Providers this worker found failing wait out their cool-down; the others' documents go ahead.
+           AND (cardinality(p_skip_providers) = 0 OR NOT EXISTS (
+                SELECT 1 FROM rag.documents sd JOIN rag.collections sc ON sc.id = sd.collection_id
+                 WHERE sd.id = qu.document_id AND sc.embedding_provider = ANY (p_skip_providers)))
          ORDER BY qu.not_before, qu.id
          LIMIT 1
          FOR UPDATE SKIP LOCKED;

@@ -5,13 +5,14 @@ CREATE SCHEMA rag;
 COMMENT ON SCHEMA rag IS 'Tables, views and internal functions of the rag extension';
 
 -- Named provider configurations. A URL decides where the database sends document text, so only rag_admin
--- (through rag_create_provider) may add one. Keys are never stored here: api_key_setting names a
--- superuser-only setting (or a file-backed one) that holds the key.
+-- (through rag_create_provider) may add one. Keys are never stored here: api_key_setting says where the key
+-- is, 'rag.openai_api_key' (a setting no SQL route displays) or 'file:NAME' (an entry of rag.secrets_file).
 CREATE TABLE rag.providers (
     name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'),
     kind            text NOT NULL CHECK (kind IN ('ollama', 'openai')),
     base_url        text CHECK (base_url IS NULL OR base_url ~ '^https?://'),
-    api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting ~ '^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_.]+$'),
+    api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting = 'rag.openai_api_key'
+                                OR api_key_setting ~ '^file:[A-Za-z0-9_.-]{1,63}$'),
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.ollama_url setting';

@@ -60,7 +60,7 @@ BEGIN
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
-                               'rag_set_price')
+                               'rag_set_price', 'rag_create_provider', 'rag_drop_provider')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only
         END;

@@ -1,9 +1,7 @@
-//! Turns a `rag.providers` row into a client from `rag-embed`. API keys are read here, in C-level settings
-//! code that skips the SQL privilege check, so a key held in a superuser-only setting reaches the provider
-//! without ever being readable by the role that runs the query.
-use pgrx::pg_sys;
+//! Turns a `rag.providers` row into a client from `rag-embed`. API keys are read here, from a setting no SQL
+//! route displays or from a server-only file, so a key reaches the provider without ever being readable by
+//! the role that runs the query; the table holds only where the key is, never the key.
 use rag_embed::{Provider, ProviderConfig, ProviderError, ProviderKind};
-use std::ffi::{CStr, CString};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -14,17 +12,50 @@ pub struct ProviderRow {
     pub api_key_setting: Option<String>,
 }
 
-/// Reads a setting by name without the SQL-level privilege check; None when unset or empty.
-pub fn read_secret_setting(name: &str) -> Option<String> {
-    let name = CString::new(name).ok()?;
-    unsafe {
-        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        if value.is_null() {
-            return None;
-        }
-        let value = CStr::from_ptr(value).to_string_lossy().trim().to_string();
-        (!value.is_empty()).then_some(value)
+/// Reads a provider's API key from where its `api_key_setting` points: `rag.openai_api_key` (a setting that
+/// is never displayed) or `file:NAME` (an entry of `rag.secrets_file`). None when unset.
+pub fn read_secret_setting(name: &str) -> Result<Option<String>, String> {
+    if let Some(entry) = name.strip_prefix("file:") {
+        return read_secrets_file(entry);
     }
+    if name == "rag.openai_api_key" {
+        let value = crate::settings::string(&crate::settings::OPENAI_API_KEY);
+        return Ok((!value.trim().is_empty()).then(|| value.trim().to_string()));
+    }
+    Err(format!(
+        "api_key_setting \"{name}\" is neither rag.openai_api_key nor file:NAME"
+    ))
+}
+
+fn read_secrets_file(entry: &str) -> Result<Option<String>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = crate::settings::string(&crate::settings::SECRETS_FILE);
+    if path.trim().is_empty() {
+        return Err(format!(
+            "api key file:{entry} is wanted but rag.secrets_file is not set"
+        ));
+    }
+    let metadata =
+        std::fs::metadata(&path).map_err(|error| format!("rag.secrets_file: {error}"))?;
+    // Like .pgpass: a key file others can read is a leak waiting to happen, so it is refused, not used.
+    if metadata.permissions().mode() & 0o077 != 0 {
+        return Err("rag.secrets_file is readable by group or others; chmod 600 it".to_string());
+    }
+    let text =
+        std::fs::read_to_string(&path).map_err(|error| format!("rag.secrets_file: {error}"))?;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some((name, value)) = line.split_once('=') {
+            if name.trim() == entry {
+                let value = value.trim();
+                return Ok((!value.is_empty()).then(|| value.to_string()));
+            }
+        }
+    }
+    Err(format!("rag.secrets_file has no entry \"{entry}\""))
 }
 
 pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig, String> {
@@ -41,7 +72,11 @@ pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig
             return Err(format!("provider \"{}\" has no base_url", row.name))
         }
     };
-    let api_key = row.api_key_setting.as_deref().and_then(read_secret_setting);
+    let api_key = match row.api_key_setting.as_deref() {
+        Some(setting) => read_secret_setting(setting)
+            .map_err(|message| format!("provider \"{}\": {message}", row.name))?,
+        None => None,
+    };
     Ok(ProviderConfig {
         kind,
         base_url,

@@ -9,6 +9,8 @@ pub static OLLAMA_URL: GucSetting<Option<CString>> =
 pub static EMBEDDING_MODEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"nomic-embed-text"));
 pub static CHAT_MODEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+pub static OPENAI_API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static SECRETS_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static DOCUMENT_PREFIX: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"search_document: "));
 pub static QUERY_PREFIX: GucSetting<Option<CString>> =
@@ -30,7 +32,38 @@ pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static WORKERS_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static LAUNCHER_NAPTIME_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 
+/// What SHOW, current_setting() and pg_settings display for a secret, to everyone, superusers included:
+/// pg_read_all_settings (and so pg_monitor) may read superuser-only settings, so hiding them from SHOW ALL
+/// is not enough.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn show_hidden_secret() -> *const std::ffi::c_char {
+    c"(hidden)".as_ptr()
+}
+
 pub fn define() {
+    // Secrets: settable only in the server's configuration (SIGHUP: not by SET, not by ALTER DATABASE/ROLE,
+    // whose values any user can read in pg_db_role_setting), never displayed.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"rag.openai_api_key",
+            c"API key for providers whose api_key_setting is 'rag.openai_api_key'; never displayed.",
+            c"Set it in postgresql.conf or with ALTER SYSTEM; SHOW and pg_settings show (hidden).",
+            &OPENAI_API_KEY,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
+            None,
+            None,
+            Some(show_hidden_secret),
+        );
+    }
+    GucRegistry::define_string_guc(
+        c"rag.secrets_file",
+        c"File of 'name = key' lines read for providers whose api_key_setting is 'file:name'.",
+        c"The file must be readable by the server only (mode 0600 or stricter).",
+        &SECRETS_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     // Where the database sends document text is a superuser's decision: SUSET.
     GucRegistry::define_string_guc(
         c"rag.ollama_url",

@@ -55,7 +55,7 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     while worked < max_items.max(0) {
         match process_next(&Subtransactions, &mut cache, &mut rng) {
             Ok(Outcome::Worked) => worked += 1,
-            Ok(Outcome::Idle) | Ok(Outcome::Stopped) => break,
+            Ok(Outcome::Idle(_)) | Ok(Outcome::Stopped) => break,
             Err(message) => crate::api::raise(
                 pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
                 format!("processing the queue failed: {message}"),

@@ -23,12 +23,15 @@ pub struct WorkItem {
     pub chunk_unit: String,
 }
 
-pub fn claim_next(worker_pid: i32) -> Result<Option<WorkItem>, SpiError> {
+pub fn claim_next(
+    worker_pid: i32,
+    skip_providers: Vec<String>,
+) -> Result<Option<WorkItem>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT * FROM rag._claim_next($1)",
+            "SELECT * FROM rag._claim_next($1, $2)",
             Some(1),
-            &[worker_pid.into()],
+            &[worker_pid.into(), skip_providers.into()],
         )?;
         let mut item = None;
         for row in rows {

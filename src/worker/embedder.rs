@@ -11,8 +11,9 @@ use crate::worker::transaction;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 use rag_embed::{Provider, ProviderError, RetryPolicy, SplitMix64};
+use std::collections::HashMap;
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How the steps of one document are made durable: separate transactions in the worker, subtransactions
 /// in a user's session.
@@ -46,20 +47,54 @@ pub fn shutdown_requested() -> bool {
 pub enum Outcome {
     /// A document was worked on (finished, deferred or failed); look for more at once.
     Worked,
-    /// Nothing is due.
-    Idle,
+    /// Nothing is due; look again after this long at the latest (a provider's cool-down ends).
+    Idle(Option<Duration>),
     /// The caller asked us to stop.
     Stopped,
 }
 
-/// Keeps the last provider client so a run of documents on one provider reuses its connections.
+/// Keeps the last provider client so a run of documents on one provider reuses its connections, and a
+/// circuit breaker per provider: after a transient failure (429, 5xx, timeout) the provider's documents wait
+/// out a cool-down that grows with consecutive failures, while documents of other providers go ahead. One
+/// provider that hangs until the HTTP timeout would otherwise stall every collection behind it.
 #[derive(Default)]
 pub struct ProviderCache {
     key: Option<(provider::ProviderRow, Duration)>,
     client: Option<Provider>,
+    open_until: HashMap<String, (Instant, u32)>,
 }
 
 impl ProviderCache {
+    fn cooling_down(&mut self) -> Vec<String> {
+        let now = Instant::now();
+        self.open_until.retain(|_, (until, _)| *until > now);
+        self.open_until.keys().cloned().collect()
+    }
+
+    /// When the earliest open breaker closes, so an idle worker knows when to look again.
+    fn next_close(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.open_until
+            .values()
+            .map(|(until, _)| until.saturating_duration_since(now))
+            .min()
+    }
+
+    fn trip(&mut self, provider: &str, delay: Duration) {
+        let failures = self
+            .open_until
+            .get(provider)
+            .map(|(_, failures)| failures + 1)
+            .unwrap_or(1);
+        let cool_down = RetryPolicy::default().ceiling(failures).max(delay);
+        self.open_until
+            .insert(provider.to_string(), (Instant::now() + cool_down, failures));
+    }
+
+    fn reset(&mut self, provider: &str) {
+        self.open_until.remove(provider);
+    }
+
     fn get(&mut self, row: &provider::ProviderRow) -> Result<&Provider, String> {
         let timeout = crate::settings::http_timeout();
         let wanted = (row.clone(), timeout);
@@ -77,8 +112,9 @@ pub fn process_next(
     rng: &mut SplitMix64,
 ) -> Result<Outcome, String> {
     let pid = unsafe { pg_sys::MyProcPid };
-    let Some(item) = steps.run(|| store::claim_next(pid))? else {
-        return Ok(Outcome::Idle);
+    let skip = cache.cooling_down();
+    let Some(item) = steps.run(|| store::claim_next(pid, skip))? else {
+        return Ok(Outcome::Idle(cache.next_close()));
     };
     Ok(process_item(steps, cache, rng, &item))
 }
@@ -108,7 +144,7 @@ fn process_item(
     }
 
     let client = match cache.get(&item.provider) {
-        Ok(client) => client,
+        Ok(client) => client.clone(),
         Err(reason) => return fail(reason),
     };
     let batch_size = crate::settings::BATCH_SIZE.get().max(1);
@@ -153,6 +189,7 @@ fn process_item(
                         output.prompt_tokens,
                     )
                 });
+                cache.reset(&item.provider.name);
                 match stored {
                     Ok(None) => {}
                     Ok(Some(reason)) => return fail(reason),
@@ -184,6 +221,7 @@ fn process_item(
                 let message = format!("embedding provider \"{}\": {error}", item.provider.name);
                 return match policy.next_delay(attempt, elapsed, retry_after, rng) {
                     Some(delay) => {
+                        cache.trip(&item.provider.name, delay);
                         let deferred = steps.run(|| {
                             store::defer(
                                 item.queue_id,
@@ -293,11 +331,20 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         match process_next(&steps, &mut cache, &mut rng) {
             Ok(Outcome::Worked) => continue,
             Ok(Outcome::Stopped) => break,
-            Ok(Outcome::Idle) => {
+            Ok(Outcome::Idle(cool_down_ends)) => {
                 let due = steps.run(store::seconds_until_due).ok().flatten();
-                let sleep = due
-                    .map(|seconds| Duration::from_secs_f64(seconds.max(0.01)).min(nap))
-                    .unwrap_or(nap);
+                let until_due = due
+                    .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
+                    .unwrap_or(nap)
+                    .min(nap);
+                // Work that is due but was not claimed belongs to providers cooling down: sleep until the
+                // first cool-down ends rather than spinning on it.
+                let sleep = match cool_down_ends {
+                    Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
+                    Some(ends) => until_due.min(ends),
+                    None => until_due,
+                }
+                .max(Duration::from_millis(10));
                 if !BackgroundWorker::wait_latch(Some(sleep)) {
                     break;
                 }

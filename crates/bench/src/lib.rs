@@ -346,7 +346,10 @@ mod tests {
         assert_eq!(stats.min_chars, 50);
         assert_eq!(stats.max_chars, 1001);
         assert_eq!(stats.over_limit, 1);
-        assert_eq!(stats.under_quarter, 1, "only 50 is under 1000 / 4");
+        assert_eq!(
+            stats.under_quarter, 2,
+            "100 and 50 are under 1000 / 4, 300 is not"
+        );
         assert_eq!(stats.mean_chars(), 362.75);
         assert_eq!(stats.expansion(1451), 1.0);
     }

@@ -47,6 +47,8 @@ fn run() -> Result<(), BenchError> {
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../extract/tests/fixtures")
         });
+    // Canonical only so the printed path reads cleanly; an unresolvable path is reported by the read below.
+    let fixtures_dir = std::fs::canonicalize(&fixtures_dir).unwrap_or(fixtures_dir);
     let limits = Limits::default();
 
     println!("## Extraction throughput\n");

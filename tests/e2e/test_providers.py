@@ -1,0 +1,141 @@
+"""Providers: an OpenAI-compatible server beside Ollama, keys nobody but the server can read, and a provider
+that is down not stalling collections on another provider."""
+import os
+import subprocess
+import time
+import unittest
+
+from support import fresh_database, psql, scalar
+
+DB = "rag_e2e_providers"
+KEY = "sk-test-5ecret-4f1a-DO-NOT-LEAK"
+
+
+def start_keyed_provider(work):
+    port_file = f"{work}/keyed-provider.port"
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    process = subprocess.Popen(
+        ["python3", f"{os.environ['ROOT']}/testkit/provider_server.py", "--port", "0", "--port-file", port_file,
+         "--require-key", KEY, "--idle-exit", "600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(port_file) and open(port_file).read().strip():
+            return process, int(open(port_file).read().strip())
+        time.sleep(0.05)
+    raise AssertionError("keyed provider did not start")
+
+
+class Providers(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = os.environ.get("WORK", "/tmp/rag-test")
+        cls.server, cls.port = start_keyed_provider(cls.work)
+        fresh_database(DB)
+        psql(f"ALTER SYSTEM SET rag.openai_api_key = '{KEY}'", db="postgres")
+        secrets = f"{cls.work}/secrets"
+        with open(secrets, "w") as handle:
+            handle.write(f"# test keys\nopenai = {KEY}\nwrong = sk-wrong\n")
+        os.chmod(secrets, 0o600)
+        subprocess.run(["chown", "postgres", secrets], check=True)
+        psql(f"ALTER SYSTEM SET rag.secrets_file = '{secrets}'", db="postgres")
+        psql("SELECT pg_reload_conf()", db="postgres")
+        time.sleep(0.5)
+        for role, grant in (("leak_reader", "rag_reader"), ("leak_writer", "rag_writer"), ("leak_monitor", "pg_monitor")):
+            psql(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN IN ROLE {grant}", db=DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.terminate()
+        psql("ALTER SYSTEM RESET rag.openai_api_key; ALTER SYSTEM RESET rag.secrets_file; SELECT pg_reload_conf()",
+             db="postgres")
+
+    def test_a_openai_ingest_and_ask(self):
+        url = f"http://127.0.0.1:{self.port}/v1"
+        psql(f"SELECT rag_create_provider('oai', 'openai', '{url}', 'rag.openai_api_key')", db=DB)
+        psql("""SELECT rag_create_collection('oai', embedding_provider => 'oai', embedding_model => 'hash-384',
+                                            chat_provider => 'oai', chat_model => 'chat-test', max_distance => 0.8)""", db=DB)
+        psql("SELECT rag_ingest('oai', 'Handbook', 'All staff must give thirty days notice before resigning.')", db=DB)
+        self.assertEqual(scalar("SELECT rag_wait('oai', '30 seconds')", db=DB), "t")
+        self.assertEqual(scalar("SELECT status FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'oai'", db=DB), "ready")
+        row = psql("SELECT outcome, prompt_tokens > 0, completion_tokens > 0 FROM rag_ask('oai', 'How much notice must staff give?')", db=DB)[0]
+        self.assertEqual(row, ["answered", "t", "t"])
+        self.assertEqual(scalar("SELECT title FROM rag_query('oai', 'notice before resigning', 1)", db=DB), "Handbook")
+
+    def test_b_key_from_secrets_file_and_a_wrong_key(self):
+        url = f"http://127.0.0.1:{self.port}/v1"
+        psql(f"SELECT rag_create_provider('oai-file', 'openai', '{url}', 'file:openai')", db=DB)
+        psql(f"SELECT rag_create_provider('oai-wrong', 'openai', '{url}', 'file:wrong')", db=DB)
+        psql("SELECT rag_create_collection('oai-file', embedding_provider => 'oai-file', embedding_model => 'hash-384')", db=DB)
+        psql("SELECT rag_create_collection('oai-wrong', embedding_provider => 'oai-wrong', embedding_model => 'hash-384')", db=DB)
+        psql("SELECT rag_ingest('oai-file', 'Doc', 'Keys can come from a file only the server reads.')", db=DB)
+        psql("SELECT rag_ingest('oai-wrong', 'Doc', 'A wrong key fails the document at once.')", db=DB)
+        self.assertEqual(scalar("SELECT rag_wait('oai-file', '30 seconds') AND rag_wait('oai-wrong', '30 seconds')", db=DB), "t")
+        rows = psql("""SELECT c.name, d.status, coalesce(d.failure_reason, '') FROM rag.documents d
+                        JOIN rag.collections c ON c.id = d.collection_id WHERE c.name LIKE 'oai-%' ORDER BY 1""", db=DB)
+        self.assertEqual(rows[0][:2], ["oai-file", "ready"])
+        self.assertEqual(rows[1][:2], ["oai-wrong", "failed"])
+        self.assertIn("401", rows[1][2])
+        self.assertNotIn("sk-wrong", rows[1][2])
+
+    def test_c_no_route_reveals_the_key(self):
+        probes = [
+            "SHOW rag.openai_api_key",
+            "SELECT current_setting('rag.openai_api_key', true)",
+            "SELECT setting FROM pg_settings WHERE name = 'rag.openai_api_key'",
+            "SELECT string_agg(name || '=' || coalesce(setting, ''), ',') FROM pg_settings WHERE name LIKE 'rag.%'",
+            "SELECT string_agg(coalesce(setting, ''), ',') FROM pg_file_settings",
+            "SELECT * FROM rag.providers",
+            "SELECT string_agg(coalesce(failure_reason, ''), ',') FROM rag.documents",
+            "SELECT string_agg(coalesce(query, ''), ',') FROM pg_stat_activity",
+            "SELECT pg_read_file('postgresql.auto.conf')",
+            f"SELECT pg_read_file('{self.work}/secrets')",
+            "SELECT string_agg(setconfig::text, ',') FROM pg_db_role_setting",
+            "SELECT rag._setting('rag.openai_api_key')",
+            "SELECT string_agg(reason, ',') FROM rag.queries",
+            "SELECT * FROM rag_models('oai')",
+        ]
+        for role in ("leak_reader", "leak_writer", "leak_monitor"):
+            for probe in probes:
+                code, rows, stderr = psql(f"SET ROLE {role};\n{probe}", db=DB, check=False)
+                seen = repr(rows) + stderr
+                self.assertNotIn(KEY, seen, f"{role} read the key with: {probe}")
+                self.assertNotIn("5ecret", seen, f"{role} read part of the key with: {probe}")
+        # Even a superuser sees only that a key is set.
+        self.assertEqual(scalar("SHOW rag.openai_api_key", db=DB), "(hidden)")
+
+    def test_d_only_admins_create_providers(self):
+        code, _, stderr = psql("SET ROLE leak_writer; SELECT rag_create_provider('evil', 'ollama', 'http://attacker.invalid')",
+                               db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("permission denied", stderr)
+        code, _, stderr = psql("SELECT rag_create_provider('bad', 'openai', 'http://x/v1', 'sk-literal-key-in-table')", db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("api_key_setting must be", stderr)
+
+    def test_e_a_provider_that_hangs_does_not_stall_other_collections(self):
+        provider_port = os.environ["PROVIDER_PORT"]
+        psql("ALTER SYSTEM SET rag.http_timeout = '3s'; SELECT pg_reload_conf();", db="postgres")
+        try:
+            time.sleep(0.5)
+            psql(f"SELECT rag_create_provider('hanging', 'ollama', 'http://127.0.0.1:{provider_port}')", db=DB)
+            psql("SELECT rag_create_collection('stuck', embedding_provider => 'hanging', embedding_model => 'hash-384@timeout')", db=DB)
+            psql("SELECT rag_create_collection('fine', embedding_model => 'hash-384')", db=DB)
+            for n in range(4):
+                psql(f"SELECT rag_ingest('stuck', 'Stuck {n}', 'This document waits for a provider that hangs, number {n}.')", db=DB)
+            started = time.time()
+            psql("SELECT rag_ingest('fine', 'Fine', 'This document is on a provider that answers.')", db=DB)
+            self.assertEqual(scalar("SELECT rag_wait('fine', '60 seconds')", db=DB), "t")
+            elapsed = time.time() - started
+            # Four hanging documents one after another would take 4 x 3 s before this one; the breaker lets it
+            # through after at most the one timeout in flight.
+            self.assertLess(elapsed, 9.0, f"the healthy collection waited {elapsed:.1f} s")
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                                    "WHERE c.name = 'stuck' AND d.status = 'processing'", db=DB), "4")
+        finally:
+            psql("SELECT rag_drop_collection('stuck')", db=DB)
+            psql("ALTER SYSTEM RESET rag.http_timeout; SELECT pg_reload_conf();", db="postgres")
+
+
+if __name__ == "__main__":
+    unittest.main()
