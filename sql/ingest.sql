@@ -192,7 +192,8 @@ CREATE FUNCTION rag_ingest(
     body       text,
     metadata   jsonb DEFAULT '{}',
     pages      text[] DEFAULT NULL,
-    source     text DEFAULT NULL
+    source     text DEFAULT NULL,
+    format     text DEFAULT 'text'
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -223,6 +224,11 @@ BEGIN
         END LOOP;
         v_body := array_to_string(pages, E'\n\n', '');
     END IF;
+    IF format IS NULL OR format NOT IN ('text', 'html', 'markdown') THEN
+        RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown become clean text before chunking.';
+    END IF;
+    v_body := rag._to_text(v_body, format);
     IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
         RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')
             USING ERRCODE = 'invalid_parameter_value',
@@ -242,13 +248,13 @@ BEGIN
     v_sha := sha256(convert_to(v_body, 'UTF8'));
     INSERT INTO rag.documents (collection_id, title, source, metadata, body, page_offsets, content_sha256)
     VALUES (v_collection, coalesce(title, ''), source, metadata, v_body, v_offsets, v_sha)
-    ON CONFLICT (collection_id, content_sha256) DO NOTHING
+    ON CONFLICT (collection_id, content_sha256) WHERE source_key IS NULL DO NOTHING
     RETURNING id INTO v_id;
 
     IF v_id IS NULL THEN
         -- Identical text is already here: return it and spend nothing. A failed copy gets another chance.
         SELECT d.id, d.status INTO v_id, v_status
-          FROM rag.documents d WHERE d.collection_id = v_collection AND d.content_sha256 = v_sha;
+          FROM rag.documents d WHERE d.collection_id = v_collection AND d.content_sha256 = v_sha AND d.source_key IS NULL;
         IF v_status = 'failed' THEN
             UPDATE rag.documents SET status = 'processing', failure_reason = NULL, updated_at = now() WHERE id = v_id;
             INSERT INTO rag.queue (document_id) VALUES (v_id) ON CONFLICT (document_id) DO NOTHING;

@@ -11,7 +11,8 @@ LANGUAGE sql IMMUTABLE AS $$
              WHERE ch.collection_id = %2$s%4$s
              ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
              LIMIT $2)
-        SELECT h.document_id, d.title, h.id, h.ordinal, h.content, h.distance, d.metadata, h.page
+        SELECT h.document_id, d.title, h.id, h.ordinal, h.content, h.distance, d.metadata, h.page,
+               d.source, d.source_key
           FROM hits h JOIN rag.documents d ON d.id = h.document_id
          WHERE h.distance <= $3
          ORDER BY h.distance, h.id$q$,
@@ -27,7 +28,7 @@ CREATE FUNCTION rag_query(
     max_distance double precision DEFAULT NULL,
     filter       jsonb DEFAULT NULL
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
-                 distance double precision, metadata jsonb, page integer)
+                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;

@@ -44,6 +44,37 @@ CREATE TABLE rag.collections (
 );
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
 
+-- Content tables kept indexed by triggers (rag_watch). Expressions are SQL over the table's row, checked
+-- when the watch is made; the worker evaluates them as the table's owner, never as a superuser.
+CREATE TABLE rag.watches (
+    id               integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source           oid NOT NULL UNIQUE,
+    source_name      text NOT NULL,
+    collection_id    integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    content_expr     text NOT NULL,
+    title_expr       text,
+    filter_expr      text,
+    key_columns      text[] NOT NULL,
+    metadata_columns text[] NOT NULL DEFAULT '{}',
+    format           text NOT NULL DEFAULT 'text' CHECK (format IN ('text', 'html', 'markdown')),
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- Keys of watched rows whose indexed content may have changed. One row per key: a burst of updates to a row
+-- bumps its version and pushes not_before back, so the worker embeds the final text once.
+CREATE TABLE rag.row_queue (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    watch_id    integer NOT NULL REFERENCES rag.watches (id) ON DELETE CASCADE,
+    key         jsonb NOT NULL,
+    version     bigint NOT NULL DEFAULT 1,
+    enqueued_at timestamptz NOT NULL DEFAULT now(),
+    not_before  timestamptz NOT NULL DEFAULT now(),
+    claimed_by  integer,
+    last_error  text,
+    UNIQUE (watch_id, key)
+);
+CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
+
 CREATE TABLE rag.documents (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     collection_id   integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
@@ -65,8 +96,15 @@ CREATE TABLE rag.documents (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     ready_at        timestamptz,
-    UNIQUE (collection_id, content_sha256)
+    -- Documents made from watched rows: the table and the row's key, so results join back to the rows.
+    watch_id        integer REFERENCES rag.watches (id) ON DELETE SET NULL,
+    source_key      jsonb,
+    CHECK ((watch_id IS NULL) OR (source_key IS NOT NULL))
 );
+-- Identical text is stored once per collection; rows of a watched table are documents of their own, even
+-- when two rows say the same thing.
+CREATE UNIQUE INDEX documents_dedup ON rag.documents (collection_id, content_sha256) WHERE source_key IS NULL;
+CREATE UNIQUE INDEX documents_by_row ON rag.documents (watch_id, source_key) WHERE source_key IS NOT NULL;
 ALTER TABLE rag.documents ALTER COLUMN body SET STORAGE EXTENDED;
 
 CREATE TABLE rag.chunks (

@@ -25,6 +25,7 @@ GRANT SELECT ON rag.collections, rag.documents, rag.chunks, rag.status, rag.prov
 -- The ledger and conversations hold other people's questions: administrators only (and each caller's own
 -- conversations through rag_conversation()).
 GRANT SELECT ON rag.queries, rag.ledger_daily TO rag_admin;
+GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 
 DO $$
 DECLARE
@@ -55,12 +56,14 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller')
                 THEN 'rag_reader'
-            WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections')
+            WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
+                               '_to_text')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
-                               'rag_set_price', 'rag_create_provider', 'rag_drop_provider')
+                               'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
+                               'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only
         END;

@@ -40,6 +40,15 @@ extension_sql_file!(
     ]
 );
 extension_sql_file!(
+    "../sql/watch.sql",
+    name = "watch",
+    requires = [
+        "ingest",
+        api::extract::rag::check_expression,
+        api::extract::rag::to_text
+    ]
+);
+extension_sql_file!(
     "../sql/answer.sql",
     name = "answer",
     requires = ["retrieve", api::rag::calling_role]

@@ -24,6 +24,7 @@ pub static MAX_DECOMPRESSED_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(25
 pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+pub static SYNC_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
@@ -206,6 +207,16 @@ pub fn define() {
         2048,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.sync_delay",
+        c"How long a changed row of a watched table waits before it is indexed; each new write restarts the wait.",
+        c"A burst of updates to one row then costs one embedding of its final text.",
+        &SYNC_DELAY_MS,
+        0,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
         c"rag.naptime",

@@ -139,3 +139,46 @@ pub fn rag_ingest_file(
     })
     .unwrap_or_else(|error| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ingesting \"{filename}\": {error}"), ""))
 }
+
+/// Visible text of an HTML fragment or page: scripts and styles dropped, blocks kept as paragraphs,
+/// entities decoded. The same code reads HTML files and the HTML bodies of watched CMS tables.
+#[pg_extern(immutable, parallel_safe, strict)]
+pub fn rag_html_to_text(html: &str) -> String {
+    rag_extract::html_to_text(html)
+}
+
+/// Markdown as plain text with its paragraph structure.
+#[pg_extern(immutable, parallel_safe, strict)]
+pub fn rag_markdown_to_text(markdown: &str) -> String {
+    rag_extract::markdown_to_text(markdown)
+}
+
+#[pg_schema]
+pub mod rag {
+    use pgrx::prelude::*;
+
+    /// Text in the given format ('text', 'html', 'markdown') as plain text for chunking.
+    #[pg_extern(immutable, parallel_safe, name = "_to_text")]
+    pub fn to_text(text: Option<&str>, format: &str) -> Option<String> {
+        let text = text?;
+        Some(match format {
+            "html" => rag_extract::html_to_text(text),
+            "markdown" => rag_extract::markdown_to_text(text),
+            _ => text.to_string(),
+        })
+    }
+
+    /// Checks that a rag_watch expression is one SQL expression: no statement separator, no comment that
+    /// could hide the rest of the generated statement, balanced parentheses outside literals.
+    #[pg_extern(immutable, parallel_safe, name = "_check_expression")]
+    pub fn check_expression(expression: Option<&str>, role: &str) {
+        let Some(expression) = expression else { return };
+        if let Err(problem) = rag_sync::check_expression(expression) {
+            crate::api::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("the {role} expression is not a single SQL expression: {problem}"),
+                "Give one expression over the row's columns, e.g. title || ' ' || body; statements are not allowed.",
+            );
+        }
+    }
+}

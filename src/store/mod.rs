@@ -225,3 +225,99 @@ pub fn extension_installed() -> Result<bool, SpiError> {
             .unwrap_or(false),
     )
 }
+
+/// A claimed key of a watched row.
+pub struct RowItem {
+    pub id: i64,
+    pub version: i64,
+}
+
+pub fn claim_row(worker_pid: i32) -> Result<Option<RowItem>, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT row_queue_id, version FROM rag._claim_row($1)",
+            Some(1),
+            &[worker_pid.into()],
+        )?;
+        let mut item = None;
+        for row in rows {
+            item = Some(RowItem {
+                id: row.get(1)?.unwrap_or_default(),
+                version: row.get(2)?.unwrap_or_default(),
+            });
+        }
+        Ok(item)
+    })
+}
+
+/// What `_sync_row` decided for a row; `Chunk` carries the new text to split.
+pub enum RowSync {
+    Settled,
+    Chunk {
+        document_id: i64,
+        body: String,
+        size: i32,
+        overlap: i32,
+        unit: String,
+    },
+}
+
+pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit FROM rag._sync_row($1)",
+            Some(1),
+            &[row_queue_id.into()],
+        )?;
+        let row = rows.first();
+        let action: Option<String> = row.get(1)?;
+        if action.as_deref() != Some("chunk") {
+            return Ok(RowSync::Settled);
+        }
+        Ok(RowSync::Chunk {
+            document_id: row.get(2)?.unwrap_or_default(),
+            body: row.get(3)?.unwrap_or_default(),
+            size: row.get(4)?.unwrap_or(1000),
+            overlap: row.get(5)?.unwrap_or(0),
+            unit: row.get(6)?.unwrap_or_else(|| "characters".to_string()),
+        })
+    })
+}
+
+pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
+    let mut contents = Vec::with_capacity(chunks.len());
+    let mut starts = Vec::with_capacity(chunks.len());
+    let mut ends = Vec::with_capacity(chunks.len());
+    let mut tokens = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        contents.push(chunk.content);
+        starts.push(chunk.char_start);
+        ends.push(chunk.char_end);
+        tokens.push(chunk.token_estimate);
+    }
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT rag._replace_chunks($1, $2, $3, $4, $5)",
+            Some(1),
+            &[
+                document_id.into(),
+                contents.into(),
+                starts.into(),
+                ends.into(),
+                tokens.into(),
+            ],
+        )?;
+        Ok(rows.first().get_one::<i32>()?.unwrap_or(0))
+    })
+}
+
+pub fn row_done(row_queue_id: i64, version: i64, error: Option<String>) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._row_done($1, $2, $3)",
+            None,
+            &[row_queue_id.into(), version.into(), error.into()],
+        )?;
+        Ok(())
+    })
+}

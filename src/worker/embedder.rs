@@ -112,6 +112,11 @@ pub fn process_next(
     rng: &mut SplitMix64,
 ) -> Result<Outcome, String> {
     let pid = unsafe { pg_sys::MyProcPid };
+    // Watched rows first: turning a changed row into chunks is cheap, and it feeds the embedding queue.
+    if let Some(row) = steps.run(|| store::claim_row(pid))? {
+        sync_row(steps, &row);
+        return Ok(Outcome::Worked);
+    }
     let skip = cache.cooling_down();
     let Some(item) = steps.run(|| store::claim_next(pid, skip))? else {
         return Ok(Outcome::Idle(cache.next_close()));
@@ -248,6 +253,63 @@ fn process_item(
     }
 }
 
+/// Brings the document of one watched row up to date in one step: read the row as its table's owner,
+/// upsert or delete the document, and re-chunk it keeping the vectors of unchanged chunks.
+fn sync_row(steps: &impl Steps, row: &store::RowItem) {
+    let synced = steps.run(|| {
+        let store::RowSync::Chunk {
+            document_id,
+            body,
+            size,
+            overlap,
+            unit,
+        } = store::sync_row(row.id)?
+        else {
+            return store::row_done(row.id, row.version, None).map(|_| Ok(()));
+        };
+        let config = match chunk_config(size, overlap, &unit) {
+            Ok(config) => config,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let chunks = rag_chunk::chunk_text(&body, &config)
+            .into_iter()
+            .map(new_chunk(&[]))
+            .collect();
+        store::replace_chunks(document_id, chunks)?;
+        store::row_done(row.id, row.version, None).map(|_| Ok(()))
+    });
+    let error = match synced {
+        Ok(Ok(())) => return,
+        Ok(Err(reason)) => reason,
+        Err(error) => error,
+    };
+    if let Err(again) = steps.run(|| store::row_done(row.id, row.version, Some(error.clone()))) {
+        pgrx::log!(
+            "rag worker: could not record the failure of watched row {}: {again} (after: {error})",
+            row.id
+        );
+    }
+}
+
+fn chunk_config(size: i32, overlap: i32, unit: &str) -> Result<rag_chunk::ChunkConfig, String> {
+    let unit = match unit {
+        "tokens" => rag_chunk::SizeUnit::Tokens,
+        _ => rag_chunk::SizeUnit::Characters,
+    };
+    rag_chunk::ChunkConfig::new(size.max(0) as usize, overlap.max(0) as usize, unit)
+        .map_err(|error| format!("collection chunk settings are invalid: {error}"))
+}
+
+fn new_chunk(page_offsets: &[i32]) -> impl Fn(rag_chunk::Chunk) -> NewChunk + '_ {
+    move |chunk| NewChunk {
+        page: page_of(page_offsets, chunk.char_start),
+        char_start: chunk.char_start as i32,
+        char_end: chunk.char_end as i32,
+        token_estimate: chunk.token_estimate as i32,
+        content: chunk.text,
+    }
+}
+
 /// Gives the claim back untouched so the next worker starts on it at once.
 fn release(steps: &impl Steps, item: &WorkItem) {
     let _ = steps.run(|| store::defer(item.queue_id, 0, None, false));
@@ -258,32 +320,14 @@ fn chunk_document(item: &WorkItem) -> Result<Result<i32, String>, pgrx::spi::Err
     let Some(text) = store::load_text(item.document_id)? else {
         return Ok(Ok(-1));
     };
-    let unit = match item.chunk_unit.as_str() {
-        "tokens" => rag_chunk::SizeUnit::Tokens,
-        _ => rag_chunk::SizeUnit::Characters,
-    };
-    let config = match rag_chunk::ChunkConfig::new(
-        item.chunk_size.max(0) as usize,
-        item.chunk_overlap.max(0) as usize,
-        unit,
-    ) {
+    let config = match chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit) {
         Ok(config) => config,
-        Err(error) => {
-            return Ok(Err(format!(
-                "collection chunk settings are invalid: {error}"
-            )))
-        }
+        Err(reason) => return Ok(Err(reason)),
     };
     let offsets = text.page_offsets.unwrap_or_default();
     let chunks: Vec<NewChunk> = rag_chunk::chunk_text(&text.body, &config)
         .into_iter()
-        .map(|chunk| NewChunk {
-            page: page_of(&offsets, chunk.char_start),
-            char_start: chunk.char_start as i32,
-            char_end: chunk.char_end as i32,
-            token_estimate: chunk.token_estimate as i32,
-            content: chunk.text,
-        })
+        .map(new_chunk(&offsets))
         .collect();
     drop(text.body);
     Ok(Ok(store::store_chunks(item.document_id, chunks)?))

@@ -156,7 +156,10 @@ fn main() {
         .iter()
         .map(|chunk| model.count_tokens(chunk).expect("tokenizes"))
         .collect();
-    let words: usize = refs.iter().map(|chunk| chunk.split_whitespace().count()).sum();
+    let words: usize = refs
+        .iter()
+        .map(|chunk| chunk.split_whitespace().count())
+        .sum();
     println!(
         "{} chunks from {DOC_DIR}: {:.0} words and {:.0} tokens on average (max {})",
         chunks.len(),
@@ -196,8 +199,8 @@ fn main() {
             refs.len() as f64 / one_by_one,
             median_query_latency_ms(model)
         );
+        println!("after embedding with {threads} thread(s): {}", memory());
     }
-    println!("after embedding: {}", memory());
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/forward.py");
     for threads in ["1", "2"] {

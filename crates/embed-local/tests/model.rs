@@ -134,7 +134,10 @@ fn tokenizer_matches_the_independent_wordpiece() {
     for (sentence, expected) in reference.sentences.iter().zip(&reference.token_ids) {
         let ids = model().token_ids(sentence).expect("tokenizes");
         assert_eq!(&ids, expected, "token ids of {sentence:?}");
-        assert_eq!(model().count_tokens(sentence).expect("counts"), expected.len());
+        assert_eq!(
+            model().count_tokens(sentence).expect("counts"),
+            expected.len()
+        );
     }
     // The packaged tokenizer.json truncates at 128: the long fixture sentence proves it is off.
     assert!(reference.token_ids.iter().any(|ids| ids.len() > 128));
@@ -165,9 +168,14 @@ fn padding_inside_a_batch_does_not_change_a_vector() {
                 that the attention mask and the mean pooling must both ignore completely, \
                 otherwise the short input's vector would drift with the company it keeps.";
     let alone = embed_one(short);
-    let together = model().embed(&[long, short, long]).expect("embedding succeeds");
+    let together = model()
+        .embed(&[long, short, long])
+        .expect("embedding succeeds");
     let difference = max_abs_difference(&alone, &together[1]);
-    assert!(difference < 1e-5, "padding moved the vector by {difference:e}");
+    assert!(
+        difference < 1e-5,
+        "padding moved the vector by {difference:e}"
+    );
 }
 
 #[test]
@@ -189,10 +197,22 @@ fn paraphrased_questions_retrieve_their_passage() {
     ];
     let questions = [
         ("How do I free up disk space taken by deleted rows?", 0),
-        ("How can I make a copy of my database while people keep using it?", 2),
-        ("Which network interfaces does the server accept connections on?", 4),
-        ("How do I make sure a column only holds values that exist in a different table?", 5),
-        ("What protects my data if the machine crashes before pages reach disk?", 3),
+        (
+            "How can I make a copy of my database while people keep using it?",
+            2,
+        ),
+        (
+            "Which network interfaces does the server accept connections on?",
+            4,
+        ),
+        (
+            "How do I make sure a column only holds values that exist in a different table?",
+            5,
+        ),
+        (
+            "What protects my data if the machine crashes before pages reach disk?",
+            3,
+        ),
     ];
     let passage_vectors = model().embed(&passages).expect("embedding succeeds");
     for (question, relevant) in questions {
@@ -217,16 +237,26 @@ fn input_longer_than_the_window_is_an_error() {
     // "database" is one WordPiece token: [CLS] + n words + [SEP] is n + 2 tokens.
     let words_that_fit = model.max_tokens() - 2;
     let fits = vec!["database"; words_that_fit].join(" ");
-    assert_eq!(model.count_tokens(&fits).expect("counts"), model.max_tokens());
+    assert_eq!(
+        model.count_tokens(&fits).expect("counts"),
+        model.max_tokens()
+    );
     let too_long = vec!["database"; words_that_fit + 1].join(" ");
-    let vectors = model.embed(&[&fits]).expect("an input of exactly max_tokens embeds");
+    let vectors = model
+        .embed(&[&fits])
+        .expect("an input of exactly max_tokens embeds");
     assert_eq!(vectors[0].len(), 384);
 
     match model.embed(&["short", &too_long]) {
         Err(LocalModelError::TooLong { index, tokens, max }) => {
-            assert_eq!((index, tokens, max), (1, model.max_tokens() + 1, model.max_tokens()));
+            assert_eq!(
+                (index, tokens, max),
+                (1, model.max_tokens() + 1, model.max_tokens())
+            );
             let message = LocalModelError::TooLong { index, tokens, max }.to_string();
-            assert!(message.contains("input 1") && message.contains("257") && message.contains("256"));
+            assert!(
+                message.contains("input 1") && message.contains("257") && message.contains("256")
+            );
         }
         other => panic!("expected TooLong, got {other:?}"),
     }
@@ -257,7 +287,10 @@ fn thread_count_does_not_change_results() {
     let single = LocalModel::load_with(&model_dir(), &LoadOptions { threads: 1 }).expect("loads");
     let double = LocalModel::load_with(&model_dir(), &LoadOptions { threads: 2 }).expect("loads");
     assert_eq!((single.threads(), double.threads()), (1, 2));
-    let texts = ["Indexes speed up reads.", "Every write also updates each index."];
+    let texts = [
+        "Indexes speed up reads.",
+        "Every write also updates each index.",
+    ];
     let one = single.embed(&texts).expect("embeds");
     let two = double.embed(&texts).expect("embeds");
     for (a, b) in one.iter().zip(&two) {
@@ -271,7 +304,10 @@ fn missing_model_directory_names_the_file_and_the_fix() {
     let error = LocalModel::load(missing).expect_err("no model there");
     assert!(matches!(error, LocalModelError::Io { .. }), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains("/nonexistent/rag-model/config.json"), "{message}");
+    assert!(
+        message.contains("/nonexistent/rag-model/config.json"),
+        "{message}"
+    );
     assert!(message.contains("scripts/fetch-model"), "{message}");
 }
 
@@ -279,18 +315,28 @@ fn missing_model_directory_names_the_file_and_the_fix() {
 fn corrupt_files_are_reported_with_their_path() {
     let dir = std::env::temp_dir().join(format!("rag-embed-local-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    for file in ["config.json", "tokenizer.json", "model.safetensors", "sentence_bert_config.json"] {
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors",
+        "sentence_bert_config.json",
+    ] {
         std::fs::copy(model_dir().join(file), dir.join(file)).expect("copies model file");
     }
     let broken = |file: &str, content: &[u8]| -> String {
         let original = std::fs::read(model_dir().join(file)).expect("reads");
         std::fs::write(dir.join(file), content).expect("writes");
-        let message = LocalModel::load(&dir).expect_err("broken model").to_string();
+        let message = LocalModel::load(&dir)
+            .expect_err("broken model")
+            .to_string();
         std::fs::write(dir.join(file), original).expect("restores");
         message
     };
     let message = broken("config.json", b"{\"hidden_size\": 384}");
-    assert!(message.contains("config.json") && message.contains("invalid"), "{message}");
+    assert!(
+        message.contains("config.json") && message.contains("invalid"),
+        "{message}"
+    );
     let message = broken("tokenizer.json", b"not json");
     assert!(message.contains("tokenizer.json"), "{message}");
     let message = broken("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{}");
@@ -326,7 +372,10 @@ fn model_is_shareable_across_threads() {
             .into_iter()
             .map(|text| scope.spawn(move || embed_one(text)))
             .collect();
-        handles.into_iter().map(|handle| handle.join().expect("thread")).collect()
+        handles
+            .into_iter()
+            .map(|handle| handle.join().expect("thread"))
+            .collect()
     });
     assert_eq!(vectors[0], embed_one("first thread"));
     assert_eq!(vectors[1], embed_one("second thread"));

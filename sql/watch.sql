@@ -1,0 +1,416 @@
+-- Content tables that stay indexed by themselves. rag_watch puts statement-level triggers with transition
+-- tables on a table; they queue only the keys of rows whose indexed content changed, in the writer's
+-- transaction. The worker reads each row's current content by key, so a burst of updates costs one
+-- embedding of the final text, and only chunks whose text changed are embedded again.
+
+-- jsonb_build_object('col', r.col, ...) for a list of columns.
+CREATE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
+                ELSE format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, r.%I', c, c), ', ') FROM unnest(p_columns) c))
+           END
+$$;
+
+-- The SQL text of "what would be indexed" for a row aliased r: content, title, filter, metadata.
+CREATE FUNCTION rag._watch_exprs(w rag.watches, OUT content text, OUT title text, OUT filter text, OUT metadata text)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('(%s)::text', w.content_expr),
+           format('(%s)::text', coalesce(w.title_expr, 'NULL')),
+           format('coalesce((%s)::boolean, false)', coalesce(w.filter_expr, 'true')),
+           rag._columns_object(w.metadata_columns)
+$$;
+
+CREATE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_trigger name;
+BEGIN
+    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgname LIKE 'rag\_watch\_%' LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
+    END LOOP;
+END $$;
+
+-- (Re)creates the trigger function and triggers of a watch.
+CREATE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    w rag.watches;
+    e record;
+    v_owner name;
+    v_key text;
+    v_hash text;
+    v_function text;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
+    v_key := rag._columns_object(w.key_columns);
+    v_hash := format('md5(concat_ws(chr(31), %s, %s, %s::text, (%s)::text))', e.content, e.title, e.filter, e.metadata);
+    v_function := format('rag.%I', '_watch_' || w.id);
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $body$
+        DECLARE
+            -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
+                SELECT DISTINCT %2$s, %3$s, clock_timestamp() + v_delay FROM new_rows r WHERE %4$s
+                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+            ELSIF TG_OP = 'UPDATE' THEN
+                -- Only rows whose content, title, filter result or metadata changed, and keys that went away.
+                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
+                SELECT DISTINCT %2$s, changed.k, clock_timestamp() + v_delay FROM (
+                    (SELECT %3$s AS k, %5$s AS h FROM new_rows r EXCEPT SELECT %3$s, %5$s FROM old_rows r)
+                    UNION ALL
+                    (SELECT %3$s, NULL FROM old_rows r EXCEPT SELECT %3$s, NULL FROM new_rows r)) changed
+                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+            ELSE
+                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
+                SELECT DISTINCT %2$s, %3$s, clock_timestamp() + v_delay FROM old_rows r
+                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+            END IF;
+            IF FOUND THEN
+                PERFORM rag._wake_worker();
+            END IF;
+            RETURN NULL;
+        END $body$ $f$, v_function, w.id, v_key, e.filter, v_hash);
+    -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
+    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
+    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON rag.row_queue TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
+    PERFORM rag._drop_watch_triggers(w.source);
+    EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
+                   w.source::regclass);
+END $$;
+
+CREATE FUNCTION rag._watch_truncated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
+    DELETE FROM rag.row_queue q USING rag.watches w WHERE w.source = TG_RELID AND q.watch_id = w.id;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION rag_watch(
+    source     regclass,
+    collection text,
+    content    text,
+    title      text DEFAULT NULL,
+    key        text[] DEFAULT NULL,
+    filter     text DEFAULT NULL,
+    metadata   text[] DEFAULT NULL,
+    format     text DEFAULT 'text'
+) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection);
+    v_key text[] := key;
+    v_column text;
+    v_id integer;
+    v_caller name := rag._calling_role();
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
+            HINT = 'rag_watch keeps an ordinary table indexed.';
+    END IF;
+    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
+        RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
+    END IF;
+    IF format NOT IN ('text', 'html', 'markdown') THEN
+        RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
+        RAISE EXCEPTION '% is already watched', source USING ERRCODE = 'duplicate_object',
+            HINT = 'rag_unwatch it first to change how it is indexed.';
+    END IF;
+    IF v_key IS NULL THEN
+        SELECT array_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum)) INTO v_key
+          FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+         WHERE i.indrelid = source AND i.indisprimary;
+        IF v_key IS NULL THEN
+            RAISE EXCEPTION '% has no primary key', source USING ERRCODE = 'invalid_table_definition',
+                HINT = 'Add one, or name the key columns with key => ARRAY[...].';
+        END IF;
+    END IF;
+    FOREACH v_column IN ARRAY v_key || coalesce(metadata, '{}') LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = source AND attname = v_column AND attnum > 0 AND NOT attisdropped) THEN
+            RAISE EXCEPTION 'column "%" does not exist in %', v_column, source USING ERRCODE = 'undefined_column',
+                HINT = 'key and metadata name columns of the table.';
+        END IF;
+    END LOOP;
+    -- Expressions are checked now, not in the worker later: one SQL expression each, no statement smuggled
+    -- in, and it must evaluate over the table's row as its owner would.
+    PERFORM rag._check_expression(content, 'content');
+    PERFORM rag._check_expression(title, 'title');
+    PERFORM rag._check_expression(filter, 'filter');
+    BEGIN
+        EXECUTE format('SELECT (%s)::text, (%s)::text, (%s)::boolean FROM ONLY %s AS r LIMIT 0',
+                       content, coalesce(title, 'NULL'), coalesce(filter, 'true'), source);
+    EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'They are SQL expressions over the row, e.g. content => ''title || E''''\n\n'''' || body''.';
+    END;
+    INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
+                             metadata_columns, format)
+    VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
+    RETURNING id INTO v_id;
+    PERFORM rag._watch_install(v_id);
+    PERFORM rag._reindex_watch(v_id);
+    RETURN v_id;
+END $$;
+
+-- Queues every qualifying row of a watch again (Drupal's queue-all) and every document whose row is gone.
+CREATE FUNCTION rag._reindex_watch(p_watch_id integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    w rag.watches;
+    e record;
+    v_count bigint;
+    v_gone bigint;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    EXECUTE format($q$
+        INSERT INTO rag.row_queue AS q (watch_id, key)
+        SELECT %s, %s FROM ONLY %s AS r WHERE %s
+        ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now()$q$,
+        w.id, rag._columns_object(w.key_columns), w.source::regclass, e.filter);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    INSERT INTO rag.row_queue AS q (watch_id, key)
+    SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
+    ON CONFLICT (watch_id, key) DO NOTHING;
+    GET DIAGNOSTICS v_gone = ROW_COUNT;
+    PERFORM rag._wake_worker();
+    RETURN v_count + v_gone;
+END $$;
+
+CREATE FUNCTION rag_reindex(source regclass) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id integer;
+BEGIN
+    SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
+            HINT = 'Watch it with rag_watch first.';
+    END IF;
+    RETURN rag._reindex_watch(v_id);
+END $$;
+
+CREATE FUNCTION rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._drop_watch_triggers(source);
+    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
+    IF drop_documents THEN
+        DELETE FROM rag.documents WHERE watch_id = w.id;
+    END IF;
+    DELETE FROM rag.watches WHERE id = w.id;
+    RETURN true;
+END $$;
+
+-- DROP TABLE of a watched table takes its documents and its watch along.
+CREATE FUNCTION rag._on_sql_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_object record;
+BEGIN
+    FOR v_object IN SELECT objid FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
+        DELETE FROM rag.documents d USING rag.watches w WHERE w.source = v_object.objid AND d.watch_id = w.id;
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid));
+        DELETE FROM rag.watches WHERE source = v_object.objid;
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
+
+------------------------------------------------------------------------------------------------------------
+-- The worker's side.
+
+CREATE FUNCTION rag._claim_row(p_worker integer)
+RETURNS TABLE (row_queue_id bigint, version bigint, watch_id integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q rag.row_queue;
+BEGIN
+    SELECT * INTO q FROM rag.row_queue rq
+     WHERE rq.not_before <= now()
+       AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
+            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
+     ORDER BY rq.not_before, rq.id
+     LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
+    RETURN QUERY SELECT q.id, q.version, q.watch_id;
+END $$;
+
+-- Reads the row's current content by key, as the table's owner, and brings its document up to date.
+-- Returns the action taken and, for 'chunk', what the worker needs to chunk the new text.
+CREATE FUNCTION rag._sync_row(p_row_queue_id bigint,
+    OUT action text, OUT document_id bigint, OUT body text,
+    OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q rag.row_queue;
+    w rag.watches;
+    c rag.collections;
+    e record;
+    v_owner name;
+    v_found boolean := false;
+    v_content text;
+    v_title text;
+    v_pass boolean;
+    v_metadata jsonb;
+    v_sha bytea;
+    d rag.documents;
+BEGIN
+    SELECT * INTO q FROM rag.row_queue WHERE id = p_row_queue_id;
+    SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
+    SELECT * INTO c FROM rag.collections WHERE id = w.collection_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    SELECT pg_get_userbyid(relowner) INTO v_owner FROM pg_class WHERE oid = w.source;
+    chunk_size := c.chunk_size; chunk_overlap := c.chunk_overlap; chunk_unit := c.chunk_unit;
+    -- The expressions run with the table owner's rights, not the worker's.
+    PERFORM set_config('role', v_owner, true);
+    EXECUTE format($q$SELECT true, %s, %s, %s, %s FROM ONLY %s AS r
+                       WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
+                   e.content, e.title, e.filter, e.metadata, w.source::regclass,
+                   (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                   (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                   w.source::regclass)
+       INTO v_found, v_content, v_title, v_pass, v_metadata USING q.key;
+    PERFORM set_config('role', 'none', true);
+    v_content := rag._to_text(v_content, w.format);
+
+    SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
+    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
+        -- Gone, unpublished or empty: it leaves the index.
+        IF d.id IS NOT NULL THEN
+            DELETE FROM rag.documents WHERE id = d.id;
+            action := 'deleted';
+        ELSE
+            action := 'nothing';
+        END IF;
+        document_id := d.id;
+        RETURN;
+    END IF;
+    v_sha := sha256(convert_to(v_content, 'UTF8'));
+    v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
+    IF d.id IS NOT NULL AND d.content_sha256 = v_sha THEN
+        IF d.title IS DISTINCT FROM coalesce(v_title, '') OR d.metadata IS DISTINCT FROM v_metadata THEN
+            UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, updated_at = now() WHERE id = d.id;
+            action := 'relabelled';
+        ELSE
+            action := 'unchanged';
+        END IF;
+        document_id := d.id;
+        RETURN;
+    END IF;
+    IF d.id IS NULL THEN
+        INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
+        VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
+        RETURNING id INTO document_id;
+    ELSE
+        UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
+               content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
+         WHERE id = d.id;
+        document_id := d.id;
+    END IF;
+    action := 'chunk';
+    body := v_content;
+END $$;
+
+-- Replaces a document's chunks, keeping the vector of every chunk whose text is unchanged, and queues the
+-- document for the chunks that need one.
+CREATE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
+                                    p_tokens integer[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_missing integer;
+BEGIN
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    WITH old AS (
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding
+    ), kept AS (
+        SELECT DISTINCT ON (content) content, embedding FROM old WHERE embedding IS NOT NULL
+    )
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+      LEFT JOIN kept k ON k.content = t.content;
+    SELECT count(*) FILTER (WHERE embedding IS NULL) INTO v_missing FROM rag.chunks WHERE document_id = p_document_id;
+    UPDATE rag.documents SET
+           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
+           ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
+     WHERE id = p_document_id;
+    IF v_missing > 0 THEN
+        INSERT INTO rag.queue (document_id) VALUES (p_document_id)
+        ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    END IF;
+    RETURN v_missing;
+END $$;
+
+-- Done with a queued key, unless it was queued again meanwhile (then its newer version waits its turn).
+CREATE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
+           not_before = CASE WHEN p_error IS NULL THEN not_before ELSE now() + interval '30 seconds' END
+     WHERE id = p_row_queue_id;
+$$;
+
+-- Per watched table: rows indexed, chunks, pending and failed, last error (Drupal's status page by type).
+CREATE VIEW rag.watch_status AS
+SELECT w.source_name AS source,
+       c.name AS collection,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
+       (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
+       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
+         + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
+       coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
+                (SELECT d.failure_reason FROM rag.documents d
+                  WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
+  FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id;
+
+-- rows_watched needs a count over the user's table, so it is a function, not a column of the view.
+CREATE FUNCTION rag_watch_status()
+RETURNS TABLE (source text, collection text, rows_watched bigint, rows_indexed bigint, rows_ready bigint,
+               rows_failed bigint, chunks bigint, pending bigint, last_error text)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    s record;
+    w rag.watches;
+BEGIN
+    FOR s IN SELECT * FROM rag.watch_status ORDER BY 1 LOOP
+        SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
+        source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
+        rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
+        EXECUTE format('SELECT count(*) FROM ONLY %s AS r WHERE %s', w.source::regclass,
+                       (SELECT filter FROM rag._watch_exprs(w))) INTO rows_watched;
+        RETURN NEXT;
+    END LOOP;
+END $$;

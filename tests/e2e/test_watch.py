@@ -1,0 +1,86 @@
+"""Watched content tables under write load: bursts, partial edits, concurrent writers."""
+import subprocess
+import threading
+import time
+import unittest
+
+from support import fresh_database, provider_calls, psql, scalar
+
+DB = "rag_e2e_watch"
+
+
+def settle(seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if scalar("SELECT NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)", db=DB) == "t":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the watched table did not settle")
+
+
+class Watch(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(DB)
+
+    def test_burst_of_updates_costs_one_embedding(self):
+        model = "hash-384@slow1"
+        psql(f"SELECT rag_create_collection('burst', embedding_model => '{model}')", db=DB)
+        psql("CREATE TABLE burst (id int PRIMARY KEY, body text); INSERT INTO burst VALUES (1, 'version 0')", db=DB)
+        psql("SELECT rag_watch('burst', 'burst', content => 'body')", db=DB)
+        settle()
+        before = provider_calls(model)[1]
+        updates = "".join(f"UPDATE burst SET body = 'version {n} of the text' WHERE id = 1;\n" for n in range(1, 1001))
+        psql(updates, db=DB)
+        settle()
+        self.assertEqual(provider_calls(model)[1] - before, 1)
+        self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'burst'", db=DB), "version 1000 of the text")
+
+    def test_editing_one_paragraph_embeds_only_what_changed(self):
+        model = "hash-384@slow2"
+        psql(f"SELECT rag_create_collection('long', embedding_model => '{model}', chunk_size => 200, chunk_overlap => 0)", db=DB)
+        paragraphs = [f"Paragraph {n} says something particular about subject number {n} in this long article." for n in range(12)]
+        body = "\n\n".join(paragraphs)
+        psql(f"CREATE TABLE long_articles (id int PRIMARY KEY, body text); INSERT INTO long_articles VALUES (1, $${body}$$)", db=DB)
+        psql("SELECT rag_watch('long_articles', 'long', content => 'body')", db=DB)
+        settle()
+        chunks = int(scalar("SELECT chunks_total FROM rag.documents WHERE source = 'long_articles'", db=DB))
+        self.assertGreaterEqual(chunks, 4)
+        before = provider_calls(model)[1]
+        paragraphs[5] = "Paragraph 5 was rewritten entirely and now says something else."
+        psql(f"UPDATE long_articles SET body = $${chr(10).join(p + chr(10) for p in paragraphs).strip()}$$ WHERE id = 1", db=DB)
+        settle()
+        embedded = provider_calls(model)[1] - before
+        self.assertGreaterEqual(embedded, 1)
+        self.assertLessEqual(embedded, 2, f"{embedded} of {chunks} chunks were embedded again")
+        row = psql("SELECT status, chunks_total, chunks_embedded FROM rag.documents WHERE source = 'long_articles'", db=DB)[0]
+        self.assertEqual(row[0], "ready")
+        self.assertEqual(row[1], row[2])
+
+    def test_concurrent_writers_end_with_the_final_committed_text(self):
+        psql("SELECT rag_create_collection('busy', embedding_model => 'hash-384')", db=DB)
+        psql("CREATE TABLE busy (id int PRIMARY KEY, body text); "
+             "INSERT INTO busy SELECT g, 'initial ' || g FROM generate_series(1, 20) g", db=DB)
+        psql("SELECT rag_watch('busy', 'busy', content => 'body')", db=DB)
+
+        def writer(name):
+            script = "".join(
+                f"UPDATE busy SET body = 'writer {name} round {n} row ' || id WHERE id % 3 = {n % 3};\n"
+                for n in range(60))
+            psql(script, db=DB)
+
+        threads = [threading.Thread(target=writer, args=(name,)) for name in ("a", "b", "c")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        settle(90)
+        mismatched = scalar("""SELECT count(*) FROM busy b
+                                 LEFT JOIN rag.documents d ON d.source = 'busy' AND d.source_key = jsonb_build_object('id', b.id)
+                                WHERE d.body IS DISTINCT FROM b.body OR d.status <> 'ready'""", db=DB)
+        self.assertEqual(mismatched, "0")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'busy'", db=DB), "20")
+
+
+if __name__ == "__main__":
+    unittest.main()

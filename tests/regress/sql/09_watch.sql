@@ -1,0 +1,102 @@
+-- Content tables that stay indexed by themselves.
+SELECT rag_create_collection('site', embedding_model => 'hash-384', max_distance => 0.9, chunk_size => 200, chunk_overlap => 0) > 0 AS created;
+CREATE TABLE articles (id serial PRIMARY KEY, title text, body text, published boolean DEFAULT true,
+                       author text, lang text, views integer DEFAULT 0);
+INSERT INTO articles (title, body, author, lang) VALUES
+  ('Notice periods', '<p>All staff must give <b>thirty days</b> notice.</p><script>track()</script>', 'ana', 'en'),
+  ('Canteen', '<p>Lunch is served from noon until two.</p>', 'bo', 'en');
+SELECT rag_watch('articles', collection => 'site', content => 'title || E''\n\n'' || body', title => 'title',
+                 filter => 'published', metadata => ARRAY['author', 'lang'], format => 'html') > 0 AS watching;
+SELECT source_name, key_columns, metadata_columns, format FROM rag.watches;
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'articles'::regclass ORDER BY 1;
+
+SELECT rag_wait('site', '30 seconds') AND pg_sleep(0.5) IS NOT NULL AND rag_wait('site', '30 seconds') AS settled;
+CREATE FUNCTION pg_temp.settle() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..600 LOOP
+        IF NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue) THEN
+            RETURN true;
+        END IF;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    RETURN false;
+END $$;
+SELECT pg_temp.settle();
+-- HTML became clean text; the row's key and metadata travel with the document.
+SELECT title, source, source_key, metadata, body, status FROM rag.documents WHERE watch_id IS NOT NULL ORDER BY source_key;
+SELECT title, source, source_key FROM rag_query('site', 'how much notice must staff give', 1);
+
+-- An update of an unrelated column queues nothing.
+UPDATE articles SET views = views + 1 WHERE id = 1;
+SELECT count(*) AS queued_after_unrelated_update FROM rag.row_queue;
+-- An update of indexed content is picked up.
+UPDATE articles SET body = '<p>All staff must give <b>sixty days</b> notice.</p>' WHERE id = 1;
+SELECT count(*) AS queued_after_content_update FROM rag.row_queue;
+SELECT pg_temp.settle();
+SELECT body FROM rag.documents WHERE source_key = '{"id": 1}';
+-- Unpublishing takes it out of the index.
+UPDATE articles SET published = false WHERE id = 1;
+SELECT pg_temp.settle();
+SELECT count(*) AS unpublished_documents FROM rag.documents WHERE source_key = '{"id": 1}';
+-- A rolled-back write queues nothing.
+BEGIN;
+INSERT INTO articles (title, body) VALUES ('Never', '<p>Rolled back.</p>');
+ROLLBACK;
+SELECT count(*) AS queued_after_rollback FROM rag.row_queue;
+-- A primary-key change is a delete and an insert.
+UPDATE articles SET id = 20 WHERE id = 2;
+SELECT pg_temp.settle();
+SELECT source_key, title FROM rag.documents WHERE watch_id IS NOT NULL ORDER BY source_key;
+-- Delete.
+DELETE FROM articles WHERE id = 20;
+SELECT pg_temp.settle();
+SELECT count(*) AS documents_after_delete FROM rag.documents WHERE watch_id IS NOT NULL;
+-- Truncate.
+UPDATE articles SET published = true;
+SELECT pg_temp.settle();
+SELECT count(*) AS documents_before_truncate FROM rag.documents WHERE watch_id IS NOT NULL;
+TRUNCATE articles;
+SELECT count(*) AS documents_after_truncate FROM rag.documents WHERE watch_id IS NOT NULL;
+-- Reindex queues every qualifying row again.
+INSERT INTO articles (title, body, author, lang) VALUES ('Parking', '<p>Permits from reception.</p>', 'cy', 'de');
+SELECT pg_temp.settle();
+SELECT rag_reindex('articles') AS queued;
+SELECT pg_temp.settle();
+SELECT * FROM rag_watch_status();
+
+-- Composite keys, found from the primary key.
+CREATE TABLE pages (site text, slug text, content text, PRIMARY KEY (site, slug));
+INSERT INTO pages VALUES ('a', 'home', 'Welcome to site a.'), ('b', 'home', 'Welcome to site b.');
+SELECT rag_watch('pages', 'site', content => 'content') > 0;
+SELECT pg_temp.settle();
+SELECT source_key FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
+UPDATE pages SET content = 'Welcome back to site b.' WHERE site = 'b';
+SELECT pg_temp.settle();
+SELECT source_key, body FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
+
+-- Hostile or broken definitions are refused when the watch is made.
+CREATE TABLE notes (id int PRIMARY KEY, txt text);
+SELECT rag_watch('notes', 'site', content => 'txt); DROP TABLE articles; --');
+SELECT rag_watch('notes', 'site', content => 'txt; DELETE FROM articles');
+SELECT rag_watch('notes', 'site', content => 'no_such_column');
+SELECT rag_watch('notes', 'site', content => 'txt', filter => '1 +');
+SELECT rag_watch('notes', 'site', content => 'txt', metadata => ARRAY['nope']);
+SELECT rag_watch('notes', 'site', content => 'txt', format => 'pdf');
+SELECT rag_watch('articles', 'site', content => 'body');
+CREATE TABLE keyless (txt text);
+SELECT rag_watch('keyless', 'site', content => 'txt');
+SELECT count(*) AS articles_still_there FROM articles;
+
+-- DROP TABLE of a watched table cleans up through the event trigger.
+DROP TABLE pages;
+SELECT count(*) AS pages_documents, (SELECT count(*) FROM rag.watches WHERE source_name = 'pages') AS pages_watches
+  FROM rag.documents WHERE source = 'pages';
+-- Unwatching removes the triggers, and on request the documents.
+SELECT rag_unwatch('articles', drop_documents => true);
+SELECT count(*) AS triggers FROM pg_trigger WHERE tgrelid = 'articles'::regclass AND NOT tgisinternal;
+SELECT count(*) AS documents FROM rag.documents WHERE source = 'articles';
+
+-- The same HTML and Markdown cleaning is an option of rag_ingest.
+SELECT rag_ingest('site', 'From HTML', '<h1>Title</h1><p>First &amp; <i>second</i>.</p><style>p{}</style>', format => 'html') AS html_doc \gset
+SELECT rag_ingest('site', 'From Markdown', E'# Heading\n\nSome **bold** text and a [link](http://x).', format => 'markdown') AS md_doc \gset
+SELECT id = :html_doc AS html, body FROM rag.documents WHERE id IN (:html_doc, :md_doc) ORDER BY id;
