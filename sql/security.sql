@@ -63,7 +63,8 @@ BEGIN
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
-                               'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression')
+                               'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
+                               'rag_set_embedding_model')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only
         END;

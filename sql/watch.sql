@@ -414,3 +414,62 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+-- Chunks and embeds every document of a collection again: after its chunk settings changed, or after
+-- rag_set_embedding_model. Watched rows are read again from their tables.
+CREATE FUNCTION rag_reindex(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection);
+    v_watch integer;
+    v_count bigint;
+BEGIN
+    DELETE FROM rag.chunks ch USING rag.documents d
+     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
+    UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
+           updated_at = now()
+     WHERE collection_id = v_collection AND watch_id IS NULL;
+    INSERT INTO rag.queue (document_id)
+    SELECT id FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
+    UPDATE rag.documents SET content_sha256 = '\x'::bytea
+     WHERE collection_id = v_collection AND watch_id IS NOT NULL;
+    FOR v_watch IN SELECT id FROM rag.watches WHERE collection_id = v_collection LOOP
+        v_count := v_count + rag._reindex_watch(v_watch);
+    END LOOP;
+    PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+-- Moves a collection to another embedding model. Vectors of two models are never mixed: the old ones go
+-- in the same transaction, and the collection answers again as the worker embeds with the new model.
+CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
+                                        embedding_provider text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection) FOR UPDATE;
+    IF embedding_model IS NULL OR embedding_model = '' THEN
+        RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'rag_models() lists what the provider serves.';
+    END IF;
+    IF embedding_provider IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
+        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
+            HINT = 'SELECT name, kind FROM rag.providers lists them.';
+    END IF;
+    IF c.index_name IS NOT NULL THEN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    END IF;
+    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
+           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
+           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
+     WHERE id = c.id;
+    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
+    IF dimensions IS NOT NULL THEN
+        PERFORM rag._ensure_index(c.id);
+    END IF;
+    RETURN rag_reindex(collection);
+END $$;
