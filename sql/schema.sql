@@ -75,6 +75,15 @@ CREATE TABLE rag.row_queue (
 );
 CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
 
+-- What a trigger writes: the changed keys of one statement, as one row, so a 100,000-row INSERT costs the
+-- writer one queue row, not 100,000. The worker spreads them into rag.row_queue.
+CREATE TABLE rag.row_batches (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    watch_id   integer NOT NULL,
+    keys       jsonb NOT NULL,
+    not_before timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE TABLE rag.documents (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     collection_id   integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,

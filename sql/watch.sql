@@ -30,7 +30,9 @@ BEGIN
     END LOOP;
 END $$;
 
--- (Re)creates the trigger function and triggers of a watch.
+-- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
+-- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
+-- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
 CREATE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -38,14 +40,21 @@ DECLARE
     e record;
     v_owner name;
     v_key text;
-    v_hash text;
+    v_cols text;
+    v_join text;
     v_function text;
+    v_first text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
     v_key := rag._columns_object(w.key_columns);
-    v_hash := format('md5(concat_ws(chr(31), %s, %s, %s::text, (%s)::text))', e.content, e.title, e.filter, e.metadata);
+    v_first := quote_ident(w.key_columns[1]);
+    -- Per row: its key columns and what would be indexed, for comparing old and new rows by key.
+    v_cols := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k)
+              || format(', %s AS rag_content, %s AS rag_title, %s AS rag_filter, %s AS rag_metadata',
+                        e.content, e.title, e.filter, e.metadata);
+    v_join := (SELECT string_agg(format('n.%1$I = o.%1$I', k), ' AND ') FROM unnest(w.key_columns) k);
     v_function := format('rag.%I', '_watch_' || w.id);
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
@@ -53,33 +62,31 @@ BEGIN
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_keys jsonb;
         BEGIN
             IF TG_OP = 'INSERT' THEN
-                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
-                SELECT DISTINCT %2$s, %3$s, clock_timestamp() + v_delay FROM new_rows r WHERE %4$s
-                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+                SELECT jsonb_agg(%3$s) INTO v_keys FROM new_rows r WHERE %4$s;
             ELSIF TG_OP = 'UPDATE' THEN
-                -- Only rows whose content, title, filter result or metadata changed, and keys that went away.
-                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
-                SELECT DISTINCT %2$s, changed.k, clock_timestamp() + v_delay FROM (
-                    (SELECT %3$s AS k, %5$s AS h FROM new_rows r EXCEPT SELECT %3$s, %5$s FROM old_rows r)
-                    UNION ALL
-                    (SELECT %3$s, NULL FROM old_rows r EXCEPT SELECT %3$s, NULL FROM new_rows r)) changed
-                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+                -- Rows whose content, title, filter result or metadata changed, and keys that came or went.
+                SELECT jsonb_agg(CASE WHEN n.%6$s IS NULL THEN o.rag_key ELSE n.rag_key END) INTO v_keys
+                  FROM (SELECT %5$s, %3$s AS rag_key FROM new_rows r) n
+                  FULL JOIN (SELECT %5$s, %3$s AS rag_key FROM old_rows r) o ON %7$s
+                 WHERE n.%6$s IS NULL OR o.%6$s IS NULL
+                    OR (n.rag_content, n.rag_title, n.rag_filter, n.rag_metadata)
+                       IS DISTINCT FROM (o.rag_content, o.rag_title, o.rag_filter, o.rag_metadata);
             ELSE
-                INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
-                SELECT DISTINCT %2$s, %3$s, clock_timestamp() + v_delay FROM old_rows r
-                ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = EXCLUDED.not_before;
+                SELECT jsonb_agg(%3$s) INTO v_keys FROM old_rows r;
             END IF;
-            IF FOUND THEN
+            IF v_keys IS NOT NULL THEN
+                INSERT INTO rag.row_batches (watch_id, keys, not_before) VALUES (%2$s, v_keys, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_key, e.filter, v_hash);
+        END $body$ $f$, v_function, w.id, v_key, e.filter, v_cols, v_first, v_join);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON rag.row_queue TO %I', v_owner);
+    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
@@ -92,11 +99,37 @@ BEGIN
                    w.source::regclass);
 END $$;
 
+-- The worker's first step: spread statement batches of keys into one queue row per key, the newest turn
+-- winning, so a key written by many statements is processed once.
+CREATE FUNCTION rag._spread_batches(p_limit integer DEFAULT 50) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    WITH taken AS (
+        DELETE FROM rag.row_batches WHERE id IN (
+            SELECT id FROM rag.row_batches ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING watch_id, keys, not_before
+    ), keys AS (
+        SELECT DISTINCT ON (t.watch_id, k.key) t.watch_id, k.key, t.not_before
+          FROM taken t CROSS JOIN LATERAL jsonb_array_elements(t.keys) AS k(key)
+         WHERE EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = t.watch_id)
+         ORDER BY t.watch_id, k.key, t.not_before DESC
+    )
+    INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
+    SELECT watch_id, key, not_before FROM keys
+    ON CONFLICT (watch_id, key) DO UPDATE
+       SET version = q.version + 1, not_before = greatest(q.not_before, EXCLUDED.not_before);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
 CREATE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
     DELETE FROM rag.row_queue q USING rag.watches w WHERE w.source = TG_RELID AND q.watch_id = w.id;
+    DELETE FROM rag.row_batches b USING rag.watches w WHERE w.source = TG_RELID AND b.watch_id = w.id;
     RETURN NULL;
 END $$;
 
@@ -390,6 +423,7 @@ SELECT w.source_name AS source,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
        (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
+         + (SELECT coalesce(sum(jsonb_array_length(b.keys)), 0) FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
        coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
                 (SELECT d.failure_reason FROM rag.documents d

@@ -234,6 +234,7 @@ pub struct RowItem {
 
 pub fn claim_row(worker_pid: i32) -> Result<Option<RowItem>, SpiError> {
     Spi::connect_mut(|client| {
+        client.update("SELECT rag._spread_batches()", None, &[])?;
         let rows = client.update(
             "SELECT row_queue_id, version FROM rag._claim_row($1)",
             Some(1),

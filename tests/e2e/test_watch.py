@@ -12,7 +12,8 @@ DB = "rag_e2e_watch"
 def settle(seconds=60):
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if scalar("SELECT NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)", db=DB) == "t":
+        if scalar("SELECT NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.row_batches) "
+                  "AND NOT EXISTS (SELECT 1 FROM rag.queue)", db=DB) == "t":
             return
         time.sleep(0.1)
     raise AssertionError("the watched table did not settle")

@@ -324,7 +324,9 @@ impl LocalModel {
             .map_err(|error| invalid_file(&config_path, error.to_string()))?;
         if config.hidden_size == 0
             || config.num_attention_heads == 0
-            || !config.hidden_size.is_multiple_of(config.num_attention_heads)
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
         {
             return Err(invalid_file(
                 &config_path,
@@ -455,6 +457,14 @@ impl LocalModel {
         let mut encoded = Vec::with_capacity(texts.len());
         for (index, text) in texts.iter().enumerate() {
             let ids = self.encode(index, text)?;
+            if ids.is_empty() {
+                // Only a tokenizer without [CLS]/[SEP] post-processing gets here; a mean over no
+                // tokens has no meaning, and a zero vector would match nothing without saying why.
+                return Err(LocalModelError::Tokenize {
+                    index,
+                    message: "the text yields no tokens".to_owned(),
+                });
+            }
             if ids.len() > self.max_tokens {
                 return Err(LocalModelError::TooLong {
                     index,
