@@ -25,6 +25,7 @@ DECLARE
     v_id integer;
     v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
     v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
+    v_window integer;
 BEGIN
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
@@ -42,6 +43,23 @@ BEGIN
     IF max_distance IS NOT NULL AND (max_distance <= 0 OR max_distance > 2) THEN
         RAISE EXCEPTION 'max_distance must be in (0, 2], not %', max_distance
             USING ERRCODE = 'invalid_parameter_value', HINT = 'It is a cosine distance: 0 is identical, 2 is opposite.';
+    END IF;
+    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
+        -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently.
+        -- About 3 characters a token keeps ordinary prose inside it; a chunk that still does not fit fails
+        -- its document with the model's own error.
+        v_window := rag._local_model_window(coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2'));
+        embedding_model := coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2');
+        document_prefix := coalesce(document_prefix, '');
+        query_prefix := coalesce(query_prefix, '');
+        IF chunk_size IS NULL THEN
+            v_size := least(v_size, v_window * 2);
+            v_overlap := least(v_overlap, v_size / 5);
+        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * 4 ELSE chunk_size END) > v_window * 3 THEN
+            RAISE EXCEPTION 'chunk_size % is too large for model "%", which reads at most % tokens', chunk_size, embedding_model, v_window
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = format('Use chunk_size => %s characters or less.', v_window * 3);
+        END IF;
     END IF;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
     IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
@@ -127,6 +145,13 @@ BEGIN
     DELETE FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     RETURN FOUND;
 END $$;
+
+-- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly.
+CREATE FUNCTION rag_embed(input text, model text DEFAULT 'all-MiniLM-L6-v2', provider text DEFAULT 'local')
+RETURNS vector
+LANGUAGE sql VOLATILE AS $$
+    SELECT rag._embed_text(provider, model, input)::vector
+$$;
 
 CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$

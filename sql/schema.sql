@@ -9,14 +9,15 @@ COMMENT ON SCHEMA rag IS 'Tables, views and internal functions of the rag extens
 -- is, 'rag.openai_api_key' (a setting no SQL route displays) or 'file:NAME' (an entry of rag.secrets_file).
 CREATE TABLE rag.providers (
     name            text PRIMARY KEY CHECK (name ~ '^[A-Za-z][A-Za-z0-9_.-]{0,62}$'),
-    kind            text NOT NULL CHECK (kind IN ('ollama', 'openai')),
+    kind            text NOT NULL CHECK (kind IN ('ollama', 'openai', 'local')),
     base_url        text CHECK (base_url IS NULL OR base_url ~ '^https?://'),
     api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting = 'rag.openai_api_key'
                                 OR api_key_setting ~ '^file:[A-Za-z0-9_.-]{1,63}$'),
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.ollama_url setting';
-INSERT INTO rag.providers (name, kind) VALUES ('ollama', 'ollama');
+-- 'local' runs a sentence-embedding model inside PostgreSQL (models under rag.model_path): no server at all.
+INSERT INTO rag.providers (name, kind) VALUES ('ollama', 'ollama'), ('local', 'local');
 
 CREATE TABLE rag.collections (
     id                 integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -54,7 +54,8 @@ BEGIN
                                '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
                                '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
-                               'rag_conversation_delete', '_conversation_of_caller')
+                               'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
+                               '_local_model_window')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

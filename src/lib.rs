@@ -45,7 +45,9 @@ extension_sql_file!(
     requires = [
         "ingest",
         api::extract::rag::check_expression,
-        api::extract::rag::to_text
+        api::extract::rag::to_text,
+        api::query::rag::local_model_window,
+        api::query::rag::embed_text
     ]
 );
 extension_sql_file!(

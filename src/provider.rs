@@ -1,7 +1,11 @@
 //! Turns a `rag.providers` row into a client from `rag-embed`. API keys are read here, from a setting no SQL
 //! route displays or from a server-only file, so a key reaches the provider without ever being readable by
 //! the role that runs the query; the table holds only where the key is, never the key.
-use rag_embed::{Provider, ProviderConfig, ProviderError, ProviderKind};
+use rag_embed::{EmbedOutput, Provider, ProviderConfig, ProviderError, ProviderKind};
+use rag_embed_local::{LoadOptions, LocalModel};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +62,97 @@ fn read_secrets_file(entry: &str) -> Result<Option<String>, String> {
     Err(format!("rag.secrets_file has no entry \"{entry}\""))
 }
 
+/// Where embeddings come from: a server over HTTP, or a model running in this process.
+#[derive(Clone)]
+pub enum Embedder {
+    Remote(Provider),
+    Local(&'static LocalModel),
+}
+
+impl Embedder {
+    pub fn embed(
+        &self,
+        model: &str,
+        inputs: &[String],
+        dimensions: Option<u32>,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<EmbedOutput, ProviderError> {
+        match self {
+            Embedder::Remote(provider) => provider.embed(model, inputs, dimensions, interrupt),
+            Embedder::Local(local) => {
+                // The batch is CPU work on this machine: check for interrupts before, not during.
+                if interrupt() {
+                    return Err(ProviderError::Interrupted);
+                }
+                let texts: Vec<&str> = inputs.iter().map(String::as_str).collect();
+                let tokens: usize = texts
+                    .iter()
+                    .filter_map(|text| local.count_tokens(text).ok())
+                    .sum();
+                let vectors = local
+                    .embed(&texts)
+                    .map_err(|error| ProviderError::Permanent {
+                        status: None,
+                        message: format!("local model \"{model}\": {error}"),
+                    })?;
+                Ok(EmbedOutput {
+                    vectors,
+                    prompt_tokens: Some(tokens as i64),
+                })
+            }
+        }
+    }
+
+    pub fn remote(&self) -> Option<&Provider> {
+        match self {
+            Embedder::Remote(provider) => Some(provider),
+            Embedder::Local(_) => None,
+        }
+    }
+}
+
+/// Loaded local models, one per model name and process: weights are mapped from the model directory once
+/// and shared by every collection of this backend. A load failure is not remembered, so installing the
+/// model fixes the next call without a reconnect.
+static LOCAL_MODELS: Mutex<Option<HashMap<String, &'static LocalModel>>> = Mutex::new(None);
+
+pub fn model_directory(model: &str) -> Result<PathBuf, String> {
+    if model.is_empty() || model.contains('/') || model.contains("..") || model.starts_with('.') {
+        return Err(format!(
+            "\"{model}\" is not a model name: it names a directory under rag.model_path"
+        ));
+    }
+    Ok(PathBuf::from(crate::settings::model_path()).join(model))
+}
+
+pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
+    let mut models = LOCAL_MODELS
+        .lock()
+        .map_err(|_| "local model registry is poisoned".to_string())?;
+    let models = models.get_or_insert_with(HashMap::new);
+    if let Some(loaded) = models.get(model) {
+        return Ok(loaded);
+    }
+    let directory = model_directory(model)?;
+    let options = LoadOptions {
+        threads: crate::settings::LOCAL_THREADS.get().max(1) as usize,
+        ..LoadOptions::default()
+    };
+    let loaded = LocalModel::load_with(&directory, &options)
+        .map_err(|error| format!("local model \"{model}\": {error}"))?;
+    // Lives as long as the backend: the mapping is what lets backends share the weights' pages.
+    let loaded: &'static LocalModel = Box::leak(Box::new(loaded));
+    models.insert(model.to_string(), loaded);
+    Ok(loaded)
+}
+
+pub fn embedder(row: &ProviderRow, model: &str, timeout: Duration) -> Result<Embedder, String> {
+    if row.kind == "local" {
+        return local_model(model).map(Embedder::Local);
+    }
+    connect(row, timeout).map(Embedder::Remote)
+}
+
 pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig, String> {
     let kind: ProviderKind = row.kind.parse().map_err(|_| {
         format!(
@@ -86,6 +181,12 @@ pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig
 }
 
 pub fn connect(row: &ProviderRow, timeout: Duration) -> Result<Provider, String> {
+    if row.kind == "local" {
+        return Err(format!(
+            "provider \"{}\" runs a local embedding model and has no chat model; leave chat_model NULL for extractive answers",
+            row.name
+        ));
+    }
     let config = config_for(row, timeout)?;
     Provider::new(config).map_err(|error| describe(&error))
 }

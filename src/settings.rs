@@ -25,6 +25,8 @@ pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000)
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static SYNC_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
+pub static MODEL_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static LOCAL_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
@@ -208,6 +210,24 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"rag.model_path",
+        c"Directory holding local embedding models, one subdirectory per model (config.json, tokenizer.json, model.safetensors).",
+        c"Defaults to the rag/models directory under PostgreSQL's share directory.",
+        &MODEL_PATH,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.local_threads",
+        c"Threads one backend uses to run a local embedding model.",
+        c"",
+        &LOCAL_THREADS,
+        1,
+        64,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_int_guc(
         c"rag.sync_delay",
         c"How long a changed row of a watched table waits before it is indexed; each new write restarts the wait.",
@@ -293,6 +313,26 @@ pub fn string(setting: &GucSetting<Option<CString>>) -> String {
         .get()
         .map(|value| value.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// Where local models live: rag.model_path, or rag/models under the share directory (where
+/// scripts/fetch-model puts the default model).
+pub fn model_path() -> String {
+    let configured = string(&MODEL_PATH);
+    if !configured.trim().is_empty() {
+        return configured;
+    }
+    let mut buffer = [0 as std::ffi::c_char; pgrx::pg_sys::MAXPGPATH as usize];
+    unsafe {
+        pgrx::pg_sys::get_share_path(
+            (&raw const pgrx::pg_sys::my_exec_path).cast(),
+            buffer.as_mut_ptr(),
+        );
+        format!(
+            "{}/rag/models",
+            std::ffi::CStr::from_ptr(buffer.as_ptr()).to_string_lossy()
+        )
+    }
 }
 
 pub fn http_timeout() -> Duration {

@@ -48,6 +48,9 @@ pub fn rag_models(
             "List providers with: SELECT name, kind FROM rag.providers;",
         )
     };
+    if row.kind == "local" {
+        return TableIterator::new(local_models().into_iter());
+    }
     let client = provider::connect(&row, crate::settings::http_timeout())
         .unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, ""));
     let mut interrupt = || {
@@ -65,4 +68,28 @@ pub fn rag_models(
             model.family,
         )
     }))
+}
+
+/// Subdirectories of rag.model_path that hold a model, with the size of their weights.
+fn local_models() -> Vec<(String, Option<i64>, Option<String>, Option<String>)> {
+    let Ok(entries) = std::fs::read_dir(crate::settings::model_path()) else {
+        return Vec::new();
+    };
+    let mut models: Vec<_> = entries
+        .flatten()
+        .filter(|entry| entry.path().join("config.json").is_file())
+        .map(|entry| {
+            let weights = std::fs::metadata(entry.path().join("model.safetensors"))
+                .ok()
+                .map(|m| m.len() as i64);
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                weights,
+                None,
+                Some("bert".to_string()),
+            )
+        })
+        .collect();
+    models.sort();
+    models
 }

@@ -50,21 +50,25 @@ pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
             "List collections with: SELECT name FROM rag.collections;",
         )
     };
-    let client = provider::connect(&provider_row, crate::settings::http_timeout()).unwrap_or_else(
-        |message| {
+    let input = format!("{prefix}{question}");
+    let cache_key = (provider_row.name.clone(), model.clone(), input.clone());
+    if let Some(cached) = cached_query(&cache_key, dimensions) {
+        return cached;
+    }
+    let client = provider::embedder(&provider_row, &model, crate::settings::http_timeout())
+        .unwrap_or_else(|message| {
             raise(
                 PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
                 message,
                 "Check the provider with rag_models().",
             )
-        },
-    );
-    let input = vec![format!("{prefix}{question}")];
+        });
+    let inputs = vec![input];
     let mut interrupt = || {
         pgrx::check_for_interrupts!();
         false
     };
-    let output = match client.embed(&model, &input, None, &mut interrupt) {
+    let output = match client.embed(&model, &inputs, None, &mut interrupt) {
         Ok(output) => output,
         Err(error) => raise_provider_error(&provider_row.name, &model, &error),
     };
@@ -87,10 +91,51 @@ pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
             );
         }
     }
-    QueryEmbedding {
+    let embedding = QueryEmbedding {
         literal: vector_literal(&vector),
         prompt_tokens: output.prompt_tokens,
-    }
+    };
+    remember_query(cache_key, &embedding);
+    embedding
+}
+
+type QueryKey = (String, String, String);
+
+thread_local! {
+    /// Recent question embeddings of this backend: asking the same question again costs no provider call
+    /// (and no model run). Small and per process, so it never holds much.
+    static QUERY_CACHE: std::cell::RefCell<Vec<(QueryKey, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+const QUERY_CACHE_ENTRIES: usize = 128;
+
+fn cached_query(key: &QueryKey, dimensions: Option<i32>) -> Option<QueryEmbedding> {
+    QUERY_CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let position = cache.iter().position(|(cached, _)| cached == key)?;
+        let entry = cache.remove(position);
+        let literal = entry.1.clone();
+        cache.push(entry);
+        // A collection whose dimension changed meanwhile must not get a vector of the old size.
+        let size = literal.matches(',').count() + 1;
+        if dimensions.is_some_and(|expected| expected as usize != size) {
+            return None;
+        }
+        Some(QueryEmbedding {
+            literal,
+            prompt_tokens: Some(0),
+        })
+    })
+}
+
+fn remember_query(key: QueryKey, embedding: &QueryEmbedding) {
+    QUERY_CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        cache.retain(|(cached, _)| cached != &key);
+        if cache.len() >= QUERY_CACHE_ENTRIES {
+            cache.remove(0);
+        }
+        cache.push((key, embedding.literal.clone()));
+    });
 }
 
 pub fn raise_provider_error(provider: &str, model: &str, error: &ProviderError) -> ! {
@@ -128,6 +173,74 @@ pub fn vector_literal(vector: &[f32]) -> String {
 #[pg_schema]
 pub mod rag {
     use super::*;
+
+    /// Local model facts for SQL validation: the model's window in tokens (0 when the model is missing).
+    #[pg_extern(volatile, parallel_unsafe, name = "_local_model_window")]
+    pub fn local_model_window(model: &str) -> i32 {
+        match crate::provider::local_model(model) {
+            Ok(local) => local.max_tokens() as i32,
+            Err(message) => crate::api::raise(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+                message,
+                "Run scripts/fetch-model, or point rag.model_path at a directory holding the model.",
+            ),
+        }
+    }
+
+    /// Any text's embedding through a provider, as a vector literal (rag_embed() casts it).
+    #[pg_extern(volatile, parallel_unsafe, name = "_embed_text")]
+    pub fn embed_text(provider_name: &str, model: &str, text: &str) -> String {
+        let row = Spi::connect(|client| {
+            let rows = client.select(
+                "SELECT name, kind, base_url, api_key_setting FROM rag.providers WHERE name = $1",
+                Some(1),
+                &[provider_name.into()],
+            )?;
+            let mut found = None;
+            for row in rows {
+                found = Some(ProviderRow {
+                    name: row.get::<String>(1)?.unwrap_or_default(),
+                    kind: row.get::<String>(2)?.unwrap_or_default(),
+                    base_url: row.get::<String>(3)?,
+                    api_key_setting: row.get::<String>(4)?,
+                });
+            }
+            Ok::<_, pgrx::spi::Error>(found)
+        })
+        .unwrap_or_else(|error| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                error.to_string(),
+                "",
+            )
+        });
+        let Some(row) = row else {
+            raise(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                format!("provider \"{provider_name}\" does not exist"),
+                "SELECT name, kind FROM rag.providers lists them.",
+            )
+        };
+        let client = provider::embedder(&row, model, crate::settings::http_timeout())
+            .unwrap_or_else(|message| {
+                raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, "")
+            });
+        let mut interrupt = || {
+            pgrx::check_for_interrupts!();
+            false
+        };
+        let output = client
+            .embed(model, &[text.to_string()], None, &mut interrupt)
+            .unwrap_or_else(|error| raise_provider_error(&row.name, model, &error));
+        match output.vectors.first() {
+            Some(vector) => vector_literal(vector),
+            None => raise(
+                PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
+                "the provider returned no embedding",
+                "",
+            ),
+        }
+    }
 
     /// The question's embedding as a pgvector literal, for the SQL half of retrieval.
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_query")]

@@ -10,7 +10,7 @@ use crate::worker::registry::{self, SlotState};
 use crate::worker::transaction;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
-use rag_embed::{Provider, ProviderError, RetryPolicy, SplitMix64};
+use rag_embed::{ProviderError, RetryPolicy, SplitMix64};
 use std::collections::HashMap;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
@@ -59,8 +59,8 @@ pub enum Outcome {
 /// provider that hangs until the HTTP timeout would otherwise stall every collection behind it.
 #[derive(Default)]
 pub struct ProviderCache {
-    key: Option<(provider::ProviderRow, Duration)>,
-    client: Option<Provider>,
+    key: Option<(provider::ProviderRow, String, Duration)>,
+    client: Option<provider::Embedder>,
     open_until: HashMap<String, (Instant, u32)>,
 }
 
@@ -95,11 +95,15 @@ impl ProviderCache {
         self.open_until.remove(provider);
     }
 
-    fn get(&mut self, row: &provider::ProviderRow) -> Result<&Provider, String> {
+    fn get(
+        &mut self,
+        row: &provider::ProviderRow,
+        model: &str,
+    ) -> Result<&provider::Embedder, String> {
         let timeout = crate::settings::http_timeout();
-        let wanted = (row.clone(), timeout);
+        let wanted = (row.clone(), model.to_string(), timeout);
         if self.key.as_ref() != Some(&wanted) || self.client.is_none() {
-            self.client = Some(provider::connect(row, timeout)?);
+            self.client = Some(provider::embedder(row, model, timeout)?);
             self.key = Some(wanted);
         }
         Ok(self.client.as_ref().expect("client was just set"))
@@ -148,7 +152,7 @@ fn process_item(
         }
     }
 
-    let client = match cache.get(&item.provider) {
+    let client = match cache.get(&item.provider, &item.model) {
         Ok(client) => client.clone(),
         Err(reason) => return fail(reason),
     };

@@ -47,7 +47,8 @@ SELECT outcome, answer, regexp_replace(reason, '127\.0\.0\.1:[0-9]+', 'PORT') AS
 SELECT outcome, answer, jsonb_path_query_array(citations, '$[*].n') AS cited, model, cost_usd
   FROM rag_ask('ask-extractive', 'How much notice must staff give before resigning?');
 
--- The ledger: exactly one row per call, with outcome, counts and tokens.
+-- The ledger: exactly one row per call, with outcome, counts and tokens. The same question on the same
+-- embedding model is embedded once per backend (a query-embedding cache): later rows spent no embed tokens.
 SELECT collection, kind, outcome, sources_sent > 0 AS had_sources, citations_kept, citations_stripped, chat_calls,
        prompt_tokens IS NOT NULL AS prompt_tokens, completion_tokens IS NOT NULL AS completion_tokens,
        embed_tokens > 0 AS embed_tokens, role

@@ -1,0 +1,33 @@
+-- The embedded default: a sentence-embedding model (all-MiniLM-L6-v2) running inside PostgreSQL.
+SELECT name, kind FROM rag.providers WHERE name = 'local';
+SELECT name, size_bytes > 80000000 AS has_weights FROM rag_models('local');
+
+-- The embeddings match the reference implementation (sentence-transformers' quickstart).
+WITH s(n, t) AS (VALUES (0, 'The weather is lovely today.'), (1, 'It''s so sunny outside!'), (2, 'He drove to the stadium.')),
+     e AS (SELECT n, rag_embed(t) AS v FROM s)
+SELECT a.n, b.n, round((1 - (a.v <=> b.v))::numeric, 3) AS cosine_similarity
+  FROM e a JOIN e b ON a.n < b.n ORDER BY 1, 2;
+SELECT vector_dims(rag_embed('dimensions')) AS dimensions;
+
+-- A collection on the local model: no server involved. Chunks are sized to the model's window.
+SELECT rag_create_collection('local-docs', embedding_provider => 'local', max_distance => 0.8) > 0 AS created;
+SELECT embedding_model, chunk_size, chunk_overlap, document_prefix, query_prefix FROM rag.collections WHERE name = 'local-docs';
+SELECT rag_ingest('local-docs', 'Leave', 'Employees receive twenty-five days of paid vacation every year. Unused days may be carried over until March.') > 0,
+       rag_ingest('local-docs', 'Resignation', 'Anyone who wants to quit must tell their manager in writing one month in advance.') > 0,
+       rag_ingest('local-docs', 'Expenses', 'Train tickets and hotel bills for business trips are refunded within two weeks.') > 0;
+SELECT rag_wait('local-docs', '120 seconds') AS ready;
+SELECT title, status, chunks_embedded, embed_tokens > 0 AS tokens_counted FROM rag.documents d
+  JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'local-docs' ORDER BY d.id;
+
+-- Paraphrased questions, with few words in common with the passage, find it.
+SELECT (SELECT title FROM rag_query('local-docs', 'How much notice do I have to give before leaving the company?', 1)) AS resign,
+       (SELECT title FROM rag_query('local-docs', 'How many holidays do I get?', 1)) AS leave,
+       (SELECT title FROM rag_query('local-docs', 'Will I get my travel costs back?', 1)) AS expenses;
+-- Extractive answers on the embedded model: quoted sentences, valid citations only.
+SELECT outcome, answer, jsonb_path_query_array(citations, '$[*].title') AS cited
+  FROM rag_ask('local-docs', 'How far in advance must I tell my manager that I quit?');
+
+-- Chunks that could overflow the model's window are refused when the collection is made.
+SELECT rag_create_collection('too-big', embedding_provider => 'local', chunk_size => 5000);
+SELECT rag_create_collection('no-model', embedding_provider => 'local', embedding_model => 'not-installed');
+SELECT rag_embed('x', 'no/such/../path');
