@@ -40,20 +40,36 @@ DECLARE
     e record;
     v_owner name;
     v_key text;
-    v_cols text;
+    v_key_new text;
+    v_key_old text;
+    v_changed text;
     v_join text;
     v_function text;
     v_first text;
+    v_referenced text[];
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
     v_key := rag._columns_object(w.key_columns);
+    v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, n.%I', k, k), ', ') FROM unnest(w.key_columns) k));
+    v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, o.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     v_first := quote_ident(w.key_columns[1]);
-    -- Per row: its key columns and what would be indexed, for comparing old and new rows by key.
-    v_cols := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k)
-              || format(', %s AS rag_content, %s AS rag_title, %s AS rag_filter, %s AS rag_metadata',
-                        e.content, e.title, e.filter, e.metadata);
+    -- The columns the indexed content can depend on: every column the expressions name (a word match, so a
+    -- column is included when in doubt), the metadata columns and the key. An UPDATE that changes none of
+    -- them cannot change what is indexed, and is recognised without evaluating any expression.
+    SELECT array_agg(a.attname ORDER BY a.attnum) INTO v_referenced
+      FROM pg_attribute a
+     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
+            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
+            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'));
+    v_changed := format('(%s) IS DISTINCT FROM (%s)',
+                        (SELECT string_agg(format('n.%I', c), ', ') FROM unnest(v_referenced) c),
+                        (SELECT string_agg(format('o.%I', c), ', ') FROM unnest(v_referenced) c));
+    IF cardinality(v_referenced) = 1 THEN
+        v_changed := format('n.%1$I IS DISTINCT FROM o.%1$I', v_referenced[1]);
+    END IF;
     v_join := (SELECT string_agg(format('n.%1$I = o.%1$I', k), ' AND ') FROM unnest(w.key_columns) k);
     v_function := format('rag.%I', '_watch_' || w.id);
     EXECUTE format($f$
@@ -67,13 +83,11 @@ BEGIN
             IF TG_OP = 'INSERT' THEN
                 SELECT jsonb_agg(%3$s) INTO v_keys FROM new_rows r WHERE %4$s;
             ELSIF TG_OP = 'UPDATE' THEN
-                -- Rows whose content, title, filter result or metadata changed, and keys that came or went.
-                SELECT jsonb_agg(CASE WHEN n.%6$s IS NULL THEN o.rag_key ELSE n.rag_key END) INTO v_keys
-                  FROM (SELECT %5$s, %3$s AS rag_key FROM new_rows r) n
-                  FULL JOIN (SELECT %5$s, %3$s AS rag_key FROM old_rows r) o ON %7$s
-                 WHERE n.%6$s IS NULL OR o.%6$s IS NULL
-                    OR (n.rag_content, n.rag_title, n.rag_filter, n.rag_metadata)
-                       IS DISTINCT FROM (o.rag_content, o.rag_title, o.rag_filter, o.rag_metadata);
+                -- Rows where a column the index depends on changed, and keys that came or went. Keys are
+                -- built only for those rows.
+                SELECT jsonb_agg(CASE WHEN n.%6$s IS NULL THEN %8$s ELSE %9$s END) INTO v_keys
+                  FROM new_rows n FULL JOIN old_rows o ON %7$s
+                 WHERE n.%6$s IS NULL OR o.%6$s IS NULL OR %5$s;
             ELSE
                 SELECT jsonb_agg(%3$s) INTO v_keys FROM old_rows r;
             END IF;
@@ -82,7 +96,7 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_key, e.filter, v_cols, v_first, v_join);
+        END $body$ $f$, v_function, w.id, v_key, e.filter, v_changed, v_first, v_join, v_key_old, v_key_new);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
