@@ -216,16 +216,42 @@ fn sources_json(sources: &[Source]) -> serde_json::Value {
 }
 
 fn citations_json(sources: &[Source], kept: &[usize]) -> serde_json::Value {
+    let cited: Vec<&Source> = kept
+        .iter()
+        .filter_map(|number| sources.iter().find(|source| source.number == *number))
+        .collect();
+    // Documents made from watched rows name their table and row, so applications can join back to them.
+    let ids: Vec<i64> = cited.iter().map(|source| source.document_id).collect();
+    let origins: Vec<(i64, Option<String>, Option<JsonB>)> = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT id, source, source_key FROM rag.documents WHERE id = ANY($1)",
+            None,
+            &[ids.into()],
+        )?;
+        let mut origins = Vec::new();
+        for row in rows {
+            origins.push((
+                row.get::<i64>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?,
+                row.get::<JsonB>(3)?,
+            ));
+        }
+        Ok::<_, pgrx::spi::Error>(origins)
+    })
+    .unwrap_or_default();
     serde_json::Value::Array(
-        kept.iter()
-            .filter_map(|number| sources.iter().find(|source| source.number == *number))
+        cited
+            .into_iter()
             .map(|source| {
+                let origin = origins.iter().find(|(id, _, _)| *id == source.document_id);
                 json!({
                     "n": source.number,
                     "document_id": source.document_id,
                     "title": source.title,
                     "locator": source.locator(),
                     "chunk_ids": source.chunk_ids,
+                    "source": origin.and_then(|(_, source, _)| source.clone()),
+                    "source_key": origin.and_then(|(_, _, key)| key.as_ref().map(|JsonB(value)| value.clone())),
                 })
             })
             .collect(),

@@ -180,7 +180,13 @@ fn process_item(
             .map(|(id, text)| (id, format!("{}{}", item.document_prefix, text)))
             .unzip();
         let mut interrupt = || steps.interrupted();
-        match client.embed(&item.model, &texts, None, &mut interrupt) {
+        // OpenAI-style APIs can shorten vectors to the collection's dimension (text-embedding-3-*); Ollama and
+        // local models have a fixed size, which the stored dimension checks instead.
+        let dimensions = item
+            .dimensions
+            .filter(|_| item.provider.kind == "openai")
+            .map(|d| d as u32);
+        match client.embed(&item.model, &texts, dimensions, &mut interrupt) {
             Ok(output) => {
                 let dimensions = output.vectors.first().map(|v| v.len()).unwrap_or(0) as i32;
                 let vectors: Vec<String> = output

@@ -113,3 +113,11 @@ SELECT rag_wait('site', '30 seconds') AND pg_temp.settle() AS done;
 SELECT c.dimensions, count(*) AS vectors, bool_and(vector_dims(ch.embedding) = 64) AS all_new_model, c.index_name
   FROM rag.collections c JOIN rag.chunks ch ON ch.collection_id = c.id WHERE c.name = 'site' GROUP BY c.dimensions, c.index_name;
 SELECT title FROM rag_query('site', 'markdown heading bold text', 1);
+
+-- Answers cite watched rows by table and key.
+CREATE TABLE faq (id int PRIMARY KEY, answer text);
+INSERT INTO faq VALUES (7, 'Badges are replaced at the front desk for a fee of five euros.');
+SELECT rag_watch('faq', 'site', content => 'answer') > 0;
+SELECT pg_temp.settle();
+SELECT outcome, citations -> 0 -> 'source' AS source, citations -> 0 -> 'source_key' AS source_key
+  FROM rag_ask('site', 'Where are badges replaced and what is the fee?');
