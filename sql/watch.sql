@@ -1,6 +1,7 @@
--- Content tables that stay indexed by themselves. rag_watch puts statement-level triggers with transition
--- tables on a table; they queue only the keys of rows whose indexed content changed, in the writer's
--- transaction. The worker reads each row's current content by key, so a burst of updates costs one
+-- Content tables that stay indexed by themselves. rag_watch puts triggers on a table that queue only the keys
+-- of rows whose indexed content changed, in the writer's transaction: statement-level with transition tables
+-- for INSERT and DELETE (one queue row per statement), row-level behind a WHEN clause for UPDATE (an update of
+-- unrelated columns runs no trigger at all). The worker reads each row's current content by key, so a burst of updates costs one
 -- embedding of the final text, and only chunks whose text changed are embedded again.
 
 -- jsonb_build_object('col', r.col, ...) for a list of columns.
@@ -43,18 +44,16 @@ DECLARE
     v_key_new text;
     v_key_old text;
     v_changed text;
-    v_join text;
     v_function text;
-    v_first text;
     v_referenced text[];
+    v_row_function text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
     v_key := rag._columns_object(w.key_columns);
-    v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, n.%I', k, k), ', ') FROM unnest(w.key_columns) k));
-    v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, o.%I', k, k), ', ') FROM unnest(w.key_columns) k));
-    v_first := quote_ident(w.key_columns[1]);
+    v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
+    v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     -- The columns the indexed content can depend on: every column the expressions name (a word match, so a
     -- column is included when in doubt), the metadata columns and the key. An UPDATE that changes none of
     -- them cannot change what is indexed, and is recognised without evaluating any expression.
@@ -65,13 +64,13 @@ BEGIN
             OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
             OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'));
     v_changed := format('(%s) IS DISTINCT FROM (%s)',
-                        (SELECT string_agg(format('n.%I', c), ', ') FROM unnest(v_referenced) c),
-                        (SELECT string_agg(format('o.%I', c), ', ') FROM unnest(v_referenced) c));
+                        (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
+                        (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
     IF cardinality(v_referenced) = 1 THEN
-        v_changed := format('n.%1$I IS DISTINCT FROM o.%1$I', v_referenced[1]);
+        v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
     END IF;
-    v_join := (SELECT string_agg(format('n.%1$I = o.%1$I', k), ' AND ') FROM unnest(w.key_columns) k);
     v_function := format('rag.%I', '_watch_' || w.id);
+    v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
         SET search_path = pg_catalog, pg_temp AS $body$
@@ -82,12 +81,6 @@ BEGIN
         BEGIN
             IF TG_OP = 'INSERT' THEN
                 SELECT jsonb_agg(%3$s) INTO v_keys FROM new_rows r WHERE %4$s;
-            ELSIF TG_OP = 'UPDATE' THEN
-                -- Rows where a column the index depends on changed, and keys that came or went. Keys are
-                -- built only for those rows.
-                SELECT jsonb_agg(CASE WHEN n.%6$s IS NULL THEN %8$s ELSE %9$s END) INTO v_keys
-                  FROM new_rows n FULL JOIN old_rows o ON %7$s
-                 WHERE n.%6$s IS NULL OR o.%6$s IS NULL OR %5$s;
             ELSE
                 SELECT jsonb_agg(%3$s) INTO v_keys FROM old_rows r;
             END IF;
@@ -96,17 +89,35 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_key, e.filter, v_changed, v_first, v_join, v_key_old, v_key_new);
+        END $body$ $f$, v_function, w.id, v_key, e.filter);
+    -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
+    -- columns never calls a function and captures no transition table, which a statement-level trigger
+    -- cannot avoid (PostgreSQL captures every updated row for it first).
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $body$
+        DECLARE
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_new jsonb := %3$s;
+            v_old jsonb := %4$s;
+        BEGIN
+            INSERT INTO rag.row_batches (watch_id, keys, not_before)
+            VALUES (%2$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
+                    clock_timestamp() + v_delay);
+            PERFORM rag._wake_worker();
+            RETURN NULL;
+        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
+    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                    w.source::regclass, v_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_changed, v_row_function);
     EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                    w.source::regclass, v_function);
     EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
@@ -115,7 +126,7 @@ END $$;
 
 -- The worker's first step: spread statement batches of keys into one queue row per key, the newest turn
 -- winning, so a key written by many statements is processed once.
-CREATE FUNCTION rag._spread_batches(p_limit integer DEFAULT 50) RETURNS bigint
+CREATE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
@@ -267,6 +278,7 @@ BEGIN
     END IF;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
+    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
     IF drop_documents THEN
         DELETE FROM rag.documents WHERE watch_id = w.id;
     END IF;
@@ -283,6 +295,7 @@ BEGIN
     FOR v_object IN SELECT objid FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
         DELETE FROM rag.documents d USING rag.watches w WHERE w.source = v_object.objid AND d.watch_id = w.id;
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid));
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid) || '_row');
         DELETE FROM rag.watches WHERE source = v_object.objid;
     END LOOP;
 END $$;

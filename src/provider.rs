@@ -62,6 +62,28 @@ fn read_secrets_file(entry: &str) -> Result<Option<String>, String> {
     Err(format!("rag.secrets_file has no entry \"{entry}\""))
 }
 
+/// The named provider's row, or None when there is no such provider.
+pub fn load_row(name: &str) -> Result<Option<ProviderRow>, pgrx::spi::Error> {
+    use pgrx::prelude::*;
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT name, kind, base_url, api_key_setting FROM rag.providers WHERE name = $1",
+            Some(1),
+            &[name.into()],
+        )?;
+        let mut found = None;
+        for row in rows {
+            found = Some(ProviderRow {
+                name: row.get::<String>(1)?.unwrap_or_default(),
+                kind: row.get::<String>(2)?.unwrap_or_default(),
+                base_url: row.get::<String>(3)?,
+                api_key_setting: row.get::<String>(4)?,
+            });
+        }
+        Ok(found)
+    })
+}
+
 /// Where embeddings come from: a server over HTTP, or a model running in this process.
 #[derive(Clone)]
 pub enum Embedder {

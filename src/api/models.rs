@@ -17,24 +17,7 @@ pub fn rag_models(
         name!(family, Option<String>),
     ),
 > {
-    let row = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT name, kind, base_url, api_key_setting FROM rag.providers WHERE name = $1",
-            Some(1),
-            &[provider.into()],
-        )?;
-        let mut found = None;
-        for row in rows {
-            found = Some(ProviderRow {
-                name: row.get::<String>(1)?.unwrap_or_default(),
-                kind: row.get::<String>(2)?.unwrap_or_default(),
-                base_url: row.get::<String>(3)?,
-                api_key_setting: row.get::<String>(4)?,
-            });
-        }
-        Ok::<_, pgrx::spi::Error>(found)
-    })
-    .unwrap_or_else(|error| {
+    let row = provider::load_row(provider).unwrap_or_else(|error| {
         raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
             error.to_string(),

@@ -101,20 +101,42 @@ pub struct NewChunk {
     pub page: Option<i32>,
 }
 
+/// The chunks as the parallel arrays the SQL side unnests.
+struct ChunkColumns {
+    contents: Vec<String>,
+    starts: Vec<i32>,
+    ends: Vec<i32>,
+    tokens: Vec<i32>,
+    pages: Vec<Option<i32>>,
+}
+
+fn columns(chunks: Vec<NewChunk>) -> ChunkColumns {
+    let mut columns = ChunkColumns {
+        contents: Vec::with_capacity(chunks.len()),
+        starts: Vec::with_capacity(chunks.len()),
+        ends: Vec::with_capacity(chunks.len()),
+        tokens: Vec::with_capacity(chunks.len()),
+        pages: Vec::with_capacity(chunks.len()),
+    };
+    for chunk in chunks {
+        columns.contents.push(chunk.content);
+        columns.starts.push(chunk.char_start);
+        columns.ends.push(chunk.char_end);
+        columns.tokens.push(chunk.token_estimate);
+        columns.pages.push(chunk.page);
+    }
+    columns
+}
+
 /// Returns the number of chunks the document has, or -1 when it was deleted meanwhile.
 pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
-    let mut contents = Vec::with_capacity(chunks.len());
-    let mut starts = Vec::with_capacity(chunks.len());
-    let mut ends = Vec::with_capacity(chunks.len());
-    let mut tokens = Vec::with_capacity(chunks.len());
-    let mut pages = Vec::with_capacity(chunks.len());
-    for chunk in chunks {
-        contents.push(chunk.content);
-        starts.push(chunk.char_start);
-        ends.push(chunk.char_end);
-        tokens.push(chunk.token_estimate);
-        pages.push(chunk.page);
-    }
+    let ChunkColumns {
+        contents,
+        starts,
+        ends,
+        tokens,
+        pages,
+    } = columns(chunks);
     Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6)",
@@ -286,16 +308,13 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
 }
 
 pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
-    let mut contents = Vec::with_capacity(chunks.len());
-    let mut starts = Vec::with_capacity(chunks.len());
-    let mut ends = Vec::with_capacity(chunks.len());
-    let mut tokens = Vec::with_capacity(chunks.len());
-    for chunk in chunks {
-        contents.push(chunk.content);
-        starts.push(chunk.char_start);
-        ends.push(chunk.char_end);
-        tokens.push(chunk.token_estimate);
-    }
+    let ChunkColumns {
+        contents,
+        starts,
+        ends,
+        tokens,
+        ..
+    } = columns(chunks);
     Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT rag._replace_chunks($1, $2, $3, $4, $5)",
