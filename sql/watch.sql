@@ -47,6 +47,7 @@ DECLARE
     v_function text;
     v_referenced text[];
     v_row_function text;
+    v_aggregate text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -69,6 +70,10 @@ BEGIN
     IF cardinality(v_referenced) = 1 THEN
         v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
     END IF;
+    -- A single-column key is kept as a plain array of values (cheap to build for 100,000 rows); the worker
+    -- turns each value back into {"column": value} when it spreads the batch.
+    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('to_jsonb(array_agg(r.%I))', w.key_columns[1])
+                        ELSE format('jsonb_agg(%s)', v_key) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
@@ -80,16 +85,16 @@ BEGIN
             v_keys jsonb;
         BEGIN
             IF TG_OP = 'INSERT' THEN
-                SELECT jsonb_agg(%3$s) INTO v_keys FROM new_rows r WHERE %4$s;
+                SELECT %3$s INTO v_keys FROM new_rows r WHERE %4$s;
             ELSE
-                SELECT jsonb_agg(%3$s) INTO v_keys FROM old_rows r;
+                SELECT %3$s INTO v_keys FROM old_rows r;
             END IF;
             IF v_keys IS NOT NULL THEN
                 INSERT INTO rag.row_batches (watch_id, keys, not_before) VALUES (%2$s, v_keys, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_key, e.filter);
+        END $body$ $f$, v_function, w.id, v_aggregate, e.filter);
     -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
     -- columns never calls a function and captures no transition table, which a statement-level trigger
     -- cannot avoid (PostgreSQL captures every updated row for it first).
@@ -136,10 +141,13 @@ BEGIN
             SELECT id FROM rag.row_batches ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING watch_id, keys, not_before
     ), keys AS (
-        SELECT DISTINCT ON (t.watch_id, k.key) t.watch_id, k.key, t.not_before
-          FROM taken t CROSS JOIN LATERAL jsonb_array_elements(t.keys) AS k(key)
-         WHERE EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = t.watch_id)
-         ORDER BY t.watch_id, k.key, t.not_before DESC
+        SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
+          FROM taken t
+          JOIN rag.watches w ON w.id = t.watch_id
+          CROSS JOIN LATERAL jsonb_array_elements(t.keys) AS k(element)
+          CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(k.element) = 'object' THEN k.element
+                                          ELSE jsonb_build_object(w.key_columns[1], k.element) END) AS o(key)
+         ORDER BY t.watch_id, key, t.not_before DESC
     )
     INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
     SELECT watch_id, key, not_before FROM keys

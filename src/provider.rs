@@ -84,6 +84,20 @@ pub fn load_row(name: &str) -> Result<Option<ProviderRow>, pgrx::spi::Error> {
     })
 }
 
+/// The named provider's row, or an ERROR naming it.
+pub fn row_or_raise(name: &str) -> ProviderRow {
+    use pgrx::PgSqlErrorCode;
+    match load_row(name) {
+        Ok(Some(row)) => row,
+        Ok(None) => crate::api::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("provider \"{name}\" does not exist"),
+            "SELECT name, kind FROM rag.providers lists them.",
+        ),
+        Err(error) => crate::api::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, error.to_string(), ""),
+    }
+}
+
 /// Where embeddings come from: a server over HTTP, or a model running in this process.
 #[derive(Clone)]
 pub enum Embedder {

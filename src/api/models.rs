@@ -17,20 +17,7 @@ pub fn rag_models(
         name!(family, Option<String>),
     ),
 > {
-    let row = provider::load_row(provider).unwrap_or_else(|error| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            error.to_string(),
-            "",
-        )
-    });
-    let Some(row) = row else {
-        raise(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            format!("provider \"{provider}\" does not exist"),
-            "List providers with: SELECT name, kind FROM rag.providers;",
-        )
-    };
+    let row = provider::row_or_raise(provider);
     if row.kind == "local" {
         return TableIterator::new(local_models().into_iter());
     }

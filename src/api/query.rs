@@ -190,20 +190,7 @@ pub mod rag {
     /// Any text's embedding through a provider, as a vector literal (rag_embed() casts it).
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_text")]
     pub fn embed_text(provider_name: &str, model: &str, text: &str) -> String {
-        let row = provider::load_row(provider_name).unwrap_or_else(|error| {
-            raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                error.to_string(),
-                "",
-            )
-        });
-        let Some(row) = row else {
-            raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-                format!("provider \"{provider_name}\" does not exist"),
-                "SELECT name, kind FROM rag.providers lists them.",
-            )
-        };
+        let row = provider::row_or_raise(provider_name);
         let client = provider::embedder(&row, model, crate::settings::http_timeout())
             .unwrap_or_else(|message| {
                 raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, "")
