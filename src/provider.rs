@@ -94,7 +94,11 @@ pub fn row_or_raise(name: &str) -> ProviderRow {
             format!("provider \"{name}\" does not exist"),
             "SELECT name, kind FROM rag.providers lists them.",
         ),
-        Err(error) => crate::api::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, error.to_string(), ""),
+        Err(error) => crate::api::raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            error.to_string(),
+            "",
+        ),
     }
 }
 

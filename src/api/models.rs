@@ -1,7 +1,7 @@
 //! `rag_models()`: what a provider serves (Ollama's /api/tags, OpenAI's /models).
 use super::query::raise_provider_error;
 use super::raise;
-use crate::provider::{self, ProviderRow};
+use crate::provider;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
