@@ -142,13 +142,6 @@ impl Embedder {
             }
         }
     }
-
-    pub fn remote(&self) -> Option<&Provider> {
-        match self {
-            Embedder::Remote(provider) => Some(provider),
-            Embedder::Local(_) => None,
-        }
-    }
 }
 
 /// Loaded local models, one per model name and process: weights are mapped from the model directory once
@@ -228,9 +221,5 @@ pub fn connect(row: &ProviderRow, timeout: Duration) -> Result<Provider, String>
         ));
     }
     let config = config_for(row, timeout)?;
-    Provider::new(config).map_err(|error| describe(&error))
-}
-
-pub fn describe(error: &ProviderError) -> String {
-    error.to_string()
+    Provider::new(config).map_err(|error| error.to_string())
 }

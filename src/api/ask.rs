@@ -258,6 +258,16 @@ fn citations_json(sources: &[Source], kept: &[usize]) -> serde_json::Value {
     )
 }
 
+fn require_question(question: &str) {
+    if question.trim().is_empty() {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "the question is empty",
+            "Pass the question to answer.",
+        );
+    }
+}
+
 /// The prompt `rag_ask` would send, and its numbered sources.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_prompt(
@@ -266,13 +276,7 @@ pub fn rag_prompt(
     k: default!(i32, 5),
     max_distance: default!(Option<f64>, "NULL"),
 ) -> TableIterator<'static, (name!(prompt, Option<String>), name!(sources, JsonB))> {
-    if question.trim().is_empty() {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "the question is empty",
-            "Pass the question to answer.",
-        );
-    }
+    require_question(question);
     let collection = load_collection(collection);
     let context = build_context(&collection, question, k, max_distance);
     let prompt = if context.sources.is_empty() {
@@ -557,13 +561,7 @@ pub fn rag_ask(
     ),
 > {
     let started = Instant::now();
-    if question.trim().is_empty() {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "the question is empty",
-            "Pass the question to answer.",
-        );
-    }
+    require_question(question);
     let collection = load_collection(collection);
     let conversation = conversation.map(|id| load_conversation(id, &collection));
 

@@ -25,17 +25,7 @@ const WORDS_PER_CHUNK: usize = 150;
 const QUERY: &str = "How do I stop a long-running query from blocking VACUUM?";
 
 fn model_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("RAG_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    let share_dir = std::process::Command::new("pg_config")
-        .arg("--sharedir")
-        .output()
-        .ok()
-        .filter(|output| output.status.success())
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        .unwrap_or_else(|| "/usr/share/postgresql/15".to_owned());
-    Path::new(&share_dir).join("rag/models/all-MiniLM-L6-v2")
+    rag_embed_local::default_model_dir()
 }
 
 /// Crude HTML to text: drops tags, decodes the entities the PostgreSQL docs use.

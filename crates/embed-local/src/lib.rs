@@ -65,6 +65,22 @@ impl Default for LoadOptions {
     }
 }
 
+/// Where tests, benchmarks and scripts/fetch-model expect the default model: `$RAG_MODEL_DIR`, else
+/// `rag/models/all-MiniLM-L6-v2` under `pg_config --sharedir`.
+pub fn default_model_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("RAG_MODEL_DIR") {
+        return PathBuf::from(dir);
+    }
+    let share_dir = std::process::Command::new("pg_config")
+        .arg("--sharedir")
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_else(|| "/usr/share/postgresql/15".to_owned());
+    Path::new(&share_dir).join("rag/models/all-MiniLM-L6-v2")
+}
+
 /// The default worker count: the number of cores, capped at 2 because a PostgreSQL server runs many
 /// backends and a single embedding call should not take over the machine.
 pub fn default_threads() -> usize {

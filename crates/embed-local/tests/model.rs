@@ -9,17 +9,7 @@ use rag_embed_local::{
 };
 
 fn model_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("RAG_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    let share_dir = std::process::Command::new("pg_config")
-        .arg("--sharedir")
-        .output()
-        .ok()
-        .filter(|output| output.status.success())
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        .unwrap_or_else(|| "/usr/share/postgresql/15".to_owned());
-    Path::new(&share_dir).join("rag/models/all-MiniLM-L6-v2")
+    rag_embed_local::default_model_dir()
 }
 
 fn model() -> &'static LocalModel {
