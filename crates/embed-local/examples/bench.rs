@@ -182,7 +182,7 @@ fn main() {
         let one_by_one = started.elapsed().as_secs_f64();
 
         println!(
-            "rust candle ({threads} thread{}): batches of 32 {:.1} chunks/s ({batched:.2} s), \
+            "rust, mapped weights ({threads} thread{}): batches of 32 {:.1} chunks/s ({batched:.2} s), \
              one by one {:.1} chunks/s ({one_by_one:.2} s); query latency median of 50 = {:.2} ms",
             if threads > 1 { "s" } else { "" },
             refs.len() as f64 / batched,

@@ -9,12 +9,12 @@
 //! The output matches sentence-transformers: token embeddings from the last layer, mean-pooled over the
 //! attention mask, then L2-normalised, so the dot product of two vectors is their cosine similarity.
 //!
-//! Memory: the word-embedding table — more than half of the weights for MiniLM — is read straight from a
-//! memory map of `model.safetensors`, so every backend shares those pages through the page cache. The
-//! encoder layers are loaded through candle's memory-mapped `VarBuilder`, but candle's CPU tensors own
-//! their buffers, so those (about 42 MB for MiniLM) are private to each process.
+//! Memory: `model.safetensors` is memory-mapped read-only and the forward pass (module `bert`) reads
+//! every weight in place, so all backends share one copy of the weights through the page cache; each
+//! process only owns its activations, which are freed after every call. See
+//! [`LocalModel::weights_are_mapped`] for the one exception (files with unaligned tensors).
 //!
-//! Threads: all tensor work runs on a private rayon pool of [`LoadOptions::threads`] workers (default:
+//! Threads: the matrix products and attention run on a private rayon pool of [`LoadOptions::threads`] workers (default:
 //! the number of cores, at most 2), created with every signal blocked so that PostgreSQL's signal
 //! handlers keep running on the backend's own thread.
 //!
@@ -24,15 +24,16 @@
 #![warn(missing_docs)]
 
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::{LayerNorm, Module, VarBuilder};
-use candle_transformers::models::bert::{BertEncoder, Config as BertConfig};
-use memmap2::Mmap;
 use tokenizers::Tokenizer;
+
+mod bert;
+mod weights;
+
+use bert::{BertConfig, Encoder};
+use weights::WeightFile;
 
 /// Name of the BERT configuration file inside a model directory.
 pub const CONFIG_FILE: &str = "config.json";
@@ -43,10 +44,8 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// Optional sentence-transformers configuration whose `max_seq_length` narrows the window.
 pub const SENTENCE_CONFIG_FILE: &str = "sentence_bert_config.json";
 
-/// Upper bound on padded tokens (inputs × longest input) in one forward pass. Attention scores take
-/// `heads × tokens × longest × 4` bytes, so this keeps a pass over 256-token inputs near 25 MB per
-/// score tensor whatever the caller's batch size; larger passes measured no faster.
-const MAX_PADDED_TOKENS_PER_PASS: usize = 2048;
+/// Upper bound on tokens in one forward pass, whatever the caller's batch size.
+const MAX_TOKENS_PER_PASS: usize = 2048;
 /// Upper bound on inputs in one forward pass, so short inputs still go in reasonably sized groups.
 const MAX_INPUTS_PER_PASS: usize = 64;
 
@@ -174,12 +173,6 @@ impl std::error::Error for LocalModelError {
     }
 }
 
-fn inference_error(error: candle_core::Error) -> LocalModelError {
-    LocalModelError::Inference {
-        message: error.to_string(),
-    }
-}
-
 fn invalid_file(path: &Path, message: impl Into<String>) -> LocalModelError {
     LocalModelError::InvalidFile {
         path: path.to_path_buf(),
@@ -194,115 +187,11 @@ fn read_file(path: &Path) -> Result<Vec<u8>, LocalModelError> {
     })
 }
 
-/// The word-embedding table, read in place from the memory-mapped weights file.
-struct WordEmbeddingTable {
-    mmap: Mmap,
-    /// Byte offset of row 0 inside the file.
-    start: usize,
-    rows: usize,
-    width: usize,
-}
-
-impl WordEmbeddingTable {
-    fn open(path: &Path, tensor_name: &str, width: usize) -> Result<Self, LocalModelError> {
-        let file = File::open(path).map_err(|source| LocalModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        // SAFETY: the mapping is read-only. Modifying or truncating model.safetensors while a process
-        // maps it is unsupported; scripts/fetch-model replaces files by rename, never in place.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LocalModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let (header_len, metadata) =
-            safetensors::SafeTensors::read_metadata(&mmap).map_err(|error| {
-                invalid_file(path, format!("unreadable safetensors header: {error}"))
-            })?;
-        let info = metadata
-            .info(tensor_name)
-            .ok_or_else(|| invalid_file(path, format!("no tensor named {tensor_name}")))?;
-        if info.dtype != safetensors::Dtype::F32 {
-            return Err(invalid_file(
-                path,
-                format!("{tensor_name} is {:?}, only F32 is supported", info.dtype),
-            ));
-        }
-        let [rows, columns] = info.shape[..] else {
-            return Err(invalid_file(
-                path,
-                format!(
-                    "{tensor_name} has shape {:?}, expected 2 dimensions",
-                    info.shape
-                ),
-            ));
-        };
-        if columns != width {
-            return Err(invalid_file(
-                path,
-                format!("{tensor_name} rows have {columns} values, config.json says hidden_size {width}"),
-            ));
-        }
-        // The data section starts after the 8-byte length prefix and the JSON header.
-        let start = 8 + header_len + info.data_offsets.0;
-        let end = 8 + header_len + info.data_offsets.1;
-        let expected_len = rows
-            .checked_mul(columns)
-            .and_then(|count| count.checked_mul(4));
-        if end > mmap.len() || end < start || Some(end - start) != expected_len {
-            return Err(invalid_file(
-                path,
-                format!(
-                    "{tensor_name} data range {start}..{end} does not fit its shape or the file"
-                ),
-            ));
-        }
-        Ok(WordEmbeddingTable {
-            mmap,
-            start,
-            rows,
-            width,
-        })
-    }
-
-    /// Appends the rows for `ids` to `out`. Decoding little-endian bytes, rather than casting the
-    /// mapped bytes to `&[f32]`, works whatever the alignment of the data section.
-    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), LocalModelError> {
-        let row_bytes = self.width * 4;
-        for &id in ids {
-            let row = id as usize;
-            if row >= self.rows {
-                return Err(LocalModelError::Inference {
-                    message: format!(
-                        "token id {id} is outside the {} rows of the word-embedding table",
-                        self.rows
-                    ),
-                });
-            }
-            let offset = self.start + row * row_bytes;
-            let bytes = &self.mmap[offset..offset + row_bytes];
-            out.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|value| f32::from_le_bytes([value[0], value[1], value[2], value[3]])),
-            );
-        }
-        Ok(())
-    }
-}
-
 /// A loaded sentence-embedding model. Cheap to share: all methods take `&self` and the type is
 /// `Send + Sync`.
 pub struct LocalModel {
     tokenizer: Tokenizer,
-    word_embeddings: WordEmbeddingTable,
-    /// Position table, shape (max_position_embeddings, hidden).
-    position_embeddings: Tensor,
-    /// Token-type row 0, shape (hidden): single-segment inputs only ever use type 0.
-    token_type_embedding: Tensor,
-    embeddings_norm: LayerNorm,
-    encoder: BertEncoder,
-    hidden_size: usize,
+    encoder: Encoder,
     max_tokens: usize,
     threads: usize,
     pool: rayon::ThreadPool,
@@ -311,9 +200,10 @@ pub struct LocalModel {
 impl fmt::Debug for LocalModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalModel")
-            .field("dimensions", &self.hidden_size)
+            .field("dimensions", &self.encoder.hidden_size())
             .field("max_tokens", &self.max_tokens)
             .field("threads", &self.threads)
+            .field("weights_mapped", &self.encoder.weights_are_mapped())
             .finish_non_exhaustive()
     }
 }
@@ -338,92 +228,16 @@ impl LocalModel {
         let config_path = model_dir.join(CONFIG_FILE);
         let config: BertConfig = serde_json::from_slice(&read_file(&config_path)?)
             .map_err(|error| invalid_file(&config_path, error.to_string()))?;
-        if config.hidden_size == 0
-            || config.num_attention_heads == 0
-            || !config
-                .hidden_size
-                .is_multiple_of(config.num_attention_heads)
-        {
-            return Err(invalid_file(
-                &config_path,
-                format!(
-                    "hidden_size {} is not a positive multiple of num_attention_heads {}",
-                    config.hidden_size, config.num_attention_heads
-                ),
-            ));
-        }
-        if config.type_vocab_size == 0 || config.max_position_embeddings == 0 {
-            return Err(invalid_file(
-                &config_path,
-                "type_vocab_size and max_position_embeddings must be positive",
-            ));
-        }
-
-        let max_tokens = window(model_dir, config.max_position_embeddings)?;
-        let tokenizer = load_tokenizer(&model_dir.join(TOKENIZER_FILE), config.vocab_size)?;
-
-        let weights_path = model_dir.join(WEIGHTS_FILE);
-        let prefix = tensor_prefix(&weights_path)?;
-        let word_embeddings = WordEmbeddingTable::open(
-            &weights_path,
-            &format!("{prefix}embeddings.word_embeddings.weight"),
-            config.hidden_size,
-        )?;
-        if word_embeddings.rows < tokenizer.get_vocab_size(true) {
-            return Err(invalid_file(
-                &weights_path,
-                format!(
-                    "the word-embedding table has {} rows but the tokenizer knows {} tokens",
-                    word_embeddings.rows,
-                    tokenizer.get_vocab_size(true)
-                ),
-            ));
-        }
-
-        let device = Device::Cpu;
-        let weights_error =
-            |error: candle_core::Error| invalid_file(&weights_path, error.to_string());
-        // SAFETY: same contract as the word-embedding mapping: the file is never modified in place.
-        // candle copies each tensor it loads, and the mapping is released when `weights` drops.
-        let weights =
-            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights_path], DType::F32, &device) }
-                .map_err(weights_error)?;
-        let weights = match prefix.strip_suffix('.') {
-            Some(scope) => weights.pp(scope),
-            None => weights,
-        };
-        let embeddings = weights.pp("embeddings");
-        let position_embeddings = embeddings
-            .get(
-                (config.max_position_embeddings, config.hidden_size),
-                "position_embeddings.weight",
-            )
-            .map_err(weights_error)?;
-        let token_type_embedding = embeddings
-            .get(
-                (config.type_vocab_size, config.hidden_size),
-                "token_type_embeddings.weight",
-            )
-            .and_then(|table| table.get(0))
-            .map_err(weights_error)?;
-        let embeddings_norm = candle_nn::layer_norm(
-            config.hidden_size,
-            config.layer_norm_eps,
-            embeddings.pp("LayerNorm"),
-        )
-        .map_err(weights_error)?;
-        let encoder = BertEncoder::load(weights.pp("encoder"), &config).map_err(weights_error)?;
-
+        let weights = WeightFile::open(&model_dir.join(WEIGHTS_FILE))?;
+        let encoder = Encoder::new(weights, &config)?;
+        let max_tokens = window(model_dir, encoder.positions())?;
+        let tokenizer_path = model_dir.join(TOKENIZER_FILE);
+        let tokenizer = load_tokenizer(&tokenizer_path, encoder.vocabulary_rows())?;
         let threads = options.threads.max(1);
         let pool = build_pool(threads)?;
         Ok(LocalModel {
             tokenizer,
-            word_embeddings,
-            position_embeddings,
-            token_type_embedding,
-            embeddings_norm,
             encoder,
-            hidden_size: config.hidden_size,
             max_tokens,
             threads,
             pool,
@@ -432,7 +246,7 @@ impl LocalModel {
 
     /// Length of the embedding vectors (384 for all-MiniLM-L6-v2).
     pub fn dimensions(&self) -> usize {
-        self.hidden_size
+        self.encoder.hidden_size()
     }
 
     /// The longest input accepted, in tokens including `[CLS]` and `[SEP]`: `max_seq_length` from
@@ -445,6 +259,13 @@ impl LocalModel {
     /// Worker threads used for the tensor work.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Whether the weights are read in place from the memory-mapped file, shared with every other
+    /// process through the page cache. False only for a file whose tensors are not 4-byte aligned (or
+    /// on a big-endian machine): those weights are decoded into a private copy instead.
+    pub fn weights_are_mapped(&self) -> bool {
+        self.encoder.weights_are_mapped()
     }
 
     /// Number of tokens `text` becomes, `[CLS]` and `[SEP]` included: compare with [`max_tokens`]
@@ -491,30 +312,30 @@ impl LocalModel {
             encoded.push(ids);
         }
 
-        // Grouping inputs of similar length keeps padding, which is computed and thrown away, small.
-        let mut order: Vec<usize> = (0..encoded.len()).collect();
-        order.sort_by_key(|&index| encoded[index].len());
-        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); encoded.len()];
-        let mut group_start = 0;
-        while group_start < order.len() {
-            let mut group_end = group_start + 1;
-            while group_end < order.len() {
-                let longest = encoded[order[group_end]].len();
-                let count = group_end - group_start + 1;
-                if count > MAX_INPUTS_PER_PASS || count * longest > MAX_PADDED_TOKENS_PER_PASS {
-                    break;
-                }
-                group_end += 1;
+        // Inputs are not padded, so passes take them in order; the caps bound the activations
+        // (intermediate layer: tokens × intermediate_size × 4 bytes, 12 MB for MiniLM at the cap).
+        let mut vectors = Vec::with_capacity(encoded.len());
+        let mut pass_start = 0;
+        while pass_start < encoded.len() {
+            let mut pass_end = pass_start;
+            let mut tokens = 0;
+            while pass_end < encoded.len()
+                && pass_end - pass_start < MAX_INPUTS_PER_PASS
+                && (pass_end == pass_start
+                    || tokens + encoded[pass_end].len() <= MAX_TOKENS_PER_PASS)
+            {
+                tokens += encoded[pass_end].len();
+                pass_end += 1;
             }
-            let group: Vec<&[u32]> = order[group_start..group_end]
+            let pass: Vec<&[u32]> = encoded[pass_start..pass_end]
                 .iter()
-                .map(|&index| encoded[index].as_slice())
+                .map(Vec::as_slice)
                 .collect();
-            let group_vectors = self.pool.install(|| self.forward(&group))?;
-            for (&index, vector) in order[group_start..group_end].iter().zip(group_vectors) {
-                vectors[index] = vector;
-            }
-            group_start = group_end;
+            vectors.extend(
+                self.pool
+                    .install(|| self.encoder.embed(&pass, self.threads))?,
+            );
+            pass_start = pass_end;
         }
         release_freed_memory();
         Ok(vectors)
@@ -528,59 +349,6 @@ impl LocalModel {
                 index,
                 message: error.to_string(),
             })
-    }
-
-    /// One forward pass over inputs padded to the longest, with padding masked out of both the
-    /// attention and the mean.
-    fn forward(&self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, LocalModelError> {
-        let batch = inputs.len();
-        let longest = inputs.iter().map(|ids| ids.len()).max().unwrap_or(0);
-        if batch == 0 || longest == 0 {
-            return Ok(vec![vec![0.0; self.hidden_size]; batch]);
-        }
-        let device = Device::Cpu;
-
-        let mut padded_ids = Vec::with_capacity(batch * longest);
-        let mut mask = Vec::with_capacity(batch * longest);
-        for ids in inputs {
-            padded_ids.extend_from_slice(ids);
-            padded_ids.resize(padded_ids.len() + longest - ids.len(), 0);
-            mask.extend(std::iter::repeat_n(1.0f32, ids.len()));
-            mask.extend(std::iter::repeat_n(0.0f32, longest - ids.len()));
-        }
-        let mut word_rows = Vec::with_capacity(batch * longest * self.hidden_size);
-        self.word_embeddings.gather(&padded_ids, &mut word_rows)?;
-
-        let run = || -> candle_core::Result<Vec<Vec<f32>>> {
-            let words = Tensor::from_vec(word_rows, (batch, longest, self.hidden_size), &device)?;
-            let positions = self.position_embeddings.narrow(0, 0, longest)?;
-            let embeddings = words
-                .broadcast_add(&positions)?
-                .broadcast_add(&self.token_type_embedding)?;
-            let embeddings = self.embeddings_norm.forward(&embeddings)?;
-
-            let mask = Tensor::from_vec(mask, (batch, longest), &device)?;
-            // Added to the attention scores: 0 for real tokens, the most negative f32 for padding,
-            // so softmax gives padding no weight (the same additive mask as Hugging Face BERT).
-            let attention_bias = mask
-                .affine(-f64::from(f32::MIN), f64::from(f32::MIN))?
-                .unsqueeze(1)?
-                .unsqueeze(1)?;
-            let hidden = self.encoder.forward(&embeddings, &attention_bias)?;
-
-            let mask = mask.unsqueeze(2)?;
-            let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-            let counts = mask.sum(1)?;
-            let mean = summed.broadcast_div(&counts)?;
-            // sentence-transformers divides by max(norm, 1e-12).
-            let norms = mean
-                .sqr()?
-                .sum_keepdim(1)?
-                .sqrt()?
-                .clamp(1e-12f32, f32::MAX)?;
-            mean.broadcast_div(&norms)?.to_vec2::<f32>()
-        };
-        run().map_err(inference_error)
     }
 }
 
@@ -623,39 +391,6 @@ fn load_tokenizer(path: &Path, model_vocab_size: usize) -> Result<Tokenizer, Loc
         ));
     }
     Ok(tokenizer)
-}
-
-/// Checkpoints saved from `BertModel` name tensors `embeddings.…`; those saved from a task model
-/// nest them under `bert.…`.
-fn tensor_prefix(weights_path: &Path) -> Result<&'static str, LocalModelError> {
-    let file = File::open(weights_path).map_err(|source| LocalModelError::Io {
-        path: weights_path.to_path_buf(),
-        source,
-    })?;
-    // SAFETY: read-only mapping of a file that is never modified in place; dropped on return.
-    let mmap = unsafe { Mmap::map(&file) }.map_err(|source| LocalModelError::Io {
-        path: weights_path.to_path_buf(),
-        source,
-    })?;
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(&mmap).map_err(|error| {
-        invalid_file(
-            weights_path,
-            format!("unreadable safetensors header: {error}"),
-        )
-    })?;
-    ["", "bert."]
-        .into_iter()
-        .find(|prefix| {
-            metadata
-                .info(&format!("{prefix}embeddings.word_embeddings.weight"))
-                .is_some()
-        })
-        .ok_or_else(|| {
-            invalid_file(
-                weights_path,
-                "no embeddings.word_embeddings.weight tensor: not a BERT checkpoint",
-            )
-        })
 }
 
 fn build_pool(threads: usize) -> Result<rayon::ThreadPool, LocalModelError> {

@@ -339,6 +339,76 @@ fn corrupt_files_are_reported_with_their_path() {
 }
 
 #[test]
+fn weights_are_read_in_place_from_the_mapped_file() {
+    assert!(
+        model().weights_are_mapped(),
+        "the packaged model.safetensors aligns its tensors, so no private copy should be made"
+    );
+}
+
+/// Rewrites `model.safetensors` with `extra` spaces appended to its JSON header, which shifts every
+/// tensor's data by that many bytes, and returns the directory holding the copy.
+fn model_copy_with_shifted_data(extra: usize, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rag-embed-local-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for file in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
+        std::fs::copy(model_dir().join(file), dir.join(file)).expect("copies model file");
+    }
+    let original = std::fs::read(model_dir().join("model.safetensors")).expect("reads weights");
+    let header_len = u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
+    let mut shifted = Vec::with_capacity(original.len() + extra);
+    shifted.extend_from_slice(&((header_len + extra) as u64).to_le_bytes());
+    shifted.extend_from_slice(&original[8..8 + header_len]);
+    shifted.extend(std::iter::repeat_n(b' ', extra));
+    shifted.extend_from_slice(&original[8 + header_len..]);
+    std::fs::write(dir.join("model.safetensors"), shifted).expect("writes weights");
+    dir
+}
+
+#[test]
+fn unaligned_weights_are_decoded_and_give_the_same_vectors() {
+    let dir = model_copy_with_shifted_data(1, "unaligned");
+    let unaligned = LocalModel::load(&dir).expect("loads a file with unaligned tensors");
+    assert!(!unaligned.weights_are_mapped());
+    let texts = ["The weather is lovely today.", "He drove to the stadium."];
+    let expected = model().embed(&texts).expect("mapped embeds");
+    let actual = unaligned.embed(&texts).expect("decoded embeds");
+    for (actual, expected) in actual.iter().zip(&expected) {
+        assert!(max_abs_difference(actual, expected) < 1e-6);
+    }
+    let aligned_again = model_copy_with_shifted_data(4, "realigned");
+    assert!(LocalModel::load(&aligned_again)
+        .expect("loads")
+        .weights_are_mapped());
+    std::fs::remove_dir_all(&dir).expect("cleans up");
+    std::fs::remove_dir_all(&aligned_again).expect("cleans up");
+}
+
+#[test]
+fn weights_that_disagree_with_config_json_are_refused() {
+    let dir = model_copy_with_shifted_data(0, "mismatch");
+    let config = std::fs::read_to_string(dir.join("config.json")).expect("reads config");
+    let wrong = config.replace("\"intermediate_size\": 1536", "\"intermediate_size\": 1024");
+    assert_ne!(wrong, config, "config.json names intermediate_size 1536");
+    std::fs::write(dir.join("config.json"), wrong).expect("writes config");
+    let message = LocalModel::load(&dir)
+        .expect_err("shape mismatch")
+        .to_string();
+    assert!(
+        message.contains("intermediate.dense.weight") && message.contains("[1536, 384]"),
+        "{message}"
+    );
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"gelu\"", "\"swish\""),
+    )
+    .expect("writes");
+    let message = LocalModel::load(&dir).expect_err("activation").to_string();
+    assert!(message.contains("hidden_act \"swish\""), "{message}");
+    std::fs::remove_dir_all(&dir).expect("cleans up");
+}
+
+#[test]
 fn lazy_model_loads_on_first_use_and_retries_after_failure() {
     let missing = LazyLocalModel::new("/nonexistent/rag-model", LoadOptions::default());
     assert!(missing.get().is_err());
