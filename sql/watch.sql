@@ -335,7 +335,8 @@ END $$;
 -- Returns the action taken and, for 'chunk', what the worker needs to chunk the new text.
 CREATE FUNCTION rag._sync_row(p_row_queue_id bigint,
     OUT action text, OUT document_id bigint, OUT body text,
-    OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text)
+    OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
@@ -357,6 +358,9 @@ BEGIN
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(relowner) INTO v_owner FROM pg_class WHERE oid = w.source;
     chunk_size := c.chunk_size; chunk_overlap := c.chunk_overlap; chunk_unit := c.chunk_unit;
+    -- A local model's tokenizer measures the chunks, so the worker needs to know which model embeds them.
+    SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
+    embedding_model := c.embedding_model; document_prefix := c.document_prefix;
     -- The expressions run with the table owner's rights, not the worker's.
     PERFORM set_config('role', v_owner, true);
     EXECUTE format($q$SELECT true, %s, %s, %s, %s FROM ONLY %s AS r

@@ -282,13 +282,17 @@ pub enum RowSync {
         size: i32,
         overlap: i32,
         unit: String,
+        provider_kind: String,
+        model: String,
+        document_prefix: String,
     },
 }
 
 pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit FROM rag._sync_row($1)",
+            "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
+             embedding_model, document_prefix FROM rag._sync_row($1)",
             Some(1),
             &[row_queue_id.into()],
         )?;
@@ -303,6 +307,9 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
             size: row.get(4)?.unwrap_or(1000),
             overlap: row.get(5)?.unwrap_or(0),
             unit: row.get(6)?.unwrap_or_else(|| "characters".to_string()),
+            provider_kind: row.get(7)?.unwrap_or_default(),
+            model: row.get(8)?.unwrap_or_default(),
+            document_prefix: row.get(9)?.unwrap_or_default(),
         })
     })
 }

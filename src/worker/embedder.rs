@@ -273,6 +273,9 @@ fn sync_row(steps: &impl Steps, row: &store::RowItem) {
             size,
             overlap,
             unit,
+            provider_kind,
+            model,
+            document_prefix,
         } = store::sync_row(row.id)?
         else {
             return store::row_done(row.id, row.version, None).map(|_| Ok(()));
@@ -281,10 +284,10 @@ fn sync_row(steps: &impl Steps, row: &store::RowItem) {
             Ok(config) => config,
             Err(reason) => return Ok(Err(reason)),
         };
-        let chunks = rag_chunk::chunk_text(&body, &config)
-            .into_iter()
-            .map(new_chunk(&[]))
-            .collect();
+        let chunks = match chunk_body(&body, &config, &provider_kind, &model, &document_prefix) {
+            Ok(chunks) => chunks.into_iter().map(new_chunk(&[])).collect(),
+            Err(reason) => return Ok(Err(reason)),
+        };
         store::replace_chunks(document_id, chunks)?;
         store::row_done(row.id, row.version, None).map(|_| Ok(()))
     });
@@ -308,6 +311,30 @@ fn chunk_config(size: i32, overlap: i32, unit: &str) -> Result<rag_chunk::ChunkC
     };
     rag_chunk::ChunkConfig::new(size.max(0) as usize, overlap.max(0) as usize, unit)
         .map_err(|error| format!("collection chunk settings are invalid: {error}"))
+}
+
+/// Splits a document's text into chunks. For a model run in-process the window is known exactly, so
+/// every chunk is measured with the model's own tokenizer, document prefix included as it will be
+/// embedded, and a chunk over the window is split further here rather than failing at embedding time.
+fn chunk_body(
+    body: &str,
+    config: &rag_chunk::ChunkConfig,
+    provider_kind: &str,
+    model_name: &str,
+    document_prefix: &str,
+) -> Result<Vec<rag_chunk::Chunk>, String> {
+    if provider_kind != "local" {
+        return Ok(rag_chunk::chunk_text(body, config));
+    }
+    let model = provider::local_model(model_name)?;
+    let mut prefixed = String::new();
+    rag_chunk::chunk_text_within(body, config, model.max_tokens(), |chunk| {
+        prefixed.clear();
+        prefixed.push_str(document_prefix);
+        prefixed.push_str(chunk);
+        model.count_tokens(&prefixed)
+    })
+    .map_err(|error| format!("chunking for local model \"{model_name}\": {error}"))
 }
 
 fn new_chunk(page_offsets: &[i32]) -> impl Fn(rag_chunk::Chunk) -> NewChunk + '_ {
@@ -335,10 +362,17 @@ fn chunk_document(item: &WorkItem) -> Result<Result<i32, String>, pgrx::spi::Err
         Err(reason) => return Ok(Err(reason)),
     };
     let offsets = text.page_offsets.unwrap_or_default();
-    let chunks: Vec<NewChunk> = rag_chunk::chunk_text(&text.body, &config)
-        .into_iter()
-        .map(new_chunk(&offsets))
-        .collect();
+    let chunks = match chunk_body(
+        &text.body,
+        &config,
+        &item.provider.kind,
+        &item.model,
+        &item.document_prefix,
+    ) {
+        Ok(chunks) => chunks,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let chunks: Vec<NewChunk> = chunks.into_iter().map(new_chunk(&offsets)).collect();
     drop(text.body);
     Ok(Ok(store::store_chunks(item.document_id, chunks)?))
 }

@@ -40,8 +40,11 @@
 
 mod boundary;
 mod config;
+mod fit;
 mod pack;
 mod units;
+
+pub use fit::{chunk_text_within, FitError};
 
 pub use config::{
     ChunkConfig, ChunkConfigError, SizeUnit, CHARS_PER_TOKEN, MAX_CHUNK_CHARS, MAX_OVERLAP_CHARS,

@@ -31,3 +31,15 @@ SELECT outcome, answer, jsonb_path_query_array(citations, '$[*].title') AS cited
 SELECT rag_create_collection('too-big', embedding_provider => 'local', chunk_size => 5000);
 SELECT rag_create_collection('no-model', embedding_provider => 'local', embedding_model => 'not-installed');
 SELECT rag_embed('x', 'no/such/../path');
+
+-- Digits and punctuation give about one token per two characters, so 700-character chunks, which the
+-- creation check accepts, would overflow the 256-token window. The worker measures every chunk with the
+-- model's tokenizer and splits the ones that do not fit: the document embeds whole instead of failing.
+SELECT rag_create_collection('dense', embedding_provider => 'local', chunk_size => 700, chunk_overlap => 0) > 0 AS created;
+SELECT rag_ingest('dense', 'Readings', string_agg(format('%s,%s;', i, i * 7 % 97), ' ')) > 0 AS ingested
+  FROM generate_series(1, 400) i;
+SELECT rag_wait('dense', '120 seconds') AS ready;
+SELECT d.status, d.failure_reason, d.chunks_embedded = d.chunks_total AS all_embedded,
+       d.chunks_total > (SELECT count(*) FROM rag_chunk(d.body, 700, 0)) AS split_further,
+       (SELECT max(length(content)) < 700 FROM rag.chunks ch WHERE ch.document_id = d.id) AS shorter
+  FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'dense';
