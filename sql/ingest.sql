@@ -420,9 +420,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    -- The document is locked before its chunks, the order in which deleting a document (its cascade to
+    -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
     SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
      WHERE d.id = p_document_id
-       FOR UPDATE OF col;
+       FOR UPDATE OF col, d;
     IF NOT FOUND THEN
         RETURN NULL;  -- deleted meanwhile: nothing to store
     END IF;

@@ -157,12 +157,20 @@ BEGIN
     RETURN v_count;
 END $$;
 
+-- Drops the pending keys of a watch. Batches go before queue rows, the order in which _spread_batches locks
+-- them: the other order deadlocks with a worker that is spreading this watch's batches (it holds the batch
+-- rows and waits on queue rows this transaction deleted), which a TRUNCATE right after a large INSERT hit.
+CREATE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.row_batches WHERE watch_id = p_watch_id;
+    DELETE FROM rag.row_queue WHERE watch_id = p_watch_id;
+$$;
+
 CREATE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
-    DELETE FROM rag.row_queue q USING rag.watches w WHERE w.source = TG_RELID AND q.watch_id = w.id;
-    DELETE FROM rag.row_batches b USING rag.watches w WHERE w.source = TG_RELID AND b.watch_id = w.id;
     RETURN NULL;
 END $$;
 
@@ -287,6 +295,7 @@ BEGIN
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+    PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
         DELETE FROM rag.documents WHERE watch_id = w.id;
     END IF;
@@ -301,6 +310,7 @@ DECLARE
     v_object record;
 BEGIN
     FOR v_object IN SELECT objid FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
+        PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = v_object.objid;
         DELETE FROM rag.documents d USING rag.watches w WHERE w.source = v_object.objid AND d.watch_id = w.id;
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid));
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid) || '_row');

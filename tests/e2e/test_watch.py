@@ -82,6 +82,24 @@ class Watch(unittest.TestCase):
         self.assertEqual(mismatched, "0")
         self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'busy'", db=DB), "20")
 
+    def test_truncate_while_the_worker_spreads_a_large_insert(self):
+        # The worker spreads a 100,000-key batch for about a second after the INSERT commits; a TRUNCATE in
+        # that window used to deadlock with it (the two took batch and queue rows in opposite orders).
+        psql("SELECT rag_create_collection('truncated', embedding_model => 'hash-384')", db=DB)
+        psql("CREATE TABLE truncated (id int PRIMARY KEY, body text)", db=DB)
+        psql("SELECT rag_watch('truncated', 'truncated', content => 'body')", db=DB)
+        for round_ in range(4):
+            result = subprocess.run(
+                ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", DB, "-c",
+                 "INSERT INTO truncated SELECT g, 'row ' || g FROM generate_series(1, 100000) g",
+                 "-c", "SELECT pg_sleep(0.2 * random())", "-c", "TRUNCATE truncated"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, f"round {round_}: {result.stderr}")
+        settle(120)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'truncated'", db=DB), "0")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                                "WHERE w.source_name = 'truncated'", db=DB), "0")
+
 
 if __name__ == "__main__":
     unittest.main()
