@@ -27,6 +27,22 @@ SELECT (SELECT title FROM rag_query('local-docs', 'How much notice do I have to 
 SELECT outcome, answer, jsonb_path_query_array(citations, '$[*].title') AS cited
   FROM rag_ask('local-docs', 'How far in advance must I tell my manager that I quit?');
 
+-- Mixed providers in one database: a collection on the test server's 768-dimensional model beside the local
+-- one, both written in one transaction. Each keeps its own model, dimension and index, and the worker
+-- embeds each document with its own collection's provider.
+SELECT rag_create_collection('remote-docs', embedding_model => 'hash-768') > 0 AS created;
+BEGIN;
+SELECT rag_ingest('remote-docs', 'Leave', 'Employees receive twenty-five days of paid vacation every year.') > 0 AS remote,
+       rag_ingest('local-docs', 'Parking', 'Staff may leave their cars in the garage behind the building free of charge.') > 0 AS local;
+COMMIT;
+SELECT rag_wait('remote-docs', '60 seconds') AND rag_wait('local-docs', '120 seconds') AS ready;
+SELECT c.name, c.embedding_provider, c.embedding_model, c.dimensions, c.index_name IS NOT NULL AS indexed,
+       count(*) FILTER (WHERE vector_dims(ch.embedding) = c.dimensions) AS chunks_of_that_size, count(*) AS chunks
+  FROM rag.collections c JOIN rag.documents d ON d.collection_id = c.id JOIN rag.chunks ch ON ch.document_id = d.id
+ WHERE c.name IN ('local-docs', 'remote-docs') GROUP BY c.id ORDER BY c.name;
+SELECT (SELECT title FROM rag_query('local-docs', 'Where can I park my car at work?', 1)) AS local_top,
+       (SELECT title FROM rag_query('remote-docs', 'Employees receive twenty-five days of paid vacation every year.', 1)) AS remote_top;
+
 -- Chunks that could overflow the model's window are refused when the collection is made.
 SELECT rag_create_collection('too-big', embedding_provider => 'local', chunk_size => 5000);
 SELECT rag_create_collection('no-model', embedding_provider => 'local', embedding_model => 'not-installed');
