@@ -63,5 +63,6 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         worker::registry::init_shared_memory();
         worker::launcher::register();
+        worker::database_commands::install();
     }
 }

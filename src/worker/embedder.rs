@@ -399,6 +399,11 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let database = registry::slot_database(slot);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     registry::mark_running(slot);
+    // Started just before a DROP DATABASE (or similar) paused this database: leave it to that command.
+    if registry::database_paused(database) {
+        registry::mark_stopped(slot, SlotState::Exited);
+        return;
+    }
 
     if !transaction::run(|| store::extension_installed().unwrap_or(false)).unwrap_or(false) {
         registry::mark_stopped(slot, SlotState::NoExtension);

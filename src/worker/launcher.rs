@@ -67,6 +67,7 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
             if absent_until
                 .get(&database)
                 .is_some_and(|until| *until > now)
+                || registry::database_paused(database)
             {
                 continue;
             }

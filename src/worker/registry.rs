@@ -3,9 +3,12 @@
 //! its latch without a catalog lookup, and leaves a note of why it stopped so the launcher need not guess.
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const SLOTS: usize = 64;
+/// Databases whose workers are held off at the same time (a DROP DATABASE each, typically one).
+const PAUSES: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
@@ -39,6 +42,13 @@ static LAUNCHER_PID: PgAtomic<AtomicI32> = unsafe { PgAtomic::new(c"rag_launcher
 static LAUNCHER_WAKE_REQUESTED: PgAtomic<AtomicBool> =
     unsafe { PgAtomic::new(c"rag_launcher_wake") };
 
+/// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
+/// needs the database to itself is about to run there.
+static PAUSED_DATABASE: PgAtomic<[AtomicU32; PAUSES]> =
+    unsafe { PgAtomic::new(c"rag_paused_database") };
+static PAUSED_UNTIL_MS: PgAtomic<[AtomicU64; PAUSES]> =
+    unsafe { PgAtomic::new(c"rag_paused_until") };
+
 /// Process-local: true only where the library was preloaded and so the shared memory above exists.
 static SHARED_MEMORY_READY: AtomicBool = AtomicBool::new(false);
 
@@ -48,6 +58,8 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
     pg_shmem_init!(LAUNCHER_WAKE_REQUESTED = AtomicBool::new(false));
+    pg_shmem_init!(PAUSED_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
+    pg_shmem_init!(PAUSED_UNTIL_MS = std::array::from_fn(|_| AtomicU64::new(0)));
     SHARED_MEMORY_READY.store(true, Ordering::SeqCst);
 }
 
@@ -150,4 +162,58 @@ pub fn slots_of(database: pg_sys::Oid) -> Vec<usize> {
     (0..SLOTS)
         .filter(|&slot| slot_state(slot) != SlotState::Free && slot_database(slot) == database)
         .collect()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Keeps workers away from `database` for `duration`: the launcher starts none there, and one that starts
+/// anyway leaves at once. When every pause entry is in use the oldest-ending one is reused.
+pub fn pause_database(database: pg_sys::Oid, duration: Duration) {
+    if !available() {
+        return;
+    }
+    let now = now_ms();
+    let until = now + duration.as_millis() as u64;
+    let databases = PAUSED_DATABASE.get();
+    let untils = PAUSED_UNTIL_MS.get();
+    let entry = (0..PAUSES)
+        .find(|&entry| databases[entry].load(Ordering::SeqCst) == database.to_u32())
+        .or_else(|| (0..PAUSES).min_by_key(|&entry| untils[entry].load(Ordering::SeqCst)))
+        .unwrap_or(0);
+    // Clear the time first so that no reader pairs the new database with an old time.
+    untils[entry].store(0, Ordering::SeqCst);
+    databases[entry].store(database.to_u32(), Ordering::SeqCst);
+    untils[entry].store(until, Ordering::SeqCst);
+}
+
+pub fn database_paused(database: pg_sys::Oid) -> bool {
+    if !available() {
+        return false;
+    }
+    let now = now_ms();
+    (0..PAUSES).any(|entry| {
+        PAUSED_DATABASE.get()[entry].load(Ordering::SeqCst) == database.to_u32()
+            && PAUSED_UNTIL_MS.get()[entry].load(Ordering::SeqCst) > now
+    })
+}
+
+/// Asks every running worker of `database` to stop (SIGTERM: it finishes its current step and exits).
+pub fn stop_workers_of(database: pg_sys::Oid) {
+    if !available() {
+        return;
+    }
+    for slot in slots_of(database) {
+        let pid = SLOT_PID.get()[slot].load(Ordering::SeqCst);
+        // Only a pid PostgreSQL knows as one of its processes is signalled, never a stale one.
+        if pid != 0 && !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null() {
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+    }
 }

@@ -1,0 +1,112 @@
+//! Commands that need a database to themselves: DROP DATABASE, ALTER DATABASE … RENAME TO, ALTER DATABASE …
+//! SET TABLESPACE, and CREATE DATABASE … TEMPLATE of a database in use. A rag worker connected to that
+//! database would make them fail with "database is being accessed by other users", which no one who runs
+//! `dropdb` or a test runner's "drop the test database" expects from an extension.
+//!
+//! A ProcessUtility hook sees these commands before they run: it holds the launcher off that database for a
+//! few seconds and sends the database's workers SIGTERM. PostgreSQL then waits up to 5 seconds for other
+//! sessions to leave before it gives up, and the workers are gone by then: each finishes its current step
+//! (a transaction, or a provider call that checks for shutdown) and exits. If the command fails for another
+//! reason, the launcher starts the workers again once the pause ends.
+use crate::worker::registry;
+use pgrx::prelude::*;
+use pgrx::PgList;
+use std::ffi::CStr;
+use std::time::Duration;
+
+/// Long enough for PostgreSQL's own 5-second wait for other sessions, and short enough that a failed command
+/// leaves the database without its worker only briefly.
+const PAUSE: Duration = Duration::from_secs(10);
+
+static mut PREVIOUS_HOOK: pg_sys::ProcessUtility_hook_type = None;
+
+/// Installs the hook; called once from `_PG_init` while the library is preloaded.
+pub fn install() {
+    unsafe {
+        PREVIOUS_HOOK = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(rag_process_utility);
+    }
+}
+
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn rag_process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    if !pstmt.is_null() {
+        if let Some(name) = database_needing_exclusive_access((*pstmt).utilityStmt) {
+            let database = pg_sys::get_database_oid(name, true);
+            if database != pg_sys::InvalidOid {
+                registry::pause_database(database, PAUSE);
+                registry::stop_workers_of(database);
+            }
+        }
+    }
+    match PREVIOUS_HOOK {
+        Some(previous) => previous(
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        ),
+        None => pg_sys::standard_ProcessUtility(
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        ),
+    }
+}
+
+/// The name of the database a utility statement needs exclusive access to, if it is one of those commands.
+unsafe fn database_needing_exclusive_access(
+    node: *mut pg_sys::Node,
+) -> Option<*const std::ffi::c_char> {
+    if node.is_null() {
+        return None;
+    }
+    match (*node).type_ {
+        pg_sys::NodeTag::T_DropdbStmt => Some((*(node as *mut pg_sys::DropdbStmt)).dbname),
+        pg_sys::NodeTag::T_RenameStmt => {
+            let statement = node as *mut pg_sys::RenameStmt;
+            ((*statement).renameType == pg_sys::ObjectType::OBJECT_DATABASE)
+                .then(|| (*statement).subname.cast_const())
+        }
+        pg_sys::NodeTag::T_AlterDatabaseStmt => {
+            let statement = node as *mut pg_sys::AlterDatabaseStmt;
+            option(&(*statement).options, "tablespace").map(|_| (*statement).dbname.cast_const())
+        }
+        pg_sys::NodeTag::T_CreatedbStmt => {
+            let statement = node as *mut pg_sys::CreatedbStmt;
+            option(&(*statement).options, "template")
+                .map(|template| pg_sys::defGetString(template).cast_const())
+        }
+        _ => None,
+    }
+}
+
+/// The `DefElem` called `name` in a statement's option list.
+unsafe fn option(options: &*mut pg_sys::List, name: &str) -> Option<*mut pg_sys::DefElem> {
+    PgList::<pg_sys::DefElem>::from_pg(*options)
+        .iter_ptr()
+        .find(|&element| {
+            !element.is_null()
+                && !(*element).defname.is_null()
+                && CStr::from_ptr((*element).defname).to_bytes() == name.as_bytes()
+        })
+}

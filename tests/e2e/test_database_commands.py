@@ -1,0 +1,64 @@
+"""Commands that need a database to themselves succeed although a rag worker is connected to it: DROP DATABASE
+(no FORCE), ALTER DATABASE ... RENAME TO, CREATE DATABASE ... TEMPLATE. Test runners drop and recreate their
+databases all the time; an extension's worker must not make that fail with "being accessed by other users"."""
+import time
+import unittest
+
+from support import psql, scalar
+
+
+def worker_connected(db, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if scalar(f"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{db}'",
+                  db="postgres") != "0":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def served(db, seconds=60):
+    """A new document reaches 'ready': the database has a working worker again."""
+    psql("SELECT rag_ingest('c', 'probe', 'A probe document ' || clock_timestamp())", db=db)
+    return scalar(f"SELECT rag_wait('c', '{seconds} seconds')", db=db) == "t"
+
+
+def make_database(name):
+    psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", db="postgres")
+    psql(f"CREATE DATABASE {name}", db="postgres")
+    psql("CREATE EXTENSION rag CASCADE; SELECT rag_create_collection('c', embedding_model => 'hash-384');", db=name)
+    if not served(name):
+        raise AssertionError(f"{name} was not served")
+    if not worker_connected(name):
+        raise AssertionError(f"no worker connected to {name}")
+
+
+class DatabaseCommands(unittest.TestCase):
+    def test_drop_database_without_force(self):
+        make_database("rag_e2e_drop")
+        code, _, stderr = psql("DROP DATABASE rag_e2e_drop", db="postgres", check=False)
+        self.assertEqual(code, 0, stderr)
+        self.assertEqual(scalar("SELECT count(*) FROM pg_database WHERE datname = 'rag_e2e_drop'", db="postgres"), "0")
+
+    def test_rename_then_the_worker_comes_back(self):
+        make_database("rag_e2e_rename_a")
+        psql("DROP DATABASE IF EXISTS rag_e2e_rename_b WITH (FORCE)", db="postgres")
+        code, _, stderr = psql("ALTER DATABASE rag_e2e_rename_a RENAME TO rag_e2e_rename_b", db="postgres", check=False)
+        self.assertEqual(code, 0, stderr)
+        # The pause ends after 10 seconds; then the launcher serves the database under its new name.
+        self.assertTrue(served("rag_e2e_rename_b", seconds=60))
+        psql("DROP DATABASE rag_e2e_rename_b", db="postgres")
+
+    def test_create_database_from_a_template_in_use(self):
+        make_database("rag_e2e_template")
+        psql("DROP DATABASE IF EXISTS rag_e2e_copy WITH (FORCE)", db="postgres")
+        code, _, stderr = psql("CREATE DATABASE rag_e2e_copy TEMPLATE rag_e2e_template", db="postgres", check=False)
+        self.assertEqual(code, 0, stderr)
+        self.assertTrue(served("rag_e2e_copy", seconds=60))
+        self.assertTrue(served("rag_e2e_template", seconds=60))
+        psql("DROP DATABASE rag_e2e_copy", db="postgres")
+        psql("DROP DATABASE rag_e2e_template", db="postgres")
+
+
+if __name__ == "__main__":
+    unittest.main()
