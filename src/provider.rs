@@ -120,20 +120,20 @@ impl Embedder {
         match self {
             Embedder::Remote(provider) => provider.embed(model, inputs, dimensions, interrupt),
             Embedder::Local(local) => {
-                // The batch is CPU work on this machine: check for interrupts before, not during.
-                if interrupt() {
-                    return Err(ProviderError::Interrupted);
-                }
                 let texts: Vec<&str> = inputs.iter().map(String::as_str).collect();
                 let tokens: usize = texts
                     .iter()
                     .filter_map(|text| local.count_tokens(text).ok())
                     .sum();
+                // The batch is CPU work in this process, checked for interrupts between forward passes.
                 let vectors = local
-                    .embed(&texts)
-                    .map_err(|error| ProviderError::Permanent {
-                        status: None,
-                        message: format!("local model \"{model}\": {error}"),
+                    .embed_interruptible(&texts, interrupt)
+                    .map_err(|error| match error {
+                        rag_embed_local::LocalModelError::Interrupted => ProviderError::Interrupted,
+                        error => ProviderError::Permanent {
+                            status: None,
+                            message: format!("local model \"{model}\": {error}"),
+                        },
                     })?;
                 Ok(EmbedOutput {
                     vectors,

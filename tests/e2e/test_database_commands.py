@@ -59,6 +59,33 @@ class DatabaseCommands(unittest.TestCase):
         psql("DROP DATABASE rag_e2e_copy", db="postgres")
         psql("DROP DATABASE rag_e2e_template", db="postgres")
 
+    def test_drop_while_the_local_model_embeds_a_large_batch(self):
+        # One batch of ~300 chunks takes the in-process model many seconds; the worker must stop between
+        # forward passes, within PostgreSQL's 5-second wait, instead of finishing the batch first.
+        psql("ALTER SYSTEM SET rag.batch_size = 1024;\nSELECT pg_reload_conf();", db="postgres")
+        try:
+            make_database("rag_e2e_busy")
+            psql("SELECT rag_create_collection('big', embedding_provider => 'local')", db="rag_e2e_busy")
+            psql("SELECT rag_ingest('big', 'long', string_agg(format('Paragraph %s describes how table number %s "
+                 "is vacuumed, analysed, indexed and backed up, with the settings that govern each step and "
+                 "the views that report on it, so that an administrator can check every one of them. Section %s "
+                 "adds the monitoring queries for replication lag, lock waits and checkpoints on server %s.', "
+                 "g, g, g, g), E'\\n\\n')) FROM generate_series(1, 300) g", db="rag_e2e_busy")
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                if scalar("SELECT chunks_total > 100 FROM rag.documents WHERE title = 'long'", db="rag_e2e_busy") == "t":
+                    break
+                time.sleep(0.2)
+            time.sleep(1.5)
+            embedded = scalar("SELECT chunks_embedded FROM rag.documents WHERE title = 'long'", db="rag_e2e_busy")
+            self.assertEqual(embedded, "0", "the batch should still be running")
+            started = time.time()
+            code, _, stderr = psql("DROP DATABASE rag_e2e_busy", db="postgres", check=False)
+            self.assertEqual(code, 0, stderr)
+            self.assertLess(time.time() - started, 6)
+        finally:
+            psql("ALTER SYSTEM RESET rag.batch_size;\nSELECT pg_reload_conf();", db="postgres")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -132,6 +132,8 @@ pub enum LocalModelError {
         /// The thread library's message.
         message: String,
     },
+    /// The caller's interrupt check asked to stop between two forward passes.
+    Interrupted,
 }
 
 impl fmt::Display for LocalModelError {
@@ -160,6 +162,7 @@ impl fmt::Display for LocalModelError {
             LocalModelError::ThreadPool { message } => {
                 write!(f, "cannot start the embedding worker threads: {message}")
             }
+            LocalModelError::Interrupted => write!(f, "embedding was interrupted"),
         }
     }
 }
@@ -291,6 +294,17 @@ impl LocalModel {
     /// [`dimensions`]: LocalModel::dimensions
     /// [`max_tokens`]: LocalModel::max_tokens
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, LocalModelError> {
+        self.embed_interruptible(texts, &mut || false)
+    }
+
+    /// [`embed`](LocalModel::embed), calling `interrupted` before every forward pass (at most 2048
+    /// tokens, well under a second on one core) and stopping with [`LocalModelError::Interrupted`] when
+    /// it returns true, so a large batch never keeps a PostgreSQL process from a cancel or a shutdown.
+    pub fn embed_interruptible(
+        &self,
+        texts: &[&str],
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Vec<f32>>, LocalModelError> {
         let mut encoded = Vec::with_capacity(texts.len());
         for (index, text) in texts.iter().enumerate() {
             let ids = self.encode(index, text)?;
@@ -317,6 +331,10 @@ impl LocalModel {
         let mut vectors = Vec::with_capacity(encoded.len());
         let mut pass_start = 0;
         while pass_start < encoded.len() {
+            if interrupted() {
+                release_freed_memory();
+                return Err(LocalModelError::Interrupted);
+            }
             let mut pass_end = pass_start;
             let mut tokens = 0;
             while pass_end < encoded.len()

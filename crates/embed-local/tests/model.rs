@@ -339,6 +339,30 @@ fn corrupt_files_are_reported_with_their_path() {
 }
 
 #[test]
+fn an_interrupt_stops_between_forward_passes() {
+    // More inputs than one pass takes (64), so the batch needs two passes.
+    let texts: Vec<String> = (0..80).map(|n| format!("Sentence number {n}.")).collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut checks = 0;
+    let result = model().embed_interruptible(&texts, &mut || {
+        checks += 1;
+        checks > 1
+    });
+    assert!(
+        matches!(result, Err(LocalModelError::Interrupted)),
+        "{result:?}"
+    );
+    assert_eq!(
+        checks, 2,
+        "checked before each pass, stopped before the second"
+    );
+    let uninterrupted = model()
+        .embed_interruptible(&texts, &mut || false)
+        .expect("embeds");
+    assert_eq!(uninterrupted, model().embed(&texts).expect("embeds"));
+}
+
+#[test]
 fn weights_are_read_in_place_from_the_mapped_file() {
     assert!(
         model().weights_are_mapped(),
