@@ -43,7 +43,11 @@ unsafe extern "C-unwind" fn rag_process_utility(
     if !pstmt.is_null() {
         if let Some(name) = database_needing_exclusive_access((*pstmt).utilityStmt) {
             let database = pg_sys::get_database_oid(name, true);
-            if database != pg_sys::InvalidOid {
+            // Only a caller the command itself would allow (the database's owner or a superuser) may
+            // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
+            if database != pg_sys::InvalidOid
+                && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+            {
                 registry::pause_database(database, PAUSE);
                 registry::stop_workers_of(database);
             }

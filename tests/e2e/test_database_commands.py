@@ -40,6 +40,22 @@ class DatabaseCommands(unittest.TestCase):
         self.assertEqual(code, 0, stderr)
         self.assertEqual(scalar("SELECT count(*) FROM pg_database WHERE datname = 'rag_e2e_drop'", db="postgres"), "0")
 
+    def test_a_caller_who_may_not_drop_it_does_not_stop_the_workers(self):
+        make_database("rag_e2e_not_yours")
+        psql("DROP ROLE IF EXISTS rag_e2e_stranger; CREATE ROLE rag_e2e_stranger LOGIN", db="postgres")
+        before = scalar("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity "
+                        "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_not_yours'", db="postgres")
+        code, _, stderr = psql("SET ROLE rag_e2e_stranger;\nDROP DATABASE rag_e2e_not_yours;", db="postgres", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("must be owner", stderr)
+        time.sleep(1)
+        after = scalar("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity "
+                       "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_not_yours'", db="postgres")
+        self.assertEqual(before, after, "the same workers keep serving the database")
+        self.assertTrue(served("rag_e2e_not_yours", seconds=5))
+        psql("DROP DATABASE rag_e2e_not_yours", db="postgres")
+        psql("DROP ROLE rag_e2e_stranger", db="postgres")
+
     def test_rename_then_the_worker_comes_back(self):
         make_database("rag_e2e_rename_a")
         psql("DROP DATABASE IF EXISTS rag_e2e_rename_b WITH (FORCE)", db="postgres")
