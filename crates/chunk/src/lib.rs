@@ -14,6 +14,9 @@
 //!    starting on a sentence boundary when one lies in that window, else on a word boundary.
 //! 5. A last chunk holding under a quarter of the size of new text is merged into the one before when the
 //!    result fits; otherwise the last two chunks are rebalanced so that neither is that small.
+//! 6. A heading (a paragraph of one short line that does not end like a sentence: `## Backups`,
+//!    `3.2. Point-in-time recovery`) that packing would leave at the end of a chunk starts the next chunk
+//!    instead, with the text it introduces, when the two fit together.
 //!
 //! Offsets are in chars (Unicode scalar values), as PostgreSQL's `substr` counts them, into the original
 //! text, and each chunk's text is exactly that slice, trimmed of surrounding whitespace. Chunks never

@@ -53,12 +53,25 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
     let mut spans: Vec<Span> = Vec::new();
     // Where the rest of a unit begins after a hard cut took its head.
     let mut resume: Option<Pos> = None;
-    while let Some(&unit) = units.peek() {
+    // A heading taken off the end of a chunk, to start the next one with the text it introduces.
+    let mut held: Option<Span> = None;
+    loop {
+        let from_held = held.is_some();
+        let Some(unit) = held.or_else(|| units.peek().copied()) else {
+            break;
+        };
         let new_from = resume.take().unwrap_or(unit.start);
         let rest_fits = unit.end.char - new_from.char <= limits.max;
         // A unit that fits is kept whole, so the overlap yields to it; a unit that must be cut anyway
-        // only needs room for half a window of new text.
-        let needed_end = if rest_fits {
+        // only needs room for half a window of new text. A held heading also keeps room for the unit
+        // it introduces, or it would only be cut off again.
+        let needed_end = if from_held {
+            units
+                .peek()
+                .map(|next| next.end.char)
+                .filter(|&end| end - unit.start.char <= limits.max)
+                .unwrap_or(unit.end.char)
+        } else if rest_fits {
             unit.end.char
         } else {
             new_from.char + limits.max / 2
@@ -70,9 +83,22 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
 
         if unit.end.char - start.char <= limits.max {
             let mut end = unit.end;
-            units.next();
+            consume(&mut held, &mut units);
+            let mut last = unit;
+            let mut end_before_last = None;
             while let Some(next) = units.next_if(|next| next.end.char - start.char <= limits.max) {
+                end_before_last = Some(end);
                 end = next.end;
+                last = next;
+            }
+            if let Some(end_before) = end_before_last {
+                let introduces_next = units
+                    .peek()
+                    .is_some_and(|next| next.end.char - last.start.char <= limits.max);
+                if introduces_next && looks_like_heading(last.slice(text)) {
+                    end = end_before;
+                    held = Some(last);
+                }
             }
             spans.push(Span { start, end });
         } else {
@@ -85,11 +111,32 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
             if rest.byte < unit.end.byte {
                 resume = Some(rest);
             } else {
-                units.next();
+                consume(&mut held, &mut units);
             }
         }
     }
     spans
+}
+
+/// Moves past the unit being placed: the held heading if there is one, else the next unit.
+fn consume<I: Iterator<Item = Span>>(held: &mut Option<Span>, units: &mut std::iter::Peekable<I>) {
+    if held.take().is_none() {
+        units.next();
+    }
+}
+
+/// A short single line that does not end like a sentence: a title, a numbered section heading, a
+/// Markdown `#` line, a table caption. Left at the end of a chunk it would be embedded apart from the
+/// text it names.
+fn looks_like_heading(unit: &str) -> bool {
+    const MAX_HEADING_CHARS: usize = 120;
+    let Some(last) = unit.chars().last() else {
+        return false;
+    };
+    !unit.contains(['\n', '\r'])
+        && !matches!(last, '.' | ',' | ';')
+        && unit.chars().any(char::is_alphabetic)
+        && unit.chars().count() <= MAX_HEADING_CHARS
 }
 
 /// Where the chunk after `previous` should start so that it repeats the end of `previous`.

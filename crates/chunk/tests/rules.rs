@@ -367,3 +367,53 @@ fn estimate_tokens_rounds_chars_up() {
     assert_eq!(estimate_tokens("ééééé"), 2);
     assert_eq!(estimate_tokens("👨‍👩‍👧"), 2);
 }
+
+#[test]
+fn a_heading_left_at_the_end_of_a_chunk_starts_the_next_one() {
+    let section = |n: usize| {
+        format!(
+            "Section {n} text explains how part {n} of the system behaves under load and why it was built this way."
+        )
+    };
+    let text = format!(
+        "{}\n\n{}\n\n## Backups\n\n{}\n\n3.2. Point-in-time recovery\n\n{}",
+        section(1),
+        section(2),
+        section(3),
+        section(4)
+    );
+    let config = chars(260, 0);
+    let chunks = chunk_text(&text, &config);
+    assert_invariants(&text, &config, &chunks, true);
+    for chunk in &chunks {
+        for heading in ["## Backups", "3.2. Point-in-time recovery"] {
+            assert!(
+                !chunk.text.ends_with(heading),
+                "{heading:?} was left at the end of {:?}",
+                chunk.text
+            );
+        }
+    }
+    assert!(texts(&chunks)
+        .iter()
+        .any(|chunk| chunk.starts_with("## Backups\n\nSection 3")));
+    // Greedy packing would have ended the first chunk with "## Backups" (it fits, Section 3 does not).
+    assert!(texts(&chunks)[0].ends_with("Section 2 text explains how part 2 of the system behaves under load and why it was built this way."));
+}
+
+#[test]
+fn a_sentence_or_the_last_paragraph_is_never_taken_for_a_heading() {
+    // Short paragraphs that end like sentences stay where greedy packing puts them, and a heading at
+    // the very end of the text has nothing to introduce.
+    let text = "The first paragraph is here, and it is long enough to fill most of a chunk.\n\nShort one.\n\n\
+                Another paragraph follows it here, also long enough to need a chunk.\n\nThe end";
+    let config = chars(100, 0);
+    let chunks = chunk_text(text, &config);
+    assert_invariants(text, &config, &chunks, true);
+    assert!(
+        texts(&chunks)[0].ends_with("Short one."),
+        "{:?}",
+        texts(&chunks)
+    );
+    assert!(texts(&chunks).last().unwrap().ends_with("The end"));
+}
