@@ -675,6 +675,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
         if len(path) > 1:
             path = path.rstrip("/") or "/"
         self._route = path
+        self._recorded = False
         self._style = OPENAI if path.startswith("/v1/") else OLLAMA
         self._entry = {
             "route": path,
@@ -700,9 +701,16 @@ class ProviderHandler(BaseHTTPRequestHandler):
             except OSError:
                 self.close_connection = True
         finally:
-            if not path.startswith("/_control/"):
-                self.server.state.record(self._entry)
+            self._record_once()
             self.server.activity.end()
+
+    def _record_once(self) -> None:
+        """Counts the request in the stats, once. A response is counted before it is sent, so a client
+        that reads /_control/stats (or resets them) right after getting its answer sees its own request."""
+        if self._recorded or self._route.startswith("/_control/"):
+            return
+        self._recorded = True
+        self.server.state.record(self._entry)
 
     def _handle(self, method: str, path: str) -> None:
         methods = self.ROUTES.get(path)
@@ -795,6 +803,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
+        self._record_once()
         self.end_headers()
         if self._method != "HEAD":
             self.wfile.write(body)

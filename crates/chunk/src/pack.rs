@@ -55,6 +55,8 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
     let mut resume: Option<Pos> = None;
     // A heading taken off the end of a chunk, to start the next one with the text it introduces.
     let mut held: Option<Span> = None;
+    // Where a heading before a unit too big for any chunk begins: that unit's first piece starts there.
+    let mut lead: Option<Pos> = None;
     loop {
         let from_held = held.is_some();
         let Some(unit) = held.or_else(|| units.peek().copied()) else {
@@ -76,28 +78,58 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
         } else {
             new_from.char + limits.max / 2
         };
-        let start = spans
-            .last()
-            .and_then(|previous| overlap_start(text, *previous, needed_end, limits))
-            .unwrap_or(new_from);
+        let start = match lead.take() {
+            Some(heading_start) => heading_start,
+            None => spans
+                .last()
+                .and_then(|previous| overlap_start(text, *previous, needed_end, limits))
+                .unwrap_or(new_from),
+        };
 
         if unit.end.char - start.char <= limits.max {
             let mut end = unit.end;
             consume(&mut held, &mut units);
-            let mut last = unit;
-            let mut end_before_last = None;
+            // The run of headings the chunk ends with (a held run counts as one), and where the
+            // chunk's content before that run ends, if anything precedes it.
+            let mut heading_run: Option<Pos> =
+                looks_like_heading(unit.slice(text)).then_some(unit.start);
+            let mut end_before_run: Option<Pos> = None;
             while let Some(next) = units.next_if(|next| next.end.char - start.char <= limits.max) {
-                end_before_last = Some(end);
+                if !looks_like_heading(next.slice(text)) {
+                    heading_run = None;
+                } else if heading_run.is_none() {
+                    heading_run = Some(next.start);
+                    end_before_run = Some(end);
+                }
                 end = next.end;
-                last = next;
             }
-            if let Some(end_before) = end_before_last {
-                let introduces_next = units
-                    .peek()
-                    .is_some_and(|next| next.end.char - last.start.char <= limits.max);
-                if introduces_next && looks_like_heading(last.slice(text)) {
-                    end = end_before;
-                    held = Some(last);
+            if let (Some(run_start), Some(next)) = (heading_run, units.peek().copied()) {
+                let run = Span {
+                    start: run_start,
+                    end,
+                };
+                let joins_next = next.end.char - run_start.char <= limits.max;
+                let next_is_cut = next.chars() > limits.max;
+                // Only a heading or two moves, and only when what stays behind is no fragment: a long
+                // run of short lines is a list or a table, not a heading.
+                let movable = run.chars() <= MAX_HEADING_RUN_CHARS
+                    && end_before_run
+                        .is_none_or(|end_before| end_before.char - start.char >= limits.tail_threshold());
+                match end_before_run {
+                    Some(end_before) if movable && joins_next => {
+                        end = end_before;
+                        held = Some(run);
+                    }
+                    // The next unit is hard-cut anyway: its first piece starts with the headings,
+                    // which are short enough to leave that piece half a window of new text.
+                    _ if movable && next_is_cut && run.chars() <= limits.max / 2 => {
+                        lead = Some(run_start);
+                        match end_before_run {
+                            Some(end_before) => end = end_before,
+                            None => continue,
+                        }
+                    }
+                    _ => {}
                 }
             }
             spans.push(Span { start, end });
@@ -124,6 +156,9 @@ fn consume<I: Iterator<Item = Span>>(held: &mut Option<Span>, units: &mut std::i
         units.next();
     }
 }
+
+/// The most a run of headings moved together may hold: a title and a subtitle, not a list.
+const MAX_HEADING_RUN_CHARS: usize = 160;
 
 /// A short single line that does not end like a sentence: a title, a numbered section heading, a
 /// Markdown `#` line, a table caption. Left at the end of a chunk it would be embedded apart from the

@@ -245,9 +245,13 @@ fn base64_is_hard_cut_and_reassembles() {
     let config = chars(250, 0);
     let chunks = chunk_text(&text, &config);
     assert_invariants(&text, &config, &chunks, true);
-    let rebuilt: String = chunks[1..]
-        .iter()
-        .map(|chunk| chunk.text.as_str())
+    // The label reads as a heading, so it leads the blob's first piece rather than standing alone.
+    let first = chunks[0]
+        .text
+        .strip_prefix("Attachment:\n\n")
+        .expect("the label starts the first piece");
+    let rebuilt: String = std::iter::once(first)
+        .chain(chunks[1..].iter().map(|chunk| chunk.text.as_str()))
         .collect();
     assert_eq!(rebuilt, blob);
     assert!(chunks[1..chunks.len() - 1]
@@ -416,4 +420,27 @@ fn a_sentence_or_the_last_paragraph_is_never_taken_for_a_heading() {
         texts(&chunks)
     );
     assert!(texts(&chunks).last().unwrap().ends_with("The end"));
+}
+
+#[test]
+fn a_heading_before_a_block_that_must_be_cut_leads_its_first_piece() {
+    // A caption, then a table with no sentence structure that is far larger than a chunk.
+    let table: String = (1..=40)
+        .map(|row| format!("SHMMAX {row} | Maximum size of shared memory segment {row} | bytes\n"))
+        .collect();
+    let text = format!(
+        "The kernel parameters below limit shared memory on most systems, and the defaults are often too low \
+         for a busy server with many connections.\n\nTable 19.1. System V IPC Parameters\n\n{table}"
+    );
+    let config = chars(400, 0);
+    let chunks = chunk_text(&text, &config);
+    assert_invariants(&text, &config, &chunks, true);
+    assert!(
+        !texts(&chunks).contains(&"Table 19.1. System V IPC Parameters"),
+        "the caption was emitted alone: {:?}",
+        texts(&chunks)
+    );
+    assert!(texts(&chunks)
+        .iter()
+        .any(|chunk| chunk.starts_with("Table 19.1. System V IPC Parameters\n\nSHMMAX 1 |")));
 }
