@@ -15,8 +15,11 @@
 //! 5. A last chunk holding under a quarter of the size of new text is merged into the one before when the
 //!    result fits; otherwise the last two chunks are rebalanced so that neither is that small.
 //! 6. A heading (a paragraph of one short line that does not end like a sentence: `## Backups`,
-//!    `3.2. Point-in-time recovery`) that packing would leave at the end of a chunk starts the next chunk
-//!    instead, with the text it introduces, when the two fit together.
+//!    `3.2. Point-in-time recovery`), or a heading and a subheading, that packing would leave at the end
+//!    of a chunk starts the next chunk instead, with the text it introduces, when the two fit together;
+//!    before a block too big for any chunk it leads the block's first piece. It stays put when moving it
+//!    would leave less than a quarter of a chunk behind, or when the run of short lines is longer than
+//!    160 characters (a list or a table, not a heading).
 //!
 //! Offsets are in chars (Unicode scalar values), as PostgreSQL's `substr` counts them, into the original
 //! text, and each chunk's text is exactly that slice, trimmed of surrounding whitespace. Chunks never
