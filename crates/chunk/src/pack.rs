@@ -113,8 +113,9 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
                 // Only a heading or two moves, and only when what stays behind is no fragment: a long
                 // run of short lines is a list or a table, not a heading.
                 let movable = run.chars() <= MAX_HEADING_RUN_CHARS
-                    && end_before_run
-                        .is_none_or(|end_before| end_before.char - start.char >= limits.tail_threshold());
+                    && end_before_run.is_none_or(|end_before| {
+                        end_before.char - start.char >= limits.tail_threshold()
+                    });
                 match end_before_run {
                     Some(end_before) if movable && joins_next => {
                         end = end_before;
