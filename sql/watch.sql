@@ -307,14 +307,15 @@ END $$;
 CREATE FUNCTION rag._on_sql_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_object record;
+    w rag.watches;
 BEGIN
-    FOR v_object IN SELECT objid FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table' LOOP
-        PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = v_object.objid;
-        DELETE FROM rag.documents d USING rag.watches w WHERE w.source = v_object.objid AND d.watch_id = w.id;
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid));
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || (SELECT id FROM rag.watches WHERE source = v_object.objid) || '_row');
-        DELETE FROM rag.watches WHERE source = v_object.objid;
+    FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
+              WHERE o.object_type = 'table' LOOP
+        PERFORM rag._forget_queued_rows(w.id);
+        DELETE FROM rag.documents WHERE watch_id = w.id;
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+        DELETE FROM rag.watches WHERE id = w.id;
     END LOOP;
 END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();

@@ -121,12 +121,8 @@ impl Embedder {
             Embedder::Remote(provider) => provider.embed(model, inputs, dimensions, interrupt),
             Embedder::Local(local) => {
                 let texts: Vec<&str> = inputs.iter().map(String::as_str).collect();
-                let tokens: usize = texts
-                    .iter()
-                    .filter_map(|text| local.count_tokens(text).ok())
-                    .sum();
                 // The batch is CPU work in this process, checked for interrupts between forward passes.
-                let vectors = local
+                let embedded = local
                     .embed_interruptible(&texts, interrupt)
                     .map_err(|error| match error {
                         rag_embed_local::LocalModelError::Interrupted => ProviderError::Interrupted,
@@ -136,8 +132,8 @@ impl Embedder {
                         },
                     })?;
                 Ok(EmbedOutput {
-                    vectors,
-                    prompt_tokens: Some(tokens as i64),
+                    prompt_tokens: Some(embedded.tokens as i64),
+                    vectors: embedded.vectors,
                 })
             }
         }

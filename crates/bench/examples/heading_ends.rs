@@ -3,16 +3,6 @@
 //! BENCHMARKS.md's chunker notes.
 use rag_chunk::{chunk_text, ChunkConfig, SizeUnit};
 
-fn heading_like(line: &str) -> bool {
-    let Some(last) = line.chars().last() else {
-        return false;
-    };
-    !line.contains(['\n', '\r'])
-        && !matches!(last, '.' | ',' | ';')
-        && line.chars().any(char::is_alphabetic)
-        && line.chars().count() <= 120
-}
-
 fn main() {
     let corpus = rag_bench::load_html_corpus(std::path::Path::new(
         "/usr/share/doc/postgresql-doc-15/html",
@@ -28,7 +18,7 @@ fn main() {
             chunks_total += chunks.len();
             for chunk in chunks.iter().take(chunks.len().saturating_sub(1)) {
                 let last_paragraph = chunk.text.rsplit("\n\n").next().unwrap_or("");
-                if heading_like(last_paragraph) {
+                if rag_chunk::looks_like_heading(last_paragraph) {
                     ending += 1;
                     if last_paragraph == chunk.text {
                         alone += 1;

@@ -92,17 +92,8 @@ fn fit_chunk<E>(
     let size = proportional.min(chars * 3 / 4).max(MIN_CHUNK_CHARS);
     let config = ChunkConfig::new(size, 0, SizeUnit::Characters)
         .expect("a size within MIN_CHUNK_CHARS..chars with no overlap is valid");
-    let pieces = chunk_text(&chunk.text, &config);
-    if pieces.len() == 1 && pieces[0].text == chunk.text {
-        // Cannot happen for a chunk longer than `size`, but a split that changes nothing must not loop.
-        return Err(FitError::TooLong {
-            char_start: chunk.char_start,
-            char_end: chunk.char_end,
-            measured,
-            limit,
-        });
-    }
-    for piece in pieces {
+    // Every piece is at most `size` < `chars` long (chunk_text's bound), so the recursion ends.
+    for piece in chunk_text(&chunk.text, &config) {
         let piece = Chunk {
             char_start: chunk.char_start + piece.char_start,
             char_end: chunk.char_start + piece.char_end,

@@ -89,6 +89,20 @@ pub fn chunk_text(text: &str, config: &ChunkConfig) -> Vec<Chunk> {
         .collect()
 }
 
+/// Whether a paragraph reads as a heading to the packer (rule 6 of the crate documentation): one short
+/// line (at most 120 chars) with a letter in it that does not end like a sentence — a title, a numbered
+/// section heading, a Markdown `#` line, a table caption, "For example:".
+pub fn looks_like_heading(paragraph: &str) -> bool {
+    const MAX_HEADING_CHARS: usize = 120;
+    let Some(last) = paragraph.chars().last() else {
+        return false;
+    };
+    !paragraph.contains(['\n', '\r'])
+        && !matches!(last, '.' | ',' | ';')
+        && paragraph.chars().any(char::is_alphabetic)
+        && paragraph.chars().count() <= MAX_HEADING_CHARS
+}
+
 /// A crude token count: the number of chars divided by four, rounded up.
 pub fn estimate_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(CHARS_PER_TOKEN)

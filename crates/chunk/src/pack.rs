@@ -92,10 +92,10 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
             // The run of headings the chunk ends with (a held run counts as one), and where the
             // chunk's content before that run ends, if anything precedes it.
             let mut heading_run: Option<Pos> =
-                looks_like_heading(unit.slice(text)).then_some(unit.start);
+                crate::looks_like_heading(unit.slice(text)).then_some(unit.start);
             let mut end_before_run: Option<Pos> = None;
             while let Some(next) = units.next_if(|next| next.end.char - start.char <= limits.max) {
-                if !looks_like_heading(next.slice(text)) {
+                if !crate::looks_like_heading(next.slice(text)) {
                     heading_run = None;
                 } else if heading_run.is_none() {
                     heading_run = Some(next.start);
@@ -160,20 +160,6 @@ fn consume<I: Iterator<Item = Span>>(held: &mut Option<Span>, units: &mut std::i
 
 /// The most a run of headings moved together may hold: a title and a subtitle, not a list.
 const MAX_HEADING_RUN_CHARS: usize = 160;
-
-/// A short single line that does not end like a sentence: a title, a numbered section heading, a
-/// Markdown `#` line, a table caption. Left at the end of a chunk it would be embedded apart from the
-/// text it names.
-fn looks_like_heading(unit: &str) -> bool {
-    const MAX_HEADING_CHARS: usize = 120;
-    let Some(last) = unit.chars().last() else {
-        return false;
-    };
-    !unit.contains(['\n', '\r'])
-        && !matches!(last, '.' | ',' | ';')
-        && unit.chars().any(char::is_alphabetic)
-        && unit.chars().count() <= MAX_HEADING_CHARS
-}
 
 /// Where the chunk after `previous` should start so that it repeats the end of `previous`.
 ///

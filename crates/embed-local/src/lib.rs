@@ -190,6 +190,15 @@ fn read_file(path: &Path) -> Result<Vec<u8>, LocalModelError> {
     })
 }
 
+/// What [`LocalModel::embed_interruptible`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// One L2-normalised vector per input, in input order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens the inputs became, `[CLS]` and `[SEP]` included: what a usage ledger counts.
+    pub tokens: usize,
+}
+
 /// A loaded sentence-embedding model. Cheap to share: all methods take `&self` and the type is
 /// `Send + Sync`.
 pub struct LocalModel {
@@ -295,16 +304,17 @@ impl LocalModel {
     /// [`max_tokens`]: LocalModel::max_tokens
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, LocalModelError> {
         self.embed_interruptible(texts, &mut || false)
+            .map(|embedded| embedded.vectors)
     }
 
-    /// [`embed`](LocalModel::embed), calling `interrupted` before every forward pass (at most 2048
+    /// [`embed`](LocalModel::embed) with the token count, calling `interrupted` before every forward pass (at most 2048
     /// tokens, well under a second on one core) and stopping with [`LocalModelError::Interrupted`] when
     /// it returns true, so a large batch never keeps a PostgreSQL process from a cancel or a shutdown.
     pub fn embed_interruptible(
         &self,
         texts: &[&str],
         interrupted: &mut dyn FnMut() -> bool,
-    ) -> Result<Vec<Vec<f32>>, LocalModelError> {
+    ) -> Result<Embedded, LocalModelError> {
         let mut encoded = Vec::with_capacity(texts.len());
         for (index, text) in texts.iter().enumerate() {
             let ids = self.encode(index, text)?;
@@ -356,7 +366,10 @@ impl LocalModel {
             pass_start = pass_end;
         }
         release_freed_memory();
-        Ok(vectors)
+        Ok(Embedded {
+            tokens: encoded.iter().map(Vec::len).sum(),
+            vectors,
+        })
     }
 
     fn encode(&self, index: usize, text: &str) -> Result<Vec<u32>, LocalModelError> {

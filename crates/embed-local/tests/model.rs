@@ -359,7 +359,15 @@ fn an_interrupt_stops_between_forward_passes() {
     let uninterrupted = model()
         .embed_interruptible(&texts, &mut || false)
         .expect("embeds");
-    assert_eq!(uninterrupted, model().embed(&texts).expect("embeds"));
+    assert_eq!(
+        uninterrupted.vectors,
+        model().embed(&texts).expect("embeds")
+    );
+    let tokens: usize = texts
+        .iter()
+        .map(|text| model().count_tokens(text).expect("counts"))
+        .sum();
+    assert_eq!(uninterrupted.tokens, tokens);
 }
 
 #[test]
