@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 
 pub mod api;
 pub mod provider;
+pub mod security;
 pub mod settings;
 pub mod store;
 pub mod worker;
@@ -44,7 +45,8 @@ extension_sql_file!(
     name = "watch",
     requires = [
         "ingest",
-        api::extract::rag::check_expression,
+        api::watch::rag::check_expression,
+        api::watch::rag::query_as,
         api::extract::rag::to_text,
         api::query::rag::local_model_window,
         api::query::rag::embed_text
@@ -59,10 +61,24 @@ extension_sql_file!("../sql/security.sql", name = "security", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    keep_backtraces_out_of_errors();
     settings::define();
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         worker::registry::init_shared_memory();
         worker::launcher::register();
         worker::database_commands::install();
+    }
+}
+
+/// pgrx's panic hook captures a Rust backtrace whenever the environment allows one (RUST_BACKTRACE set in the
+/// shell that started the server is enough) and appends it to the DETAIL of every error that passed through
+/// Rust, where every client sees it. `RUST_LIB_BACKTRACE=0` takes precedence over RUST_BACKTRACE for captured
+/// backtraces only, so panics on our own threads still print theirs to the server log. Set in the postmaster
+/// when preloaded (every backend inherits it, and the decision `std` caches), else in the backend loading us.
+fn keep_backtraces_out_of_errors() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").as_deref() != Some(std::ffi::OsStr::new("0")) {
+        // SAFETY (of the environment write): `_PG_init` runs while the process has a single thread: the
+        // postmaster before it forks, or a backend loading the library before any of our threads exist.
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
 }

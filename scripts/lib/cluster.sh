@@ -11,7 +11,7 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-# start_cluster DIR PORT [extra postgresql.conf lines...]
+# start_cluster DIR PORT [extra postgresql.conf lines...]; RAG_PRELOAD=0 starts it without the extension loaded.
 start_cluster() {
   local dir=$1 port=$2; shift 2
   rm -rf "$dir"
@@ -22,7 +22,7 @@ start_cluster() {
     echo "listen_addresses = '127.0.0.1'"
     echo "port = $port"
     echo "unix_socket_directories = '$dir'"
-    echo "shared_preload_libraries = 'rag'"
+    [ "${RAG_PRELOAD:-1}" = 1 ] && echo "shared_preload_libraries = 'rag'"
     echo "max_worker_processes = 16"
     echo "fsync = off"
     # synchronous_commit stays on: the crash tests need every committed batch to survive a SIGKILL reset.
@@ -31,8 +31,9 @@ start_cluster() {
     echo "log_line_prefix = '%m [%p] %b '"
     for line in "$@"; do echo "$line"; done
   } >>"$dir/data/postgresql.conf"
-  # No Rust backtraces in error details: a server started from a developer shell would otherwise differ from CI.
-  as_postgres env RUST_BACKTRACE=0 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+  # RUST_BACKTRACE=1 on purpose: the extension must keep backtraces out of what clients see whatever the
+  # environment says, and every test that compares an error proves it does.
+  as_postgres env RUST_BACKTRACE="${RAG_RUST_BACKTRACE:-1}" "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
     || { cat "$dir/server.log"; return 1; }
 }
 

@@ -20,15 +20,38 @@ const PAUSE: Duration = Duration::from_secs(10);
 
 static mut PREVIOUS_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
+// PostgreSQL's own entry point, declared here rather than taken from `pg_sys`: pgrx's binding catches any
+// ERROR raised below it and re-raises a copy, which drops the error's cursor position and context lines. Every
+// utility statement of every database passes through this hook, so its errors must reach clients untouched.
+extern "C-unwind" {
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility_unguarded(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query_string: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
 /// Installs the hook; called once from `_PG_init` while the library is preloaded.
 pub fn install() {
+    // SAFETY: `_PG_init` runs once per process, in the postmaster before any backend exists, so nothing reads
+    // or writes the hook variables concurrently; the previous value is kept and always called.
     unsafe {
         PREVIOUS_HOOK = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(rag_process_utility);
     }
 }
 
-#[pg_guard]
+/// The hook itself is deliberately not `#[pg_guard]`: an ERROR raised by the command (or by a hook after us)
+/// must travel to PostgreSQL's handler as PostgreSQL raised it, with SQLSTATE, message, detail, hint, position
+/// and context intact (PG_RE_THROW semantics), not be caught and rebuilt as a Rust panic. That is sound only
+/// because this frame owns nothing that needs dropping: it holds raw pointers and copies of them, so a
+/// `longjmp` across it skips no destructor. Our own work runs in `hold_workers_off`, which is guarded.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C-unwind" fn rag_process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
@@ -40,19 +63,10 @@ unsafe extern "C-unwind" fn rag_process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
-    if !pstmt.is_null() {
-        if let Some(name) = database_needing_exclusive_access((*pstmt).utilityStmt) {
-            let database = pg_sys::get_database_oid(name, true);
-            // Only a caller the command itself would allow (the database's owner or a superuser) may
-            // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
-            if database != pg_sys::InvalidOid
-                && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
-            {
-                registry::pause_database(database, PAUSE);
-                registry::stop_workers_of(database);
-            }
-        }
-    }
+    hold_workers_off(pstmt);
+    let creates_rag = creates_this_extension(pstmt);
+    // SAFETY: the arguments are PostgreSQL's own, passed on unchanged to the next hook or to the standard
+    // implementation, exactly as `ProcessUtility()` would have called it without us.
     match PREVIOUS_HOOK {
         Some(previous) => previous(
             pstmt,
@@ -64,7 +78,7 @@ unsafe extern "C-unwind" fn rag_process_utility(
             dest,
             qc,
         ),
-        None => pg_sys::standard_ProcessUtility(
+        None => standard_process_utility_unguarded(
             pstmt,
             query_string,
             read_only_tree,
@@ -74,6 +88,51 @@ unsafe extern "C-unwind" fn rag_process_utility(
             dest,
             qc,
         ),
+    }
+    if creates_rag {
+        start_worker_after_commit();
+    }
+}
+
+/// True for `CREATE EXTENSION rag`: the launcher has to hear of it, since it does not poll databases.
+#[pg_guard]
+unsafe extern "C-unwind" fn creates_this_extension(pstmt: *mut pg_sys::PlannedStmt) -> bool {
+    if pstmt.is_null() || (*pstmt).utilityStmt.is_null() {
+        return false;
+    }
+    let node = (*pstmt).utilityStmt;
+    if (*node).type_ != pg_sys::NodeTag::T_CreateExtensionStmt {
+        return false;
+    }
+    let name = (*(node as *mut pg_sys::CreateExtensionStmt)).extname;
+    !name.is_null() && CStr::from_ptr(name).to_bytes() == b"rag"
+}
+
+/// Asks the launcher for a worker once the extension is committed (a restore brings pending work with it);
+/// before commit the worker would not see the extension yet.
+#[pg_guard]
+extern "C-unwind" fn start_worker_after_commit() {
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
+        registry::request_launcher_for_current_database();
+    });
+}
+
+/// Before DROP DATABASE and friends: pause the database's workers so the command finds it free.
+#[pg_guard]
+unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
+    if pstmt.is_null() {
+        return;
+    }
+    if let Some(name) = database_needing_exclusive_access((*pstmt).utilityStmt) {
+        let database = pg_sys::get_database_oid(name, true);
+        // Only a caller the command itself would allow (the database's owner or a superuser) may
+        // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
+        if database != pg_sys::InvalidOid
+            && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+        {
+            registry::pause_database(database, PAUSE);
+            registry::stop_workers_of(database);
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! The launcher: a static background worker that keeps one embedding worker (or `rag.workers_per_database`)
-//! running for each database that has the extension. It cannot see other databases' catalogs, so it starts a
-//! worker on each connectable database and lets the worker report back when the extension is absent; such a
-//! database is then left alone until a backend there asks for a worker (CREATE EXTENSION and every ingest do)
-//! or a slow re-check comes round.
+//! running for each database that has the extension. It cannot see other databases' catalogs, so the first
+//! time it sees a connectable database it starts one short-lived worker there, which reports back when the
+//! extension is absent. Such a database is then left alone for the launcher's lifetime unless a backend there
+//! asks for a worker: `CREATE EXTENSION rag` does (through the utility hook, after commit), and so does every
+//! ingest. A cluster of many databases that never use `rag` therefore costs one probe per database per server
+//! start, at most `PROBES_PER_ROUND` of them per launcher round, and nothing after that.
 use crate::settings;
 use crate::worker::registry::{self, SlotState};
 use pgrx::bgworkers::{
@@ -10,11 +12,12 @@ use pgrx::bgworkers::{
     SignalWakeFlags,
 };
 use pgrx::prelude::*;
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
-/// How long a database without the extension is left alone when nothing asks for it.
-const ABSENT_RECHECK: Duration = Duration::from_secs(300);
+/// At most this many databases of unknown status are probed per launcher round, so a server start with
+/// hundreds of databases does not fork hundreds of processes at once.
+const PROBES_PER_ROUND: usize = 4;
 
 pub fn register() {
     BackgroundWorkerBuilder::new("rag launcher")
@@ -41,7 +44,10 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     registry::set_launcher_pid(unsafe { pg_sys::MyProcPid });
 
     let mut running: HashMap<usize, Running> = HashMap::new();
-    let mut absent_until: HashMap<pg_sys::Oid, Instant> = HashMap::new();
+    // Databases where a probe found no extension; they are probed again only when a backend there asks.
+    let mut absent: HashSet<pg_sys::Oid> = HashSet::new();
+    // Databases where a worker has found the extension.
+    let mut served: HashSet<pg_sys::Oid> = HashSet::new();
 
     loop {
         if shutdown_requested() {
@@ -50,10 +56,14 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        if registry::take_launcher_wake_request() {
-            absent_until.clear();
+        let requests = registry::take_launcher_wake_requests();
+        if requests.every_database {
+            absent.clear();
         }
-        reap_stopped_workers(&mut running, &mut absent_until);
+        for database in requests.databases {
+            absent.remove(&database);
+        }
+        reap_stopped_workers(&mut running, &mut absent, &mut served);
 
         let databases = match crate::worker::transaction::run(list_databases) {
             Ok(databases) => databases,
@@ -62,18 +72,28 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
                 Vec::new()
             }
         };
-        let now = Instant::now();
+        let mut probes_left = PROBES_PER_ROUND;
         for database in databases {
-            if absent_until
-                .get(&database)
-                .is_some_and(|until| *until > now)
-                || registry::database_paused(database)
-            {
+            if absent.contains(&database) || registry::database_paused(database) {
                 continue;
             }
-            let wanted = settings::WORKERS_PER_DATABASE.get().max(1) as usize;
-            let have = registry::slots_of(database).len();
-            for _ in have..wanted {
+            let slots = registry::slots_of(database);
+            if slots
+                .iter()
+                .any(|&slot| registry::slot_state(slot) == SlotState::Running)
+            {
+                served.insert(database);
+            }
+            // A database of unknown status gets one worker, which is the probe; the rest once it serves.
+            let wanted = if served.contains(&database) {
+                settings::WORKERS_PER_DATABASE.get().max(1) as usize
+            } else if slots.is_empty() && probes_left > 0 {
+                probes_left -= 1;
+                1
+            } else {
+                0
+            };
+            for _ in slots.len()..wanted {
                 if running.len() >= settings::MAX_WORKERS.get() as usize {
                     break;
                 }
@@ -136,7 +156,8 @@ fn start_worker(database: pg_sys::Oid) -> Option<(usize, DynamicBackgroundWorker
 
 fn reap_stopped_workers(
     running: &mut HashMap<usize, Running>,
-    absent_until: &mut HashMap<pg_sys::Oid, Instant>,
+    absent: &mut HashSet<pg_sys::Oid>,
+    served: &mut HashSet<pg_sys::Oid>,
 ) {
     let stopped: Vec<usize> = running
         .iter()
@@ -148,7 +169,8 @@ fn reap_stopped_workers(
     for slot in stopped {
         if let Some(worker) = running.remove(&slot) {
             if registry::slot_state(slot) == SlotState::NoExtension {
-                absent_until.insert(worker.database, Instant::now() + ABSENT_RECHECK);
+                absent.insert(worker.database);
+                served.remove(&worker.database);
             }
             registry::release_slot(slot);
         }

@@ -38,9 +38,15 @@ static SLOT_DATABASE: PgAtomic<[AtomicU32; SLOTS]> = unsafe { PgAtomic::new(c"ra
 static SLOT_PID: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_pid") };
 static SLOT_STATE: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_state") };
 static LAUNCHER_PID: PgAtomic<AtomicI32> = unsafe { PgAtomic::new(c"rag_launcher_pid") };
-/// Set by backends that found no live worker for their database, so the launcher drops its back-off.
-static LAUNCHER_WAKE_REQUESTED: PgAtomic<AtomicBool> =
+/// Databases whose backends found no live worker (they queued work, or ran CREATE EXTENSION rag): the
+/// launcher looks at exactly these again, so a cluster of many databases without the extension is not probed
+/// again and again. 0 is a free entry.
+static LAUNCHER_WAKE_DATABASES: PgAtomic<[AtomicU32; WAKE_ENTRIES]> =
+    unsafe { PgAtomic::new(c"rag_launcher_wake_databases") };
+/// Set when more databases asked at once than there are entries: the launcher then looks at every database.
+static LAUNCHER_WAKE_OVERFLOW: PgAtomic<AtomicBool> =
     unsafe { PgAtomic::new(c"rag_launcher_wake") };
+const WAKE_ENTRIES: usize = 32;
 
 /// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
 /// needs the database to itself is about to run there.
@@ -57,7 +63,8 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_PID = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
-    pg_shmem_init!(LAUNCHER_WAKE_REQUESTED = AtomicBool::new(false));
+    pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
+    pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
     pg_shmem_init!(PAUSED_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(PAUSED_UNTIL_MS = std::array::from_fn(|_| AtomicU64::new(0)));
     SHARED_MEMORY_READY.store(true, Ordering::SeqCst);
@@ -118,8 +125,50 @@ pub fn set_launcher_pid(pid: i32) {
     LAUNCHER_PID.get().store(pid, Ordering::SeqCst);
 }
 
-pub fn take_launcher_wake_request() -> bool {
-    LAUNCHER_WAKE_REQUESTED.get().swap(false, Ordering::SeqCst)
+/// What backends asked the launcher for since it last looked.
+#[derive(Debug, Default)]
+pub struct WakeRequests {
+    /// Too many databases asked at once to name them all: look at every database again.
+    pub every_database: bool,
+    pub databases: Vec<pg_sys::Oid>,
+}
+
+pub fn take_launcher_wake_requests() -> WakeRequests {
+    let databases = LAUNCHER_WAKE_DATABASES
+        .get()
+        .iter()
+        .map(|entry| entry.swap(0, Ordering::SeqCst))
+        .filter(|&database| database != 0)
+        .map(pg_sys::Oid::from)
+        .collect();
+    WakeRequests {
+        every_database: LAUNCHER_WAKE_OVERFLOW.get().swap(false, Ordering::SeqCst),
+        databases,
+    }
+}
+
+/// Backend side: ask the launcher to look at this database (again).
+pub fn request_launcher_for_current_database() {
+    if available() {
+        // SAFETY: MyDatabaseId is set once at backend start and only read here.
+        request_launcher_for(unsafe { pg_sys::MyDatabaseId }.to_u32());
+    }
+}
+
+fn request_launcher_for(database: u32) {
+    let entries = LAUNCHER_WAKE_DATABASES.get();
+    let recorded = entries
+        .iter()
+        .any(|entry| entry.load(Ordering::SeqCst) == database)
+        || entries.iter().any(|entry| {
+            entry
+                .compare_exchange(0, database, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+    if !recorded {
+        LAUNCHER_WAKE_OVERFLOW.get().store(true, Ordering::SeqCst);
+    }
+    set_latch_of(LAUNCHER_PID.get().load(Ordering::SeqCst));
 }
 
 /// Sets the latch of `pid` if it is a live PostgreSQL process; a stale pid is ignored rather than signalled.
@@ -152,8 +201,7 @@ pub fn wake_workers_of_current_database() {
         }
     }
     if !woke_any {
-        LAUNCHER_WAKE_REQUESTED.get().store(true, Ordering::SeqCst);
-        set_latch_of(LAUNCHER_PID.get().load(Ordering::SeqCst));
+        request_launcher_for(database);
     }
 }
 

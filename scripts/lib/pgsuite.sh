@@ -1,0 +1,79 @@
+# PostgreSQL's own regression suite, run against a cluster with `rag` preloaded and against a vanilla cluster of
+# the same binaries: preloading the library must change nothing for databases that never use it (issue 16).
+# Sourced by scripts/setup (build_pg_suite) and scripts/test (run_pg_suite); needs scripts/lib/cluster.sh.
+
+PG_SUITE_ROOT=${RAG_PG_SUITE_ROOT:-/usr/local/src/rag-pg-suite}
+
+# The regression directory of the source tree for the server's major version.
+pg_suite_dir() {
+  local major
+  major=$("$PG_BIN/postgres" --version | sed -E 's/.* ([0-9]+)\..*/\1/')
+  echo "$PG_SUITE_ROOT/$major/src/test/regress"
+}
+
+# build_pg_suite: fetches Debian's postgresql-MAJOR source package once and builds only what the suite needs
+# (pg_regress, regress.so, refint.so, autoinc.so), about 45 s on two cores. Idempotent.
+build_pg_suite() {
+  local dir major work src
+  dir=$(pg_suite_dir)
+  [ -x "$dir/pg_regress" ] && [ -f "$dir/regress.so" ] && return 0
+  major=$("$PG_BIN/postgres" --version | sed -E 's/.* ([0-9]+)\..*/\1/')
+  work=$(mktemp -d)
+  mkdir -p "$work/lists/partial"
+  echo "deb-src http://deb.debian.org/debian bookworm main" >"$work/sources.list"
+  local apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                  -o "Dir::State::Lists=$work/lists")
+  apt-get "${apt_opts[@]}" update -qq || return 1
+  (cd "$work" && apt-get "${apt_opts[@]}" source -qq "postgresql-$major" >/dev/null 2>&1) || return 1
+  src=$(find "$work" -maxdepth 1 -type d -name "postgresql-$major-*" | head -n1)
+  [ -n "$src" ] || return 1
+  (cd "$src" && ./configure -q --without-icu --without-readline --without-zlib >/dev/null \
+     && make -s -C src/test/regress >/dev/null) || return 1
+  rm -rf "$PG_SUITE_ROOT/$major"
+  mkdir -p "$PG_SUITE_ROOT"
+  mv "$src" "$PG_SUITE_ROOT/$major"
+  # The server (user postgres) creates the tablespace test's directory under the output directory.
+  chown -R postgres:postgres "$PG_SUITE_ROOT/$major"
+  rm -rf "$work"
+}
+
+# Names of the tests that failed in a pg_regress output file.
+pg_suite_failures() {
+  grep -E '\.\.\. FAILED' "$1" | sed -E 's/^(test| )? *([a-z0-9_]+) +\.\.\..*/\2/' | sort -u
+}
+
+# run_pg_suite WORK_DIR: prints per-cluster results and sets PG_SUITE_TOTAL, PG_SUITE_RAG_ONLY (names of the
+# tests that fail only with rag preloaded) and PG_SUITE_VANILLA_FAILED. Returns non-zero if a run did not happen.
+run_pg_suite() {
+  local work=$1 dir port kind
+  dir=$(pg_suite_dir)
+  [ -x "$dir/pg_regress" ] || { echo "pg regression suite not built (scripts/setup builds it)"; return 1; }
+  for kind in vanilla rag; do
+    port=$(free_port)
+    local settings=()
+    if [ "$kind" = rag ]; then
+      settings=("rag.ollama_url = 'http://127.0.0.1:${PROVIDER_PORT:-9}'" "rag.naptime = '200ms'"
+                "rag.launcher_naptime = '2s'")
+      start_cluster "$work/suite-$kind" "$port" "${settings[@]}" || return 1
+      # A database that uses the extension, so the launcher and a worker are alive during the whole run.
+      as_postgres "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+        -c 'CREATE DATABASE rag_in_use' -c '\c rag_in_use' -c 'CREATE EXTENSION rag CASCADE' >/dev/null || return 1
+    else
+      # The same binaries and settings, nothing of ours loaded.
+      RAG_PRELOAD=0 start_cluster "$work/suite-$kind" "$port" || return 1
+    fi
+    rm -rf "$work/suite-$kind/out" && install -d -o postgres -g postgres "$work/suite-$kind/out"
+    (cd "$dir" && as_postgres ./pg_regress --inputdir="$dir" --bindir="$PG_BIN" --dlpath="$dir" --max-concurrent-tests=20 \
+       --make-testtablespace-dir --schedule=parallel_schedule --host=127.0.0.1 --port="$port" --user=postgres \
+       --outputdir="$work/suite-$kind/out" >"$work/suite-$kind/pg_regress.log" 2>&1)
+    stop_cluster "$work/suite-$kind"
+    grep -qE '^(test| ) +[a-z0-9_]+ +\.\.\.' "$work/suite-$kind/pg_regress.log" || {
+      tail -20 "$work/suite-$kind/pg_regress.log"; return 1; }
+  done
+  PG_SUITE_TOTAL=$(grep -cE '^(test| )? *[a-z0-9_]+ +\.\.\. ' "$work/suite-rag/pg_regress.log")
+  PG_SUITE_VANILLA_FAILED=$(pg_suite_failures "$work/suite-vanilla/pg_regress.log" | tr '\n' ' ')
+  PG_SUITE_RAG_ONLY=$(comm -13 <(pg_suite_failures "$work/suite-vanilla/pg_regress.log") \
+                               <(pg_suite_failures "$work/suite-rag/pg_regress.log") | tr '\n' ' ')
+  echo "  vanilla failures (minor-version drift of the suite): ${PG_SUITE_VANILLA_FAILED:-none}"
+  echo "  failing only with rag preloaded: ${PG_SUITE_RAG_ONLY:-none}"
+}
