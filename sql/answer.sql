@@ -61,6 +61,18 @@ CREATE TABLE rag.messages (
     created_at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
+-- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
+-- see all of that collection's.
+ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_or_administered ON rag.queries FOR SELECT
+    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
+    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
+CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
+    USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
+
 CREATE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
 RETURNS void
@@ -132,12 +144,15 @@ BEGIN
     IF c.dimensions IS NULL THEN
         RETURN;
     END IF;
+    -- Candidates a caller may not see (rag._row_visible) are skipped; the index scan goes on until k remain.
+    PERFORM set_config('hnsw.iterative_scan', 'strict_order', true);
     RETURN QUERY EXECUTE format($q$
         WITH anchors AS (
             SELECT ch.id, ch.document_id, ch.ordinal,
                    ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch
+              FROM rag.chunks ch JOIN rag.documents vd ON vd.id = ch.document_id
              WHERE ch.collection_id = %2$s
+               AND (vd.watch_id IS NULL OR rag._row_visible(vd.watch_id, vd.source_key))
              ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
              LIMIT $2),
         wanted AS (
@@ -160,7 +175,7 @@ END $$;
 CREATE FUNCTION rag_conversation_start(collection text) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER AS $$
     INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection), rag._calling_role())
+    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
     RETURNING id
 $$;
 
@@ -170,7 +185,8 @@ DECLARE
     v rag.conversations;
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    IF NOT FOUND OR (v.owner <> rag._calling_role() AND NOT pg_has_role(rag._calling_role(), 'rag_admin', 'MEMBER')) THEN
+    IF NOT FOUND OR (v.owner <> rag._calling_role()
+                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -214,4 +230,5 @@ SELECT collection,
        sum(coalesce(completion_tokens, 0)) AS completion_tokens,
        sum(cost_usd) AS cost_usd
   FROM rag.queries
+ WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;

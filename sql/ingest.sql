@@ -87,7 +87,7 @@ BEGIN
     END IF;
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
-                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens)
+                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner)
     VALUES (name, embedding_provider,
             coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
             dimensions,
@@ -95,12 +95,54 @@ BEGIN
             coalesce(query_prefix, rag._setting('rag.query_prefix')),
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
-            retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens)
+            retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
+            rag._calling_role()::regrole)
     RETURNING id INTO v_id;
     IF dimensions IS NOT NULL THEN
         PERFORM rag._ensure_index(v_id);
     END IF;
     RETURN v_id;
+END $$;
+
+-- Lets `grantee` (a role name, or 'public') read, write or administer a collection. Owners, superusers and
+-- admins of the collection may grant; granting again replaces the level.
+CREATE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+    v_grantee oid;
+BEGIN
+    IF privilege IS NULL OR privilege NOT IN ('read', 'write', 'admin') THEN
+        RAISE EXCEPTION 'privilege must be read, write or admin, not %', coalesce(quote_literal(privilege), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'read: query and ask; write: also ingest and delete; admin: also drop, watch, reindex and grant.';
+    END IF;
+    IF lower(rag_grant.grantee) = 'public' THEN
+        v_grantee := 0;
+    ELSE
+        SELECT r.oid INTO v_grantee FROM pg_catalog.pg_roles r WHERE r.rolname = rag_grant.grantee;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
+                HINT = 'Name an existing role, or public.';
+        END IF;
+    END IF;
+    INSERT INTO rag.collection_grants AS g (collection_id, grantee, privilege, granted_by)
+    VALUES (v_collection, v_grantee::regrole, rag_grant.privilege, rag._calling_role())
+    ON CONFLICT ON CONSTRAINT collection_grants_pkey DO UPDATE
+       SET privilege = EXCLUDED.privilege, granted_by = EXCLUDED.granted_by, granted_at = now();
+END $$;
+
+-- Takes a grant back; returns whether there was one.
+CREATE FUNCTION rag_revoke(collection text, grantee text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    DELETE FROM rag.collection_grants g
+     WHERE g.collection_id = v_collection
+       AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
+                            ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
+    RETURN FOUND;
 END $$;
 
 CREATE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
@@ -130,8 +172,62 @@ BEGIN
         RAISE EXCEPTION 'provider "%" already exists', name USING ERRCODE = 'duplicate_object',
             HINT = 'Drop it with rag_drop_provider first.';
     END IF;
-    INSERT INTO rag.providers (name, kind, base_url, api_key_setting)
-    VALUES (name, kind, rtrim(base_url, '/'), api_key_setting);
+    IF api_key_setting IS NOT NULL AND NOT rag._caller_is_superuser()
+       AND NOT EXISTS (SELECT 1 FROM rag.key_grants g
+                        WHERE g.api_key_setting = rag_create_provider.api_key_setting
+                          AND g.base_url = rtrim(rag_create_provider.base_url, '/')) THEN
+        RAISE EXCEPTION 'the key % may not be sent to %', api_key_setting, coalesce(base_url, 'rag.ollama_url')
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('A superuser decides where keys go: SELECT rag_allow_key(%L, %L);',
+                                api_key_setting, rtrim(coalesce(base_url, ''), '/'));
+    END IF;
+    INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by)
+    VALUES (name, kind, rtrim(base_url, '/'), api_key_setting, rag._calling_role());
+END $$;
+
+CREATE FUNCTION rag._caller_is_superuser() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
+$$;
+
+-- A superuser allows a key setting to be sent to one base URL; rag_admins may then create providers using it.
+CREATE FUNCTION rag_allow_key(api_key_setting text, base_url text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF NOT rag._caller_is_superuser() THEN
+        RAISE EXCEPTION 'only a superuser may decide where a key is sent' USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Ask a superuser to run rag_allow_key.';
+    END IF;
+    IF api_key_setting IS NULL OR (api_key_setting <> 'rag.openai_api_key' AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$') THEN
+        RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', coalesce(quote_literal(api_key_setting), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Name where the key is kept, never the key itself.';
+    END IF;
+    IF base_url IS NULL OR base_url !~ '^https?://[^/\s]+' THEN
+        RAISE EXCEPTION 'base_url must be an http or https URL, not %', coalesce(quote_literal(base_url), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'The exact base URL the provider will use, e.g. https://api.openai.com/v1.';
+    END IF;
+    INSERT INTO rag.key_grants (api_key_setting, base_url, granted_by)
+    VALUES (api_key_setting, rtrim(base_url, '/'), rag._calling_role())
+    ON CONFLICT ON CONSTRAINT key_grants_pkey DO NOTHING;
+END $$;
+
+-- Withdraws the permission; providers that non-superusers made with it lose the key at once.
+CREATE FUNCTION rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF NOT rag._caller_is_superuser() THEN
+        RAISE EXCEPTION 'only a superuser may decide where a key is sent' USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Ask a superuser to run rag_disallow_key.';
+    END IF;
+    DELETE FROM rag.key_grants g WHERE g.api_key_setting = rag_disallow_key.api_key_setting
+                                   AND g.base_url = rtrim(rag_disallow_key.base_url, '/');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE rag.providers p SET api_key_setting = NULL
+     WHERE p.api_key_setting = rag_disallow_key.api_key_setting AND p.base_url = rtrim(rag_disallow_key.base_url, '/')
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by), false);
+    RETURN true;
 END $$;
 
 CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean
@@ -162,6 +258,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM rag._require_privilege(c.id, 'admin');
     IF c.index_name IS NOT NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
     END IF;
@@ -197,18 +294,21 @@ BEGIN
     RETURN v_index;
 END $$;
 
-CREATE FUNCTION rag._collection_id(p_name text) RETURNS integer
-LANGUAGE plpgsql STABLE AS $$
+-- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
+-- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
+CREATE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
-    v_id integer;
+    c rag.collections;
 BEGIN
-    SELECT id INTO v_id FROM rag.collections WHERE name = p_name;
-    IF v_id IS NULL THEN
+    SELECT * INTO c FROM rag.collections WHERE name = p_name;
+    IF NOT FOUND THEN
         RAISE EXCEPTION 'collection "%" does not exist', p_name
             USING ERRCODE = 'undefined_object',
                   HINT = 'Create it with rag_create_collection(''' || coalesce(p_name, '') || '''), or list them in rag.status.';
     END IF;
-    RETURN v_id;
+    PERFORM rag._require_privilege(c.id, p_privilege);
+    RETURN c.id;
 END $$;
 
 CREATE FUNCTION rag_ingest(
@@ -222,7 +322,7 @@ CREATE FUNCTION rag_ingest(
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_collection integer := rag._collection_id(collection);
+    v_collection integer := rag._collection_id(collection, 'write');
     v_body text := body;
     v_offsets integer[];
     v_position integer := 0;
@@ -294,10 +394,18 @@ BEGIN
 END $$;
 
 CREATE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER AS $$
-    WITH gone AS (DELETE FROM rag.documents d WHERE d.id = rag_delete_document.document_id RETURNING 1)
-    SELECT count(*) > 0 FROM gone
-$$;
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer;
+BEGIN
+    SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._require_privilege(v_collection, 'write');
+    DELETE FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
+    RETURN FOUND;
+END $$;
 
 -- Polls until every document of the collection has left 'processing', or the timeout passes. For scripts
 -- and tests that must wait for the worker; each check sees the latest committed state.

@@ -1,14 +1,17 @@
 -- Retrieval. The question is embedded in Rust (rag._embed_query); the search itself is SQL, built with the
 -- collection's id and dimension as literals so the planner can match the collection's partial HNSW index.
 
+-- A chunk made from a row of a watched table is a candidate only while the caller could SELECT that row
+-- (rag._row_visible); the iterative index scan keeps looking until k candidates pass that and the filter.
 CREATE FUNCTION rag._search_sql(c rag.collections, with_filter boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format($q$
         WITH hits AS (
             SELECT ch.id, ch.document_id, ch.ordinal, ch.content, ch.page,
                    ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch%3$s
-             WHERE ch.collection_id = %2$s%4$s
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %2$s%3$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
              ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
              LIMIT $2)
         SELECT h.document_id, d.title, h.id, h.ordinal, h.content, h.distance, d.metadata, h.page,
@@ -17,7 +20,6 @@ LANGUAGE sql IMMUTABLE AS $$
          WHERE h.distance <= $3
          ORDER BY h.distance, h.id$q$,
         c.dimensions, c.id,
-        CASE WHEN with_filter THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
         CASE WHEN with_filter THEN ' AND fd.metadata @> $4' ELSE '' END)
 $$;
 
@@ -55,10 +57,10 @@ BEGIN
     IF c.dimensions IS NOT NULL THEN
         SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
         v_embedded := clock_timestamp();
+        -- A metadata filter and row visibility remove candidates after the index scan; iterative scans keep
+        -- looking until k rows survive them, in exact distance order.
+        PERFORM set_config('hnsw.iterative_scan', 'strict_order', true);
         IF filter IS NOT NULL THEN
-            -- A metadata filter removes candidates after the index scan; iterative scans keep looking until
-            -- k rows survive it.
-            PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
             RETURN QUERY EXECUTE rag._search_sql(c, true)
                 USING v_vector, k, coalesce(max_distance, c.max_distance), filter;
         ELSE

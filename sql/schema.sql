@@ -13,11 +13,22 @@ CREATE TABLE rag.providers (
     base_url        text CHECK (base_url IS NULL OR base_url ~ '^https?://'),
     api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting = 'rag.openai_api_key'
                                 OR api_key_setting ~ '^file:[A-Za-z0-9_.-]{1,63}$'),
-    created_at      timestamptz NOT NULL DEFAULT now()
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    created_by      name
 );
 COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.ollama_url setting';
 -- 'local' runs a sentence-embedding model inside PostgreSQL (models under rag.model_path): no server at all.
 INSERT INTO rag.providers (name, kind) VALUES ('ollama', 'ollama'), ('local', 'local');
+
+-- Which key may be sent to which server, as a superuser decided. A URL decides who receives the key in the
+-- Authorization header, so a rag_admin may name a key setting only for a base URL a superuser allowed it for.
+CREATE TABLE rag.key_grants (
+    api_key_setting text NOT NULL,
+    base_url        text NOT NULL,
+    granted_by      name NOT NULL,
+    granted_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (api_key_setting, base_url)
+);
 
 CREATE TABLE rag.collections (
     id                 integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -41,9 +52,23 @@ CREATE TABLE rag.collections (
     max_answer_tokens  integer NOT NULL DEFAULT 1024 CHECK (max_answer_tokens BETWEEN 16 AND 100000),
     -- The partial HNSW index for this collection's vectors, once the dimension is known.
     index_name         text,
-    created_at         timestamptz NOT NULL DEFAULT now()
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    -- The role that created it: it, its members and superusers hold every privilege on it.
+    owner              regrole NOT NULL
 );
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
+
+-- Who else may use a collection (rag_grant): read (query, prompt, ask, and its rows through SELECT), write
+-- (ingest, delete documents) or admin (drop, watch, reindex, change the model, grant). One row per grantee with
+-- the highest level; each level includes the ones below. Grantee 0 ('-'::regrole) is PUBLIC.
+CREATE TABLE rag.collection_grants (
+    collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    grantee       regrole NOT NULL,
+    privilege     text NOT NULL CHECK (privilege IN ('read', 'write', 'admin')),
+    granted_by    name NOT NULL,
+    granted_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (collection_id, grantee)
+);
 
 -- Content tables kept indexed by triggers (rag_watch). Expressions are SQL over the table's row, checked
 -- when the watch is made; the worker evaluates them as the table's owner, never as a superuser.
@@ -153,6 +178,77 @@ CREATE TABLE rag.queue (
 );
 CREATE INDEX queue_due ON rag.queue (not_before, id);
 
+------------------------------------------------------------------------------------------------------------
+-- Collection privileges. Enforced twice: every function checks the caller's privilege through
+-- rag._require_privilege, and row-level security on the tables below shows plain SELECTs only the rows of
+-- collections the querying role may read (SECURITY DEFINER code runs as the tables' owner, which bypasses it).
+
+CREATE FUNCTION rag._privilege_rank(p_privilege text) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_privilege WHEN 'read' THEN 1 WHEN 'write' THEN 2 WHEN 'admin' THEN 3 END
+$$;
+
+-- Does role p_role hold p_privilege on the collection? Superusers and members of the owning role hold all.
+-- A role that no longer exists (an owner or grantee dropped since) holds nothing and breaks nothing.
+CREATE FUNCTION rag._has_collection_privilege(p_collection_id integer, p_owner regrole, p_role oid,
+                                              p_privilege text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_role AND r.rolsuper)
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_owner)
+            AND pg_catalog.pg_has_role(p_role, p_owner, 'MEMBER'))
+        OR EXISTS (SELECT 1 FROM rag.collection_grants g
+                    WHERE g.collection_id = p_collection_id
+                      AND rag._privilege_rank(g.privilege) >= rag._privilege_rank(p_privilege)
+                      AND (g.grantee = 0
+                           OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = g.grantee)
+                               AND pg_catalog.pg_has_role(p_role, g.grantee, 'USAGE'))))
+$$;
+
+-- The ids of the collections p_role holds p_privilege on; policies call it once per query (an InitPlan).
+CREATE FUNCTION rag._collections_with(p_role name, p_privilege text) RETURNS integer[]
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT coalesce(array_agg(c.id), '{}')
+      FROM rag.collections c, pg_catalog.pg_roles r
+     WHERE r.rolname = p_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege)
+$$;
+
+-- Raises unless the caller holds p_privilege on the collection.
+CREATE FUNCTION rag._require_privilege(p_collection_id integer, p_privilege text) RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+    v_caller name := rag._calling_role();
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF NOT rag._has_collection_privilege(c.id, c.owner, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller),
+                                         p_privilege) THEN
+        RAISE EXCEPTION 'permission denied for collection "%"', c.name
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
+                  HINT = format('Its owner (%s) or an admin of it can grant it: SELECT rag_grant(%L, %L, %L);',
+                                c.owner, c.name, v_caller, p_privilege);
+    END IF;
+END $$;
+
+ALTER TABLE rag.collections ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.collections FOR SELECT
+    USING (id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+ALTER TABLE rag.collection_grants ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.collection_grants FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.documents FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.chunks FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+ALTER TABLE rag.watches ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.watches FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+
 CREATE VIEW rag.status AS
 SELECT c.name AS collection,
        c.embedding_provider,
@@ -182,5 +278,6 @@ SELECT c.name AS collection,
         SELECT coalesce(qu.last_error, qd.failure_reason) AS last_error
           FROM rag.documents qd LEFT JOIN rag.queue qu ON qu.document_id = qd.id
          WHERE qd.collection_id = c.id AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
-         ORDER BY qd.updated_at DESC LIMIT 1) e ON true;
+         ORDER BY qd.updated_at DESC LIMIT 1) e ON true
+ WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error';

@@ -21,10 +21,13 @@ GRANT USAGE ON SCHEMA rag TO rag_reader;
 REVOKE ALL ON ALL TABLES IN SCHEMA rag FROM PUBLIC;
 -- Readers see what is indexed; nobody but the owner writes the tables directly: writes go through the
 -- SECURITY DEFINER functions, which validate them.
-GRANT SELECT ON rag.collections, rag.documents, rag.chunks, rag.status, rag.providers, rag.prices TO rag_reader;
--- The ledger and conversations hold other people's questions: administrators only (and each caller's own
--- conversations through rag_conversation()).
-GRANT SELECT ON rag.queries, rag.ledger_daily TO rag_admin;
+-- Row-level security (schema.sql, answer.sql) narrows every one of these to the collections the role may read.
+GRANT SELECT ON rag.collections, rag.collection_grants, rag.documents, rag.chunks, rag.status, rag.providers,
+                rag.prices TO rag_reader;
+-- The ledger and conversations hold people's questions: each role sees its own rows, and the admins of a
+-- collection see all of its rows (policies in answer.sql).
+GRANT SELECT ON rag.queries, rag.conversations, rag.messages TO rag_reader;
+GRANT SELECT ON rag.ledger_daily TO rag_admin;
 GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 
 DO $$
@@ -37,17 +40,25 @@ DECLARE
     v_path text;
     v_grantee text;
 BEGIN
-    -- pg_temp last: a caller's temporary objects can never shadow ours inside SECURITY DEFINER code.
-    v_path := format('%I, %I, %I, pg_catalog, pg_temp', 'rag', v_extschema, v_vectorschema);
+    -- pg_catalog first: a function or operator that a user creates in a schema on the path (public, where users
+    -- may create objects before PostgreSQL 15 and after many upgrades) can never take the place of a built-in
+    -- one of the same signature. pg_temp last: a caller's temporary objects never shadow anything.
+    v_path := format('pg_catalog, %I, %I, %I, pg_temp', 'rag', v_extschema, v_vectorschema);
     FOR f IN
-        SELECT p.oid::regprocedure AS signature, p.proname
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname
           FROM pg_depend dep
           JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
+          JOIN pg_language l ON l.oid = p.prolang
          WHERE dep.refclassid = 'pg_extension'::regclass
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
+        IF f.lanname IN ('sql', 'plpgsql') THEN
+            -- Our SQL is written for standard strings ('\m' is two characters); a session that turned them off
+            -- must not change what it means, nor how a user's watch expression is read.
+            EXECUTE format('ALTER FUNCTION %s SET standard_conforming_strings = on', f.signature);
+        END IF;
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models',
@@ -55,13 +66,16 @@ BEGIN
                                '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
-                               '_local_model_window')
+                               '_local_model_window', '_row_visible', '_watch_columns')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
+            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_privilege_rank',
+                               '_has_collection_privilege', '_require_privilege')
+                THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',

@@ -12,14 +12,79 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- The SQL text of "what would be indexed" for a row aliased r: content, title, filter, metadata.
+-- The SQL text of "what would be indexed" for a row aliased r: content, title, filter, metadata. Each
+-- expression was checked by PostgreSQL's parser to be exactly one expression; the newline after it ends any
+-- trailing "--" comment, so it cannot swallow the rest of the statement it is placed in.
 CREATE FUNCTION rag._watch_exprs(w rag.watches, OUT content text, OUT title text, OUT filter text, OUT metadata text)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('(%s)::text', w.content_expr),
-           format('(%s)::text', coalesce(w.title_expr, 'NULL')),
-           format('coalesce((%s)::boolean, false)', coalesce(w.filter_expr, 'true')),
+    SELECT format(E'(%s\n)::text', w.content_expr),
+           format(E'(%s\n)::text', coalesce(w.title_expr, 'NULL')),
+           format(E'coalesce((%s\n)::boolean, false)', coalesce(w.filter_expr, 'true')),
            rag._columns_object(w.metadata_columns)
 $$;
+
+-- The role whose rights a watch's expressions run with: the owner of the watched table.
+CREATE FUNCTION rag._watch_owner(w rag.watches) RETURNS oid
+LANGUAGE sql STABLE AS $$
+    SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
+$$;
+
+-- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
+-- role inserting (the triggers run as the table's owner), and the insert must come from inside a trigger.
+CREATE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+$$;
+ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
+CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
+    WITH CHECK (rag._may_queue_batch(watch_id, current_user));
+
+-- The columns the indexed content can depend on: every column the expressions name (a word match, so a column
+-- is included when in doubt), the metadata columns and the key.
+CREATE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY a.attnum)
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
+            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
+            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'))
+$$;
+
+-- May the calling role SELECT the watched row a document was made from, now? Table or column privileges on
+-- every column the index reads, and the table's row-level security policies, evaluated as the caller (in a
+-- security-restricted operation) by key: one indexed lookup. Retrieval asks this of every candidate chunk
+-- that came from a watched table, so a reader finds only what the table itself would show them.
+CREATE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+    v_caller oid;
+    v_super boolean;
+    v_column text;
+    v_keys text;
+BEGIN
+    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    IF NOT FOUND OR v_super THEN
+        RETURN true;
+    END IF;
+    IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN
+        FOREACH v_column IN ARRAY rag._watch_columns(w) LOOP
+            IF NOT pg_catalog.has_column_privilege(v_caller, w.source, v_column, 'SELECT') THEN
+                RETURN false;
+            END IF;
+        END LOOP;
+    END IF;
+    v_keys := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k);
+    RETURN EXISTS (
+        SELECT 1 FROM rag._query_as(v_caller,
+            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)',
+                   w.source::regclass, v_keys, v_keys, w.source::regclass),
+            p_key));
+END $$;
 
 CREATE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -55,15 +120,9 @@ BEGIN
     v_key := rag._columns_object(w.key_columns);
     v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
-    -- The columns the indexed content can depend on: every column the expressions name (a word match, so a
-    -- column is included when in doubt), the metadata columns and the key. An UPDATE that changes none of
-    -- them cannot change what is indexed, and is recognised without evaluating any expression.
-    SELECT array_agg(a.attname ORDER BY a.attnum) INTO v_referenced
-      FROM pg_attribute a
-     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
-            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
-            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'));
+    -- An UPDATE that changes none of the columns the index depends on cannot change what is indexed, and is
+    -- recognised without evaluating any expression.
+    v_referenced := rag._watch_columns(w);
     v_changed := format('(%s) IS DISTINCT FROM (%s)',
                         (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
                         (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
@@ -78,7 +137,7 @@ BEGIN
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp AS $body$
+        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
@@ -118,6 +177,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                    w.source::regclass, v_function);
@@ -186,11 +246,13 @@ CREATE FUNCTION rag_watch(
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_collection integer := rag._collection_id(collection);
+    v_collection integer := rag._collection_id(collection, 'admin');
     v_key text[] := key;
     v_column text;
     v_id integer;
     v_caller name := rag._calling_role();
+    v_watch rag.watches;
+    v_exprs record;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
@@ -223,23 +285,27 @@ BEGIN
                 HINT = 'key and metadata name columns of the table.';
         END IF;
     END LOOP;
-    -- Expressions are checked now, not in the worker later: one SQL expression each, no statement smuggled
-    -- in, and it must evaluate over the table's row as its owner would.
+    -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
+    -- expression, and together they must evaluate over the table's row as its owner, with the owner's rights
+    -- only (a security-restricted operation, as for index expressions).
     PERFORM rag._check_expression(content, 'content');
     PERFORM rag._check_expression(title, 'title');
     PERFORM rag._check_expression(filter, 'filter');
-    BEGIN
-        EXECUTE format('SELECT (%s)::text, (%s)::text, (%s)::boolean FROM ONLY %s AS r LIMIT 0',
-                       content, coalesce(title, 'NULL'), coalesce(filter, 'true'), source);
-    EXCEPTION WHEN OTHERS THEN
-        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'They are SQL expressions over the row, e.g. content => ''title || E''''\n\n'''' || body''.';
-    END;
     INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
                              metadata_columns, format)
     VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
-    RETURNING id INTO v_id;
+    RETURNING * INTO v_watch;
+    v_id := v_watch.id;
+    SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
+    BEGIN
+        PERFORM rag._query_as(rag._watch_owner(v_watch),
+                              format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
+                                     v_exprs.content, v_exprs.title, v_exprs.filter, source));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
+    END;
     PERFORM rag._watch_install(v_id);
     PERFORM rag._reindex_watch(v_id);
     RETURN v_id;
@@ -256,11 +322,13 @@ DECLARE
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
-    EXECUTE format($q$
-        INSERT INTO rag.row_queue AS q (watch_id, key)
-        SELECT %s, %s FROM ONLY %s AS r WHERE %s
-        ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now()$q$,
-        w.id, rag._columns_object(w.key_columns), w.source::regclass, e.filter);
+    -- The filter runs as the table's owner; only the keys come back to be queued.
+    INSERT INTO rag.row_queue AS q (watch_id, key)
+    SELECT w.id, k.key
+      FROM rag._query_as(rag._watch_owner(w),
+                         format('SELECT %s FROM ONLY %s AS r WHERE %s',
+                                rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
+    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now();
     GET DIAGNOSTICS v_count = ROW_COUNT;
     INSERT INTO rag.row_queue AS q (watch_id, key)
     SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
@@ -268,6 +336,15 @@ BEGIN
     GET DIAGNOSTICS v_gone = ROW_COUNT;
     PERFORM rag._wake_worker();
     RETURN v_count + v_gone;
+END $$;
+
+-- Stopping or re-reading a watch is for the watched table's owner or an admin of its collection.
+CREATE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+        PERFORM rag._require_privilege(w.collection_id, 'admin');
+    END IF;
 END $$;
 
 CREATE FUNCTION rag_reindex(source regclass) RETURNS bigint
@@ -280,6 +357,7 @@ BEGIN
         RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
             HINT = 'Watch it with rag_watch first.';
     END IF;
+    PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
     RETURN rag._reindex_watch(v_id);
 END $$;
 
@@ -292,6 +370,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM rag._require_watch_control(w);
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
@@ -354,7 +433,6 @@ DECLARE
     w rag.watches;
     c rag.collections;
     e record;
-    v_owner name;
     v_found boolean := false;
     v_content text;
     v_title text;
@@ -367,21 +445,22 @@ BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
     SELECT * INTO c FROM rag.collections WHERE id = w.collection_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
-    SELECT pg_get_userbyid(relowner) INTO v_owner FROM pg_class WHERE oid = w.source;
     chunk_size := c.chunk_size; chunk_overlap := c.chunk_overlap; chunk_unit := c.chunk_unit;
     -- A local model's tokenizer measures the chunks, so the worker needs to know which model embeds them.
     SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
     embedding_model := c.embedding_model; document_prefix := c.document_prefix;
-    -- The expressions run with the table owner's rights, not the worker's.
-    PERFORM set_config('role', v_owner, true);
-    EXECUTE format($q$SELECT true, %s, %s, %s, %s FROM ONLY %s AS r
-                       WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
-                   e.content, e.title, e.filter, e.metadata, w.source::regclass,
-                   (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                   (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                   w.source::regclass)
-       INTO v_found, v_content, v_title, v_pass, v_metadata USING q.key;
-    PERFORM set_config('role', 'none', true);
+    -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
+    -- they cannot change role), under rag.expression_timeout.
+    SELECT true, x->>'content', x->>'title', (x->>'pass')::boolean, x->'metadata'
+      INTO v_found, v_content, v_title, v_pass, v_metadata
+      FROM rag._query_as(rag._watch_owner(w),
+             format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
+                         FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
+                    e.content, e.title, e.filter, e.metadata, w.source::regclass,
+                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                    w.source::regclass),
+             q.key) AS x;
     v_content := rag._to_text(v_content, w.format);
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
@@ -478,7 +557,8 @@ SELECT w.source_name AS source,
        coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
                 (SELECT d.failure_reason FROM rag.documents d
                   WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
-  FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id;
+  FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id
+ WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
 -- rows_watched needs a count over the user's table, so it is a function, not a column of the view.
 CREATE FUNCTION rag_watch_status()
@@ -489,12 +569,23 @@ DECLARE
     s record;
     w rag.watches;
 BEGIN
-    FOR s IN SELECT * FROM rag.watch_status ORDER BY 1 LOOP
+    -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
+    FOR s IN SELECT * FROM rag.watch_status ws
+              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c
+                                          WHERE c.id = ANY (rag._collections_with(rag._calling_role(), 'read')))
+              ORDER BY 1 LOOP
         SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
         source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
         rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
-        EXECUTE format('SELECT count(*) FROM ONLY %s AS r WHERE %s', w.source::regclass,
-                       (SELECT filter FROM rag._watch_exprs(w))) INTO rows_watched;
+        -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
+        -- and shown only to callers who may read the table themselves.
+        rows_watched := NULL;
+        IF pg_catalog.has_table_privilege(rag._calling_role()::name, w.source, 'SELECT') THEN
+            SELECT x::text::bigint INTO rows_watched
+              FROM rag._query_as(rag._watch_owner(w),
+                                 format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
+                                        (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+        END IF;
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -504,7 +595,7 @@ END $$;
 CREATE FUNCTION rag_reindex(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_collection integer := rag._collection_id(collection);
+    v_collection integer := rag._collection_id(collection, 'admin');
     v_watch integer;
     v_count bigint;
 BEGIN
@@ -535,7 +626,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection) FOR UPDATE;
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     IF embedding_model IS NULL OR embedding_model = '' THEN
         RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'rag_models() lists what the provider serves.';

@@ -25,6 +25,7 @@ pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000)
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static SYNC_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
+pub static EXPRESSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 pub static MODEL_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static LOCAL_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(32);
@@ -236,6 +237,17 @@ pub fn define() {
         0,
         3_600_000,
         GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    // One table owner's slow expression must not stall every collection of the database behind it.
+    GucRegistry::define_int_guc(
+        c"rag.expression_timeout",
+        c"How long the worker lets a watch's content, title or filter expression run for one row.",
+        c"A row whose expressions take longer is not indexed; watch status shows the timeout as its error.",
+        &EXPRESSION_TIMEOUT_MS,
+        1,
+        3_600_000,
+        GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(

@@ -167,18 +167,4 @@ pub mod rag {
             _ => text.to_string(),
         })
     }
-
-    /// Checks that a rag_watch expression is one SQL expression: no statement separator, no comment that
-    /// could hide the rest of the generated statement, balanced parentheses outside literals.
-    #[pg_extern(immutable, parallel_safe, name = "_check_expression")]
-    pub fn check_expression(expression: Option<&str>, role: &str) {
-        let Some(expression) = expression else { return };
-        if let Err(problem) = rag_sync::check_expression(expression) {
-            crate::api::raise(
-                pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("the {role} expression is not a single SQL expression: {problem}"),
-                "Give one expression over the row's columns, e.g. title || ' ' || body; statements are not allowed.",
-            );
-        }
-    }
 }

@@ -6,6 +6,7 @@ pub mod extract;
 pub mod models;
 pub mod process;
 pub mod query;
+pub mod watch;
 
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};

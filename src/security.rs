@@ -1,0 +1,217 @@
+//! Running SQL that a user wrote (watch expressions) with that user's rights and nothing more, and checking
+//! that such SQL is one expression, with PostgreSQL's own parser.
+//!
+//! The identity switch is the one PostgreSQL makes for code it runs on a table owner's behalf (index
+//! expressions, ANALYZE, REFRESH MATERIALIZED VIEW): `SetUserIdAndSecContext` with
+//! `SECURITY_RESTRICTED_OPERATION`, inside a new GUC nest level. Inside it `SET ROLE`, `set_config('role', …)`,
+//! temporary objects and the other escapes PostgreSQL forbids there all fail, so an expression cannot take
+//! more rights than its author has.
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+use std::ffi::CString;
+
+/// `STATEMENT_TIMEOUT` in PostgreSQL's `TimeoutId` enum (utils/timeout.h), which pgrx does not bind; it has
+/// been the fourth entry since the enum was introduced, in every supported major.
+const STATEMENT_TIMEOUT_ID: std::ffi::c_int = 3;
+
+extern "C-unwind" {
+    fn enable_timeout_after(id: std::ffi::c_int, delay_ms: std::ffi::c_int);
+    fn disable_timeout(id: std::ffi::c_int, keep_indicator: bool);
+}
+
+/// While alive, the current user is `role` in a security-restricted operation, with
+/// `standard_conforming_strings = on` so that user SQL is tokenised exactly as it was when it was checked.
+/// Dropped normally, it restores identity and settings. On an ERROR it restores nothing itself: the
+/// (sub)transaction abort that follows every ERROR resets the user id, security context and GUC nest level to
+/// what they were when the (sub)transaction began, which is how PostgreSQL's own callers rely on it too.
+pub struct RestrictedIdentity {
+    saved_user: pg_sys::Oid,
+    saved_context: std::ffi::c_int,
+    guc_level: std::ffi::c_int,
+    timeout_armed: bool,
+}
+
+impl RestrictedIdentity {
+    /// Becomes `role` for the SQL run while the guard lives. `timeout_ms > 0` arms a statement timeout for
+    /// that SQL, for callers (the worker) where no client statement timeout applies.
+    pub fn enter(role: pg_sys::Oid, timeout_ms: i32) -> Self {
+        let mut saved_user = pg_sys::InvalidOid;
+        let mut saved_context: std::ffi::c_int = 0;
+        // SAFETY: both pointers are to live locals; these calls only read and write process-global state that
+        // PostgreSQL's own callers manipulate the same way, on this (the only PostgreSQL) thread.
+        let guc_level = unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+            pg_sys::SetUserIdAndSecContext(
+                role,
+                saved_context
+                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int
+                    | pg_sys::SECURITY_RESTRICTED_OPERATION as std::ffi::c_int,
+            );
+            pg_sys::NewGUCNestLevel()
+        };
+        set_local("standard_conforming_strings", "on");
+        let timeout_armed = timeout_ms > 0;
+        if timeout_armed {
+            // SAFETY: the STATEMENT_TIMEOUT reason is registered by InitPostgres in every backend and
+            // background worker; arming it is what postgres.c does at the start of each statement.
+            unsafe { enable_timeout_after(STATEMENT_TIMEOUT_ID, timeout_ms) };
+        }
+        RestrictedIdentity {
+            saved_user,
+            saved_context,
+            guc_level,
+            timeout_armed,
+        }
+    }
+}
+
+impl Drop for RestrictedIdentity {
+    fn drop(&mut self) {
+        if self.timeout_armed {
+            // Always, errors included: no abort path disarms it in a background worker, and a timer left
+            // armed would cancel whatever the worker does next.
+            // SAFETY: disarming a timeout never raises; it only edits the timeout table of this process.
+            unsafe { disable_timeout(STATEMENT_TIMEOUT_ID, false) };
+        }
+        if std::thread::panicking() {
+            // An ERROR is on its way to the abort that restores everything (see the type's comment); calling
+            // into PostgreSQL while unwinding could only raise a second error.
+            return;
+        }
+        // SAFETY: the values restored are the ones saved in `enter`, on the same thread, at the same
+        // transaction nesting (the guard never outlives the SPI call it wraps).
+        unsafe {
+            pg_sys::AtEOXact_GUC(true, self.guc_level);
+            pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
+        }
+    }
+}
+
+/// Sets a parameter for the current GUC nest level only, as a function's `SET` clause does.
+fn set_local(name: &str, value: &str) {
+    let name = CString::new(name).expect("parameter names have no NUL");
+    let value = CString::new(value).expect("parameter values have no NUL");
+    // SAFETY: valid C strings that outlive the call; GUC_ACTION_SAVE ties the value to the nest level opened
+    // by the caller, so it is undone with it.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+    }
+}
+
+/// Why a string is not one SQL expression, in words for an error message.
+fn expression_problem(expression: &str) -> Option<String> {
+    if expression.trim().is_empty() {
+        return Some("it is empty".into());
+    }
+    if expression.to_ascii_lowercase().contains("pg_temp") {
+        // A writer's own temporary schema would otherwise supply functions that run inside triggers and the
+        // worker as the table's owner.
+        return Some("it names pg_temp; temporary objects cannot be used".into());
+    }
+    let Ok(text) = CString::new(expression) else {
+        return Some("it contains a NUL character".into());
+    };
+    let parsed = PgTryBuilder::new(|| {
+        // The parse runs with standard_conforming_strings on, the setting every later evaluation uses, so a
+        // backslash cannot end a literal here and not there.
+        // SAFETY: NewGUCNestLevel/AtEOXact_GUC pair up around the parse; an ERROR inside is caught below and
+        // the nest level is then unwound by the (sub)transaction abort the re-raised error causes.
+        let level = unsafe { pg_sys::NewGUCNestLevel() };
+        set_local("standard_conforming_strings", "on");
+        // SAFETY: raw_parser takes a NUL-terminated string and returns a List of RawStmt in the current memory
+        // context, or raises a syntax ERROR.
+        let tree = unsafe {
+            pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_PLPGSQL_EXPR)
+        };
+        unsafe { pg_sys::AtEOXact_GUC(true, level) };
+        Ok(tree)
+    })
+    .catch_others(|caught| match caught {
+        CaughtError::PostgresError(report) => Err(report.message().to_string()),
+        other => other.rethrow(),
+    })
+    .execute();
+    let tree = match parsed {
+        Ok(tree) => tree,
+        Err(message) => return Some(message),
+    };
+    // SAFETY: `tree` is what raw_parser returned: a valid List (or NIL) of RawStmt nodes.
+    unsafe { single_expression_problem(tree) }
+}
+
+/// The parse of `RAW_PARSE_PLPGSQL_EXPR` is a SELECT without the keyword; it is one expression only when every
+/// clause but a single unnamed target is absent.
+unsafe fn single_expression_problem(tree: *mut pg_sys::List) -> Option<String> {
+    let statements = pgrx::PgList::<pg_sys::RawStmt>::from_pg(tree);
+    if statements.len() != 1 {
+        return Some("it is not exactly one expression".into());
+    }
+    let raw = statements.get_ptr(0)?;
+    let node = (*raw).stmt;
+    if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_SelectStmt {
+        return Some("it is not an expression".into());
+    }
+    let select = &*(node as *mut pg_sys::SelectStmt);
+    let clauses_absent = select.distinctClause.is_null()
+        && select.intoClause.is_null()
+        && select.fromClause.is_null()
+        && select.whereClause.is_null()
+        && select.groupClause.is_null()
+        && select.havingClause.is_null()
+        && select.windowClause.is_null()
+        && select.valuesLists.is_null()
+        && select.sortClause.is_null()
+        && select.limitOffset.is_null()
+        && select.limitCount.is_null()
+        && select.lockingClause.is_null()
+        && select.withClause.is_null()
+        && select.op == pg_sys::SetOperation::SETOP_NONE;
+    if !clauses_absent {
+        return Some("it has clauses (FROM, WHERE, ORDER BY, …) besides the expression".into());
+    }
+    let targets = pgrx::PgList::<pg_sys::ResTarget>::from_pg(select.targetList);
+    if targets.len() != 1 {
+        return Some("it is not exactly one expression (a comma at the top level?)".into());
+    }
+    let target = targets.get_ptr(0)?;
+    if !(*target).name.is_null() {
+        return Some("it has an alias (AS …)".into());
+    }
+    let value = (*target).val;
+    if value.is_null() {
+        return Some("it is not an expression".into());
+    }
+    if (*value).type_ == pg_sys::NodeTag::T_ColumnRef {
+        let fields =
+            pgrx::PgList::<pg_sys::Node>::from_pg((*(value as *mut pg_sys::ColumnRef)).fields);
+        if fields
+            .iter_ptr()
+            .any(|field| !field.is_null() && (*field).type_ == pg_sys::NodeTag::T_A_Star)
+        {
+            return Some("* is not an expression".into());
+        }
+    }
+    None
+}
+
+/// Raises an ERROR unless `expression` is exactly one SQL expression; `what` names it in the message.
+pub fn require_single_expression(expression: &str, what: &str) {
+    if let Some(problem) = expression_problem(expression) {
+        crate::api::raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("the {what} expression is not a single SQL expression: {problem}"),
+            "Give one expression over the row's columns, e.g. title || ' ' || body; statements, clauses and temporary objects are not allowed.",
+        );
+    }
+}
