@@ -42,38 +42,52 @@ pg_suite_failures() {
   grep -E '\.\.\. FAILED' "$1" | sed -E 's/^(test| )? *([a-z0-9_]+) +\.\.\..*/\2/' | sort -u
 }
 
+# run_pg_suite_on KIND WORK_DIR SUITE_DIR: one run of the parallel schedule against a fresh cluster, vanilla or
+# with rag preloaded (and a database using it, so the launcher and a worker are alive throughout).
+run_pg_suite_on() {
+  local kind=$1 work=$2 dir=$3 port
+  port=$(free_port)
+  if [ "$kind" = rag ]; then
+    start_cluster "$work/suite-$kind" "$port" "rag.ollama_url = 'http://127.0.0.1:${PROVIDER_PORT:-9}'" \
+      "rag.naptime = '200ms'" "rag.launcher_naptime = '2s'" || return 1
+    as_postgres "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+      -c 'CREATE DATABASE rag_in_use' -c '\c rag_in_use' -c 'CREATE EXTENSION rag CASCADE' >/dev/null || return 1
+  else
+    # The same binaries and settings, nothing of ours loaded.
+    RAG_PRELOAD=0 start_cluster "$work/suite-$kind" "$port" || return 1
+  fi
+  rm -rf "$work/suite-$kind/out" && install -d -o postgres -g postgres "$work/suite-$kind/out"
+  (cd "$dir" && as_postgres ./pg_regress --inputdir="$dir" --bindir="$PG_BIN" --dlpath="$dir" --max-concurrent-tests=20 \
+     --schedule=parallel_schedule --host=127.0.0.1 --port="$port" --user=postgres \
+     --outputdir="$work/suite-$kind/out" >"$work/suite-$kind/pg_regress.log" 2>&1)
+  stop_cluster "$work/suite-$kind"
+  grep -qE '^(test| ) +[a-z0-9_]+ +\.\.\.' "$work/suite-$kind/pg_regress.log" || {
+    tail -20 "$work/suite-$kind/pg_regress.log"; return 1; }
+}
+
 # run_pg_suite WORK_DIR: prints per-cluster results and sets PG_SUITE_TOTAL, PG_SUITE_RAG_ONLY (names of the
 # tests that fail only with rag preloaded) and PG_SUITE_VANILLA_FAILED. Returns non-zero if a run did not happen.
 run_pg_suite() {
-  local work=$1 dir port kind
+  local work=$1 dir
   dir=$(pg_suite_dir)
   [ -x "$dir/pg_regress" ] || { echo "pg regression suite not built (scripts/setup builds it)"; return 1; }
-  for kind in vanilla rag; do
-    port=$(free_port)
-    local settings=()
-    if [ "$kind" = rag ]; then
-      settings=("rag.ollama_url = 'http://127.0.0.1:${PROVIDER_PORT:-9}'" "rag.naptime = '200ms'"
-                "rag.launcher_naptime = '2s'")
-      start_cluster "$work/suite-$kind" "$port" "${settings[@]}" || return 1
-      # A database that uses the extension, so the launcher and a worker are alive during the whole run.
-      as_postgres "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres \
-        -c 'CREATE DATABASE rag_in_use' -c '\c rag_in_use' -c 'CREATE EXTENSION rag CASCADE' >/dev/null || return 1
-    else
-      # The same binaries and settings, nothing of ours loaded.
-      RAG_PRELOAD=0 start_cluster "$work/suite-$kind" "$port" || return 1
-    fi
-    rm -rf "$work/suite-$kind/out" && install -d -o postgres -g postgres "$work/suite-$kind/out"
-    (cd "$dir" && as_postgres ./pg_regress --inputdir="$dir" --bindir="$PG_BIN" --dlpath="$dir" --max-concurrent-tests=20 \
-       --make-testtablespace-dir --schedule=parallel_schedule --host=127.0.0.1 --port="$port" --user=postgres \
-       --outputdir="$work/suite-$kind/out" >"$work/suite-$kind/pg_regress.log" 2>&1)
-    stop_cluster "$work/suite-$kind"
-    grep -qE '^(test| ) +[a-z0-9_]+ +\.\.\.' "$work/suite-$kind/pg_regress.log" || {
-      tail -20 "$work/suite-$kind/pg_regress.log"; return 1; }
-  done
+  run_pg_suite_on vanilla "$work" "$dir" || return 1
+  run_pg_suite_on rag "$work" "$dir" || return 1
+  local rag_only
+  rag_only=$(comm -13 <(pg_suite_failures "$work/suite-vanilla/pg_regress.log") \
+                      <(pg_suite_failures "$work/suite-rag/pg_regress.log"))
+  if [ -n "$rag_only" ]; then
+    # A few of PostgreSQL's tests compare plans that depend on the visibility map, which any concurrent
+    # activity can change (on a loaded two-core machine too); a failure counts only if a second run repeats it.
+    echo "  failing only with rag preloaded in the first run: $(echo $rag_only | tr '\n' ' '); running again"
+    cp "$work/suite-rag/pg_regress.log" "$work/suite-rag-first-run.log"
+    run_pg_suite_on rag "$work" "$dir" || return 1
+  fi
   PG_SUITE_TOTAL=$(grep -cE '^(test| )? *[a-z0-9_]+ +\.\.\. ' "$work/suite-rag/pg_regress.log")
   PG_SUITE_VANILLA_FAILED=$(pg_suite_failures "$work/suite-vanilla/pg_regress.log" | tr '\n' ' ')
-  PG_SUITE_RAG_ONLY=$(comm -13 <(pg_suite_failures "$work/suite-vanilla/pg_regress.log") \
-                               <(pg_suite_failures "$work/suite-rag/pg_regress.log") | tr '\n' ' ')
+  PG_SUITE_RAG_ONLY=$(comm -12 <(echo "$rag_only" | sort) \
+                               <(comm -13 <(pg_suite_failures "$work/suite-vanilla/pg_regress.log") \
+                                          <(pg_suite_failures "$work/suite-rag/pg_regress.log")) | tr '\n' ' ')
   echo "  vanilla failures (minor-version drift of the suite): ${PG_SUITE_VANILLA_FAILED:-none}"
   echo "  failing only with rag preloaded: ${PG_SUITE_RAG_ONLY:-none}"
 }

@@ -1,0 +1,285 @@
+-- Security boundaries, tried as an attacker would, with ordinary roles: an owner of a table and a collection,
+-- a second rag_admin as the attacker, a writer, a reader and a role with no rag role at all.
+CREATE ROLE sec_owner LOGIN IN ROLE rag_admin;
+CREATE ROLE sec_attacker LOGIN IN ROLE rag_admin;
+CREATE ROLE sec_writer LOGIN IN ROLE rag_writer;
+CREATE ROLE sec_reader LOGIN IN ROLE rag_reader;
+CREATE ROLE sec_nobody LOGIN;
+CREATE SCHEMA sec_owner AUTHORIZATION sec_owner;
+CREATE SCHEMA sec_attacker AUTHORIZATION sec_attacker;
+CREATE SCHEMA sec_secret;
+CREATE TABLE sec_secret.vault (id int PRIMARY KEY, body text);
+INSERT INTO sec_secret.vault VALUES (1, 'the launch code is 0000');
+CREATE FUNCTION pg_temp.wait_for(p_condition text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    FOR i IN 1..600 LOOP
+        EXECUTE p_condition INTO v_done;
+        IF v_done THEN
+            RETURN true;
+        END IF;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    RETURN false;
+END $$;
+
+------------------------------------------------------------------------------------------------------------
+-- 1. A rag_admin cannot become superuser through a watch expression. The attacker's function promotes the
+-- attacker whenever it runs as a superuser; it runs when the watch is checked, reindexed, counted (also when
+-- a superuser asks for the status) and read by the worker.
+SET ROLE sec_attacker;
+SELECT rag_create_collection('attacker-notes', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_attacker.notes (id int PRIMARY KEY, body text);
+INSERT INTO sec_attacker.notes VALUES (1, 'an ordinary note');
+CREATE FUNCTION sec_attacker.escalate(t text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        EXECUTE 'ALTER ROLE sec_attacker SUPERUSER';
+    END IF;
+    RETURN t;
+END $f$;
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'sec_attacker.escalate(body)',
+                 filter => 'sec_attacker.escalate(body) IS NOT NULL') > 0 AS watching;
+SELECT rag_reindex('sec_attacker.notes'::regclass) > 0 AS queued;
+RESET ROLE;
+SELECT source, rows_watched FROM rag_watch_status() WHERE source = 'sec_attacker.notes';
+SELECT rag_reindex('sec_attacker.notes'::regclass) > 0 AS queued_by_superuser;
+SELECT pg_temp.wait_for($$SELECT NOT EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
+                                              WHERE w.source_name = 'sec_attacker.notes' AND q.last_error IS NULL)$$) AS worker_done;
+SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
+
+-- 2. An expression cannot leave the owner's rights: set_config('role', ...) and SET ROLE fail inside it, so
+-- nothing it reads with more rights reaches the collection.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.steal(t text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM set_config('role', 'none', true);
+    RETURN (SELECT string_agg(body, ',') FROM sec_secret.vault);
+END $f$;
+SELECT rag_unwatch('sec_attacker.notes', drop_documents => true);
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'sec_attacker.steal(body)') > 0 AS watching;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue WHERE last_error IS NOT NULL)$$) AS worker_tried;
+SELECT last_error FROM rag.row_queue;
+SELECT count(*) AS secret_in_collection FROM rag.documents WHERE body LIKE '%launch code%';
+SET ROLE sec_attacker;
+SELECT rag_unwatch('sec_attacker.notes', drop_documents => true);
+
+-- 3. An expression is one expression, as PostgreSQL's parser reads it: nothing is smuggled in with a quote
+-- trick, a comment, a clause, a second target or a temporary function.
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes',
+                 content => $$body'\' ) ; CREATE TABLE sec_attacker.pwn AS SELECT rolname FROM pg_authid ; SELECT 1 --'$$);
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'body FROM pg_authid');
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'body, body');
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'body AS x');
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'pg_temp.f(body)');
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'body /* unterminated');
+SELECT to_regclass('sec_attacker.pwn') AS smuggled_table;
+-- A trailing comment is harmless: the expression is read alone, and placed on a line of its own.
+SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'body -- the note') > 0 AS watching;
+SELECT rag_unwatch('sec_attacker.notes', drop_documents => true);
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
+-- 4. Collections have an owner; others need a grant.
+SET ROLE sec_owner;
+SELECT rag_create_collection('owner-docs', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT rag_ingest('owner-docs', 'Payroll', 'Salaries are paid on the last working day of the month.') > 0 AS ingested;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT rag_wait('owner-docs', '30 seconds')$$) AS ready;
+SELECT c.name, c.owner FROM rag.collections c WHERE c.name = 'owner-docs';
+
+-- The attacker is a rag_admin, but not of this collection.
+SET ROLE sec_attacker;
+SELECT rag_drop_collection('owner-docs');
+SELECT rag_set_embedding_model('owner-docs', 'hash-768');
+SELECT rag_reindex('owner-docs');
+SELECT rag_grant('owner-docs', 'sec_attacker', 'admin');
+SELECT rag_ingest('owner-docs', 'Planted', 'Planted text.');
+SELECT title FROM rag_query('owner-docs', 'when are salaries paid');
+SELECT count(*) AS chunks_visible FROM rag.chunks;
+SELECT name FROM rag.collections ORDER BY 1;
+SELECT collection FROM rag.status ORDER BY 1;
+RESET ROLE;
+
+-- Reader and writer without grants: nothing.
+SET ROLE sec_reader;
+SELECT title FROM rag_query('owner-docs', 'when are salaries paid');
+SELECT answer FROM rag_ask('owner-docs', 'when are salaries paid');
+SELECT rag_prompt('owner-docs', 'when are salaries paid');
+SELECT count(*) AS documents_visible FROM rag.documents;
+SELECT count(*) AS chunks_visible FROM rag.chunks;
+RESET ROLE;
+SELECT min(d.id) AS owner_document FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
+ WHERE c.name = 'owner-docs' \gset
+SET ROLE sec_writer;
+SELECT rag_delete_document(:owner_document);
+SELECT rag_ingest('owner-docs', 'Planted', 'Planted text.');
+RESET ROLE;
+SET ROLE sec_nobody;
+SELECT title FROM rag_query('owner-docs', 'when are salaries paid');
+SELECT count(*) FROM rag.chunks;
+RESET ROLE;
+
+-- The owner grants; granted roles may then do what their grant says, and no more.
+SET ROLE sec_owner;
+SELECT rag_grant('owner-docs', 'sec_reader', 'read');
+SELECT rag_grant('owner-docs', 'sec_writer', 'write');
+SELECT rag_grant('owner-docs', 'sec_reader', 'superpowers');
+SELECT rag_grant('owner-docs', 'no_such_role', 'read');
+SELECT grantee, privilege FROM rag.collection_grants ORDER BY 1::text;
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT title FROM rag_query('owner-docs', 'when are salaries paid', 1);
+SELECT outcome FROM rag_ask('owner-docs', 'when are salaries paid');
+SELECT count(*) AS documents_visible FROM rag.documents;
+SELECT rag_ingest('owner-docs', 'Planted', 'Planted text.');
+SELECT count(*) AS own_ledger_rows FROM rag.queries;
+SELECT DISTINCT role FROM rag.queries;
+RESET ROLE;
+SET ROLE sec_writer;
+SELECT rag_ingest('owner-docs', 'Holidays', 'Staff get twenty-five days of paid holiday a year.') > 0 AS ingested;
+SELECT rag_drop_collection('owner-docs');
+RESET ROLE;
+-- A revoked grant is gone at once.
+SET ROLE sec_owner;
+SELECT rag_revoke('owner-docs', 'sec_writer');
+RESET ROLE;
+SET ROLE sec_writer;
+SELECT rag_ingest('owner-docs', 'After revoke', 'Revoked writers cannot ingest.');
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
+-- 5. Retrieval honours the source table: a reader sees chunks of watched rows only when they could SELECT
+-- the row now, under the table's row-level security and column privileges; k is still filled.
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.tickets (id int PRIMARY KEY, author name NOT NULL, body text NOT NULL);
+ALTER TABLE sec_owner.tickets ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_tickets ON sec_owner.tickets USING (author = current_user);
+GRANT SELECT ON sec_owner.tickets TO sec_reader, sec_writer;
+GRANT USAGE ON SCHEMA sec_owner TO sec_reader, sec_writer;
+INSERT INTO sec_owner.tickets
+SELECT i, CASE WHEN i % 4 = 0 THEN 'sec_reader' ELSE 'sec_writer' END,
+       'Ticket ' || i || ': the printer on floor ' || i || ' is out of toner again.'
+  FROM generate_series(1, 40) i;
+SELECT rag_create_collection('tickets', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT rag_watch('sec_owner.tickets', 'tickets', content => 'body') > 0 AS watching;
+SELECT rag_grant('tickets', 'sec_reader', 'read');
+SELECT rag_grant('tickets', 'sec_writer', 'read');
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT (SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
+                                   WHERE c.name = 'tickets' AND d.status = 'ready') = 40$$) AS all_indexed;
+SET ROLE sec_reader;
+-- Ten of the forty tickets are the reader's: every hit is one of them, and k = 8 is filled.
+SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 = 0) AS own_hits
+  FROM rag_query('tickets', 'printer out of toner', 8);
+SELECT count(*) AS hits, bool_and(content LIKE 'Ticket %') AS all_tickets FROM rag_query('tickets', 'printer out of toner', 12);
+SELECT count(*) > 0 AS cited, bool_and((d.source_key->>'id')::int % 4 = 0) AS cited_only_own
+  FROM rag_ask('tickets', 'which printer is out of toner', k => 8) a
+ CROSS JOIN LATERAL jsonb_array_elements(a.citations) c
+  JOIN rag.documents d ON d.id = (c->>'document_id')::bigint;
+RESET ROLE;
+SET ROLE sec_writer;
+SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 <> 0) AS own_hits
+  FROM rag_query('tickets', 'printer out of toner', 8);
+RESET ROLE;
+-- Without SELECT on the column that is indexed, nothing from the table is visible.
+SET ROLE sec_owner;
+REVOKE SELECT ON sec_owner.tickets FROM sec_reader;
+GRANT SELECT (id, author) ON sec_owner.tickets TO sec_reader;
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT count(*) AS hits_without_body_privilege FROM rag_query('tickets', 'printer out of toner', 8);
+RESET ROLE;
+-- The owner bypasses row-level security on their own table, as PostgreSQL does.
+SET ROLE sec_owner;
+SELECT count(*) AS owner_hits FROM rag_query('tickets', 'printer out of toner', 8);
+RESET ROLE;
+
+-- The attacker cannot unwatch or reindex someone else's table, nor queue keys for it.
+SELECT 'sec_owner.tickets'::regclass::oid AS tickets, (SELECT id FROM rag.watches WHERE source_name = 'sec_owner.tickets') AS tickets_watch \gset
+SET ROLE sec_attacker;
+SELECT rag_unwatch(:'tickets');
+SELECT rag_reindex(:'tickets'::regclass);
+INSERT INTO rag.row_batches (watch_id, keys) VALUES (:tickets_watch, '[1]');
+RESET ROLE;
+-- Not even the table's owner writes batches outside its triggers.
+SET ROLE sec_owner;
+INSERT INTO rag.row_batches (watch_id, keys) VALUES (:tickets_watch, '[1]');
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
+-- 6. Functions and operators created in public by an ordinary user never run inside the extension's code.
+GRANT CREATE ON SCHEMA public TO PUBLIC;
+SET ROLE sec_nobody;
+CREATE TABLE public.sec_shadow_log (what text);
+GRANT INSERT ON public.sec_shadow_log TO PUBLIC;
+CREATE FUNCTION public.btrim(text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES ('btrim as ' || current_user); RETURN pg_catalog.btrim($1); END $f$;
+CREATE FUNCTION public.jsonb_typeof(jsonb) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES ('jsonb_typeof as ' || current_user); RETURN pg_catalog.jsonb_typeof($1); END $f$;
+CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES ('sha256 as ' || current_user); RETURN pg_catalog.sha256($1); END $f$;
+CREATE FUNCTION public.trim_scale(numeric) RETURNS numeric LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES ('trim_scale as ' || current_user); RETURN pg_catalog.trim_scale($1); END $f$;
+CREATE FUNCTION public.sec_texteq(text, text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES ('= as ' || current_user); RETURN pg_catalog.texteq($1, $2); END $f$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.sec_texteq);
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_ingest('owner-docs', 'Shadowed', 'Shadow functions never run here.', '{"kind": "test"}') > 0 AS ingested;
+SELECT count(*) > 0 AS found FROM rag_query('owner-docs', 'when are salaries paid', filter => '{"kind": "test"}');
+SELECT outcome FROM rag_ask('owner-docs', 'when are salaries paid');
+SELECT rag_drop_collection('attacker-notes');
+RESET ROLE;
+SELECT rag_process_queue() >= 0 AS processed;
+SELECT count(*) AS shadows_that_ran FROM public.sec_shadow_log;
+DROP OPERATOR public.= (text, text);
+DROP FUNCTION public.sec_texteq(text, text), public.btrim(text), public.jsonb_typeof(jsonb), public.sha256(bytea),
+              public.trim_scale(numeric);
+DROP TABLE public.sec_shadow_log;
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+-- Every function of the extension pins pg_catalog first.
+SELECT count(*) AS functions_without_pg_catalog_first
+  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
+   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s LIKE 'search_path=pg_catalog,%');
+
+------------------------------------------------------------------------------------------------------------
+-- 7. Keys go only where a superuser allowed them.
+SET ROLE sec_attacker;
+SELECT rag_create_provider('exfiltrate', 'openai', base_url => 'http://127.0.0.1:9/v1', api_key_setting => 'rag.openai_api_key');
+SELECT rag_allow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
+SELECT rag_create_provider('keyless', 'openai', base_url => 'http://127.0.0.1:9/v1');
+SELECT name, api_key_setting FROM rag.providers WHERE name = 'keyless';
+RESET ROLE;
+SELECT rag_allow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1/');
+SET ROLE sec_attacker;
+SELECT rag_create_provider('allowed', 'openai', base_url => 'http://127.0.0.1:9/v1', api_key_setting => 'rag.openai_api_key');
+RESET ROLE;
+SELECT rag_disallow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
+SELECT name, api_key_setting FROM rag.providers WHERE name IN ('allowed', 'keyless') ORDER BY 1;
+SELECT rag_drop_provider('allowed'), rag_drop_provider('keyless');
+
+------------------------------------------------------------------------------------------------------------
+-- 8. Errors stay PostgreSQL's own: position, detail and context survive the extension's utility hook, and
+-- no Rust backtrace appears (this server runs with RUST_BACKTRACE=1).
+SET ROLE sec_nobody;
+CREATE TABLE public.not_allowed (x int);
+DO $$ BEGIN EXECUTE 'CREATE TABLE no_such_schema.t (x int)'; END $$;
+RESET ROLE;
+CREATE TABLESPACE sec_bad LOCATION 'relative/path';
+SELECT * FROM rag_query('owner-docs', 'x', filter => '"not an object"');
+
+------------------------------------------------------------------------------------------------------------
+-- The owner drops their own collection; grants go with it.
+SET ROLE sec_owner;
+SELECT rag_unwatch('sec_owner.tickets', drop_documents => true);
+SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
+RESET ROLE;
+SELECT count(*) AS grants_left FROM rag.collection_grants;
+SELECT rag_drop_collection('attacker-notes');
+DROP SCHEMA sec_owner, sec_attacker, sec_secret CASCADE;
+DROP OWNED BY sec_owner, sec_attacker, sec_writer, sec_reader, sec_nobody;
+DROP ROLE sec_owner, sec_attacker, sec_writer, sec_reader, sec_nobody;
