@@ -145,7 +145,7 @@ BEGIN
         RETURN;
     END IF;
     -- Candidates a caller may not see (rag._row_visible) are skipped; the index scan goes on until k remain.
-    PERFORM set_config('hnsw.iterative_scan', 'strict_order', true);
+    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
     RETURN QUERY EXECUTE format($q$
         WITH anchors AS (
             SELECT ch.id, ch.document_id, ch.ordinal,

@@ -382,13 +382,13 @@ BEGIN
           FROM rag.documents d WHERE d.collection_id = v_collection AND d.content_sha256 = v_sha AND d.source_key IS NULL;
         IF v_status = 'failed' THEN
             UPDATE rag.documents SET status = 'processing', failure_reason = NULL, updated_at = now() WHERE id = v_id;
-            INSERT INTO rag.queue (document_id) VALUES (v_id) ON CONFLICT (document_id) DO NOTHING;
+            INSERT INTO rag.queue (document_id, collection_id) VALUES (v_id, v_collection) ON CONFLICT (document_id) DO NOTHING;
             PERFORM rag._wake_worker();
         END IF;
         RETURN v_id;
     END IF;
 
-    INSERT INTO rag.queue (document_id) VALUES (v_id);
+    INSERT INTO rag.queue (document_id, collection_id) VALUES (v_id, v_collection);
     PERFORM rag._wake_worker();
     RETURN v_id;
 END $$;
@@ -430,9 +430,13 @@ END $$;
 -- The worker's side. These run as the worker (a superuser) or inside rag_process_queue; nobody else may
 -- call them.
 
--- Claims the next due queue item: one whose claimant is gone counts as unclaimed, so work held by a killed
--- worker is picked up again. Returns everything the worker needs to process it without another query.
-CREATE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}')
+-- Claims the next due queue item. Collections take turns: p_recent lists the collections this worker served
+-- lately, most recent last, and the oldest due item of the collection served longest ago (or never) wins, so
+-- one collection's thousand documents, or one document's thousand chunks (the worker works in slices), never
+-- keep another collection's document waiting for long. Within a collection the order is first in, first out.
+-- An item whose claimant is gone counts as unclaimed, so work held by a killed worker is picked up again.
+-- Returns everything the worker needs to process the item without another query.
+CREATE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}', p_recent integer[] DEFAULT '{}')
 RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs_chunking boolean,
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
                provider_name text, provider_kind text, provider_url text, provider_key_setting text,
@@ -441,20 +445,36 @@ RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.queue;
+    v_candidate bigint;
+    v_found boolean;
 BEGIN
     LOOP
-        SELECT * INTO q FROM rag.queue qu
-         WHERE qu.not_before <= now()
-           AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
-                OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
-           -- Providers this worker found failing wait out their cool-down; the others' documents go ahead.
-           AND (cardinality(p_skip_providers) = 0 OR NOT EXISTS (
-                SELECT 1 FROM rag.documents sd JOIN rag.collections sc ON sc.id = sd.collection_id
-                 WHERE sd.id = qu.document_id AND sc.embedding_provider = ANY (p_skip_providers)))
-         ORDER BY qu.not_before, qu.id
-         LIMIT 1
-         FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
+        v_found := false;
+        -- A few candidates per collection (the head may be locked by another worker), collections in turn.
+        FOR v_candidate IN
+            SELECT h.id
+              FROM rag.collections c
+             CROSS JOIN LATERAL (
+                   SELECT qu.id, qu.not_before FROM rag.queue qu
+                    WHERE qu.collection_id = c.id AND qu.not_before <= now()
+                      AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
+                           OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                    ORDER BY qu.not_before, qu.id LIMIT 3) h
+             -- Providers this worker found failing wait out their cool-down; the others' documents go ahead.
+             WHERE NOT (c.embedding_provider = ANY (p_skip_providers))
+             ORDER BY array_position(p_recent, c.id) NULLS FIRST, h.not_before, h.id
+        LOOP
+            SELECT * INTO q FROM rag.queue qu
+             WHERE qu.id = v_candidate AND qu.not_before <= now()
+               AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
+                    OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                v_found := true;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF NOT v_found THEN
             RETURN;
         END IF;
         IF q.unfinished_claims >= 5 THEN

@@ -58,8 +58,8 @@ BEGIN
         SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
         v_embedded := clock_timestamp();
         -- A metadata filter and row visibility remove candidates after the index scan; iterative scans keep
-        -- looking until k rows survive them, in exact distance order.
-        PERFORM set_config('hnsw.iterative_scan', 'strict_order', true);
+        -- looking until k rows survive them (relaxed order: better recall; the outer query sorts by distance).
+        PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
         IF filter IS NOT NULL THEN
             RETURN QUERY EXECUTE rag._search_sql(c, true)
                 USING v_vector, k, coalesce(max_distance, c.max_distance), filter;

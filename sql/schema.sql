@@ -97,6 +97,9 @@ CREATE TABLE rag.row_queue (
     not_before  timestamptz NOT NULL DEFAULT now(),
     claimed_by  integer,
     last_error  text,
+    -- Failures in a row: each one doubles the wait before the next try (30 s, 1 min, ... up to an hour), so a
+    -- row whose expressions always time out costs the worker little.
+    attempts    integer NOT NULL DEFAULT 0,
     UNIQUE (watch_id, key)
 );
 CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
@@ -164,6 +167,8 @@ CREATE INDEX chunks_pending ON rag.chunks (document_id, ordinal) WHERE embedding
 CREATE TABLE rag.queue (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     document_id      bigint NOT NULL UNIQUE REFERENCES rag.documents (id) ON DELETE CASCADE,
+    -- Denormalised so the worker can take turns between collections without scanning the whole queue.
+    collection_id    integer NOT NULL,
     enqueued_at      timestamptz NOT NULL DEFAULT now(),
     not_before       timestamptz NOT NULL DEFAULT now(),
     -- Transient provider failures since the last progress, and when the first of them happened.
@@ -177,6 +182,7 @@ CREATE TABLE rag.queue (
     last_error       text
 );
 CREATE INDEX queue_due ON rag.queue (not_before, id);
+CREATE INDEX queue_by_collection ON rag.queue (collection_id, not_before, id);
 
 ------------------------------------------------------------------------------------------------------------
 -- Collection privileges. Enforced twice: every function checks the caller's privilege through

@@ -212,7 +212,10 @@ BEGIN
     INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
     SELECT watch_id, key, not_before FROM keys
     ON CONFLICT (watch_id, key) DO UPDATE
-       SET version = q.version + 1, not_before = greatest(q.not_before, EXCLUDED.not_before);
+       SET version = q.version + 1, attempts = 0,
+           -- A failed row waiting out its back-off is tried again as soon as it is written to again.
+           not_before = CASE WHEN q.attempts > 0 THEN EXCLUDED.not_before
+                             ELSE greatest(q.not_before, EXCLUDED.not_before) END;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END $$;
@@ -328,7 +331,7 @@ BEGIN
       FROM rag._query_as(rag._watch_owner(w),
                          format('SELECT %s FROM ONLY %s AS r WHERE %s',
                                 rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
-    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now();
+    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     INSERT INTO rag.row_queue AS q (watch_id, key)
     SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
@@ -528,7 +531,7 @@ BEGIN
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
      WHERE id = p_document_id;
     IF v_missing > 0 THEN
-        INSERT INTO rag.queue (document_id) VALUES (p_document_id)
+        INSERT INTO rag.queue (document_id, collection_id) VALUES (p_document_id, v_collection)
         ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
     END IF;
     RETURN v_missing;
@@ -539,7 +542,9 @@ CREATE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error t
 LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
     UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
-           not_before = CASE WHEN p_error IS NULL THEN not_before ELSE now() + interval '30 seconds' END
+           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE attempts + 1 END,
+           not_before = CASE WHEN p_error IS NULL THEN not_before
+                             ELSE now() + least(interval '30 seconds' * power(2, least(attempts, 7)), interval '1 hour') END
      WHERE id = p_row_queue_id;
 $$;
 
@@ -604,8 +609,8 @@ BEGIN
     UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
            updated_at = now()
      WHERE collection_id = v_collection AND watch_id IS NULL;
-    INSERT INTO rag.queue (document_id)
-    SELECT id FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
+    INSERT INTO rag.queue (document_id, collection_id)
+    SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
     ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     -- Rows of watched tables: forget their text so the worker rebuilds it from the row.

@@ -2,7 +2,7 @@
 use super::raise;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
-use rag_chunk::{chunk_text, ChunkConfig, SizeUnit};
+use rag_chunk::{chunk_text_with_checkpoint, ChunkConfig, SizeUnit};
 
 pub fn parse_unit(unit: &str) -> SizeUnit {
     match unit {
@@ -43,8 +43,12 @@ pub fn rag_chunk(
     overlap: default!(i32, 150),
 ) -> SetOfIterator<'static, String> {
     let config = config_or_raise(size, overlap, "characters");
+    // A cancel request or statement_timeout stops a large text between two chunks.
+    let mut checkpoint = || {
+        pgrx::check_for_interrupts!();
+    };
     SetOfIterator::new(
-        chunk_text(text, &config)
+        chunk_text_with_checkpoint(text, &config, &mut checkpoint)
             .into_iter()
             .map(|chunk| chunk.text),
     )

@@ -23,15 +23,21 @@ pub struct WorkItem {
     pub chunk_unit: String,
 }
 
+/// `recently_served`: collections this worker served lately, most recent last; the others go first.
 pub fn claim_next(
     worker_pid: i32,
     skip_providers: Vec<String>,
+    recently_served: Vec<i32>,
 ) -> Result<Option<WorkItem>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT * FROM rag._claim_next($1, $2)",
+            "SELECT * FROM rag._claim_next($1, $2, $3)",
             Some(1),
-            &[worker_pid.into(), skip_providers.into()],
+            &[
+                worker_pid.into(),
+                skip_providers.into(),
+                recently_served.into(),
+            ],
         )?;
         let mut item = None;
         for row in rows {

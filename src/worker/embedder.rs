@@ -122,11 +122,28 @@ pub fn process_next(
         return Ok(Outcome::Worked);
     }
     let skip = cache.cooling_down();
-    let Some(item) = steps.run(|| store::claim_next(pid, skip))? else {
+    let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
+    let Some(item) = steps.run(|| store::claim_next(pid, skip, recent))? else {
         return Ok(Outcome::Idle(cache.next_close()));
     };
+    RECENTLY_SERVED.with(|served| {
+        let mut served = served.borrow_mut();
+        served.retain(|&collection| collection != item.collection_id);
+        served.push(item.collection_id);
+    });
     Ok(process_item(steps, cache, rng, &item))
 }
+
+thread_local! {
+    /// Collections this process served, least recently first: the claim lets the others go first, so
+    /// collections take turns.
+    static RECENTLY_SERVED: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// How long one claim works on one document before giving the others their turn. A document of thousands of
+/// chunks is embedded in slices of about this long, so a small document of another collection that arrives
+/// meanwhile waits one slice, not the whole document.
+const SLICE: Duration = Duration::from_secs(1);
 
 fn process_item(
     steps: &impl Steps,
@@ -157,10 +174,16 @@ fn process_item(
         Err(reason) => return fail(reason),
     };
     let batch_size = crate::settings::BATCH_SIZE.get().max(1);
+    let slice_started = Instant::now();
     loop {
         if steps.interrupted() {
             release(steps, item);
             return Outcome::Stopped;
+        }
+        if slice_started.elapsed() >= SLICE {
+            // Back in the queue at once; the claim order lets other collections go first.
+            release(steps, item);
+            return Outcome::Worked;
         }
         let batch = match steps.run(|| store::pending_chunks(item.document_id, batch_size)) {
             Ok(batch) => batch,

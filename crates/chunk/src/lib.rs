@@ -77,8 +77,20 @@ pub struct Chunk {
 /// shared is at most [`ChunkConfig::overlap_chars`] and may be less: it yields to a paragraph or
 /// sentence that would otherwise not fit whole, and at least a quarter of every chunk is new text.
 pub fn chunk_text(text: &str, config: &ChunkConfig) -> Vec<Chunk> {
+    chunk_text_with_checkpoint(text, config, &mut || {})
+}
+
+/// [`chunk_text`] that calls `checkpoint` before packing each chunk, a few microseconds apart at most. A
+/// caller that must be able to stop a long text (a database backend honouring a cancel request or a
+/// statement timeout) checks there and unwinds out of it; nothing is left half-built but the chunks so far,
+/// which are dropped.
+pub fn chunk_text_with_checkpoint(
+    text: &str,
+    config: &ChunkConfig,
+    checkpoint: &mut dyn FnMut(),
+) -> Vec<Chunk> {
     let limits = pack::Limits::new(config.max_chars(), config.overlap_chars());
-    pack::chunk_spans(text, limits)
+    pack::chunk_spans_with_checkpoint(text, limits, checkpoint)
         .into_iter()
         .map(|span| Chunk {
             text: span.slice(text).to_owned(),

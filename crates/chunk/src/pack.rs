@@ -41,15 +41,28 @@ impl Limits {
 }
 
 /// The chunks of `text`, as trimmed spans in text order.
+#[cfg(test)]
 pub(crate) fn chunk_spans(text: &str, limits: Limits) -> Vec<Span> {
-    let mut spans = pack(text, limits);
+    chunk_spans_with_checkpoint(text, limits, &mut || {})
+}
+
+/// The chunks of `text`, as trimmed spans in text order, calling `checkpoint` before each chunk is packed.
+pub(crate) fn chunk_spans_with_checkpoint(
+    text: &str,
+    limits: Limits,
+    checkpoint: &mut dyn FnMut(),
+) -> Vec<Span> {
+    // Shared by the packer and the paragraph scanner it drives.
+    let checkpoint = std::cell::RefCell::new(checkpoint);
+    let tick = || (checkpoint.borrow_mut())();
+    let mut spans = pack(text, limits, &tick);
     settle_tail(text, &mut spans, limits);
     spans
 }
 
 /// Greedy packing with overlap, before the tail is settled.
-fn pack(text: &str, limits: Limits) -> Vec<Span> {
-    let mut units = Units::new(text, limits.max).peekable();
+fn pack(text: &str, limits: Limits, checkpoint: &dyn Fn()) -> Vec<Span> {
+    let mut units = Units::with_checkpoint(text, limits.max, Some(checkpoint)).peekable();
     let mut spans: Vec<Span> = Vec::new();
     // Where the rest of a unit begins after a hard cut took its head.
     let mut resume: Option<Pos> = None;
@@ -58,6 +71,7 @@ fn pack(text: &str, limits: Limits) -> Vec<Span> {
     // Where a heading before a unit too big for any chunk begins: that unit's first piece starts there.
     let mut lead: Option<Pos> = None;
     loop {
+        checkpoint();
         let from_held = held.is_some();
         let Some(unit) = held.or_else(|| units.peek().copied()) else {
             break;
@@ -408,7 +422,7 @@ mod tests {
     fn greedy_packing_leaves_the_tail_that_settling_merges() {
         let text = equal_sentences_then_done(7);
         let limits = Limits::new(180, 60);
-        let packed = pack(&text, limits);
+        let packed = pack(&text, limits, &|| {});
         // Four sentences per chunk, one of them repeated, then "Done." behind a repeated sentence.
         let bounds: Vec<(usize, usize)> =
             packed.iter().map(|s| (s.start.char, s.end.char)).collect();
@@ -446,7 +460,7 @@ mod tests {
     fn a_tail_too_big_to_merge_is_rebalanced_on_a_sentence_boundary() {
         let text = equal_sentences_then_done(4);
         let limits = Limits::new(180, 60);
-        let packed = pack(&text, limits);
+        let packed = pack(&text, limits, &|| {});
         let bounds: Vec<(usize, usize)> =
             packed.iter().map(|s| (s.start.char, s.end.char)).collect();
         assert_eq!(bounds, vec![(0, 179), (135, 185)]);

@@ -13,8 +13,10 @@ use crate::boundary::{break_weight, soften_line_breaks, Pos, Span};
 ///
 /// A sentence may still exceed `max_chars` (tables, minified JSON, base64); the packer hard-cuts it.
 /// Units are produced lazily so that a text of millions of one-line paragraphs costs no list of them.
-pub(crate) struct Units<'t> {
+pub(crate) struct Units<'t, 'c> {
     text: &'t str,
+    /// Called every [`CHECKPOINT_CHARS`] chars of a paragraph scan, so one huge paragraph can be abandoned.
+    checkpoint: Option<&'c dyn Fn()>,
     max_chars: usize,
     chars: Peekable<CharIndices<'t>>,
     char_index: usize,
@@ -24,10 +26,23 @@ pub(crate) struct Units<'t> {
     oversized: Option<Sentences>,
 }
 
-impl<'t> Units<'t> {
-    pub(crate) fn new(text: &'t str, max_chars: usize) -> Units<'t> {
+/// How many chars a paragraph scan goes between two checkpoints: well under a millisecond.
+const CHECKPOINT_CHARS: usize = 1 << 16;
+
+impl<'t, 'c> Units<'t, 'c> {
+    #[cfg(test)]
+    pub(crate) fn new(text: &'t str, max_chars: usize) -> Units<'t, 'c> {
+        Units::with_checkpoint(text, max_chars, None)
+    }
+
+    pub(crate) fn with_checkpoint(
+        text: &'t str,
+        max_chars: usize,
+        checkpoint: Option<&'c dyn Fn()>,
+    ) -> Units<'t, 'c> {
         Units {
             text,
+            checkpoint,
             max_chars,
             chars: text.char_indices().peekable(),
             char_index: 0,
@@ -42,6 +57,11 @@ impl<'t> Units<'t> {
         while let Some((byte, c)) = self.chars.next() {
             let index = self.char_index;
             self.char_index += 1;
+            if index % CHECKPOINT_CHARS == 0 {
+                if let Some(checkpoint) = self.checkpoint {
+                    checkpoint();
+                }
+            }
             if c.is_whitespace() {
                 self.breaks_since_content +=
                     break_weight(c, self.chars.peek().map(|&(_, next)| next));
@@ -73,7 +93,7 @@ impl<'t> Units<'t> {
     }
 }
 
-impl Iterator for Units<'_> {
+impl Iterator for Units<'_, '_> {
     type Item = Span;
 
     fn next(&mut self) -> Option<Span> {

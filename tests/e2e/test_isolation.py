@@ -1,0 +1,87 @@
+"""No user can stall the others: a slow watch expression times out, a huge document is embedded in slices
+while other collections' documents go ahead, and rag_chunk stops at a cancel or statement_timeout."""
+import time
+import unittest
+
+from support import fresh_database, psql, scalar
+
+DB = "rag_e2e_isolation"
+
+
+def wait_until(sql, seconds=60, db=DB):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if scalar(sql, db=db) == "t":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+class Isolation(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        # Its worker would otherwise hold one of rag.max_workers' slots for the scenarios after this one.
+        psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", db="postgres")
+
+    def test_slow_watch_expression_times_out_and_other_collections_go_ahead(self):
+        psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf();", db="postgres")
+        try:
+            psql("""
+                CREATE FUNCTION slow_text(t text) RETURNS text LANGUAGE sql AS $$ SELECT pg_sleep(20)::text || t $$;
+                CREATE TABLE slow_rows (id int PRIMARY KEY, body text);
+                INSERT INTO slow_rows VALUES (1, 'a row whose content takes twenty seconds to compute');
+                SELECT rag_create_collection('slow-watch', embedding_model => 'hash-384');
+                SELECT rag_create_collection('quick', embedding_model => 'hash-384');
+                SELECT rag_watch('slow_rows', 'slow-watch', content => 'slow_text(body)');
+            """, db=DB)
+            started = time.time()
+            # The worker is now inside the slow expression; a document of another collection still gets done.
+            psql("SELECT rag_ingest('quick', 'Quick', 'One sentence that should not wait for anyone.')", db=DB)
+            self.assertTrue(wait_until("SELECT rag_wait('quick', '1 second')", seconds=15),
+                            "a one-sentence document waited behind a slow watch expression")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.row_queue WHERE last_error IS NOT NULL)",
+                                       seconds=15))
+            error = scalar("SELECT last_error FROM rag.row_queue", db=DB)
+            self.assertIn("rag.expression_timeout", error)
+            self.assertLess(time.time() - started, 15, "the expression was not cut off at the timeout")
+            # The row backs off instead of taking the worker every 30 seconds.
+            self.assertEqual(scalar("SELECT attempts >= 1 AND not_before > now() FROM rag.row_queue", db=DB), "t")
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'slow_rows'", db=DB), "0")
+        finally:
+            psql("ALTER SYSTEM RESET rag.expression_timeout; SELECT pg_reload_conf();", db="postgres")
+            psql("SELECT rag_unwatch('slow_rows', drop_documents => true)", db=DB)
+
+    def test_large_document_is_embedded_in_slices(self):
+        # About 3,000 chunks at 50 ms a batch of 32: several seconds of embedding for one document.
+        psql("""
+            SELECT rag_create_collection('big', embedding_model => 'hash-384@slow50', chunk_size => 100, chunk_overlap => 0);
+            SELECT rag_create_collection('small', embedding_model => 'hash-384');
+            SELECT rag_ingest('big', 'Big', repeat('This sentence is one of very many in a large document. ', 5500));
+        """, db=DB)
+        self.assertTrue(wait_until("SELECT chunks_embedded > 0 FROM rag.documents WHERE title = 'Big'", seconds=30))
+        psql("SELECT rag_ingest('small', 'Small', 'A single short sentence in another collection.')", db=DB)
+        self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Small'", seconds=30))
+        big = psql("SELECT status, chunks_embedded, chunks_total FROM rag.documents WHERE title = 'Big'", db=DB)[0]
+        self.assertEqual(big[0], "processing", f"the small document waited for the whole large one: {big}")
+        self.assertLess(int(big[1]), int(big[2]))
+        self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Big'", seconds=120))
+        self.assertEqual(scalar("SELECT chunks_embedded = chunks_total FROM rag.documents WHERE title = 'Big'", db=DB), "t")
+
+    def test_rag_chunk_stops_at_statement_timeout(self):
+        started = time.time()
+        code, _, stderr = psql("SET statement_timeout = '300ms';\n"
+                               "SELECT count(*) FROM rag_chunk(repeat('All work and no play makes a dull text. ', 4000000));",
+                               db=DB, check=False)
+        elapsed = time.time() - started
+        self.assertNotEqual(code, 0)
+        self.assertIn("canceling statement due to statement timeout", stderr)
+        # Without the checkpoint this text takes several seconds to chunk; with it the cancel lands at once.
+        self.assertLess(elapsed, 2.5, f"rag_chunk ran {elapsed:.1f} s past a 300 ms statement_timeout")
+
+
+if __name__ == "__main__":
+    unittest.main()
