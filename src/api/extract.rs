@@ -16,8 +16,46 @@ fn limits() -> Limits {
     }
 }
 
+/// Extracts on a thread of its own while this backend keeps answering cancel requests and statement_timeout:
+/// a large or hostile file is parsed for seconds, and the caller gets control back within one poll interval.
+/// A cancelled extraction's thread runs to its end (bounded by the size limits) and its result is dropped.
+fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, ExtractError> {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+    let owned = data.to_vec();
+    let name = filename.map(str::to_owned);
+    let limits = limits();
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    let builder = std::thread::Builder::new()
+        .name("rag-extract".into())
+        .stack_size(16 * 1024 * 1024);
+    rag_threads::spawn(builder, move || {
+        // The caller may have been cancelled and gone; then nobody wants the result.
+        let _ = sender.send(extract(&owned, name.as_deref(), &limits));
+    })
+    .unwrap_or_else(|error| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
+            format!("cannot start the extraction thread: {error}"),
+            "The server is out of threads or memory; try again.",
+        )
+    });
+    loop {
+        match receiver.recv_timeout(POLL) {
+            Ok(result) => return result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                pgrx::check_for_interrupts!();
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                "the extraction thread ended without a result",
+                "",
+            ),
+        }
+    }
+}
+
 pub fn extract_or_raise(data: &[u8], filename: Option<&str>) -> Extracted {
-    match extract(data, filename, &limits()) {
+    match extract_interruptibly(data, filename) {
         Ok(extracted) => extracted,
         Err(error) => {
             let code = match error {

@@ -60,18 +60,20 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         if requests.every_database {
             absent.clear();
         }
-        for database in requests.databases {
-            absent.remove(&database);
+        for database in &requests.databases {
+            absent.remove(database);
         }
         reap_stopped_workers(&mut running, &mut absent, &mut served);
 
-        let databases = match crate::worker::transaction::run(list_databases) {
+        let mut databases = match crate::worker::transaction::run(list_databases) {
             Ok(databases) => databases,
             Err(message) => {
                 pgrx::log!("rag launcher: could not list databases: {message}");
                 Vec::new()
             }
         };
+        // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
+        databases.sort_by_key(|database| !requests.databases.contains(database));
         let mut probes_left = PROBES_PER_ROUND;
         for database in databases {
             if absent.contains(&database) || registry::database_paused(database) {

@@ -83,5 +83,16 @@ class Isolation(unittest.TestCase):
         self.assertLess(elapsed, 2.5, f"rag_chunk ran {elapsed:.1f} s past a 300 ms statement_timeout")
 
 
+    def test_extraction_stops_at_statement_timeout(self):
+        started = time.time()
+        code, _, stderr = psql("SET statement_timeout = '300ms';\n"
+                               "SELECT length(rag_extract_text(convert_to(repeat('<p>A paragraph of a very large page.</p>', "
+                               "1500000), 'UTF8'), 'big.html'));", db=DB, check=False)
+        elapsed = time.time() - started
+        self.assertNotEqual(code, 0)
+        self.assertIn("canceling statement due to statement timeout", stderr)
+        self.assertLess(elapsed, 2.5, f"extraction ran {elapsed:.1f} s past a 300 ms statement_timeout")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -433,38 +433,13 @@ fn build_pool(threads: usize) -> Result<rayon::ThreadPool, LocalModelError> {
             if let Some(name) = thread.name() {
                 builder = builder.name(name.to_owned());
             }
-            with_signals_blocked(|| builder.spawn(|| thread.run()))?;
+            rag_threads::spawn(builder, || thread.run())?;
             Ok(())
         })
         .build()
         .map_err(|error| LocalModelError::ThreadPool {
             message: error.to_string(),
         })
-}
-
-/// Runs `spawn` with every signal blocked on the calling thread, so threads it starts inherit a mask
-/// that keeps process-directed signals (PostgreSQL's SIGINT, SIGTERM, SIGUSR1...) on the backend's
-/// main thread, where its handlers expect to run.
-#[cfg(unix)]
-fn with_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
-    // SAFETY: sigfillset and pthread_sigmask only write the sigset_t values passed to them, which
-    // live on this stack frame; the previous mask is restored before returning.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut previous: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous) == 0;
-        let result = spawn();
-        if blocked {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
-        }
-        result
-    }
-}
-
-#[cfg(not(unix))]
-fn with_signals_blocked<T>(spawn: impl FnOnce() -> T) -> T {
-    spawn()
 }
 
 /// Hands the activations' freed memory back to the kernel. glibc keeps freed blocks of the pool

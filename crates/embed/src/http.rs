@@ -127,13 +127,14 @@ pub(crate) fn exchange(
     let started = Instant::now();
     let (sender, receiver) = mpsc::sync_channel(1);
     let worker_client = client.clone();
-    let spawned = thread::Builder::new()
-        .name("rag-provider-http".to_string())
-        .spawn(move || {
+    let spawned = rag_threads::spawn(
+        thread::Builder::new().name("rag-provider-http".to_string()),
+        move || {
             let outcome = perform(&worker_client, outgoing);
             // The caller may have given up and dropped the receiver; nobody is left to tell.
             let _ = sender.send(outcome);
-        });
+        },
+    );
     if let Err(error) = spawned {
         return Err(ProviderError::Transient {
             status: None,

@@ -25,18 +25,18 @@ const MAX_GRAPHICS_STACK: usize = 256;
 
 pub(crate) fn extract(data: &[u8], limits: &Limits) -> Result<Vec<Section>, ExtractError> {
     std::thread::scope(|scope| {
-        let worker = std::thread::Builder::new()
+        let builder = std::thread::Builder::new()
             .name("rag-extract-pdf".into())
-            .stack_size(PARSER_STACK_BYTES)
-            .spawn_scoped(scope, || {
-                catch_panic(Format::Pdf, || extract_pages(data, limits))
-            })
-            .map_err(|e| {
-                ExtractError::corrupt(
-                    Format::Pdf,
-                    format!("cannot start the PDF parser thread: {e}"),
-                )
-            })?;
+            .stack_size(PARSER_STACK_BYTES);
+        let worker = rag_threads::spawn_scoped(builder, scope, || {
+            catch_panic(Format::Pdf, || extract_pages(data, limits))
+        })
+        .map_err(|e| {
+            ExtractError::corrupt(
+                Format::Pdf,
+                format!("cannot start the PDF parser thread: {e}"),
+            )
+        })?;
         worker.join().unwrap_or_else(|_| {
             Err(ExtractError::corrupt(
                 Format::Pdf,
