@@ -90,6 +90,16 @@ LANGUAGE sql STABLE AS $$
      ORDER BY p.valid_from DESC LIMIT 1
 $$;
 
+-- What a call cost: the provider-reported usage at the prices in force now (a model without a price costs 0).
+CREATE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
+                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT trim_scale(
+             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
+$$;
+
 -- Writes one ledger row and returns its id. The cost is computed here, from the provider-reported usage and
 -- the price rows in force, which are stored beside it. The role is the caller's, not the definer's.
 CREATE FUNCTION rag._record_query(
@@ -107,10 +117,22 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
-    v_cost := coalesce(p_embed_tokens, 0) * coalesce(v_embed_price.input_usd_per_million, 0) / 1000000
-            + coalesce(p_prompt_tokens, 0) * coalesce(v_chat_price.input_usd_per_million, 0) / 1000000
-            + coalesce(p_completion_tokens, 0) * coalesce(v_chat_price.output_usd_per_million, 0) / 1000000;
-    v_cost := trim_scale(v_cost);
+    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
+    IF pg_catalog.pg_is_in_recovery() THEN
+        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
+        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
+        -- can read what the standby answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
+            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'sources_sent', p_sources_sent,
+            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+            'role', rag._calling_role()));
+        RETURN NULL;
+    END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
                              answer, reason, nearest_distance, sources_sent, citations, citations_kept,
                              citations_stripped, embedding_model, chat_model, embed_tokens, prompt_tokens,
@@ -172,12 +194,36 @@ BEGIN
         USING p_vector, p_k, p_max_distance;
 END $$;
 
+-- Conversations are written as they go, so they live on the primary; on a hot standby they are refused with
+-- the primary's address (host and port from primary_conninfo, never its password).
+CREATE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
+                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
 CREATE FUNCTION rag_conversation_start(collection text) RETURNS bigint
-LANGUAGE sql SECURITY DEFINER AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM rag._refuse_writes_on_standby('a conversation');
     INSERT INTO rag.conversations (collection_id, owner)
     VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
-    RETURNING id
-$$;
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
 
 CREATE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
 LANGUAGE plpgsql STABLE AS $$

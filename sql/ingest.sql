@@ -190,14 +190,21 @@ LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
 $$;
 
+-- Where a key may be sent is a superuser's decision.
+CREATE FUNCTION rag._require_superuser_for_keys() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT rag._caller_is_superuser() THEN
+        RAISE EXCEPTION 'only a superuser may decide where a key is sent' USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Ask a superuser to run rag_allow_key or rag_disallow_key.';
+    END IF;
+END $$;
+
 -- A superuser allows a key setting to be sent to one base URL; rag_admins may then create providers using it.
 CREATE FUNCTION rag_allow_key(api_key_setting text, base_url text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    IF NOT rag._caller_is_superuser() THEN
-        RAISE EXCEPTION 'only a superuser may decide where a key is sent' USING ERRCODE = 'insufficient_privilege',
-            HINT = 'Ask a superuser to run rag_allow_key.';
-    END IF;
+    PERFORM rag._require_superuser_for_keys();
     IF api_key_setting IS NULL OR (api_key_setting <> 'rag.openai_api_key' AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$') THEN
         RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', coalesce(quote_literal(api_key_setting), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Name where the key is kept, never the key itself.';
@@ -215,10 +222,7 @@ END $$;
 CREATE FUNCTION rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    IF NOT rag._caller_is_superuser() THEN
-        RAISE EXCEPTION 'only a superuser may decide where a key is sent' USING ERRCODE = 'insufficient_privilege',
-            HINT = 'Ask a superuser to run rag_disallow_key.';
-    END IF;
+    PERFORM rag._require_superuser_for_keys();
     DELETE FROM rag.key_grants g WHERE g.api_key_setting = rag_disallow_key.api_key_setting
                                    AND g.base_url = rtrim(rag_disallow_key.base_url, '/');
     IF NOT FOUND THEN
@@ -296,6 +300,28 @@ END $$;
 
 -- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
 -- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
+-- Creates the HNSW index of every collection that should have one and has not (pg_dump leaves these indexes
+-- out, so a restored database gets them back here), one at a time; the worker calls it when idle. It gives up
+-- at once when a restore still holds the chunks table, and tries again later.
+CREATE FUNCTION rag._repair_indexes() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_missing integer[];
+    v_id integer;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
+    SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
+     WHERE c.dimensions BETWEEN 1 AND 2000
+       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
+    FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
+        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
+        PERFORM rag._ensure_index(v_id);
+    END LOOP;
+    RETURN coalesce(cardinality(v_missing), 0);
+END $$;
+
 CREATE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE

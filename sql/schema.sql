@@ -74,7 +74,8 @@ CREATE TABLE rag.collection_grants (
 -- when the watch is made; the worker evaluates them as the table's owner, never as a superuser.
 CREATE TABLE rag.watches (
     id               integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    source           oid NOT NULL UNIQUE,
+    -- regclass, not oid: a dump stores the table's name, and a restore finds the table's new oid by it.
+    source           regclass NOT NULL UNIQUE,
     source_name      text NOT NULL,
     collection_id    integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
     content_expr     text NOT NULL,
@@ -239,21 +240,18 @@ BEGIN
     END IF;
 END $$;
 
-ALTER TABLE rag.collections ENABLE ROW LEVEL SECURITY;
-CREATE POLICY readable ON rag.collections FOR SELECT
-    USING (id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
-ALTER TABLE rag.collection_grants ENABLE ROW LEVEL SECURITY;
-CREATE POLICY readable ON rag.collection_grants FOR SELECT
-    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
-ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
-CREATE POLICY readable ON rag.documents FOR SELECT
-    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
-ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
-CREATE POLICY readable ON rag.chunks FOR SELECT
-    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
-ALTER TABLE rag.watches ENABLE ROW LEVEL SECURITY;
-CREATE POLICY readable ON rag.watches FOR SELECT
-    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]));
+DO $$
+DECLARE
+    v_table text;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches'] LOOP
+        EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
+        -- The scalar subquery runs once per query (an InitPlan), not once per row.
+        EXECUTE format($p$CREATE POLICY readable ON rag.%I FOR SELECT
+                          USING (%I = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]))$p$,
+                       v_table, CASE v_table WHEN 'collections' THEN 'id' ELSE 'collection_id' END);
+    END LOOP;
+END $$;
 
 CREATE VIEW rag.status AS
 SELECT c.name AS collection,

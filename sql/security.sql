@@ -16,6 +16,25 @@ END $$;
 GRANT rag_reader TO rag_writer;
 GRANT rag_writer TO rag_admin;
 
+-- Everything users create is dumped with their database: every table's rows (the seeded 'ollama' and 'local'
+-- providers are re-created by CREATE EXTENSION, so they are left out) and every identity sequence's position.
+-- The per-collection HNSW indexes are not extension members and pg_dump leaves them out; the worker rebuilds
+-- any that is missing (rag._repair_indexes).
+SELECT pg_catalog.pg_extension_config_dump('rag.providers', $$WHERE name NOT IN ('ollama', 'local')$$);
+DO $$
+DECLARE
+    v_object text;
+BEGIN
+    -- One call per statement: each call rewrites the extension's catalog row.
+    FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'watches', 'row_queue',
+                                    'row_batches', 'documents', 'chunks', 'queue', 'prices', 'conversations',
+                                    'queries', 'messages', 'collections_id_seq', 'watches_id_seq',
+                                    'row_queue_id_seq', 'row_batches_id_seq', 'documents_id_seq', 'chunks_id_seq',
+                                    'queue_id_seq', 'conversations_id_seq', 'queries_id_seq', 'messages_id_seq'] LOOP
+        PERFORM pg_catalog.pg_extension_config_dump(format('rag.%I', v_object), '');
+    END LOOP;
+END $$;
+
 REVOKE ALL ON SCHEMA rag FROM PUBLIC;
 GRANT USAGE ON SCHEMA rag TO rag_reader;
 REVOKE ALL ON ALL TABLES IN SCHEMA rag FROM PUBLIC;
@@ -66,6 +85,7 @@ BEGIN
                                '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
+                               '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',

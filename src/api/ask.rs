@@ -147,10 +147,17 @@ fn build_context(
     }
     let ceiling = max_distance.unwrap_or(collection.max_distance);
     let started = Instant::now();
-    let has_vectors = Spi::get_one_with_args::<bool>(
-        "SELECT dimensions IS NOT NULL FROM rag.collections WHERE id = $1",
-        &[collection.id.into()],
-    )
+    // Read-only SPI: pgrx's mutating calls take a transaction id, which a hot standby cannot give.
+    let has_vectors = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT dimensions IS NOT NULL FROM rag.collections WHERE id = $1",
+                Some(1),
+                &[collection.id.into()],
+            )?
+            .first()
+            .get_one::<bool>()
+    })
     .ok()
     .flatten()
     .unwrap_or(false);
@@ -556,13 +563,32 @@ pub fn rag_ask(
         name!(cost_usd, Option<pgrx::AnyNumeric>),
         name!(latency_ms, f64),
         name!(model, String),
-        name!(query_id, i64),
+        name!(query_id, Option<i64>),
         name!(rewritten_question, Option<String>),
     ),
 > {
     let started = Instant::now();
     require_question(question);
     let collection = load_collection(collection);
+    if conversation.is_some() {
+        // Its messages are written as it goes; a hot standby refuses it with the primary's address.
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT rag._refuse_writes_on_standby('a conversation')",
+                    None,
+                    &[],
+                )
+                .map(|_| ())
+        })
+        .unwrap_or_else(|error| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("checking for a standby: {error}"),
+                "",
+            )
+        });
+    }
     let conversation = conversation.map(|id| load_conversation(id, &collection));
 
     let (standalone, mut prompt_tokens, mut completion_tokens, mut chat_calls) = match &conversation
@@ -593,62 +619,82 @@ pub fn rag_ask(
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let citations = std::mem::take(&mut outcome.citations);
 
-    let recorded = Spi::connect_mut(|client| {
-        let rows = client.update(
-            "SELECT rag._record_query($1, 'ask', $2, $3, $4, $5, $6, $7, $8, $9,
-                     $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
-            Some(1),
-            &[
-                collection.id.into(),
-                question.into(),
-                rewritten.clone().into(),
-                conversation.as_ref().map(|c| c.id).into(),
-                outcome.outcome.into(),
-                outcome.answer.clone().into(),
-                outcome.reason.clone().into(),
-                context.nearest.into(),
-                (context.sources.len() as i32).into(),
-                JsonB(citations.clone()).into(),
-                outcome.stripped.into(),
-                collection.embedding_model.clone().into(),
-                collection.chat_model.clone().into(),
-                context.embed_tokens.into(),
-                prompt_tokens.into(),
-                completion_tokens.into(),
-                chat_calls.into(),
-                context.embed_ms.into(),
-                context.search_ms.into(),
-                outcome.generate_ms.into(),
-                latency_ms.into(),
-            ],
-        )?;
-        let id: i64 = rows.first().get_one()?.unwrap_or_default();
-        // A separate statement: the row written by _record_query is not visible to the query that wrote it.
-        let cost: Option<pgrx::AnyNumeric> = client
-            .update(
-                "SELECT cost_usd FROM rag.queries WHERE id = $1",
-                Some(1),
-                &[id.into()],
-            )?
-            .first()
-            .get_one()?;
-        if let Some(conversation) = &conversation {
-            client.update(
-                "INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
-                 VALUES ($1, 'user', $2, $3, $4), ($1, 'assistant', coalesce($5, $6, ''), NULL, $4)",
-                None,
-                &[
-                    conversation.id.into(),
-                    question.into(),
-                    rewritten.clone().into(),
-                    id.into(),
-                    outcome.answer.clone().into(),
-                    outcome.reason.clone().into(),
-                ],
-            )?;
-        }
-        Ok::<_, pgrx::spi::Error>((id, cost))
-    });
+    let ledger_args: [pgrx::datum::DatumWithOid; 21] = [
+        collection.id.into(),
+        question.into(),
+        rewritten.clone().into(),
+        conversation.as_ref().map(|c| c.id).into(),
+        outcome.outcome.into(),
+        outcome.answer.clone().into(),
+        outcome.reason.clone().into(),
+        context.nearest.into(),
+        (context.sources.len() as i32).into(),
+        JsonB(citations.clone()).into(),
+        outcome.stripped.into(),
+        collection.embedding_model.clone().into(),
+        collection.chat_model.clone().into(),
+        context.embed_tokens.into(),
+        prompt_tokens.into(),
+        completion_tokens.into(),
+        chat_calls.into(),
+        context.embed_ms.into(),
+        context.search_ms.into(),
+        outcome.generate_ms.into(),
+        latency_ms.into(),
+    ];
+    let cost_args: [pgrx::datum::DatumWithOid; 5] = [
+        collection.embedding_model.clone().into(),
+        collection.chat_model.clone().into(),
+        context.embed_tokens.into(),
+        prompt_tokens.into(),
+        completion_tokens.into(),
+    ];
+    const RECORD: &str = "SELECT rag._record_query($1, 'ask', $2, $3, $4, $5, $6, $7, $8, $9,
+                                $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
+    const COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
+    // SAFETY: reads a flag of this process's shared-memory view of recovery; no pointer is involved.
+    let recorded = if unsafe { pg_sys::RecoveryInProgress() } {
+        // A hot standby: _record_query writes the call to the server log and returns NULL. Only read-only SPI
+        // is possible here (a mutating pgrx call would ask for a transaction id).
+        Spi::connect(|client| {
+            let id: Option<i64> = client
+                .select(RECORD, Some(1), &ledger_args)?
+                .first()
+                .get_one()?;
+            let cost: Option<pgrx::AnyNumeric> = client
+                .select(COST, Some(1), &cost_args)?
+                .first()
+                .get_one()?;
+            Ok::<_, pgrx::spi::Error>((id, cost))
+        })
+    } else {
+        Spi::connect_mut(|client| {
+            let id: Option<i64> = client
+                .update(RECORD, Some(1), &ledger_args)?
+                .first()
+                .get_one()?;
+            let cost: Option<pgrx::AnyNumeric> = client
+                .update(COST, Some(1), &cost_args)?
+                .first()
+                .get_one()?;
+            if let (Some(conversation), Some(id)) = (&conversation, id) {
+                client.update(
+                    "INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+                     VALUES ($1, 'user', $2, $3, $4), ($1, 'assistant', coalesce($5, $6, ''), NULL, $4)",
+                    None,
+                    &[
+                        conversation.id.into(),
+                        question.into(),
+                        rewritten.clone().into(),
+                        id.into(),
+                        outcome.answer.clone().into(),
+                        outcome.reason.clone().into(),
+                    ],
+                )?;
+            }
+            Ok::<_, pgrx::spi::Error>((id, cost))
+        })
+    };
     let (query_id, cost) = recorded.unwrap_or_else(|error| {
         raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,

@@ -67,6 +67,11 @@ pub fn claim_next(
     })
 }
 
+/// Rebuilds missing per-collection HNSW indexes (after a restore); returns how many.
+pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
+    Spi::get_one::<i32>("SELECT rag._repair_indexes()")
+}
+
 pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
     Spi::get_one::<f64>("SELECT rag._seconds_until_due()")
 }

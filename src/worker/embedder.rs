@@ -448,6 +448,11 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             Ok(Outcome::Worked) => continue,
             Ok(Outcome::Stopped) => break,
             Ok(Outcome::Idle(cool_down_ends)) => {
+                // An idle moment is when a restored database gets its indexes back; a restore still
+                // loading the chunks makes it give up at once (lock_timeout) and try again next time.
+                if let Err(error) = steps.run(store::repair_indexes) {
+                    pgrx::debug1!("rag worker: repairing indexes: {error}");
+                }
                 let due = steps.run(store::seconds_until_due).ok().flatten();
                 let until_due = due
                     .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))

@@ -26,6 +26,16 @@ def scalar(sql, **kwargs):
     return rows[0][0] if rows else None
 
 
+def wait_until(sql, db="rag_e2e", seconds=60, port=None):
+    """Polls a boolean query until it says true; returns whether it did within the time."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if scalar(sql, db=db, port=port) == "t":
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def wait_for_server(db="postgres", port=None, seconds=60):
     deadline = time.time() + seconds
     while time.time() < deadline:

@@ -3,18 +3,13 @@ while other collections' documents go ahead, and rag_chunk stops at a cancel or 
 import time
 import unittest
 
+from functools import partial
+
 from support import fresh_database, psql, scalar
+from support import wait_until as wait_until_in
 
 DB = "rag_e2e_isolation"
-
-
-def wait_until(sql, seconds=60, db=DB):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if scalar(sql, db=db) == "t":
-            return True
-        time.sleep(0.1)
-    return False
+wait_until = partial(wait_until_in, db=DB)
 
 
 class Isolation(unittest.TestCase):

@@ -1,0 +1,125 @@
+"""A hot standby answers: rag_query, rag_prompt, rag_ask, rag_embed, rag_explain and the views give the primary's
+results on a streaming replica made with pg_basebackup -R; calls are recorded in the standby's server log; a
+conversation is refused with the primary's address; no worker runs there; after pg_ctl promote the new
+primary embeds pending work without a restart."""
+import os
+import shutil
+import socket
+import subprocess
+import time
+import unittest
+
+from support import fresh_database, psql, scalar, wait_until
+
+DB = "rag_e2e_standby"
+PG_BIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+
+
+def as_postgres(*command):
+    return subprocess.run(["runuser", "-u", "postgres", "--", *command], capture_output=True, text=True, timeout=120)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Standby(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(DB)
+        psql("""
+            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            SELECT rag_ingest('kb', 'Notice', 'Staff must give thirty days notice in writing to their manager.');
+            SELECT rag_ingest('kb', 'Canteen', 'Lunch is served from noon until two in the canteen.');
+        """, db=DB)
+        assert wait_until("SELECT rag_wait('kb', '1 second')", db=DB)
+        psql("""
+            BEGIN;
+            SELECT rag_create_collection('later', embedding_model => 'hash-384');
+            SELECT rag_ingest('later', 'Pending', 'Still waiting for its turn when the standby was promoted.');
+            UPDATE rag.queue SET not_before = now() + interval '1 hour';
+            COMMIT;
+        """, db=DB)
+        cls.dir = os.path.join(os.environ.get("WORK", "/tmp"), "standby")
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        os.makedirs(cls.dir)
+        shutil.chown(cls.dir, "postgres", "postgres")
+        data = os.path.join(cls.dir, "data")
+        made = as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
+                           "-D", data, "-R", "-X", "stream")
+        assert made.returncode == 0, made.stderr
+        cls.port = free_port()
+        with open(os.path.join(data, "postgresql.conf"), "a") as conf:
+            conf.write(f"\nport = {cls.port}\nunix_socket_directories = '{cls.dir}'\nhot_standby = on\n"
+                       "log_min_messages = log\n")
+        cls.log = os.path.join(cls.dir, "server.log")
+        started = subprocess.run(["runuser", "-u", "postgres", "--", "env", "RUST_BACKTRACE=1", f"{PG_BIN}/pg_ctl",
+                                  "-D", data, "-l", cls.log, "-w", "-t", "60", "start"], capture_output=True, text=True)
+        assert started.returncode == 0, started.stderr + open(cls.log).read()
+        primary_lsn = scalar("SELECT pg_current_wal_lsn()", db="postgres")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            code, rows, _ = psql(f"SELECT pg_last_wal_replay_lsn() >= '{primary_lsn}'::pg_lsn", db="postgres",
+                                 port=cls.port, check=False)
+            if code == 0 and rows and rows[0][0] == "t":
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the standby did not catch up")
+
+    @classmethod
+    def tearDownClass(cls):
+        as_postgres(f"{PG_BIN}/pg_ctl", "-D", os.path.join(cls.dir, "data"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", db="postgres")
+
+    def on_standby(self, sql, check=True):
+        return psql(sql, db=DB, port=self.port, check=check)
+
+    def test_1_reads_give_the_primarys_results(self):
+        self.assertEqual(scalar("SELECT pg_is_in_recovery()", db=DB, port=self.port), "t")
+        for sql in (
+            "SELECT title, chunk_id, round(distance::numeric, 6) FROM rag_query('kb', 'how much notice must staff give', 2)",
+            "SELECT rag_prompt('kb', 'how much notice must staff give')",
+            "SELECT outcome, answer, citations, reason, round(nearest_distance::numeric, 6), cost_usd, model "
+            "FROM rag_ask('kb', 'When is lunch served?')",
+            "SELECT rag_embed('the same text', 'hash-384', 'ollama')::text",
+            "SELECT collection, documents_ready, chunks_embedded, queue_depth FROM rag.status ORDER BY 1",
+            "SELECT * FROM rag_explain('kb')",
+        ):
+            with self.subTest(sql=sql[:60]):
+                self.assertEqual(self.on_standby(sql), psql(sql, db=DB))
+        # The ask is recorded in the standby's log; it has no ledger row to point at.
+        self.assertEqual(self.on_standby("SELECT query_id IS NULL FROM rag_ask('kb', 'Who serves lunch on standby?')"),
+                         [["t"]])
+        with open(self.log) as log:
+            self.assertIn('"question": "Who serves lunch on standby?"', log.read())
+
+    def test_2_conversations_are_refused_with_the_primary(self):
+        code, _, stderr = self.on_standby("SELECT rag_conversation_start('kb')", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("a conversation needs the primary: this server is a read-only standby", stderr)
+        self.assertIn(f"The primary is at host=127.0.0.1 port={os.environ['PGPORT']}", stderr)
+        self.assertNotIn("backtrace", stderr.lower())
+        conversation = scalar("SELECT rag_conversation_start('kb')", db=DB)
+        code, _, stderr = self.on_standby(f"SELECT * FROM rag_ask('kb', 'and managers?', conversation => {conversation})",
+                                          check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("needs the primary", stderr)
+
+    def test_3_no_worker_on_the_standby_until_promoted(self):
+        self.assertEqual(self.on_standby("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'rag %'",
+                                         check=True), [["0"]])
+        promoted = as_postgres(f"{PG_BIN}/pg_ctl", "-D", os.path.join(self.dir, "data"), "-w", "promote")
+        self.assertEqual(promoted.returncode, 0, promoted.stderr)
+        self.assertTrue(wait_until("SELECT NOT pg_is_in_recovery()", db=DB, port=self.port))
+        self.on_standby("UPDATE rag.queue SET not_before = now()")
+        self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Pending'",
+                                   db=DB, port=self.port, seconds=90),
+                        "the promoted server did not embed the pending document")
+
+
+if __name__ == "__main__":
+    unittest.main()
