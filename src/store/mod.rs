@@ -72,6 +72,15 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._repair_indexes()")
 }
 
+/// True when this database has no queued document, row key or batch at all, due or not.
+pub fn nothing_queued() -> Result<bool, SpiError> {
+    Ok(Spi::get_one::<bool>(
+        "SELECT NOT EXISTS (SELECT 1 FROM rag.queue) AND NOT EXISTS (SELECT 1 FROM rag.row_queue)
+            AND NOT EXISTS (SELECT 1 FROM rag.row_batches)",
+    )?
+    .unwrap_or(false))
+}
+
 pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
     Spi::get_one::<f64>("SELECT rag._seconds_until_due()")
 }

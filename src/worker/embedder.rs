@@ -448,6 +448,19 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             Ok(Outcome::Worked) => continue,
             Ok(Outcome::Stopped) => break,
             Ok(Outcome::Idle(cool_down_ends)) => {
+                // More databases use rag than there are workers: one with nothing queued makes room. Work
+                // queued here later wakes the launcher, which starts a worker again.
+                if registry::workers_wanted_elsewhere()
+                    && steps.run(store::nothing_queued).unwrap_or(false)
+                {
+                    // Marked first, so a backend queueing work from now on asks the launcher rather than
+                    // this worker; looked at once more for work that was queued just before.
+                    registry::mark_stopped(slot, SlotState::Dormant);
+                    if steps.run(store::nothing_queued).unwrap_or(false) {
+                        return;
+                    }
+                    registry::mark_running(slot);
+                }
                 // An idle moment is when a restored database gets its indexes back; a restore still
                 // loading the chunks makes it give up at once (lock_timeout) and try again next time.
                 if let Err(error) = steps.run(store::repair_indexes) {

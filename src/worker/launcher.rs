@@ -13,7 +13,7 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// At most this many databases of unknown status are probed per launcher round, so a server start with
 /// hundreds of databases does not fork hundreds of processes at once.
@@ -48,6 +48,10 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     let mut absent: HashSet<pg_sys::Oid> = HashSet::new();
     // Databases where a worker has found the extension.
     let mut served: HashSet<pg_sys::Oid> = HashSet::new();
+    // Served databases whose worker made room for another database; they wait for a backend to ask.
+    let mut dormant: HashSet<pg_sys::Oid> = HashSet::new();
+    // When each database last asked: a request that raced with its worker leaving keeps it from dormancy.
+    let mut last_request: HashMap<pg_sys::Oid, Instant> = HashMap::new();
 
     loop {
         if shutdown_requested() {
@@ -59,11 +63,20 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         let requests = registry::take_launcher_wake_requests();
         if requests.every_database {
             absent.clear();
+            dormant.clear();
         }
         for database in &requests.databases {
             absent.remove(database);
+            dormant.remove(database);
+            last_request.insert(*database, Instant::now());
         }
-        reap_stopped_workers(&mut running, &mut absent, &mut served);
+        reap_stopped_workers(
+            &mut running,
+            &mut absent,
+            &mut served,
+            &mut dormant,
+            &last_request,
+        );
 
         let mut databases = match crate::worker::transaction::run(list_databases) {
             Ok(databases) => databases,
@@ -75,8 +88,12 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
         databases.sort_by_key(|database| !requests.databases.contains(database));
         let mut probes_left = PROBES_PER_ROUND;
+        let mut waiting_for_a_slot = false;
         for database in databases {
-            if absent.contains(&database) || registry::database_paused(database) {
+            if absent.contains(&database)
+                || dormant.contains(&database)
+                || registry::database_paused(database)
+            {
                 continue;
             }
             let slots = registry::slots_of(database);
@@ -97,6 +114,7 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
             };
             for _ in slots.len()..wanted {
                 if running.len() >= settings::MAX_WORKERS.get() as usize {
+                    waiting_for_a_slot = true;
                     break;
                 }
                 match start_worker(database) {
@@ -107,6 +125,8 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
                 }
             }
         }
+
+        registry::set_workers_wanted(waiting_for_a_slot);
 
         let nap = Duration::from_secs(settings::LAUNCHER_NAPTIME_S.get().max(1) as u64);
         if !BackgroundWorker::wait_latch(Some(nap)) {
@@ -160,6 +180,8 @@ fn reap_stopped_workers(
     running: &mut HashMap<usize, Running>,
     absent: &mut HashSet<pg_sys::Oid>,
     served: &mut HashSet<pg_sys::Oid>,
+    dormant: &mut HashSet<pg_sys::Oid>,
+    last_request: &HashMap<pg_sys::Oid, Instant>,
 ) {
     let stopped: Vec<usize> = running
         .iter()
@@ -170,9 +192,20 @@ fn reap_stopped_workers(
         .collect();
     for slot in stopped {
         if let Some(worker) = running.remove(&slot) {
-            if registry::slot_state(slot) == SlotState::NoExtension {
-                absent.insert(worker.database);
-                served.remove(&worker.database);
+            match registry::slot_state(slot) {
+                SlotState::NoExtension => {
+                    absent.insert(worker.database);
+                    served.remove(&worker.database);
+                }
+                // Work queued while the worker was leaving has asked for a worker since: start one again.
+                SlotState::Dormant
+                    if !last_request
+                        .get(&worker.database)
+                        .is_some_and(|asked| asked.elapsed() < Duration::from_secs(10)) =>
+                {
+                    dormant.insert(worker.database);
+                }
+                _ => {}
             }
             registry::release_slot(slot);
         }

@@ -20,6 +20,9 @@ pub enum SlotState {
     NoExtension = 3,
     /// The worker stopped for another reason (shutdown, an error it could not handle).
     Exited = 4,
+    /// The worker left a database with nothing queued because another database waited for a worker slot;
+    /// the database gets one again as soon as a backend there queues work.
+    Dormant = 5,
 }
 
 impl SlotState {
@@ -29,6 +32,7 @@ impl SlotState {
             2 => SlotState::Running,
             3 => SlotState::NoExtension,
             4 => SlotState::Exited,
+            5 => SlotState::Dormant,
             _ => SlotState::Free,
         }
     }
@@ -47,6 +51,9 @@ static LAUNCHER_WAKE_DATABASES: PgAtomic<[AtomicU32; WAKE_ENTRIES]> =
 static LAUNCHER_WAKE_OVERFLOW: PgAtomic<AtomicBool> =
     unsafe { PgAtomic::new(c"rag_launcher_wake") };
 const WAKE_ENTRIES: usize = 32;
+/// Set by the launcher while a database that needs a worker waits because rag.max_workers are all busy: an
+/// idle worker with nothing queued then leaves, so more databases than workers take turns.
+static WORKERS_WANTED: PgAtomic<AtomicBool> = unsafe { PgAtomic::new(c"rag_workers_wanted") };
 
 /// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
 /// needs the database to itself is about to run there.
@@ -65,6 +72,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
     pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
+    pg_shmem_init!(WORKERS_WANTED = AtomicBool::new(false));
     pg_shmem_init!(PAUSED_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(PAUSED_UNTIL_MS = std::array::from_fn(|_| AtomicU64::new(0)));
     SHARED_MEMORY_READY.store(true, Ordering::SeqCst);
@@ -119,6 +127,16 @@ pub fn mark_running(slot: usize) {
 pub fn mark_stopped(slot: usize, state: SlotState) {
     SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(state as i32, Ordering::SeqCst);
+}
+
+/// Launcher side: whether a database is waiting for a worker slot.
+pub fn set_workers_wanted(wanted: bool) {
+    WORKERS_WANTED.get().store(wanted, Ordering::SeqCst);
+}
+
+/// Worker side: should an idle worker make room?
+pub fn workers_wanted_elsewhere() -> bool {
+    available() && WORKERS_WANTED.get().load(Ordering::SeqCst)
 }
 
 pub fn set_launcher_pid(pid: i32) {

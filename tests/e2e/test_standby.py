@@ -48,7 +48,7 @@ class Standby(unittest.TestCase):
         shutil.chown(cls.dir, "postgres", "postgres")
         data = os.path.join(cls.dir, "data")
         made = as_postgres(f"{PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
-                           "-D", data, "-R", "-X", "stream")
+                           "-D", data, "-R", "-X", "stream", "-c", "fast")
         assert made.returncode == 0, made.stderr
         cls.port = free_port()
         with open(os.path.join(data, "postgresql.conf"), "a") as conf:
