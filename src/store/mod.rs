@@ -67,22 +67,50 @@ pub fn claim_next(
     })
 }
 
+/// A read-only query of the worker's idle loop. pgrx's other calls ask for a transaction id before they run,
+/// and an idle worker that took one every nap would burn through transaction ids and write WAL for nothing
+/// (and, measured with PostgreSQL's own regression suite, change what VACUUM in other databases marks
+/// all-visible). Only for queries in a transaction of their own: a read-only query does not see earlier
+/// writes of the same transaction.
+fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiError> {
+    Spi::connect(|client| client.select(query, Some(1), &[])?.first().get_one::<T>())
+}
+
 /// Rebuilds missing per-collection HNSW indexes (after a restore); returns how many.
 pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
+    let missing = idle_read::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM rag.collections c
+                         WHERE c.dimensions BETWEEN 1 AND 2000
+                           AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+                           AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id))",
+    )?;
+    if missing != Some(true) {
+        return Ok(Some(0));
+    }
     Spi::get_one::<i32>("SELECT rag._repair_indexes()")
 }
 
 /// True when this database has no queued document, row key or batch at all, due or not.
 pub fn nothing_queued() -> Result<bool, SpiError> {
-    Ok(Spi::get_one::<bool>(
+    Ok(idle_read::<bool>(
         "SELECT NOT EXISTS (SELECT 1 FROM rag.queue) AND NOT EXISTS (SELECT 1 FROM rag.row_queue)
             AND NOT EXISTS (SELECT 1 FROM rag.row_batches)",
     )?
     .unwrap_or(false))
 }
 
+/// Whether the worker has anything to do now: keys to spread, a due row or a due document.
+pub fn work_waiting() -> Result<bool, SpiError> {
+    Ok(idle_read::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM rag.row_batches)
+             OR EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before <= now())
+             OR EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now())",
+    )?
+    .unwrap_or(true))
+}
+
 pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
-    Spi::get_one::<f64>("SELECT rag._seconds_until_due()")
+    idle_read::<f64>("SELECT rag._seconds_until_due()")
 }
 
 pub struct DocumentText {

@@ -444,7 +444,13 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
-        match process_next(&steps, &mut cache, &mut rng) {
+        // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
+        let outcome = if steps.run(store::work_waiting).unwrap_or(true) {
+            process_next(&steps, &mut cache, &mut rng)
+        } else {
+            Ok(Outcome::Idle(cache.next_close()))
+        };
+        match outcome {
             Ok(Outcome::Worked) => continue,
             Ok(Outcome::Stopped) => break,
             Ok(Outcome::Idle(cool_down_ends)) => {
