@@ -10,6 +10,7 @@
 use pgrx::prelude::*;
 
 pub mod api;
+pub mod pg;
 pub mod provider;
 pub mod security;
 pub mod settings;
@@ -63,7 +64,7 @@ extension_sql_file!("../sql/security.sql", name = "security", finalize);
 pub extern "C-unwind" fn _PG_init() {
     keep_backtraces_out_of_errors();
     settings::define();
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();
         worker::database_commands::install();

@@ -16,6 +16,7 @@ use std::ffi::CString;
 /// been the fourth entry since the enum was introduced, in every supported major.
 const STATEMENT_TIMEOUT_ID: std::ffi::c_int = 3;
 
+// Declared here because pgrx does not bind utils/timeout.h; the signatures are PostgreSQL's.
 extern "C-unwind" {
     fn enable_timeout_after(id: std::ffi::c_int, delay_ms: std::ffi::c_int);
     fn disable_timeout(id: std::ffi::c_int, keep_indicator: bool);
@@ -134,6 +135,7 @@ fn expression_problem(expression: &str) -> Option<String> {
         let tree = unsafe {
             pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_PLPGSQL_EXPR)
         };
+        // SAFETY: closes the nest level opened just above, on the same thread, with nothing opened since.
         unsafe { pg_sys::AtEOXact_GUC(true, level) };
         Ok(tree)
     })
@@ -152,6 +154,8 @@ fn expression_problem(expression: &str) -> Option<String> {
 
 /// The parse of `RAW_PARSE_PLPGSQL_EXPR` is a SELECT without the keyword; it is one expression only when every
 /// clause but a single unnamed target is absent.
+// SAFETY (for callers): `tree` is raw_parser's result, NIL or a List of RawStmt; every node is cast only
+// after its tag is checked.
 unsafe fn single_expression_problem(tree: *mut pg_sys::List) -> Option<String> {
     let statements = pgrx::PgList::<pg_sys::RawStmt>::from_pg(tree);
     if statements.len() != 1 {

@@ -39,6 +39,8 @@ pub static LAUNCHER_NAPTIME_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 /// What SHOW, current_setting() and pg_settings display for a secret, to everyone, superusers included:
 /// pg_read_all_settings (and so pg_monitor) may read superuser-only settings, so hiding them from SHOW ALL
 /// is not enough.
+// SAFETY: a GUC show hook called by PostgreSQL with no arguments; it returns a pointer to a static string,
+// which PostgreSQL only reads.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn show_hidden_secret() -> *const std::ffi::c_char {
     c"(hidden)".as_ptr()
@@ -47,6 +49,8 @@ unsafe extern "C-unwind" fn show_hidden_secret() -> *const std::ffi::c_char {
 pub fn define() {
     // Secrets: settable only in the server's configuration (SIGHUP: not by SET, not by ALTER DATABASE/ROLE,
     // whose values any user can read in pg_db_role_setting), never displayed.
+    // SAFETY: defining a GUC with a show hook is unsafe only because the hook must be a valid function for the
+    // process's lifetime; show_hidden_secret is a plain function of this library, which is never unloaded.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"rag.openai_api_key",
@@ -282,7 +286,7 @@ pub fn define() {
     );
     // A postmaster-level setting can only be defined while the library is being preloaded; defining it
     // later (CREATE EXTENSION on a server without shared_preload_libraries) is a FATAL error.
-    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+    if crate::pg::preloading() {
         define_postmaster_settings();
     }
 }
@@ -335,6 +339,8 @@ pub fn model_path() -> String {
         return configured;
     }
     let mut buffer = [0 as std::ffi::c_char; pgrx::pg_sys::MAXPGPATH as usize];
+    // SAFETY: get_share_path writes at most MAXPGPATH bytes, NUL-terminated, into `buffer`, which is that size;
+    // my_exec_path is a NUL-terminated global set at process start.
     unsafe {
         pgrx::pg_sys::get_share_path(
             (&raw const pgrx::pg_sys::my_exec_path).cast(),

@@ -652,8 +652,7 @@ pub fn rag_ask(
     const RECORD: &str = "SELECT rag._record_query($1, 'ask', $2, $3, $4, $5, $6, $7, $8, $9,
                                 $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
     const COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
-    // SAFETY: reads a flag of this process's shared-memory view of recovery; no pointer is involved.
-    let recorded = if unsafe { pg_sys::RecoveryInProgress() } {
+    let recorded = if crate::pg::in_recovery() {
         // A hot standby: _record_query writes the call to the server log and returns NULL. Only read-only SPI
         // is possible here (a mutating pgrx call would ask for a transaction id).
         Spi::connect(|client| {

@@ -30,6 +30,8 @@ pub mod rag {
     /// the ledger and conversations record who asked, not who owns the extension.
     #[pg_extern(stable, parallel_safe, name = "_calling_role")]
     pub fn calling_role() -> String {
+        // SAFETY: GetOuterUserId reads a backend global; GetUserNameFromId with noerr returns a palloc'd
+        // NUL-terminated string or NULL (checked), which is copied before the memory context can go away.
         unsafe {
             let name = pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetOuterUserId(), true);
             if name.is_null() {
@@ -54,6 +56,8 @@ pub mod rag {
             );
         }
         let name = std::ffi::CString::new(name).ok()?;
+        // SAFETY: `name` is a NUL-terminated string alive for the call; the result is NULL (checked) or a
+        // NUL-terminated string that is copied at once.
         unsafe {
             // The same call as current_setting(): units included, the caller's own privileges applied.
             let value =

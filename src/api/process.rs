@@ -15,6 +15,9 @@ impl Steps for Subtransactions {
         &self,
         body: impl FnOnce() -> Result<R, pgrx::spi::Error> + UnwindSafe + RefUnwindSafe,
     ) -> Result<R, String> {
+        // SAFETY: the pattern PL/pgSQL uses for an exception block: remember the memory context and resource
+        // owner, start an internal subtransaction, and restore both after releasing or rolling it back; the
+        // body's ERROR is caught by PgTryBuilder before the rollback.
         unsafe {
             let context = pg_sys::CurrentMemoryContext;
             let owner = pg_sys::CurrentResourceOwner;

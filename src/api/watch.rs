@@ -26,8 +26,7 @@ pub mod rag {
         sql: &str,
         argument: default!(Option<JsonB>, "NULL"),
     ) -> SetOfIterator<'static, JsonB> {
-        // SAFETY: reading a process-global flag set once at process start.
-        let in_worker = unsafe { pg_sys::IsBackgroundWorker };
+        let in_worker = crate::pg::is_background_worker();
         let timeout_ms = if in_worker {
             crate::settings::EXPRESSION_TIMEOUT_MS.get()
         } else {

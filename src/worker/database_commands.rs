@@ -52,6 +52,7 @@ pub fn install() {
 /// and context intact (PG_RE_THROW semantics), not be caught and rebuilt as a Rust panic. That is sound only
 /// because this frame owns nothing that needs dropping: it holds raw pointers and copies of them, so a
 /// `longjmp` across it skips no destructor. Our own work runs in `hold_workers_off`, which is guarded.
+// SAFETY (for callers): PostgreSQL calls it with the arguments of ProcessUtility(), all valid for the call.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C-unwind" fn rag_process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
@@ -95,6 +96,7 @@ unsafe extern "C-unwind" fn rag_process_utility(
 }
 
 /// True for `CREATE EXTENSION rag`: the launcher has to hear of it, since it does not poll databases.
+// SAFETY (for callers): `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
 #[pg_guard]
 unsafe extern "C-unwind" fn creates_this_extension(pstmt: *mut pg_sys::PlannedStmt) -> bool {
     if pstmt.is_null() || (*pstmt).utilityStmt.is_null() {
@@ -118,6 +120,7 @@ extern "C-unwind" fn start_worker_after_commit() {
 }
 
 /// Before DROP DATABASE and friends: pause the database's workers so the command finds it free.
+// SAFETY (for callers): `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
 #[pg_guard]
 unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
     if pstmt.is_null() {
@@ -137,6 +140,7 @@ unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
 }
 
 /// The name of the database a utility statement needs exclusive access to, if it is one of those commands.
+// SAFETY (for callers): `node` is NULL or a valid parse node; it is cast only after its tag is checked.
 unsafe fn database_needing_exclusive_access(
     node: *mut pg_sys::Node,
 ) -> Option<*const std::ffi::c_char> {
@@ -164,6 +168,7 @@ unsafe fn database_needing_exclusive_access(
 }
 
 /// The `DefElem` called `name` in a statement's option list.
+// SAFETY (for callers): `options` is a statement's option list, NIL or a List of DefElem.
 unsafe fn option(options: &*mut pg_sys::List, name: &str) -> Option<*mut pg_sys::DefElem> {
     PgList::<pg_sys::DefElem>::from_pg(*options)
         .iter_ptr()

@@ -40,9 +40,7 @@ impl Steps for WorkerTransactions {
     }
 }
 
-pub fn shutdown_requested() -> bool {
-    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
-}
+pub use crate::pg::shutdown_requested;
 
 pub enum Outcome {
     /// A document was worked on (finished, deferred or failed); look for more at once.
@@ -115,7 +113,7 @@ pub fn process_next(
     cache: &mut ProviderCache,
     rng: &mut SplitMix64,
 ) -> Result<Outcome, String> {
-    let pid = unsafe { pg_sys::MyProcPid };
+    let pid = crate::pg::my_pid();
     // Watched rows first: turning a changed row into chunks is cheap, and it feeds the embedding queue.
     if let Some(row) = steps.run(|| store::claim_row(pid))? {
         sync_row(steps, &row);
@@ -413,6 +411,8 @@ fn page_of(page_offsets: &[i32], position: usize) -> Option<i32> {
 #[no_mangle]
 pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let slot =
+        // SAFETY: the launcher registered this worker with an int4 argument (its slot), and a by-value int4
+        // datum is never null.
         unsafe { i32::from_polymorphic_datum(argument, false, pg_sys::INT4OID) }.unwrap_or(-1);
     if slot < 0 || slot as usize >= registry::SLOTS {
         return;
@@ -441,7 +441,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::pg::reload_configuration();
         }
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.

@@ -41,7 +41,7 @@ struct Running {
 pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
-    registry::set_launcher_pid(unsafe { pg_sys::MyProcPid });
+    registry::set_launcher_pid(crate::pg::my_pid());
 
     let mut running: HashMap<usize, Running> = HashMap::new();
     // Databases where a probe found no extension; they are probed again only when a backend there asks.
@@ -54,11 +54,11 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     let mut last_request: HashMap<pg_sys::Oid, Instant> = HashMap::new();
 
     loop {
-        if shutdown_requested() {
+        if crate::pg::shutdown_requested() {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::pg::reload_configuration();
         }
         let requests = registry::take_launcher_wake_requests();
         if requests.every_database {
@@ -136,10 +136,6 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     // Workers notice shutdown through the postmaster; nothing to hand over.
 }
 
-fn shutdown_requested() -> bool {
-    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
-}
-
 fn list_databases() -> Vec<pg_sys::Oid> {
     Spi::connect(|client| {
         client
@@ -164,7 +160,7 @@ fn start_worker(database: pg_sys::Oid) -> Option<(usize, DynamicBackgroundWorker
         // The launcher restarts workers itself; a postmaster restart of a dynamic worker would duplicate them
         // after a crash, when the launcher starts fresh ones anyway.
         .set_restart_time(None)
-        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .set_notify_pid(crate::pg::my_pid())
         .load_dynamic();
     match started {
         Ok(handle) => Some((slot, handle)),

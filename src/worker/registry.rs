@@ -38,27 +38,39 @@ impl SlotState {
     }
 }
 
+// Every PgAtomic below: SAFETY: PgAtomic::new only names the shared-memory segment; the memory is attached
+// by pg_shmem_init! in init_shared_memory() while the library is preloaded, and every access goes through
+// available() first, so nothing reads a segment that was not set up.
+// SAFETY: see above.
 static SLOT_DATABASE: PgAtomic<[AtomicU32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_database") };
+// SAFETY: see SLOT_DATABASE.
 static SLOT_PID: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_pid") };
+// SAFETY: see SLOT_DATABASE.
 static SLOT_STATE: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_state") };
+// SAFETY: see SLOT_DATABASE.
 static LAUNCHER_PID: PgAtomic<AtomicI32> = unsafe { PgAtomic::new(c"rag_launcher_pid") };
 /// Databases whose backends found no live worker (they queued work, or ran CREATE EXTENSION rag): the
 /// launcher looks at exactly these again, so a cluster of many databases without the extension is not probed
 /// again and again. 0 is a free entry.
+// SAFETY: see SLOT_DATABASE.
 static LAUNCHER_WAKE_DATABASES: PgAtomic<[AtomicU32; WAKE_ENTRIES]> =
     unsafe { PgAtomic::new(c"rag_launcher_wake_databases") };
 /// Set when more databases asked at once than there are entries: the launcher then looks at every database.
+// SAFETY: see SLOT_DATABASE.
 static LAUNCHER_WAKE_OVERFLOW: PgAtomic<AtomicBool> =
     unsafe { PgAtomic::new(c"rag_launcher_wake") };
 const WAKE_ENTRIES: usize = 32;
 /// Set by the launcher while a database that needs a worker waits because rag.max_workers are all busy: an
 /// idle worker with nothing queued then leaves, so more databases than workers take turns.
+// SAFETY: see SLOT_DATABASE.
 static WORKERS_WANTED: PgAtomic<AtomicBool> = unsafe { PgAtomic::new(c"rag_workers_wanted") };
 
 /// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
 /// needs the database to itself is about to run there.
+// SAFETY: see SLOT_DATABASE.
 static PAUSED_DATABASE: PgAtomic<[AtomicU32; PAUSES]> =
     unsafe { PgAtomic::new(c"rag_paused_database") };
+// SAFETY: see SLOT_DATABASE.
 static PAUSED_UNTIL_MS: PgAtomic<[AtomicU64; PAUSES]> =
     unsafe { PgAtomic::new(c"rag_paused_until") };
 
@@ -119,7 +131,7 @@ pub fn release_slot(slot: usize) {
 
 /// Worker side: announce that this process now serves the slot.
 pub fn mark_running(slot: usize) {
-    SLOT_PID.get()[slot].store(unsafe { pg_sys::MyProcPid }, Ordering::SeqCst);
+    SLOT_PID.get()[slot].store(crate::pg::my_pid(), Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(SlotState::Running as i32, Ordering::SeqCst);
 }
 
@@ -168,8 +180,7 @@ pub fn take_launcher_wake_requests() -> WakeRequests {
 /// Backend side: ask the launcher to look at this database (again).
 pub fn request_launcher_for_current_database() {
     if available() {
-        // SAFETY: MyDatabaseId is set once at backend start and only read here.
-        request_launcher_for(unsafe { pg_sys::MyDatabaseId }.to_u32());
+        request_launcher_for(crate::pg::my_database().to_u32());
     }
 }
 
@@ -194,6 +205,8 @@ fn set_latch_of(pid: i32) -> bool {
     if pid == 0 {
         return false;
     }
+    // SAFETY: BackendPidGetProc returns the live PGPROC of that pid or NULL (checked); a PGPROC lives in shared
+    // memory for the postmaster's lifetime, and SetLatch on another process's latch is how PostgreSQL wakes it.
     unsafe {
         let proc = pg_sys::BackendPidGetProc(pid);
         if proc.is_null() {
@@ -209,7 +222,7 @@ pub fn wake_workers_of_current_database() {
     if !available() {
         return;
     }
-    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let database = crate::pg::my_database().to_u32();
     let mut woke_any = false;
     for slot in 0..SLOTS {
         if SLOT_DATABASE.get()[slot].load(Ordering::SeqCst) == database
@@ -276,7 +289,10 @@ pub fn stop_workers_of(database: pg_sys::Oid) {
     for slot in slots_of(database) {
         let pid = SLOT_PID.get()[slot].load(Ordering::SeqCst);
         // Only a pid PostgreSQL knows as one of its processes is signalled, never a stale one.
+        // SAFETY: BackendPidGetProc only looks the pid up in the proc array and returns NULL when it is not there.
         if pid != 0 && !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null() {
+            // SAFETY: kill(2) with a pid that is one of this cluster's background workers; SIGTERM is how the
+            // postmaster itself asks a worker to finish.
             unsafe {
                 libc::kill(pid, libc::SIGTERM);
             }

@@ -6,6 +6,8 @@ use pgrx::PgTryBuilder;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
+    // SAFETY: called from a background worker's main loop between transactions, the state in which
+    // PostgreSQL's own workers start one; the snapshot pushed here is popped or released by abort below.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -16,6 +18,7 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
         .execute();
     match outcome {
         Ok(value) => {
+            // SAFETY: the transaction and snapshot started above are still current: the body ran to its end.
             unsafe {
                 pg_sys::PopActiveSnapshot();
                 pg_sys::CommitTransactionCommand();
@@ -24,6 +27,8 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
         }
         Err(message) => {
             // Abort releases the snapshot, locks, SPI state and transaction memory in one go.
+            // SAFETY: PgTryBuilder caught the error and flushed PostgreSQL's error state, which is the state
+            // AbortCurrentTransaction expects, as in PostgreSQL's own error recovery.
             unsafe { pg_sys::AbortCurrentTransaction() };
             Err(message)
         }

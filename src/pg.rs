@@ -1,0 +1,50 @@
+//! Safe wrappers over the PostgreSQL globals and calls that the glue reads in many places. Each `unsafe` is
+//! here once, with why it is sound, instead of at every call site.
+use pgrx::pg_sys;
+
+/// This process's pid, as PostgreSQL knows it.
+pub fn my_pid() -> i32 {
+    // SAFETY: MyProcPid is set once when the process starts and only read afterwards; reading an i32
+    // global on the process's only PostgreSQL thread cannot race.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// The database this backend or worker is connected to (InvalidOid before it connects).
+pub fn my_database() -> pg_sys::Oid {
+    // SAFETY: MyDatabaseId is set once by InitPostgres and only read here, on PostgreSQL's thread.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// True once the postmaster asked this process to shut down (SIGTERM in a background worker).
+pub fn shutdown_requested() -> bool {
+    // SAFETY: the flag is a sig_atomic_t written by PostgreSQL's signal handler; a volatile read of it is how
+    // PostgreSQL's own code polls it.
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
+}
+
+/// Re-reads postgresql.conf after a SIGHUP, as PostgreSQL's own processes do in their main loops.
+pub fn reload_configuration() {
+    // SAFETY: called from a background worker's main loop, outside any transaction and with no PostgreSQL
+    // state borrowed, which is where PostgreSQL itself calls it.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
+
+/// True on a hot standby (and during crash recovery).
+pub fn in_recovery() -> bool {
+    // SAFETY: a plain function call that reads shared memory under its own locking; it never raises.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+/// True in a background worker, false in a client backend.
+pub fn is_background_worker() -> bool {
+    // SAFETY: IsBackgroundWorker is set once at process start and only read afterwards.
+    unsafe { pg_sys::IsBackgroundWorker }
+}
+
+/// True while the postmaster loads shared_preload_libraries, the only time shared memory, background
+/// workers and hooks may be registered.
+pub fn preloading() -> bool {
+    // SAFETY: a bool global set and cleared by the postmaster around loading the preload libraries; _PG_init
+    // reads it in the same single-threaded process.
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
