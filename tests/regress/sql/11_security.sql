@@ -262,6 +262,16 @@ SELECT rag_disallow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
 SELECT name, api_key_setting FROM rag.providers WHERE name IN ('allowed', 'keyless') ORDER BY 1;
 SELECT rag_drop_provider('allowed'), rag_drop_provider('keyless');
 
+-- A grant to a role that is dropped later grants nothing and breaks nothing for the others.
+CREATE ROLE sec_temporary IN ROLE rag_reader;
+SELECT rag_grant('owner-docs', 'sec_temporary', 'read');
+DROP ROLE sec_temporary;
+SELECT count(*) AS grants_to_dropped_roles
+  FROM rag.collection_grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
+SET ROLE sec_reader;
+SELECT count(*) > 0 AS reader_still_reads FROM rag_query('owner-docs', 'when are salaries paid', 1);
+RESET ROLE;
+
 ------------------------------------------------------------------------------------------------------------
 -- 8. Errors stay PostgreSQL's own: position, detail and context survive the extension's utility hook, and
 -- no Rust backtrace appears (this server runs with RUST_BACKTRACE=1).
