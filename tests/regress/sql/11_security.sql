@@ -229,6 +229,7 @@ CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.sec
 RESET ROLE;
 SET ROLE sec_owner;
 SELECT rag_ingest('owner-docs', 'Shadowed', 'Shadow functions never run here.', '{"kind": "test"}') > 0 AS ingested;
+SELECT rag_wait('owner-docs', '30 seconds') AS embedded;
 SELECT count(*) > 0 AS found FROM rag_query('owner-docs', 'when are salaries paid', filter => '{"kind": "test"}');
 SELECT outcome FROM rag_ask('owner-docs', 'when are salaries paid');
 SELECT rag_drop_collection('attacker-notes');
