@@ -2,6 +2,7 @@
 server's control API. scripts/test exports PGHOST, PGPORT, PGUSER, PROVIDER_PORT and WORK."""
 import json
 import os
+import socket
 import subprocess
 import time
 import urllib.request
@@ -68,3 +69,16 @@ def fresh_database(name):
     psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", db="postgres")
     psql(f"CREATE DATABASE {name}", db="postgres")
     psql("CREATE EXTENSION rag CASCADE", db=name)
+
+
+def as_postgres(*command, timeout=120):
+    """Runs a PostgreSQL program as the postgres user (the server refuses to run as root)."""
+    return subprocess.run(["runuser", "-u", "postgres", "--", *command], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a cluster a scenario starts itself."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -3,26 +3,13 @@ ingestion, a burst of writes to a watched table and a model migration, then a st
 is duplicated, counters are exact and every document ends ready. A cluster of its own, so the others go on."""
 import os
 import shutil
-import socket
 import subprocess
-import time
 import unittest
 
-from support import psql, scalar, wait_until
+from support import as_postgres, free_port, psql, scalar, wait_until
 
 PG_BIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
 DB = "rag_e2e_crash"
-
-
-def as_postgres(*command, timeout=120):
-    return subprocess.run(["runuser", "-u", "postgres", "--", *command], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Crash(unittest.TestCase):

@@ -4,25 +4,14 @@ conversation is refused with the primary's address; no worker runs there; after 
 primary embeds pending work without a restart."""
 import os
 import shutil
-import socket
 import subprocess
 import time
 import unittest
 
-from support import fresh_database, psql, scalar, wait_until
+from support import as_postgres, fresh_database, free_port, psql, scalar, wait_until
 
 DB = "rag_e2e_standby"
 PG_BIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
-
-
-def as_postgres(*command):
-    return subprocess.run(["runuser", "-u", "postgres", "--", *command], capture_output=True, text=True, timeout=120)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Standby(unittest.TestCase):
