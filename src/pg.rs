@@ -37,8 +37,9 @@ pub fn in_recovery() -> bool {
 
 /// True in a background worker, false in a client backend.
 pub fn is_background_worker() -> bool {
-    // SAFETY: IsBackgroundWorker is set once at process start and only read afterwards.
-    unsafe { pg_sys::IsBackgroundWorker }
+    // MyBackendType rather than IsBackgroundWorker, which PostgreSQL 18 removed.
+    // SAFETY: MyBackendType is set once at process start and only read afterwards.
+    unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER }
 }
 
 /// True while the postmaster loads shared_preload_libraries, the only time shared memory, background
@@ -47,4 +48,20 @@ pub fn preloading() -> bool {
     // SAFETY: a bool global set and cleared by the postmaster around loading the preload libraries; _PG_init
     // reads it in the same single-threaded process.
     unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
+
+/// Whether the current user owns the database (or is a superuser): who PostgreSQL lets drop or rename it.
+/// PostgreSQL 16 folded the per-kind ownership checks into `object_ownercheck`.
+pub fn current_user_owns_database(database: pg_sys::Oid) -> bool {
+    // SAFETY: both calls read the syscache of a valid database oid (or find no row and answer false); they
+    // raise only on a corrupt catalog, which reaches the caller's pg_guard.
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+    unsafe {
+        pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+    }
+    // SAFETY: as above.
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+    unsafe {
+        pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, database, pg_sys::GetUserId())
+    }
 }

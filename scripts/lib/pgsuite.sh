@@ -37,9 +37,15 @@ build_pg_suite() {
   rm -rf "$work"
 }
 
+# pg_regress reports a test as "test name ... ok" / "     name ... FAILED" up to PostgreSQL 15, and in TAP from 16
+# on: "ok 12 + name  35 ms" / "not ok 12 - name  35 ms" (+ in a parallel group, - alone).
+PG_SUITE_RESULT_LINE='^((test| )? *[a-z0-9_.]+ +\.\.\. |(not )?ok [0-9]+ +[-+] +[a-z0-9_.]+ )'
+
 # Names of the tests that failed in a pg_regress output file.
 pg_suite_failures() {
-  grep -E '\.\.\. FAILED' "$1" | sed -E 's/^(test| )? *([a-z0-9_]+) +\.\.\..*/\2/' | sort -u
+  { grep -E '\.\.\. FAILED' "$1" | sed -E 's/^(test| )? *([a-z0-9_.]+) +\.\.\..*/\2/'
+    grep -E '^not ok [0-9]+ +[-+] +[a-z0-9_.]+' "$1" | sed -E 's/^not ok [0-9]+ +[-+] +([a-z0-9_.]+).*/\1/'
+  } | sort -u
 }
 
 # run_pg_suite_on KIND WORK_DIR SUITE_DIR: one run of the parallel schedule against a fresh cluster, vanilla or
@@ -61,7 +67,7 @@ run_pg_suite_on() {
      --schedule=parallel_schedule --host=127.0.0.1 --port="$port" --user=postgres \
      --outputdir="$work/suite-$kind/out" >"$work/suite-$kind/pg_regress.log" 2>&1)
   stop_cluster "$work/suite-$kind"
-  grep -qE '^(test| ) +[a-z0-9_]+ +\.\.\.' "$work/suite-$kind/pg_regress.log" || {
+  grep -qE "$PG_SUITE_RESULT_LINE" "$work/suite-$kind/pg_regress.log" || {
     tail -20 "$work/suite-$kind/pg_regress.log"; return 1; }
 }
 
@@ -83,7 +89,7 @@ run_pg_suite() {
     cp "$work/suite-rag/pg_regress.log" "$work/suite-rag-first-run.log"
     run_pg_suite_on rag "$work" "$dir" || return 1
   fi
-  PG_SUITE_TOTAL=$(grep -cE '^(test| )? *[a-z0-9_]+ +\.\.\. ' "$work/suite-rag/pg_regress.log")
+  PG_SUITE_TOTAL=$(grep -cE "$PG_SUITE_RESULT_LINE" "$work/suite-rag/pg_regress.log")
   PG_SUITE_VANILLA_FAILED=$(pg_suite_failures "$work/suite-vanilla/pg_regress.log" | tr '\n' ' ')
   PG_SUITE_RAG_ONLY=$(comm -12 <(echo "$rag_only" | sort) \
                                <(comm -13 <(pg_suite_failures "$work/suite-vanilla/pg_regress.log") \

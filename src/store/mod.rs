@@ -109,6 +109,11 @@ pub fn work_waiting() -> Result<bool, SpiError> {
     .unwrap_or(true))
 }
 
+/// The version of the extension's SQL in this database (`pg_extension.extversion`).
+pub fn installed_version() -> Result<Option<String>, SpiError> {
+    idle_read::<String>("SELECT extversion::text FROM pg_catalog.pg_extension WHERE extname = 'rag'")
+}
+
 pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
     idle_read::<f64>("SELECT rag._seconds_until_due()")
 }

@@ -131,7 +131,7 @@ unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
         // Only a caller the command itself would allow (the database's owner or a superuser) may
         // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
         if database != pg_sys::InvalidOid
-            && pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())
+            && crate::pg::current_user_owns_database(database)
         {
             registry::pause_database(database, PAUSE);
             registry::stop_workers_of(database);

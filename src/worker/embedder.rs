@@ -407,6 +407,34 @@ fn page_of(page_offsets: &[i32], position: usize) -> Option<i32> {
     Some(index.max(1) as i32)
 }
 
+/// After a package upgrade the new library runs against the old SQL until someone runs `ALTER EXTENSION rag
+/// UPDATE`: the worker's queries name functions and columns of its own version, so it waits (saying so once in
+/// the log) rather than failing every nap. Returns false when asked to shut down while waiting.
+fn wait_for_matching_schema(steps: &WorkerTransactions) -> bool {
+    let library = env!("CARGO_PKG_VERSION");
+    let mut told = false;
+    loop {
+        match steps.run(store::installed_version) {
+            Ok(Some(installed)) if installed == library => return true,
+            Ok(Some(installed)) if !told => {
+                pgrx::warning!(
+                    "rag worker: the extension's SQL in this database is version {installed} but the library is {library}; \
+                     pending documents wait until ALTER EXTENSION rag UPDATE"
+                );
+                told = true;
+            }
+            // Dropped meanwhile: the error path below notices and stops the worker.
+            Ok(None) => return true,
+            Ok(Some(_)) => {}
+            Err(error) => pgrx::log!("rag worker: reading the extension's version: {error}"),
+        }
+        let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(1000) as u64);
+        if shutdown_requested() || !BackgroundWorker::wait_latch(Some(nap)) {
+            return false;
+        }
+    }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
@@ -434,6 +462,10 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     }
 
     let steps = WorkerTransactions;
+    if !wait_for_matching_schema(&steps) {
+        registry::mark_stopped(slot, SlotState::Exited);
+        return;
+    }
     let mut cache = ProviderCache::default();
     let mut rng = SplitMix64::from_entropy();
     loop {

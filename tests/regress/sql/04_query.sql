@@ -10,10 +10,13 @@ SELECT count(*) AS unrelated_hits FROM rag_query('docs', 'quantum chromodynamics
 -- Metadata filters are applied inside the SQL.
 SELECT title FROM rag_query('docs', 'notice period lunch canteen', 5, filter => '{"department": "hr"}');
 
--- The search uses the collection's HNSW index.
+-- The search uses the collection's HNSW index. (Incremental sort off: PostgreSQL 18 picks it for the final
+-- ordering, 15 a plain sort; the index scan is what this checks.)
 SET enable_seqscan = off;
+SET enable_incremental_sort = off;
 SELECT * FROM rag_explain('docs');
 RESET enable_seqscan;
+RESET enable_incremental_sort;
 
 -- Bad calls.
 SELECT * FROM rag_query('docs', '');

@@ -45,7 +45,19 @@ SELECT (SELECT title FROM rag_query('local-docs', 'Where can I park my car at wo
 
 -- Chunks that could overflow the model's window are refused when the collection is made.
 SELECT rag_create_collection('too-big', embedding_provider => 'local', chunk_size => 5000);
-SELECT rag_create_collection('no-model', embedding_provider => 'local', embedding_model => 'not-installed');
+-- The message names the default model directory, under the server's share directory (shown as <sharedir>, so
+-- the expected output holds for every PostgreSQL installation).
+DO $$
+DECLARE
+    v_message text;
+    v_hint text;
+BEGIN
+    PERFORM rag_create_collection('no-model', embedding_provider => 'local', embedding_model => 'not-installed');
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+    RAISE NOTICE 'ERROR (%): % HINT: %', SQLSTATE,
+        replace(v_message, (SELECT setting FROM pg_catalog.pg_config WHERE name = 'SHAREDIR'), '<sharedir>'), v_hint;
+END $$;
 SELECT rag_embed('x', 'no/such/../path');
 
 -- Digits and punctuation give about one token per two characters, so 700-character chunks, which the

@@ -1,0 +1,124 @@
+"""Prints the part of an upgrade script that brings every function, view, comment and policy of the extension up
+to the new version, taken from the new version's install script (what `cargo pgrx schema` writes):
+
+    python3 scripts/lib/upgrade_functions.py rag--NEW.sql [--new-policies] > part.sql
+    python3 scripts/lib/upgrade_functions.py rag--NEW.sql [--new-policies] --update sql/rag--OLD--NEW.sql
+
+--update replaces what lies between the script's "-- BEGIN GENERATED" and "-- END GENERATED" lines, so a
+change to the SQL of an unreleased version is carried into its upgrade script by running this again.
+
+Functions become CREATE OR REPLACE (a dropped or re-typed one must be dropped by hand before this part, and
+the catalog comparison in tests/upgrade fails until it is). Tables, indexes, sequences, seeded rows, schemas and
+event triggers are left out: their changes are data migrations, written by hand at the top of the script.
+Policies and `ENABLE ROW LEVEL SECURITY` are kept only with --new-policies (they are not idempotent; a later
+release that changes one writes DROP POLICY / CREATE POLICY by hand). A release tool, not run by the tests."""
+import re
+import sys
+
+
+def statements(sql):
+    """Splits SQL into statements, keeping each one's leading comments; aware of quotes, dollar quotes and
+    comments, which is all PostgreSQL's own scripts and ours use."""
+    out, start, i, n = [], 0, 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if sql.startswith("--", i):
+            i = sql.find("\n", i)
+            i = n if i < 0 else i + 1
+        elif sql.startswith("/*", i):
+            i = sql.find("*/", i) + 2
+        elif c == "'":
+            escaped = i > 0 and sql[i - 1] in "eE" and not (sql[i - 2].isalnum() if i > 1 else False)
+            i += 1
+            while i < n:
+                if escaped and sql[i] == "\\":
+                    i += 2
+                    continue
+                if sql[i] == "'":
+                    if i + 1 < n and sql[i + 1] == "'":
+                        i += 2
+                        continue
+                    break
+                i += 1
+            i += 1
+        elif c == '"':
+            i = sql.find('"', i + 1) + 1
+        elif c == "$" and re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$", sql[i:]) and not (i > 0 and (sql[i - 1].isalnum() or sql[i - 1] == "_")):
+            tag = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$", sql[i:]).group(0)
+            i = sql.find(tag, i + len(tag)) + len(tag)
+        elif c == ";":
+            out.append(sql[start:i + 1])
+            start = i = i + 1
+        else:
+            i += 1
+    if sql[start:].strip():
+        out.append(sql[start:])
+    return out
+
+
+def code_of(statement):
+    """The statement without its leading comments and blank lines."""
+    code = statement
+    while True:
+        code = code.lstrip()
+        if code.startswith("--"):
+            code = code[code.find("\n") + 1:] if "\n" in code else ""
+        elif code.startswith("/*"):
+            code = code[code.find("*/") + 2:]
+        else:
+            return code.strip()
+
+
+KEEP = (r"CREATE\s+FUNCTION", r"CREATE\s+OR\s+REPLACE\s+FUNCTION", r"CREATE\s+(OR\s+REPLACE\s+)?VIEW",
+        r"COMMENT\s+ON", r"GRANT", r"REVOKE", r"SELECT\s+pg_catalog\.pg_extension_config_dump", r"DO\b")
+POLICY = (r"CREATE\s+POLICY", r"ALTER\s+TABLE\s+\S+\s+ENABLE\s+ROW\s+LEVEL\s+SECURITY")
+SKIP = (r"CREATE\s+TABLE", r"CREATE\s+(UNIQUE\s+)?INDEX", r"CREATE\s+SCHEMA", r"CREATE\s+EVENT\s+TRIGGER",
+        r"INSERT\s+INTO", r"CREATE\s+SEQUENCE", r"CREATE\s+TYPE", r"ALTER\s+TABLE")
+
+
+def generate(sql, new_policies):
+    out = []
+    print = out.append  # noqa: A001 (the rules below read as printing the script)
+    for statement in statements(sql):
+        code = code_of(statement)
+        if not code:
+            continue
+        if any(re.match(p, code, re.I) for p in POLICY):
+            if new_policies:
+                print(code + "\n")
+            continue
+        # The DO block of schema.sql that creates the row-level security policies is a policy statement too.
+        if re.match(r"DO\b", code) and "CREATE POLICY" in code:
+            if new_policies:
+                print(code + "\n")
+            continue
+        if any(re.match(p, code, re.I) for p in KEEP):
+            code = re.sub(r"^CREATE\s+FUNCTION", "CREATE OR REPLACE FUNCTION", code, flags=re.I)
+            code = re.sub(r"^CREATE\s+VIEW", "CREATE OR REPLACE VIEW", code, flags=re.I)
+            print(code + "\n")
+        elif any(re.match(p, code, re.I) for p in SKIP):
+            continue
+        else:
+            sys.exit(f"upgrade_functions.py: no rule for this statement; add one:\n{code[:300]}")
+    return "\n".join(part.rstrip("\n") + "\n" for part in out)
+
+
+def main():
+    args = sys.argv[1:]
+    with open(args[0]) as f:
+        generated = generate(f.read(), "--new-policies" in args)
+    if "--update" not in args:
+        sys.stdout.write(generated)
+        return
+    target = args[args.index("--update") + 1]
+    with open(target) as f:
+        script = f.read()
+    begin = script.index("-- BEGIN GENERATED")
+    begin = script.index("\n", begin) + 1
+    end = script.index("-- END GENERATED")
+    with open(target, "w") as f:
+        f.write(script[:begin] + generated.rstrip("\n") + "\n" + script[end:])
+
+
+if __name__ == "__main__":
+    main()

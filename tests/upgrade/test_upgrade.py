@@ -1,0 +1,192 @@
+"""The upgrade from the previous release, as a DBA does it: the old package is installed, a database uses it,
+the new package replaces the files, the server restarts, and `ALTER EXTENSION rag UPDATE` brings the SQL up.
+
+scripts/lib/upgrade.sh drives it in two phases against one cluster:
+  python3 test_upgrade.py fill     with the previous release's library and SQL: makes data of every kind;
+  python3 -m unittest test_upgrade with this release's library installed and the server restarted.
+The second phase compares the upgraded catalog with a fresh install of this release (tests/upgrade/catalog.sql)
+and checks that every row made before the upgrade is still there and still works."""
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
+from support import psql, scalar, wait_until  # noqa: E402
+
+DB = "rag_upgrade"
+FRESH = "rag_upgrade_fresh"
+HERE = os.path.dirname(os.path.abspath(__file__))
+STATE = os.path.join(os.environ.get("WORK", "/tmp"), "upgrade-before.json")
+
+# What a user made, compared before and after the upgrade: only columns both releases have, and only rows that
+# existed before (ids up to the highest then; work done after the upgrade adds rows).
+FINGERPRINTS = {
+    "collections": "SELECT string_agg(format('%s|%s|%s|%s|%s', id, name, embedding_model, dimensions, index_name), ',' ORDER BY id) FROM rag.collections",
+    "documents": "SELECT string_agg(format('%s|%s|%s|%s|%s|%s', id, title, md5(body), metadata, watch_id, source_key), ',' ORDER BY id) FROM rag.documents WHERE id <= {documents}",
+    "ready documents": "SELECT string_agg(id::text, ',' ORDER BY id) FROM rag.documents WHERE status = 'ready' AND id <= {documents}",
+    "chunks": "SELECT count(*) || '|' || md5(string_agg(id || content || coalesce(embedding::text, ''), ',' ORDER BY id)) FROM rag.chunks WHERE id <= {chunks} AND embedding IS NOT NULL",
+    "watches": "SELECT string_agg(format('%s|%s|%s|%s', id, source::regclass, content_expr, collection_id), ',' ORDER BY id) FROM rag.watches",
+    "providers": "SELECT string_agg(format('%s|%s|%s', name, kind, base_url), ',' ORDER BY name) FROM rag.providers",
+    "prices": "SELECT string_agg(format('%s|%s', model, input_usd_per_million), ',' ORDER BY model) FROM rag.prices",
+    "conversations": "SELECT string_agg(format('%s|%s', id, owner), ',' ORDER BY id) FROM rag.conversations",
+    "messages": "SELECT string_agg(format('%s|%s|%s', id, role, md5(content)), ',' ORDER BY id) FROM rag.messages WHERE id <= {messages}",
+    "queries": "SELECT string_agg(format('%s|%s|%s|%s', id, kind, outcome, md5(question)), ',' ORDER BY id) FROM rag.queries WHERE id <= {queries}",
+}
+LIMITS = ("documents", "chunks", "messages", "queries")
+
+
+def fingerprint(db, limits):
+    return {table: scalar(sql.format(**limits), db=db) for table, sql in FINGERPRINTS.items()}
+
+
+def catalog(db):
+    with open(os.path.join(HERE, "catalog.sql")) as f:
+        return ["\t".join(row) for row in psql(f.read(), db=db)]
+
+
+def fill():
+    """Phase one, run against the previous release: data of every kind the previous release could make."""
+    psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", db="postgres")
+    psql(f"CREATE DATABASE {DB}", db="postgres")
+    psql("""
+        CREATE EXTENSION rag CASCADE;
+        DROP ROLE IF EXISTS rag_upgrade_reader;
+        DROP ROLE IF EXISTS rag_upgrade_editor;
+        CREATE ROLE rag_upgrade_reader LOGIN IN ROLE rag_reader;
+        CREATE ROLE rag_upgrade_editor LOGIN IN ROLE rag_admin;
+        GRANT CREATE ON SCHEMA public TO rag_upgrade_editor;
+        SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+        SELECT rag_ingest('kb', 'Notice', 'Staff must give thirty days notice in writing.', '{"department": "hr"}');
+        SELECT rag_ingest('kb', 'Canteen', 'Lunch is served from noon until two.', '{"department": "facilities"}');
+        SELECT rag_set_price('hash-384', 1.5, 0);
+        SELECT rag_create_provider('elsewhere', 'openai', base_url => 'http://127.0.0.1:9/v1');
+        SET ROLE rag_upgrade_editor;
+        CREATE TABLE pages (id int PRIMARY KEY, body text);
+        INSERT INTO pages VALUES (1, 'Parking is free for staff.'), (2, 'The office opens at eight.');
+        SELECT rag_watch('pages', 'kb', content => 'body');
+        RESET ROLE;
+    """, db=DB)
+    assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
+                      "AND (SELECT count(*) FROM rag.documents) = 4 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                      "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", DB), \
+        "the previous release did not embed the documents"
+    psql("""
+        SELECT rag_conversation_start('kb') AS c \\gset
+        SELECT outcome FROM rag_ask('kb', 'How much notice do I give?', conversation => :c);
+        SELECT count(*) FROM rag_query('kb', 'when is lunch');
+        -- Work still pending at upgrade time: a document whose turn comes in an hour.
+        BEGIN;
+        SELECT rag_create_collection('later', embedding_model => 'hash-384');
+        SELECT rag_ingest('later', 'Pending', 'This document was still waiting when the package was upgraded.');
+        UPDATE rag.queue SET not_before = now() + interval '1 hour';
+        COMMIT;
+    """, db=DB)
+    limits = {table: int(scalar(f"SELECT coalesce(max(id), 0) FROM rag.{table}", db=DB)) for table in LIMITS}
+    with open(STATE, "w") as f:
+        json.dump({"limits": limits, "fingerprint": fingerprint(DB, limits),
+                   "version": scalar("SELECT extversion FROM pg_extension WHERE extname = 'rag'", db=DB)}, f)
+
+
+class Upgrade(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(STATE) as f:
+            cls.before = json.load(f)
+        cls.library_version = os.environ["RAG_NEW_VERSION"]
+        # Before ALTER EXTENSION: the new library with the old SQL. Anything queued now must wait, not fail.
+        psql("SELECT rag_ingest('kb', 'Between', 'Written after the package upgrade and before the ALTER.')", db=DB)
+        cls.log_before_update = cls.server_log()
+        time.sleep(2)
+        cls.status_before_update = scalar("SELECT d.status || '|' || EXISTS (SELECT 1 FROM rag.queue q WHERE "
+                                          "q.document_id = d.id) FROM rag.documents d WHERE d.title = 'Between'", db=DB)
+        cls.warned = "pending documents wait until ALTER EXTENSION rag UPDATE" in cls.server_log()
+        psql("ALTER EXTENSION rag UPDATE", db=DB)
+        psql(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)", db="postgres")
+        psql(f"CREATE DATABASE {FRESH}", db="postgres")
+        psql("CREATE EXTENSION rag CASCADE", db=FRESH)
+
+    @staticmethod
+    def server_log():
+        path = os.environ.get("RAG_UPGRADE_LOG")
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as f:
+            return f.read()
+
+    def test_started_from_the_previous_release(self):
+        self.assertNotEqual(self.before["version"], self.library_version)
+        self.assertEqual(scalar("SELECT extversion FROM pg_extension WHERE extname = 'rag'", db=DB),
+                         self.library_version)
+
+    def test_the_worker_waited_for_the_update(self):
+        self.assertEqual(self.status_before_update, "processing|true", "queued work was taken before the update")
+        self.assertTrue(self.warned, "the worker did not say why it waits")
+
+    def test_catalog_equals_a_fresh_install(self):
+        upgraded, fresh = catalog(DB), catalog(FRESH)
+        missing = sorted(set(fresh) - set(upgraded))
+        extra = sorted(set(upgraded) - set(fresh))
+        self.assertEqual((missing, extra), ([], []),
+                         "upgraded catalog differs from a fresh install:\n  only in fresh:\n    "
+                         + "\n    ".join(missing) + "\n  only in upgraded:\n    " + "\n    ".join(extra))
+        self.assertGreater(len(fresh), 300, "the catalog comparison looked at too little")
+
+    def test_every_row_made_before_is_kept(self):
+        after = fingerprint(DB, self.before["limits"])
+        for table, value in self.before["fingerprint"].items():
+            self.assertIsNotNone(value, f"the previous release left rag.{table} empty: the test proves nothing")
+            self.assertEqual(after[table], value, f"rag.{table} changed in the upgrade")
+
+    def test_collections_made_before_keep_their_access(self):
+        # Under the previous release every rag_reader read every collection and every rag_admin administered
+        # them; the upgrade keeps that for collections it finds (owner rag_admin, read granted to rag_reader).
+        self.assertEqual(scalar("SELECT string_agg(owner::text, ',' ORDER BY id) FROM rag.collections", db=DB),
+                         "rag_admin,rag_admin")
+        rows = psql("SET ROLE rag_upgrade_reader; SELECT count(*) FROM rag_query('kb', 'notice in writing')",
+                    db=DB)
+        self.assertGreater(int(rows[0][0]), 0)
+        code, _, err = psql("SET ROLE rag_upgrade_reader; SELECT rag_drop_collection('kb')", db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("permission denied", err)
+
+    def test_pending_work_and_new_work_are_embedded(self):
+        psql("UPDATE rag.queue SET not_before = now()", db=DB)
+        psql("SELECT rag_ingest('kb', 'After', 'Written after the upgrade: bicycles go in the yard.')", db=DB)
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready')", DB,
+                                   seconds=60), "documents queued around the upgrade were not embedded")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.chunks WHERE embedding IS NULL", db=DB), "0")
+
+    def test_watch_made_before_still_syncs(self):
+        psql("SET ROLE rag_upgrade_editor; INSERT INTO pages VALUES (3, 'Visitors sign in at the front desk.')",
+             db=DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 3}' "
+                                   "AND status = 'ready')", DB, seconds=60),
+                        "a row inserted into a table watched since the previous release was not embedded")
+        rows = psql("SELECT document_id FROM rag_query('kb', 'Visitors sign in at the front desk.', k => 1)", db=DB)
+        self.assertEqual(rows, [[scalar("SELECT id FROM rag.documents WHERE source_key = '{\"id\": 3}'", db=DB)]])
+
+    def test_conversation_goes_on(self):
+        conversation = scalar("SELECT max(id) FROM rag.conversations", db=DB)
+        rows = psql(f"SELECT outcome FROM rag_ask('kb', 'And when is lunch?', conversation => {conversation})",
+                    db=DB)
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(scalar(f"SELECT count(*) > 2 FROM rag.messages WHERE conversation_id = {conversation}",
+                                db=DB), "t")
+
+    def test_upgraded_database_dumps_and_restores(self):
+        target = "rag_upgrade_restored"
+        psql(f"DROP DATABASE IF EXISTS {target} WITH (FORCE)", db="postgres")
+        psql(f"CREATE DATABASE {target}", db="postgres")
+        dump = subprocess.run(["pg_dump", "-Fc", DB], capture_output=True, timeout=300)
+        self.assertEqual(dump.returncode, 0, dump.stderr.decode())
+        restore = subprocess.run(["pg_restore", "-d", target], input=dump.stdout, capture_output=True, timeout=300)
+        self.assertEqual(restore.returncode, 0, restore.stderr.decode())
+        self.assertEqual(scalar("SELECT count(*) FROM rag.chunks", db=target),
+                         scalar("SELECT count(*) FROM rag.chunks", db=DB))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["fill"]:
+    fill()
