@@ -1,77 +1,6 @@
 -- Answering and its ledger. Every rag_query and rag_ask leaves one row in rag.queries, answered, refused or
--- failed, with the provider's own token counts and the price in force when it ran.
-
-CREATE TABLE rag.prices (
-    model                  text NOT NULL,
-    input_usd_per_million  numeric NOT NULL DEFAULT 0 CHECK (input_usd_per_million >= 0),
-    output_usd_per_million numeric NOT NULL DEFAULT 0 CHECK (output_usd_per_million >= 0),
-    valid_from             timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (model, valid_from)
-);
-COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with no row costs 0 (local models)';
-
-CREATE TABLE rag.conversations (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
-    owner         name NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-
-CREATE TABLE rag.queries (
-    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    created_at         timestamptz NOT NULL DEFAULT now(),
-    collection_id      integer REFERENCES rag.collections (id) ON DELETE SET NULL,
-    collection         text NOT NULL,
-    kind               text NOT NULL CHECK (kind IN ('query', 'ask')),
-    question           text NOT NULL,
-    rewritten_question text,
-    conversation_id    bigint REFERENCES rag.conversations (id) ON DELETE SET NULL,
-    outcome            text NOT NULL CHECK (outcome IN ('retrieved', 'answered', 'refused', 'failed')),
-    answer             text,
-    reason             text,
-    nearest_distance   double precision,
-    sources_sent       integer NOT NULL DEFAULT 0,
-    citations          jsonb NOT NULL DEFAULT '[]',
-    citations_kept     integer NOT NULL DEFAULT 0,
-    citations_stripped integer NOT NULL DEFAULT 0,
-    embedding_model    text,
-    chat_model         text,
-    embed_tokens       bigint,
-    prompt_tokens      bigint,
-    completion_tokens  bigint,
-    chat_calls         integer NOT NULL DEFAULT 0,
-    embed_ms           double precision,
-    search_ms          double precision,
-    generate_ms        double precision,
-    latency_ms         double precision NOT NULL,
-    cost_usd           numeric NOT NULL DEFAULT 0,
-    -- The price rows in force when the call ran, so old amounts stay explainable after a price change.
-    prices             jsonb NOT NULL DEFAULT '{}',
-    role               name NOT NULL
-);
-CREATE INDEX queries_by_collection_day ON rag.queries (collection, created_at);
-
-CREATE TABLE rag.messages (
-    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    conversation_id    bigint NOT NULL REFERENCES rag.conversations (id) ON DELETE CASCADE,
-    role               text NOT NULL CHECK (role IN ('user', 'assistant')),
-    content            text NOT NULL,
-    rewritten_question text,
-    query_id           bigint REFERENCES rag.queries (id) ON DELETE SET NULL,
-    created_at         timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-
--- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
--- see all of that collection's.
-ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
-ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
-ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
-CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
-    USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
+-- failed, with the provider's own token counts and the price in force when it ran. The tables are in
+-- schema.sql with all the others.
 
 CREATE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
@@ -100,15 +29,18 @@ LANGUAGE sql STABLE AS $$
            + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
 $$;
 
--- Writes one ledger row and returns its id. The cost is computed here, from the provider-reported usage and
--- the price rows in force, which are stored beside it. The role is the caller's, not the definer's.
+-- Writes one ledger row and returns its id: the only writer of rag.queries, called with named arguments (only
+-- the first four are required). The cost is computed here, from the provider-reported usage and the price rows
+-- in force, which are stored beside it. The role is the caller's, not the definer's.
 CREATE FUNCTION rag._record_query(
-    p_collection_id integer, p_kind text, p_question text, p_rewritten text, p_conversation_id bigint,
-    p_outcome text, p_answer text, p_reason text, p_nearest double precision, p_sources_sent integer,
-    p_citations jsonb, p_citations_stripped integer, p_embedding_model text, p_chat_model text,
-    p_embed_tokens bigint, p_prompt_tokens bigint, p_completion_tokens bigint, p_chat_calls integer,
-    p_embed_ms double precision, p_search_ms double precision, p_generate_ms double precision,
-    p_latency_ms double precision)
+    p_collection_id integer, p_kind text, p_question text, p_outcome text,
+    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
+    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
+    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
+    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
+    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
+    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -117,6 +49,9 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
+    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
+    -- may read, so nobody can fill another collection's ledger.
+    PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
     IF pg_catalog.pg_is_in_recovery() THEN
         -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
@@ -152,47 +87,41 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- The anchors (k nearest chunks, whatever their distance, so the ledger knows how close the nearest was)
--- and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
+-- The anchors (the k nearest chunks from rag._search, whatever their distance, so the ledger knows how close the
+-- nearest was) and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
 CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
                                       p_max_distance double precision)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF c.dimensions IS NULL THEN
-        RETURN;
-    END IF;
-    -- Candidates a caller may not see (rag._row_visible) are skipped; the index scan goes on until k remain.
-    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    RETURN QUERY EXECUTE format($q$
-        WITH anchors AS (
-            SELECT ch.id, ch.document_id, ch.ordinal,
-                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch JOIN rag.documents vd ON vd.id = ch.document_id
-             WHERE ch.collection_id = %2$s
-               AND (vd.watch_id IS NULL OR rag._row_visible(vd.watch_id, vd.source_key))
-             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2),
-        wanted AS (
-            SELECT a.id AS chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
-            UNION ALL
-            SELECT n.id, NULL::double precision, a.id
-              FROM anchors a
-              JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-             WHERE a.distance <= $3)
-        SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
-               CASE WHEN ch.page IS NULL THEN NULL
-                    ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
-          FROM wanted w
-          JOIN rag.chunks ch ON ch.id = w.chunk_id
-          JOIN rag.documents d ON d.id = ch.document_id
-         ORDER BY w.distance NULLS LAST, ch.id$q$, c.dimensions, c.id)
-        USING p_vector, p_k, p_max_distance;
-END $$;
+LANGUAGE sql AS $$
+    WITH anchors AS (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance
+          FROM rag.collections c, rag._search(c, p_vector, p_k) s
+         WHERE c.id = p_collection_id),
+    wanted AS (
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
+        UNION ALL
+        SELECT n.id, NULL::double precision, a.chunk_id
+          FROM anchors a
+          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+         WHERE a.distance <= p_max_distance)
+    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+           CASE WHEN ch.page IS NULL THEN NULL
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
+      FROM wanted w
+      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.documents d ON d.id = ch.document_id
+     ORDER BY w.distance NULLS LAST, ch.id
+$$;
+
+-- One exchange of a conversation: the question and what was answered (or why not), tied to its ledger row.
+CREATE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
+                                     p_query_id bigint, p_reply text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+$$;
 
 -- Conversations are written as they go, so they live on the primary; on a hot standby they are refused with
 -- the primary's address (host and port from primary_conninfo, never its password).

@@ -1,149 +1,6 @@
--- Collections, ingestion and the worker's side of the store. Everything here runs in SQL so that a document,
+-- Providers, ingestion and the worker's side of the store. Everything here runs in SQL so that a document,
 -- its text and its queue row are written in the caller's transaction: ingest returns at once, and a rollback
 -- leaves nothing behind.
-
-CREATE FUNCTION rag_create_collection(
-    name               text,
-    embedding_provider text DEFAULT 'ollama',
-    embedding_model    text DEFAULT NULL,
-    dimensions         integer DEFAULT NULL,
-    document_prefix    text DEFAULT NULL,
-    query_prefix       text DEFAULT NULL,
-    chunk_size         integer DEFAULT NULL,
-    chunk_overlap      integer DEFAULT NULL,
-    chunk_unit         text DEFAULT 'characters',
-    max_distance       double precision DEFAULT NULL,
-    retry_deadline     interval DEFAULT NULL,
-    chat_provider      text DEFAULT 'ollama',
-    chat_model         text DEFAULT NULL,
-    prompt_template    text DEFAULT NULL,
-    context_budget     integer DEFAULT 3000,
-    max_answer_tokens  integer DEFAULT 1024
-) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id integer;
-    v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
-    v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
-    v_window integer;
-BEGIN
-    IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
-        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'A name is 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit.';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
-        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider
-            USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
-    END IF;
-    IF dimensions IS NOT NULL AND (dimensions < 1 OR dimensions > 16000) THEN
-        RAISE EXCEPTION 'dimensions must be between 1 and 16000, not %', dimensions
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
-    END IF;
-    IF max_distance IS NOT NULL AND (max_distance <= 0 OR max_distance > 2) THEN
-        RAISE EXCEPTION 'max_distance must be in (0, 2], not %', max_distance
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'It is a cosine distance: 0 is identical, 2 is opposite.';
-    END IF;
-    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
-        -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently.
-        -- About 3 characters a token keeps ordinary prose inside it; a chunk that still does not fit fails
-        -- its document with the model's own error.
-        v_window := rag._local_model_window(coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2'));
-        embedding_model := coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2');
-        document_prefix := coalesce(document_prefix, '');
-        query_prefix := coalesce(query_prefix, '');
-        IF chunk_size IS NULL THEN
-            v_size := least(v_size, v_window * 2);
-            v_overlap := least(v_overlap, v_size / 5);
-        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * 4 ELSE chunk_size END) > v_window * 3 THEN
-            RAISE EXCEPTION 'chunk_size % is too large for model "%", which reads at most % tokens', chunk_size, embedding_model, v_window
-                USING ERRCODE = 'invalid_parameter_value',
-                      HINT = format('Use chunk_size => %s characters or less.', v_window * 3);
-        END IF;
-    END IF;
-    PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
-    IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
-        RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
-            USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
-    END IF;
-    chat_model := nullif(coalesce(chat_model, rag._setting('rag.chat_model')), '');
-    IF chat_model IS NOT NULL
-       AND chat_model = coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')) THEN
-        RAISE EXCEPTION 'chat_model "%" is the embedding model', chat_model
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name a chat model (rag_models() lists them), or leave it NULL for extractive answers.';
-    END IF;
-    IF prompt_template IS NOT NULL AND (strpos(prompt_template, '{{context}}') = 0 OR strpos(prompt_template, '{{query}}') = 0) THEN
-        RAISE EXCEPTION 'prompt_template must contain both {{context}} and {{query}}'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'They are replaced by the sources and the question.';
-    END IF;
-    IF context_budget IS NULL OR context_budget < 100 OR max_answer_tokens IS NULL OR max_answer_tokens < 16 THEN
-        RAISE EXCEPTION 'context_budget must be at least 100 tokens and max_answer_tokens at least 16'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'The defaults are 3000 and 1024.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
-        RAISE EXCEPTION 'collection "%" already exists', name
-            USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
-    END IF;
-    INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
-                                 query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
-                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner)
-    VALUES (name, embedding_provider,
-            coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
-            dimensions,
-            coalesce(document_prefix, rag._setting('rag.document_prefix')),
-            coalesce(query_prefix, rag._setting('rag.query_prefix')),
-            v_size, v_overlap, chunk_unit,
-            coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
-            retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            rag._calling_role()::regrole)
-    RETURNING id INTO v_id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(v_id);
-    END IF;
-    RETURN v_id;
-END $$;
-
--- Lets `grantee` (a role name, or 'public') read, write or administer a collection. Owners, superusers and
--- admins of the collection may grant; granting again replaces the level.
-CREATE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
-    v_grantee oid;
-BEGIN
-    IF privilege IS NULL OR privilege NOT IN ('read', 'write', 'admin') THEN
-        RAISE EXCEPTION 'privilege must be read, write or admin, not %', coalesce(quote_literal(privilege), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'read: query and ask; write: also ingest and delete; admin: also drop, watch, reindex and grant.';
-    END IF;
-    IF lower(rag_grant.grantee) = 'public' THEN
-        v_grantee := 0;
-    ELSE
-        SELECT r.oid INTO v_grantee FROM pg_catalog.pg_roles r WHERE r.rolname = rag_grant.grantee;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
-                HINT = 'Name an existing role, or public.';
-        END IF;
-    END IF;
-    INSERT INTO rag.collection_grants AS g (collection_id, grantee, privilege, granted_by)
-    VALUES (v_collection, v_grantee::regrole, rag_grant.privilege, rag._calling_role())
-    ON CONFLICT ON CONSTRAINT collection_grants_pkey DO UPDATE
-       SET privilege = EXCLUDED.privilege, granted_by = EXCLUDED.granted_by, granted_at = now();
-END $$;
-
--- Takes a grant back; returns whether there was one.
-CREATE FUNCTION rag_revoke(collection text, grantee text) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
-BEGIN
-    DELETE FROM rag.collection_grants g
-     WHERE g.collection_id = v_collection
-       AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
-                            ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
-    RETURN FOUND;
-END $$;
 
 CREATE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -246,96 +103,13 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly.
-CREATE FUNCTION rag_embed(input text, model text DEFAULT 'all-MiniLM-L6-v2', provider text DEFAULT 'local')
+-- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly. The
+-- model defaults to the local provider's default model.
+CREATE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE sql VOLATILE AS $$
-    SELECT rag._embed_text(provider, model, input)::vector
+    SELECT rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector
 $$;
-
-CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM rag._require_privilege(c.id, 'admin');
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
-    DELETE FROM rag.collections WHERE id = c.id;
-    RETURN true;
-END $$;
-
--- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
--- indexes only fixed-dimension vectors, and collections of different models share one table.
-CREATE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-    v_index text;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF NOT FOUND OR c.dimensions IS NULL THEN
-        RETURN NULL;
-    END IF;
-    IF c.index_name IS NOT NULL THEN
-        RETURN c.index_name;
-    END IF;
-    IF c.dimensions > 2000 THEN
-        -- pgvector's HNSW takes at most 2000 dimensions for vector; such collections are searched exactly.
-        RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
-        RETURN NULL;
-    END IF;
-    v_index := 'chunks_embedding_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.dimensions, c.id);
-    UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
-    RETURN v_index;
-END $$;
-
--- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
--- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
--- Creates the HNSW index of every collection that should have one and has not (pg_dump leaves these indexes
--- out, so a restored database gets them back here), one at a time; the worker calls it when idle. It gives up
--- at once when a restore still holds the chunks table, and tries again later.
-CREATE FUNCTION rag._repair_indexes() RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_missing integer[];
-    v_id integer;
-BEGIN
-    PERFORM set_config('lock_timeout', '100ms', true);
-    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
-     WHERE c.dimensions BETWEEN 1 AND 2000
-       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
-    FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
-        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
-        PERFORM rag._ensure_index(v_id);
-    END LOOP;
-    RETURN coalesce(cardinality(v_missing), 0);
-END $$;
-
-CREATE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
-LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE name = p_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'collection "%" does not exist', p_name
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Create it with rag_create_collection(''' || coalesce(p_name, '') || '''), or list them in rag.status.';
-    END IF;
-    PERFORM rag._require_privilege(c.id, p_privilege);
-    RETURN c.id;
-END $$;
 
 CREATE FUNCTION rag_ingest(
     collection text,
@@ -418,6 +192,12 @@ BEGIN
     PERFORM rag._wake_worker();
     RETURN v_id;
 END $$;
+
+-- The printed page numbers of a file's pages (rag_ingest_file), when they are not 1, 2, 3.
+CREATE FUNCTION rag._set_page_labels(p_document_id bigint, p_labels text[]) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.documents SET page_labels = p_labels WHERE id = p_document_id AND page_labels IS DISTINCT FROM p_labels
+$$;
 
 CREATE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$

@@ -2,11 +2,11 @@
 -- waits, and says so in the log, until this has run; see README, "Operations").
 --
 -- 0.2.0 adds collection privileges and row visibility (issue 11), dumps every table with the database and
--- answers on hot standbys (issue 12). This script has two parts:
+-- answers on hot standbys (issue 12). This script has three parts:
 --   1. data migrations, written by hand: new tables and columns, filled from what 0.1.0 knew;
 --   2. every function, view, comment, policy and grant of 0.2.0, generated from rag--0.2.0.sql by
---      scripts/lib/upgrade_functions.py (functions become CREATE OR REPLACE; views likewise).
--- then the watched tables' triggers are re-made by 0.2.0's code.
+--      scripts/lib/upgrade_functions.py (functions become CREATE OR REPLACE; views likewise);
+--   3. by hand, what needs 0.2.0's functions: checks on rag._limit, and the watched tables' triggers.
 -- tests/upgrade proves the result: a 0.1.0 database filled with data, updated by this script, has the catalog
 -- of a fresh 0.2.0 install (functions with signatures, security and settings, tables, columns, indexes,
 -- constraints, triggers, policies, grants) and keeps every row.
@@ -61,9 +61,18 @@ CREATE INDEX queue_by_collection ON rag.queue (collection_id, not_before, id);
 -- its rows (row-level security below), through rag_reader's SELECT. 0.1.0 showed all of it to rag_admin only.
 REVOKE SELECT ON rag.queries FROM rag_admin;
 
--- Replaced by versions with another signature (a privilege argument; the collections served recently).
+-- The answering limits' defaults come from rag_create_collection (src/limits.rs through rag._limit), not from
+-- the table; its checks are re-made on rag._limit in part 3.
+ALTER TABLE rag.collections ALTER COLUMN context_budget DROP DEFAULT,
+                            ALTER COLUMN max_answer_tokens DROP DEFAULT;
+
+-- Replaced by versions with another signature (a privilege argument; the collections served recently; the
+-- ledger's optional arguments last, with defaults, for calls with named arguments).
 DROP FUNCTION rag._collection_id(text);
 DROP FUNCTION rag._claim_next(integer, text[]);
+DROP FUNCTION rag._record_query(integer, text, text, text, bigint, text, text, text, double precision, integer,
+                                jsonb, integer, text, text, bigint, bigint, bigint, integer, double precision,
+                                double precision, double precision, double precision);
 
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
@@ -133,6 +142,23 @@ BEGIN
                        v_table, CASE v_table WHEN 'collections' THEN 'id' ELSE 'collection_id' END);
     END LOOP;
 END $$;
+
+COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with no row costs 0 (local models)';
+
+ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY own_or_administered ON rag.queries FOR SELECT
+    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+
+ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
+    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+
+ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
+    USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
 
 CREATE OR REPLACE VIEW rag.status AS
 SELECT c.name AS collection,
@@ -278,6 +304,11 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -287,24 +318,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+AS 'MODULE_PATHNAME', 'limit_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -330,6 +349,42 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
@@ -341,28 +396,6 @@ CREATE OR REPLACE FUNCTION rag."_setting"(
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_collection(
     name               text,
@@ -379,8 +412,8 @@ CREATE OR REPLACE FUNCTION rag_create_collection(
     chat_provider      text DEFAULT 'ollama',
     chat_model         text DEFAULT NULL,
     prompt_template    text DEFAULT NULL,
-    context_budget     integer DEFAULT 3000,
-    max_answer_tokens  integer DEFAULT 1024
+    context_budget     integer DEFAULT NULL,
+    max_answer_tokens  integer DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -388,7 +421,10 @@ DECLARE
     v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
     v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
     v_window integer;
+    v_local_default text := rag._limit('local_model_default');
 BEGIN
+    context_budget := coalesce(context_budget, rag._limit('context_budget_default')::integer);
+    max_answer_tokens := coalesce(max_answer_tokens, rag._limit('max_answer_tokens_default')::integer);
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -410,14 +446,15 @@ BEGIN
         -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently.
         -- About 3 characters a token keeps ordinary prose inside it; a chunk that still does not fit fails
         -- its document with the model's own error.
-        v_window := rag._local_model_window(coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2'));
-        embedding_model := coalesce(nullif(embedding_model, ''), 'all-MiniLM-L6-v2');
+        embedding_model := coalesce(nullif(embedding_model, ''), v_local_default);
+        v_window := rag._local_model_window(embedding_model);
         document_prefix := coalesce(document_prefix, '');
         query_prefix := coalesce(query_prefix, '');
         IF chunk_size IS NULL THEN
             v_size := least(v_size, v_window * 2);
             v_overlap := least(v_overlap, v_size / 5);
-        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * 4 ELSE chunk_size END) > v_window * 3 THEN
+        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * rag._limit('chars_per_token')::integer
+                               ELSE chunk_size END) > v_window * 3 THEN
             RAISE EXCEPTION 'chunk_size % is too large for model "%", which reads at most % tokens', chunk_size, embedding_model, v_window
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = format('Use chunk_size => %s characters or less.', v_window * 3);
@@ -439,9 +476,16 @@ BEGIN
         RAISE EXCEPTION 'prompt_template must contain both {{context}} and {{query}}'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'They are replaced by the sources and the question.';
     END IF;
-    IF context_budget IS NULL OR context_budget < 100 OR max_answer_tokens IS NULL OR max_answer_tokens < 16 THEN
-        RAISE EXCEPTION 'context_budget must be at least 100 tokens and max_answer_tokens at least 16'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'The defaults are 3000 and 1024.';
+    IF context_budget NOT BETWEEN rag._limit('context_budget_min')::integer AND rag._limit('context_budget_max')::integer
+       OR max_answer_tokens NOT BETWEEN rag._limit('max_answer_tokens_min')::integer
+                                    AND rag._limit('max_answer_tokens_max')::integer THEN
+        RAISE EXCEPTION 'context_budget must be % to % tokens and max_answer_tokens % to %, not % and %',
+                        rag._limit('context_budget_min'), rag._limit('context_budget_max'),
+                        rag._limit('max_answer_tokens_min'), rag._limit('max_answer_tokens_max'),
+                        context_budget, max_answer_tokens
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('The defaults are %s and %s.', rag._limit('context_budget_default'),
+                                rag._limit('max_answer_tokens_default'));
     END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
@@ -502,6 +546,138 @@ BEGIN
        AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
                             ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
     RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._require_privilege(c.id, 'admin');
+    IF c.index_name IS NOT NULL THEN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    END IF;
+    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
+    DELETE FROM rag.collections WHERE id = c.id;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+    v_index text;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.dimensions IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF c.index_name IS NOT NULL THEN
+        RETURN c.index_name;
+    END IF;
+    IF c.dimensions > 2000 THEN
+        -- pgvector's HNSW takes at most 2000 dimensions for vector; such collections are searched exactly.
+        RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
+        RETURN NULL;
+    END IF;
+    v_index := 'chunks_embedding_c' || c.id;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                   v_index, c.dimensions, c.id);
+    UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
+    RETURN v_index;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._repair_indexes() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_missing integer[];
+    v_id integer;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
+    SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
+     WHERE c.dimensions BETWEEN 1 AND 2000
+       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
+    FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
+        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
+        PERFORM rag._ensure_index(v_id);
+    END LOOP;
+    RETURN coalesce(cardinality(v_missing), 0);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'collection "%" does not exist', p_name
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Create it with rag_create_collection(''' || coalesce(p_name, '') || '''), or list them in rag.status.';
+    END IF;
+    PERFORM rag._require_privilege(c.id, p_privilege);
+    RETURN c.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_reindex(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+    v_watch integer;
+    v_count bigint;
+BEGIN
+    DELETE FROM rag.chunks ch USING rag.documents d
+     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
+    UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
+           updated_at = now()
+     WHERE collection_id = v_collection AND watch_id IS NULL;
+    INSERT INTO rag.queue (document_id, collection_id)
+    SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
+    UPDATE rag.documents SET content_sha256 = '\x'::bytea
+     WHERE collection_id = v_collection AND watch_id IS NOT NULL;
+    FOR v_watch IN SELECT id FROM rag.watches WHERE collection_id = v_collection LOOP
+        v_count := v_count + rag._reindex_watch(v_watch);
+    END LOOP;
+    PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
+                                        embedding_provider text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    IF embedding_model IS NULL OR embedding_model = '' THEN
+        RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'rag_models() lists what the provider serves.';
+    END IF;
+    IF embedding_provider IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
+        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
+            HINT = 'SELECT name, kind FROM rag.providers lists them.';
+    END IF;
+    IF c.index_name IS NOT NULL THEN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    END IF;
+    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
+           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
+           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
+     WHERE id = c.id;
+    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
+    IF dimensions IS NOT NULL THEN
+        PERFORM rag._ensure_index(c.id);
+    END IF;
+    RETURN rag_reindex(collection);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
@@ -602,88 +778,11 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_embed(input text, model text DEFAULT 'all-MiniLM-L6-v2', provider text DEFAULT 'local')
+CREATE OR REPLACE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE sql VOLATILE AS $$
-    SELECT rag._embed_text(provider, model, input)::vector
+    SELECT rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector
 $$;
-
-CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM rag._require_privilege(c.id, 'admin');
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
-    DELETE FROM rag.collections WHERE id = c.id;
-    RETURN true;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-    v_index text;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF NOT FOUND OR c.dimensions IS NULL THEN
-        RETURN NULL;
-    END IF;
-    IF c.index_name IS NOT NULL THEN
-        RETURN c.index_name;
-    END IF;
-    IF c.dimensions > 2000 THEN
-        -- pgvector's HNSW takes at most 2000 dimensions for vector; such collections are searched exactly.
-        RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
-        RETURN NULL;
-    END IF;
-    v_index := 'chunks_embedding_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.dimensions, c.id);
-    UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
-    RETURN v_index;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._repair_indexes() RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_missing integer[];
-    v_id integer;
-BEGIN
-    PERFORM set_config('lock_timeout', '100ms', true);
-    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
-     WHERE c.dimensions BETWEEN 1 AND 2000
-       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
-    FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
-        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
-        PERFORM rag._ensure_index(v_id);
-    END LOOP;
-    RETURN coalesce(cardinality(v_missing), 0);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
-LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE name = p_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'collection "%" does not exist', p_name
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Create it with rag_create_collection(''' || coalesce(p_name, '') || '''), or list them in rag.status.';
-    END IF;
-    PERFORM rag._require_privilege(c.id, p_privilege);
-    RETURN c.id;
-END $$;
 
 CREATE OR REPLACE FUNCTION rag_ingest(
     collection text,
@@ -766,6 +865,11 @@ BEGIN
     PERFORM rag._wake_worker();
     RETURN v_id;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._set_page_labels(p_document_id bigint, p_labels text[]) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.documents SET page_labels = p_labels WHERE id = p_document_id AND page_labels IS DISTINCT FROM p_labels
+$$;
 
 CREATE OR REPLACE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -972,6 +1076,308 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
+CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, with_filter boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format($q$
+        SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+               ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+          FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+         WHERE ch.collection_id = %2$s%3$s
+           AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+         ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+         LIMIT $2$q$,
+        c.dimensions, c.id,
+        CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL)
+RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF c.dimensions IS NULL THEN
+        RETURN;
+    END IF;
+    -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
+    -- until k rows survive them (relaxed order: better recall; callers sort by distance).
+    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
+    IF p_filter IS NULL THEN
+        RETURN QUERY EXECUTE rag._search_sql(c, false) USING p_vector, p_k;
+    ELSE
+        RETURN QUERY EXECUTE rag._search_sql(c, true) USING p_vector, p_k, p_filter;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_query(
+    collection   text,
+    query        text,
+    k            integer DEFAULT 5,
+    max_distance double precision DEFAULT NULL,
+    filter       jsonb DEFAULT NULL
+) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
+                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_vector text;
+    v_tokens bigint;
+    v_started timestamptz := clock_timestamp();
+    v_embedded timestamptz;
+    v_count integer;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the question to search for.';
+    END IF;
+    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
+        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
+                        coalesce(k::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
+    END IF;
+    IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
+    END IF;
+    IF c.dimensions IS NOT NULL THEN
+        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
+        v_embedded := clock_timestamp();
+        RETURN QUERY
+        SELECT s.document_id, d.title, s.chunk_id, s.ordinal, ch.content, s.distance, d.metadata, ch.page,
+               d.source, d.source_key
+          FROM rag._search(c, v_vector, k, filter) s
+          JOIN rag.chunks ch ON ch.id = s.chunk_id
+          JOIN rag.documents d ON d.id = s.document_id
+         WHERE s.distance <= coalesce(max_distance, c.max_distance)
+         ORDER BY s.distance, s.chunk_id;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+    END IF;
+    -- The ledger: one row per call, even when nothing was found.
+    PERFORM rag._record_query(
+        p_collection_id => c.id, p_kind => 'query', p_question => query, p_outcome => 'retrieved',
+        p_reason => CASE WHEN coalesce(v_count, 0) = 0 THEN 'nothing within the distance ceiling' END,
+        p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
+        p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
+        p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
+        p_search_ms => extract(epoch FROM clock_timestamp() - v_embedded) * 1000,
+        p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5)
+RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_line text;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
+    IF c.dimensions IS NULL THEN
+        RAISE EXCEPTION 'collection "%" has no vectors yet', collection
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
+    END IF;
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, false)
+        USING rag._embed_query(c.id, query), k
+    LOOP
+        -- The question's vector is noise in a plan; show where it goes instead.
+        RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+                              valid_from timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
+    ON CONFLICT (model, valid_from) DO UPDATE
+       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
+           output_usd_per_million = EXCLUDED.output_usd_per_million
+$$;
+
+CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
+     ORDER BY p.valid_from DESC LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
+                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT trim_scale(
+             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_query(
+    p_collection_id integer, p_kind text, p_question text, p_outcome text,
+    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
+    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
+    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
+    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
+    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
+    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
+    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
+    v_cost numeric := 0;
+    v_id bigint;
+BEGIN
+    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
+    -- may read, so nobody can fill another collection's ledger.
+    PERFORM rag._require_privilege(p_collection_id, 'read');
+    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
+    IF pg_catalog.pg_is_in_recovery() THEN
+        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
+        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
+        -- can read what the standby answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
+            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'sources_sent', p_sources_sent,
+            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+            'role', rag._calling_role()));
+        RETURN NULL;
+    END IF;
+    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
+                             answer, reason, nearest_distance, sources_sent, citations, citations_kept,
+                             citations_stripped, embedding_model, chat_model, embed_tokens, prompt_tokens,
+                             completion_tokens, chat_calls, embed_ms, search_ms, generate_ms, latency_ms, cost_usd,
+                             prices, role)
+    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_answer, p_reason, p_nearest, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
+           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
+           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
+           jsonb_strip_nulls(jsonb_build_object(
+               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
+               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
+           rag._calling_role()
+      FROM rag.collections c WHERE c.id = p_collection_id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+                                      p_max_distance double precision)
+RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
+LANGUAGE sql AS $$
+    WITH anchors AS (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance
+          FROM rag.collections c, rag._search(c, p_vector, p_k) s
+         WHERE c.id = p_collection_id),
+    wanted AS (
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
+        UNION ALL
+        SELECT n.id, NULL::double precision, a.chunk_id
+          FROM anchors a
+          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+         WHERE a.distance <= p_max_distance)
+    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+           CASE WHEN ch.page IS NULL THEN NULL
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
+      FROM wanted w
+      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.documents d ON d.id = ch.document_id
+     ORDER BY w.distance NULLS LAST, ch.id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
+                                     p_query_id bigint, p_reply text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
+                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM rag._refuse_writes_on_standby('a conversation');
+    INSERT INTO rag.conversations (collection_id, owner)
+    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v rag.conversations;
+BEGIN
+    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    IF NOT FOUND OR (v.owner <> rag._calling_role()
+                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+        RAISE EXCEPTION 'conversation % does not exist', p_id
+            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
+RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    RETURN QUERY
+    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
+      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    DELETE FROM rag.conversations WHERE id = v_id;
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE VIEW rag.ledger_daily AS
+SELECT collection,
+       date_trunc('day', created_at)::date AS day,
+       count(*) AS calls,
+       count(*) FILTER (WHERE kind = 'ask') AS asks,
+       count(*) FILTER (WHERE outcome = 'answered') AS answered,
+       count(*) FILTER (WHERE outcome = 'refused') AS refused,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
+       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
+       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
+       sum(cost_usd) AS cost_usd
+  FROM rag.queries
+ WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+ GROUP BY 1, 2;
+
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
@@ -1094,7 +1500,7 @@ BEGIN
         SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_keys jsonb;
         BEGIN
             IF TG_OP = 'INSERT' THEN
@@ -1107,7 +1513,7 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_aggregate, e.filter);
+        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
     -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
     -- columns never calls a function and captures no transition table, which a statement-level trigger
     -- cannot avoid (PostgreSQL captures every updated row for it first).
@@ -1115,7 +1521,7 @@ BEGIN
         CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
         SET search_path = pg_catalog, pg_temp AS $body$
         DECLARE
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_new jsonb := %3$s;
             v_old jsonb := %4$s;
         BEGIN
@@ -1124,7 +1530,7 @@ BEGIN
                     clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old);
+        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
@@ -1530,371 +1936,6 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_reindex(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
-    v_watch integer;
-    v_count bigint;
-BEGIN
-    DELETE FROM rag.chunks ch USING rag.documents d
-     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
-    UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
-           updated_at = now()
-     WHERE collection_id = v_collection AND watch_id IS NULL;
-    INSERT INTO rag.queue (document_id, collection_id)
-    SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
-    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
-    UPDATE rag.documents SET content_sha256 = '\x'::bytea
-     WHERE collection_id = v_collection AND watch_id IS NOT NULL;
-    FOR v_watch IN SELECT id FROM rag.watches WHERE collection_id = v_collection LOOP
-        v_count := v_count + rag._reindex_watch(v_watch);
-    END LOOP;
-    PERFORM rag._wake_worker();
-    RETURN v_count;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
-                                        embedding_provider text DEFAULT NULL) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
-    IF embedding_model IS NULL OR embedding_model = '' THEN
-        RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'rag_models() lists what the provider serves.';
-    END IF;
-    IF embedding_provider IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
-        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
-            HINT = 'SELECT name, kind FROM rag.providers lists them.';
-    END IF;
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
-           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
-           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
-     WHERE id = c.id;
-    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(c.id);
-    END IF;
-    RETURN rag_reindex(collection);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, with_filter boolean) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format($q$
-        WITH hits AS (
-            SELECT ch.id, ch.document_id, ch.ordinal, ch.content, ch.page,
-                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-             WHERE ch.collection_id = %2$s%3$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2)
-        SELECT h.document_id, d.title, h.id, h.ordinal, h.content, h.distance, d.metadata, h.page,
-               d.source, d.source_key
-          FROM hits h JOIN rag.documents d ON d.id = h.document_id
-         WHERE h.distance <= $3
-         ORDER BY h.distance, h.id$q$,
-        c.dimensions, c.id,
-        CASE WHEN with_filter THEN ' AND fd.metadata @> $4' ELSE '' END)
-$$;
-
-CREATE OR REPLACE FUNCTION rag_query(
-    collection   text,
-    query        text,
-    k            integer DEFAULT 5,
-    max_distance double precision DEFAULT NULL,
-    filter       jsonb DEFAULT NULL
-) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
-                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-    v_vector text;
-    v_tokens bigint;
-    v_started timestamptz := clock_timestamp();
-    v_embedded timestamptz;
-    v_nearest double precision;
-    v_count integer;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Pass the question to search for.';
-    END IF;
-    IF k IS NULL OR k < 1 OR k > 1000 THEN
-        RAISE EXCEPTION 'k must be between 1 and 1000, not %', coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
-    END IF;
-    IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
-        RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
-    END IF;
-    IF c.dimensions IS NOT NULL THEN
-        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
-        v_embedded := clock_timestamp();
-        -- A metadata filter and row visibility remove candidates after the index scan; iterative scans keep
-        -- looking until k rows survive them (relaxed order: better recall; the outer query sorts by distance).
-        PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-        IF filter IS NOT NULL THEN
-            RETURN QUERY EXECUTE rag._search_sql(c, true)
-                USING v_vector, k, coalesce(max_distance, c.max_distance), filter;
-        ELSE
-            RETURN QUERY EXECUTE rag._search_sql(c, false)
-                USING v_vector, k, coalesce(max_distance, c.max_distance);
-        END IF;
-        GET DIAGNOSTICS v_count = ROW_COUNT;
-    END IF;
-    -- The ledger: one row per call, even when nothing was found.
-    PERFORM rag._record_query(c.id, 'query', query, NULL, NULL, 'retrieved', NULL,
-                              CASE WHEN coalesce(v_count, 0) = 0 THEN 'nothing within the distance ceiling' END,
-                              NULL, coalesce(v_count, 0), '[]', 0, c.embedding_model, NULL, v_tokens, NULL, NULL, 0,
-                              extract(epoch FROM v_embedded - v_started) * 1000,
-                              extract(epoch FROM clock_timestamp() - v_embedded) * 1000, NULL,
-                              extract(epoch FROM clock_timestamp() - v_started) * 1000);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5)
-RETURNS SETOF text
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-    v_line text;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF c.dimensions IS NULL THEN
-        RAISE EXCEPTION 'collection "%" has no vectors yet', collection
-            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
-    END IF;
-    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, false)
-        USING rag._embed_query(c.id, query), k, c.max_distance
-    LOOP
-        -- The question's vector is noise in a plan; show where it goes instead.
-        RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
-    END LOOP;
-END $$;
-
-COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with no row costs 0 (local models)';
-
-ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
-
-CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
-
-ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
-
-CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
-
-ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
-
-CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
-    USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
-
-CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
-                              valid_from timestamptz DEFAULT now())
-RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
-       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
-
-CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
-     ORDER BY p.valid_from DESC LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
-                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
-LANGUAGE sql STABLE AS $$
-    SELECT trim_scale(
-             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_query(
-    p_collection_id integer, p_kind text, p_question text, p_rewritten text, p_conversation_id bigint,
-    p_outcome text, p_answer text, p_reason text, p_nearest double precision, p_sources_sent integer,
-    p_citations jsonb, p_citations_stripped integer, p_embedding_model text, p_chat_model text,
-    p_embed_tokens bigint, p_prompt_tokens bigint, p_completion_tokens bigint, p_chat_calls integer,
-    p_embed_ms double precision, p_search_ms double precision, p_generate_ms double precision,
-    p_latency_ms double precision)
-RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
-    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
-    v_cost numeric := 0;
-    v_id bigint;
-BEGIN
-    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
-        RETURN NULL;
-    END IF;
-    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
-                             answer, reason, nearest_distance, sources_sent, citations, citations_kept,
-                             citations_stripped, embedding_model, chat_model, embed_tokens, prompt_tokens,
-                             completion_tokens, chat_calls, embed_ms, search_ms, generate_ms, latency_ms, cost_usd,
-                             prices, role)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
-           p_answer, p_reason, p_nearest, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
-           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
-           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
-           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
-           jsonb_strip_nulls(jsonb_build_object(
-               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
-               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
-      FROM rag.collections c WHERE c.id = p_collection_id
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision)
-RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
-               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF c.dimensions IS NULL THEN
-        RETURN;
-    END IF;
-    -- Candidates a caller may not see (rag._row_visible) are skipped; the index scan goes on until k remain.
-    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    RETURN QUERY EXECUTE format($q$
-        WITH anchors AS (
-            SELECT ch.id, ch.document_id, ch.ordinal,
-                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch JOIN rag.documents vd ON vd.id = ch.document_id
-             WHERE ch.collection_id = %2$s
-               AND (vd.watch_id IS NULL OR rag._row_visible(vd.watch_id, vd.source_key))
-             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2),
-        wanted AS (
-            SELECT a.id AS chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
-            UNION ALL
-            SELECT n.id, NULL::double precision, a.id
-              FROM anchors a
-              JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-             WHERE a.distance <= $3)
-        SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
-               CASE WHEN ch.page IS NULL THEN NULL
-                    ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
-          FROM wanted w
-          JOIN rag.chunks ch ON ch.id = w.chunk_id
-          JOIN rag.documents d ON d.id = ch.document_id
-         ORDER BY w.distance NULLS LAST, ch.id$q$, c.dimensions, c.id)
-        USING p_vector, p_k, p_max_distance;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint;
-BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v rag.conversations;
-BEGIN
-    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
-        RAISE EXCEPTION 'conversation % does not exist', p_id
-            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
-    END IF;
-    RETURN v;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
-RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    RETURN QUERY
-    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
-      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    DELETE FROM rag.conversations WHERE id = v_id;
-    RETURN FOUND;
-END $$;
-
-CREATE OR REPLACE VIEW rag.ledger_daily AS
-SELECT collection,
-       date_trunc('day', created_at)::date AS day,
-       count(*) AS calls,
-       count(*) FILTER (WHERE kind = 'ask') AS asks,
-       count(*) FILTER (WHERE outcome = 'answered') AS answered,
-       count(*) FILTER (WHERE outcome = 'refused') AS refused,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
-       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
-       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-       sum(cost_usd) AS cost_usd
-  FROM rag.queries
- WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
- GROUP BY 1, 2;
-
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rag_reader') THEN
@@ -1980,7 +2021,7 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_watch_columns')
+                               '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')
@@ -2005,7 +2046,20 @@ END $$;
 -- END GENERATED
 
 ------------------------------------------------------------------------------------------------------------
--- 3. Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
+-- 3. What needs 0.2.0's functions.
+
+-- The answering limits' checks read src/limits.rs through rag._limit, as a fresh install's do (ingest.sql).
+ALTER TABLE rag.collections
+    DROP CONSTRAINT collections_context_budget_check,
+    DROP CONSTRAINT collections_max_answer_tokens_check,
+    ADD CONSTRAINT collections_context_budget_check
+        CHECK (context_budget BETWEEN rag._limit('context_budget_min')::integer
+                                  AND rag._limit('context_budget_max')::integer),
+    ADD CONSTRAINT collections_max_answer_tokens_check
+        CHECK (max_answer_tokens BETWEEN rag._limit('max_answer_tokens_min')::integer
+                                     AND rag._limit('max_answer_tokens_max')::integer);
+
+-- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are
 -- per-watch objects, not part of the extension: made here they would become members (and pg_dump would leave
 -- them out), so they are handed back to the database as rag_watch would have made them.

@@ -48,8 +48,9 @@ CREATE TABLE rag.collections (
     chat_provider      text NOT NULL DEFAULT 'ollama' REFERENCES rag.providers (name),
     chat_model         text,
     prompt_template    text CHECK (prompt_template IS NULL OR (prompt_template LIKE '%{{context}}%' AND prompt_template LIKE '%{{query}}%')),
-    context_budget     integer NOT NULL DEFAULT 3000 CHECK (context_budget BETWEEN 100 AND 1000000),
-    max_answer_tokens  integer NOT NULL DEFAULT 1024 CHECK (max_answer_tokens BETWEEN 16 AND 100000),
+    -- Their ranges and defaults are src/limits.rs's: the checks are added in ingest.sql, once rag._limit exists.
+    context_budget     integer NOT NULL,
+    max_answer_tokens  integer NOT NULL,
     -- The partial HNSW index for this collection's vectors, once the dimension is known.
     index_name         text,
     created_at         timestamptz NOT NULL DEFAULT now(),
@@ -252,6 +253,83 @@ BEGIN
                        v_table, CASE v_table WHEN 'collections' THEN 'id' ELSE 'collection_id' END);
     END LOOP;
 END $$;
+
+------------------------------------------------------------------------------------------------------------
+-- Answering: prices, conversations and the ledger (written by sql/answer.sql's functions).
+
+CREATE TABLE rag.prices (
+    model                  text NOT NULL,
+    input_usd_per_million  numeric NOT NULL DEFAULT 0 CHECK (input_usd_per_million >= 0),
+    output_usd_per_million numeric NOT NULL DEFAULT 0 CHECK (output_usd_per_million >= 0),
+    valid_from             timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (model, valid_from)
+);
+COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with no row costs 0 (local models)';
+
+CREATE TABLE rag.conversations (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    owner         name NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE rag.queries (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    collection_id      integer REFERENCES rag.collections (id) ON DELETE SET NULL,
+    collection         text NOT NULL,
+    kind               text NOT NULL CHECK (kind IN ('query', 'ask')),
+    question           text NOT NULL,
+    rewritten_question text,
+    conversation_id    bigint REFERENCES rag.conversations (id) ON DELETE SET NULL,
+    outcome            text NOT NULL CHECK (outcome IN ('retrieved', 'answered', 'refused', 'failed')),
+    answer             text,
+    reason             text,
+    nearest_distance   double precision,
+    sources_sent       integer NOT NULL DEFAULT 0,
+    citations          jsonb NOT NULL DEFAULT '[]',
+    citations_kept     integer NOT NULL DEFAULT 0,
+    citations_stripped integer NOT NULL DEFAULT 0,
+    embedding_model    text,
+    chat_model         text,
+    embed_tokens       bigint,
+    prompt_tokens      bigint,
+    completion_tokens  bigint,
+    chat_calls         integer NOT NULL DEFAULT 0,
+    embed_ms           double precision,
+    search_ms          double precision,
+    generate_ms        double precision,
+    latency_ms         double precision NOT NULL,
+    cost_usd           numeric NOT NULL DEFAULT 0,
+    -- The price rows in force when the call ran, so old amounts stay explainable after a price change.
+    prices             jsonb NOT NULL DEFAULT '{}',
+    role               name NOT NULL
+);
+CREATE INDEX queries_by_collection_day ON rag.queries (collection, created_at);
+
+CREATE TABLE rag.messages (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id    bigint NOT NULL REFERENCES rag.conversations (id) ON DELETE CASCADE,
+    role               text NOT NULL CHECK (role IN ('user', 'assistant')),
+    content            text NOT NULL,
+    rewritten_question text,
+    query_id           bigint REFERENCES rag.queries (id) ON DELETE SET NULL,
+    created_at         timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
+-- see all of that collection's.
+ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_or_administered ON rag.queries FOR SELECT
+    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
+    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
+CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
+    USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
+
+------------------------------------------------------------------------------------------------------------
 
 CREATE VIEW rag.status AS
 SELECT c.name AS collection,

@@ -140,7 +140,7 @@ BEGIN
         SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_keys jsonb;
         BEGIN
             IF TG_OP = 'INSERT' THEN
@@ -153,7 +153,7 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_aggregate, e.filter);
+        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
     -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
     -- columns never calls a function and captures no transition table, which a statement-level trigger
     -- cannot avoid (PostgreSQL captures every updated row for it first).
@@ -161,7 +161,7 @@ BEGIN
         CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
         SET search_path = pg_catalog, pg_temp AS $body$
         DECLARE
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), '500ms')::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_new jsonb := %3$s;
             v_old jsonb := %4$s;
         BEGIN
@@ -170,7 +170,7 @@ BEGIN
                     clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old);
+        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
@@ -593,63 +593,4 @@ BEGIN
         END IF;
         RETURN NEXT;
     END LOOP;
-END $$;
-
--- Chunks and embeds every document of a collection again: after its chunk settings changed, or after
--- rag_set_embedding_model. Watched rows are read again from their tables.
-CREATE FUNCTION rag_reindex(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
-    v_watch integer;
-    v_count bigint;
-BEGIN
-    DELETE FROM rag.chunks ch USING rag.documents d
-     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
-    UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
-           updated_at = now()
-     WHERE collection_id = v_collection AND watch_id IS NULL;
-    INSERT INTO rag.queue (document_id, collection_id)
-    SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
-    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
-    UPDATE rag.documents SET content_sha256 = '\x'::bytea
-     WHERE collection_id = v_collection AND watch_id IS NOT NULL;
-    FOR v_watch IN SELECT id FROM rag.watches WHERE collection_id = v_collection LOOP
-        v_count := v_count + rag._reindex_watch(v_watch);
-    END LOOP;
-    PERFORM rag._wake_worker();
-    RETURN v_count;
-END $$;
-
--- Moves a collection to another embedding model. Vectors of two models are never mixed: the old ones go
--- in the same transaction, and the collection answers again as the worker embeds with the new model.
-CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
-                                        embedding_provider text DEFAULT NULL) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    c rag.collections;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
-    IF embedding_model IS NULL OR embedding_model = '' THEN
-        RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'rag_models() lists what the provider serves.';
-    END IF;
-    IF embedding_provider IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = embedding_provider) THEN
-        RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
-            HINT = 'SELECT name, kind FROM rag.providers lists them.';
-    END IF;
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
-           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
-           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
-     WHERE id = c.id;
-    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(c.id);
-    END IF;
-    RETURN rag_reindex(collection);
 END $$;

@@ -10,6 +10,8 @@
 use pgrx::prelude::*;
 
 pub mod api;
+pub mod error;
+pub mod limits;
 pub mod pg;
 pub mod provider;
 pub mod security;
@@ -23,13 +25,24 @@ pub mod worker;
 // the `requires` lists), and the SQL functions that call Rust ones come last.
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
-    "../sql/ingest.sql",
-    name = "ingest",
+    "../sql/collections.sql",
+    name = "collections",
     requires = [
         "schema",
         api::chunk::rag::validate_chunking,
+        api::query::rag::local_model_window,
+        api::rag::setting,
+        limits::rag::limit
+    ]
+);
+extension_sql_file!(
+    "../sql/ingest.sql",
+    name = "ingest",
+    requires = [
+        "collections",
         worker::wake::rag::wake_worker,
-        api::rag::setting
+        api::rag::setting,
+        limits::rag::limit
     ]
 );
 extension_sql_file!(

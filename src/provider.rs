@@ -11,9 +11,31 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProviderRow {
     pub name: String,
-    pub kind: String,
+    pub kind: Kind,
     pub base_url: Option<String>,
     pub api_key_setting: Option<String>,
+}
+
+/// What a `rag.providers` row is: a model run in this process, or a server speaking one of rag-embed's
+/// protocols. The column's CHECK allows only those; a value it does not know (a newer version's, read by an
+/// older library) is kept so the error can name it when the provider is used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Local,
+    Server(ProviderKind),
+    Unknown(String),
+}
+
+impl Kind {
+    pub fn from_column(kind: &str) -> Kind {
+        match kind {
+            "local" => Kind::Local,
+            other => other
+                .parse::<ProviderKind>()
+                .map(Kind::Server)
+                .unwrap_or_else(|_| Kind::Unknown(other.to_string())),
+        }
+    }
 }
 
 /// Reads a provider's API key from where its `api_key_setting` points: `rag.openai_api_key` (a setting that
@@ -75,7 +97,7 @@ pub fn load_row(name: &str) -> Result<Option<ProviderRow>, pgrx::spi::Error> {
         for row in rows {
             found = Some(ProviderRow {
                 name: row.get::<String>(1)?.unwrap_or_default(),
-                kind: row.get::<String>(2)?.unwrap_or_default(),
+                kind: Kind::from_column(&row.get::<String>(2)?.unwrap_or_default()),
                 base_url: row.get::<String>(3)?,
                 api_key_setting: row.get::<String>(4)?,
             });
@@ -86,20 +108,18 @@ pub fn load_row(name: &str) -> Result<Option<ProviderRow>, pgrx::spi::Error> {
 
 /// The named provider's row, or an ERROR naming it.
 pub fn row_or_raise(name: &str) -> ProviderRow {
-    use pgrx::PgSqlErrorCode;
-    match load_row(name) {
-        Ok(Some(row)) => row,
-        Ok(None) => crate::api::raise(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            format!("provider \"{name}\" does not exist"),
-            "SELECT name, kind FROM rag.providers lists them.",
-        ),
-        Err(error) => crate::api::raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            error.to_string(),
-            "",
-        ),
-    }
+    use crate::error::{RagError, SpiContext, UnwrapOrRaise};
+    load_row(name)
+        .doing(|| format!("reading provider \"{name}\""))
+        .and_then(|row| {
+            row.ok_or_else(|| {
+                RagError::undefined(
+                    format!("provider \"{name}\" does not exist"),
+                    "SELECT name, kind FROM rag.providers lists them.",
+                )
+            })
+        })
+        .unwrap_or_raise()
 }
 
 /// Where embeddings come from: a server over HTTP, or a model running in this process.
@@ -176,19 +196,28 @@ pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
 }
 
 pub fn embedder(row: &ProviderRow, model: &str, timeout: Duration) -> Result<Embedder, String> {
-    if row.kind == "local" {
+    if row.kind == Kind::Local {
         return local_model(model).map(Embedder::Local);
     }
     connect(row, timeout).map(Embedder::Remote)
 }
 
 pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig, String> {
-    let kind: ProviderKind = row.kind.parse().map_err(|_| {
-        format!(
-            "provider \"{}\" has unknown kind \"{}\"",
-            row.name, row.kind
-        )
-    })?;
+    let kind = match &row.kind {
+        Kind::Server(kind) => *kind,
+        Kind::Local => {
+            return Err(format!(
+                "provider \"{}\" runs a local model, not a server",
+                row.name
+            ))
+        }
+        Kind::Unknown(kind) => {
+            return Err(format!(
+                "provider \"{}\" has unknown kind \"{kind}\"",
+                row.name
+            ))
+        }
+    };
     let base_url = match (&row.base_url, kind) {
         (Some(url), _) if !url.trim().is_empty() => url.trim().to_string(),
         (_, ProviderKind::Ollama) => crate::settings::string(&crate::settings::OLLAMA_URL),
@@ -210,7 +239,7 @@ pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig
 }
 
 pub fn connect(row: &ProviderRow, timeout: Duration) -> Result<Provider, String> {
-    if row.kind == "local" {
+    if row.kind == Kind::Local {
         return Err(format!(
             "provider \"{}\" runs a local embedding model and has no chat model; leave chat_model NULL for extractive answers",
             row.name

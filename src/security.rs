@@ -9,7 +9,6 @@
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 use std::ffi::CString;
 
 /// `STATEMENT_TIMEOUT` in PostgreSQL's `TimeoutId` enum (utils/timeout.h), which pgrx does not bind; it has
@@ -212,10 +211,10 @@ unsafe fn single_expression_problem(tree: *mut pg_sys::List) -> Option<String> {
 /// Raises an ERROR unless `expression` is exactly one SQL expression; `what` names it in the message.
 pub fn require_single_expression(expression: &str, what: &str) {
     if let Some(problem) = expression_problem(expression) {
-        crate::api::raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        crate::error::RagError::invalid(
             format!("the {what} expression is not a single SQL expression: {problem}"),
             "Give one expression over the row's columns, e.g. title || ' ' || body; statements, clauses and temporary objects are not allowed.",
-        );
+        )
+        .raise();
     }
 }

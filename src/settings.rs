@@ -24,7 +24,8 @@ pub static MAX_DECOMPRESSED_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(25
 pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
-pub static SYNC_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(500);
+pub static SYNC_DELAY_MS: GucSetting<i32> =
+    GucSetting::<i32>::new(crate::limits::SYNC_DELAY_DEFAULT_MS);
 pub static EXPRESSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 pub static MODEL_PATH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static LOCAL_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);

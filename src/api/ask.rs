@@ -2,10 +2,11 @@
 //! decisions (which sources, what the prompt says, which citations survive) are pure functions in
 //! `crates/answer`; this module fetches, calls and records.
 use super::query::embed_question;
-use super::raise;
+use crate::error::{not_null, RagError, SpiContext, UnwrapOrRaise};
+use crate::limits;
 use crate::provider::{self, ProviderRow};
 use pgrx::prelude::*;
-use pgrx::{JsonB, PgSqlErrorCode};
+use pgrx::JsonB;
 use rag_answer::{
     answer_json_schema, assemble_sources, clean_rewritten_question, extractive_answer, ground,
     mark_truncated, parse_model_reply, render_prompt, rewrite_prompt, salvage_truncated_reply,
@@ -23,6 +24,7 @@ struct Collection {
     name: String,
     embedding_model: String,
     max_distance: f64,
+    has_vectors: bool,
     chat_provider: ProviderRow,
     chat_model: Option<String>,
     template: String,
@@ -30,62 +32,86 @@ struct Collection {
     max_answer_tokens: u32,
 }
 
-fn load_collection(name: &str) -> Collection {
+/// The collection by name, for a caller holding the read privilege on it (rag._collection_id checks).
+fn load_collection(name: &str) -> Result<Collection, RagError> {
     let loaded = Spi::connect(|client| {
         let rows = client.select(
             "SELECT c.id, c.name, c.embedding_model, c.max_distance, p.name, p.kind, p.base_url, p.api_key_setting,
-                    c.chat_model, c.prompt_template, c.context_budget, c.max_answer_tokens
+                    c.chat_model, c.prompt_template, c.context_budget, c.max_answer_tokens, c.dimensions IS NOT NULL
                FROM rag.collections c JOIN rag.providers p ON p.name = c.chat_provider
               WHERE c.id = rag._collection_id($1)",
             Some(1),
             &[name.into()],
         )?;
-        let mut found = None;
+        let mut found = Vec::new();
         for row in rows {
-            found = Some(Collection {
-                id: row.get(1)?.unwrap_or_default(),
-                name: row.get(2)?.unwrap_or_default(),
-                embedding_model: row.get(3)?.unwrap_or_default(),
-                max_distance: row.get(4)?.unwrap_or(0.6),
-                chat_provider: ProviderRow {
-                    name: row.get(5)?.unwrap_or_default(),
-                    kind: row.get(6)?.unwrap_or_default(),
-                    base_url: row.get(7)?,
-                    api_key_setting: row.get(8)?,
-                },
-                chat_model: row
-                    .get::<String>(9)?
-                    .filter(|model| !model.trim().is_empty()),
-                template: row
-                    .get::<String>(10)?
-                    .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
-                context_budget: row.get::<i32>(11)?.unwrap_or(3000).max(100) as usize,
-                max_answer_tokens: row.get::<i32>(12)?.unwrap_or(1024).max(16) as u32,
-            });
+            found.push((
+                row.get::<i32>(1)?,
+                row.get::<String>(2)?,
+                row.get::<String>(3)?,
+                row.get::<f64>(4)?,
+                row.get::<String>(5)?,
+                row.get::<String>(6)?,
+                row.get::<String>(7)?,
+                row.get::<String>(8)?,
+                row.get::<String>(9)?,
+                row.get::<String>(10)?,
+                row.get::<i32>(11)?,
+                row.get::<i32>(12)?,
+                row.get::<bool>(13)?,
+            ));
         }
         Ok::<_, pgrx::spi::Error>(found)
-    });
-    match loaded {
-        Ok(Some(collection)) => collection,
-        Ok(None) => raise(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+    })
+    .doing(|| format!("reading collection \"{name}\""))?;
+    let Some(row) = loaded.into_iter().next() else {
+        return Err(RagError::undefined(
             format!("collection \"{name}\" does not exist"),
             "",
-        ),
-        Err(error) => raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("reading collection \"{name}\": {error}"),
-            "",
-        ),
-    }
+        ));
+    };
+    let (
+        id,
+        found_name,
+        embedding_model,
+        max_distance,
+        provider_name,
+        kind,
+        base_url,
+        key,
+        chat_model,
+        template,
+        context_budget,
+        max_answer_tokens,
+        has_vectors,
+    ) = row;
+    Ok(Collection {
+        id: not_null(id, "collections.id")?,
+        name: not_null(found_name, "collections.name")?,
+        embedding_model: not_null(embedding_model, "collections.embedding_model")?,
+        max_distance: not_null(max_distance, "collections.max_distance")?,
+        has_vectors: not_null(has_vectors, "collections.dimensions IS NOT NULL")?,
+        chat_provider: ProviderRow {
+            name: not_null(provider_name, "providers.name")?,
+            kind: provider::Kind::from_column(&not_null(kind, "providers.kind")?),
+            base_url,
+            api_key_setting: key,
+        },
+        chat_model: chat_model.filter(|model| !model.trim().is_empty()),
+        // NULL means the built-in template; the column allows it on purpose.
+        template: template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
+        context_budget: not_null(context_budget, "collections.context_budget")? as usize,
+        max_answer_tokens: not_null(max_answer_tokens, "collections.max_answer_tokens")? as u32,
+    })
 }
 
+/// The anchors and their neighbours through rag._retrieve_context (which searches through rag._search).
 fn retrieve(
     collection: &Collection,
     vector: &str,
     k: i32,
     max_distance: f64,
-) -> Vec<RetrievedChunk> {
+) -> Result<Vec<RetrievedChunk>, RagError> {
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT * FROM rag._retrieve_context($1, $2, $3, $4)",
@@ -114,13 +140,7 @@ fn retrieve(
         }
         Ok::<_, pgrx::spi::Error>(chunks)
     })
-    .unwrap_or_else(|error| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("retrieval failed: {error}"),
-            "",
-        )
-    })
+    .doing(|| format!("searching collection \"{}\"", collection.name))
 }
 
 /// The sources that would be sent for `question`: anchors within the ceiling, their neighbours, the budget.
@@ -137,43 +157,32 @@ fn build_context(
     question: &str,
     k: i32,
     max_distance: Option<f64>,
-) -> Context {
-    if !(1..=100).contains(&k) {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("k must be between 1 and 100, not {k}"),
+) -> Result<Context, RagError> {
+    if !(limits::SEARCH_K_MIN..=limits::SEARCH_K_MAX).contains(&k) {
+        return Err(RagError::invalid(
+            format!(
+                "k must be between {} and {}, not {k}",
+                limits::SEARCH_K_MIN,
+                limits::SEARCH_K_MAX
+            ),
             "k is how many nearest chunks are considered.",
-        );
+        ));
     }
     let ceiling = max_distance.unwrap_or(collection.max_distance);
-    let started = Instant::now();
-    // Read-only SPI: pgrx's mutating calls take a transaction id, which a hot standby cannot give.
-    let has_vectors = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT dimensions IS NOT NULL FROM rag.collections WHERE id = $1",
-                Some(1),
-                &[collection.id.into()],
-            )?
-            .first()
-            .get_one::<bool>()
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if !has_vectors {
-        return Context {
+    if !collection.has_vectors {
+        return Ok(Context {
             sources: Vec::new(),
             nearest: None,
             embed_tokens: None,
             embed_ms: 0.0,
             search_ms: 0.0,
-        };
+        });
     }
-    let embedding = embed_question(collection.id, question);
+    let started = Instant::now();
+    let embedding = embed_question(collection.id, question)?;
     let embed_ms = started.elapsed().as_secs_f64() * 1000.0;
     let searched = Instant::now();
-    let chunks = retrieve(collection, &embedding.literal, k, ceiling);
+    let chunks = retrieve(collection, &embedding.literal, k, ceiling)?;
     let search_ms = searched.elapsed().as_secs_f64() * 1000.0;
     let nearest = chunks
         .iter()
@@ -194,13 +203,13 @@ fn build_context(
         })
         .collect();
     let assembled = assemble_sources(&kept, collection.context_budget);
-    Context {
+    Ok(Context {
         sources: assembled.sources,
         nearest,
         embed_tokens: embedding.prompt_tokens,
         embed_ms,
         search_ms,
-    }
+    })
 }
 
 fn sources_json(sources: &[Source]) -> serde_json::Value {
@@ -222,7 +231,7 @@ fn sources_json(sources: &[Source]) -> serde_json::Value {
     )
 }
 
-fn citations_json(sources: &[Source], kept: &[usize]) -> serde_json::Value {
+fn citations_json(sources: &[Source], kept: &[usize]) -> Result<serde_json::Value, RagError> {
     let cited: Vec<&Source> = kept
         .iter()
         .filter_map(|number| sources.iter().find(|source| source.number == *number))
@@ -245,8 +254,8 @@ fn citations_json(sources: &[Source], kept: &[usize]) -> serde_json::Value {
         }
         Ok::<_, pgrx::spi::Error>(origins)
     })
-    .unwrap_or_default();
-    serde_json::Value::Array(
+    .doing(|| "reading where the cited documents came from".to_string())?;
+    Ok(serde_json::Value::Array(
         cited
             .into_iter()
             .map(|source| {
@@ -262,17 +271,17 @@ fn citations_json(sources: &[Source], kept: &[usize]) -> serde_json::Value {
                 })
             })
             .collect(),
-    )
+    ))
 }
 
-fn require_question(question: &str) {
+fn require_question(question: &str) -> Result<(), RagError> {
     if question.trim().is_empty() {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        return Err(RagError::invalid(
             "the question is empty",
             "Pass the question to answer.",
-        );
+        ));
     }
+    Ok(())
 }
 
 /// The prompt `rag_ask` would send, and its numbered sources.
@@ -283,30 +292,52 @@ pub fn rag_prompt(
     k: default!(i32, 5),
     max_distance: default!(Option<f64>, "NULL"),
 ) -> TableIterator<'static, (name!(prompt, Option<String>), name!(sources, JsonB))> {
-    require_question(question);
-    let collection = load_collection(collection);
-    let context = build_context(&collection, question, k, max_distance);
-    let prompt = if context.sources.is_empty() {
-        None
-    } else {
-        Some(
-            render_prompt(&collection.template, &context.sources, question).unwrap_or_else(
-                |error| {
-                    raise(
-                        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                        error.to_string(),
-                        "Fix the collection's prompt_template.",
-                    )
-                },
-            ),
-        )
-    };
-    TableIterator::once((prompt, JsonB(sources_json(&context.sources))))
+    let prompted = require_question(question)
+        .and_then(|()| load_collection(collection))
+        .and_then(|collection| {
+            let context = build_context(&collection, question, k, max_distance)?;
+            let prompt = if context.sources.is_empty() {
+                None
+            } else {
+                Some(
+                    render_prompt(&collection.template, &context.sources, question).map_err(
+                        |error| {
+                            RagError::invalid(
+                                error.to_string(),
+                                "Fix the collection's prompt_template.",
+                            )
+                        },
+                    )?,
+                )
+            };
+            Ok((prompt, JsonB(sources_json(&context.sources))))
+        });
+    TableIterator::once(prompted.unwrap_or_raise())
 }
 
+/// What became of a question: the `outcome` column of rag_ask and of the ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum AskOutcome {
+    Answered,
+    #[default]
+    Refused,
+    Failed,
+}
+
+impl AskOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            AskOutcome::Answered => "answered",
+            AskOutcome::Refused => "refused",
+            AskOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// The answer (or refusal) to one question and what producing it cost.
 #[derive(Default)]
-struct Outcome {
-    outcome: &'static str,
+struct Answer {
+    outcome: AskOutcome,
     answer: Option<String>,
     citations: serde_json::Value,
     stripped: i32,
@@ -317,29 +348,22 @@ struct Outcome {
     generate_ms: Option<f64>,
 }
 
-impl Outcome {
-    fn refused(reason: impl Into<String>) -> Outcome {
-        Outcome {
-            outcome: "refused",
+impl Answer {
+    fn refused(reason: impl Into<String>) -> Answer {
+        Answer {
+            outcome: AskOutcome::Refused,
             reason: Some(reason.into()),
             citations: json!([]),
-            ..Outcome::default()
+            ..Answer::default()
         }
     }
-    fn failed(reason: impl Into<String>) -> Outcome {
-        Outcome {
-            outcome: "failed",
+    fn failed(reason: impl Into<String>) -> Answer {
+        Answer {
+            outcome: AskOutcome::Failed,
             reason: Some(reason.into()),
             citations: json!([]),
-            ..Outcome::default()
+            ..Answer::default()
         }
-    }
-}
-
-fn interrupt() -> impl FnMut() -> bool {
-    || {
-        pgrx::check_for_interrupts!();
-        false
     }
 }
 
@@ -355,15 +379,15 @@ fn answer_with_model(
     model: &str,
     question: &str,
     sources: &[Source],
-) -> Outcome {
+) -> Result<Answer, RagError> {
     let prompt = match render_prompt(&collection.template, sources, question) {
         Ok(prompt) => prompt,
-        Err(error) => return Outcome::failed(format!("prompt template: {error}")),
+        Err(error) => return Ok(Answer::failed(format!("prompt template: {error}"))),
     };
     let client = match provider::connect(&collection.chat_provider, crate::settings::http_timeout())
     {
         Ok(client) => client,
-        Err(message) => return Outcome::failed(message),
+        Err(message) => return Ok(Answer::failed(message)),
     };
     let schema = answer_json_schema();
     let messages = [ChatMessage::new("user", prompt)];
@@ -375,30 +399,35 @@ fn answer_with_model(
         temperature: Some(0.0),
     };
     let started = Instant::now();
-    let reply = client.chat(&request, &mut interrupt());
+    let reply = client.chat(&request, &mut super::on_cancel());
     let generate_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
     let output = match reply {
         Ok(output) => output,
-        Err(ProviderError::Interrupted) => {
-            raise(PgSqlErrorCode::ERRCODE_QUERY_CANCELED, "canceled", "")
+        Err(error @ ProviderError::Interrupted) => {
+            return Err(super::query::provider_error(
+                "chat",
+                &collection.chat_provider.name,
+                model,
+                error,
+            ))
         }
         Err(error) => {
-            return Outcome {
+            return Ok(Answer {
                 chat_calls: 1,
                 generate_ms,
-                ..Outcome::failed(format!(
+                ..Answer::failed(format!(
                     "chat provider \"{}\": {error}",
                     collection.chat_provider.name
                 ))
-            }
+            })
         }
     };
-    let usage = |mut outcome: Outcome| {
-        outcome.prompt_tokens = output.prompt_tokens;
-        outcome.completion_tokens = output.completion_tokens;
-        outcome.chat_calls = 1;
-        outcome.generate_ms = generate_ms;
-        outcome
+    let usage = |mut answer: Answer| {
+        answer.prompt_tokens = output.prompt_tokens;
+        answer.completion_tokens = output.completion_tokens;
+        answer.chat_calls = 1;
+        answer.generate_ms = generate_ms;
+        answer
     };
     let parsed = match parse_model_reply(&output.content) {
         Ok(reply) => reply,
@@ -409,47 +438,52 @@ fn answer_with_model(
         {
             Some(reply) => reply,
             None => {
-                return usage(Outcome::failed(format!(
+                return Ok(usage(Answer::failed(format!(
                     "the model did not answer in the required JSON: {error}"
-                )))
+                ))))
             }
         },
     };
-    match ground(&parsed, sources.len()) {
+    Ok(match ground(&parsed, sources.len()) {
         Grounded::Answered {
             answer,
             kept,
             stripped,
-        } => usage(Outcome {
-            outcome: "answered",
+        } => usage(Answer {
+            outcome: AskOutcome::Answered,
             answer: Some(if output.truncated {
                 mark_truncated(&answer)
             } else {
                 answer
             }),
-            citations: citations_json(sources, &kept),
+            citations: citations_json(sources, &kept)?,
             stripped: stripped.len() as i32,
-            ..Outcome::default()
+            ..Answer::default()
         }),
-        Grounded::Refused { reason, stripped } => usage(Outcome {
+        Grounded::Refused { reason, stripped } => usage(Answer {
             stripped: stripped.len() as i32,
-            ..Outcome::refused(reason)
+            ..Answer::refused(reason)
         }),
-    }
+    })
 }
 
-fn answer_extractively(collection: &Collection, question: &str, sources: &[Source]) -> Outcome {
+fn answer_extractively(
+    collection: &Collection,
+    question: &str,
+    sources: &[Source],
+) -> Result<Answer, RagError> {
     // An extract is read, not generated: a few sentences say more than a page of them.
-    let budget = (collection.max_answer_tokens as usize * 4).min(700);
-    match extractive_answer(question, sources, budget) {
-        Some(extract) => Outcome {
-            outcome: "answered",
+    let budget = (collection.max_answer_tokens as usize * limits::CHARS_PER_TOKEN)
+        .min(limits::EXTRACTIVE_ANSWER_MAX_CHARS);
+    Ok(match extractive_answer(question, sources, budget) {
+        Some(extract) => Answer {
+            outcome: AskOutcome::Answered,
             answer: Some(extract.answer),
-            citations: citations_json(sources, &extract.citations),
-            ..Outcome::default()
+            citations: citations_json(sources, &extract.citations)?,
+            ..Answer::default()
         },
-        None => Outcome::refused("No sentence in the retrieved passages matches the question."),
-    }
+        None => Answer::refused("No sentence in the retrieved passages matches the question."),
+    })
 }
 
 struct Conversation {
@@ -457,7 +491,7 @@ struct Conversation {
     history: Vec<(String, String)>,
 }
 
-fn load_conversation(id: i64, collection: &Collection) -> Conversation {
+fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, RagError> {
     let history = Spi::connect(|client| {
         let owner = client.select(
             "SELECT collection_id FROM rag._conversation_of_caller($1)",
@@ -479,17 +513,35 @@ fn load_conversation(id: i64, collection: &Collection) -> Conversation {
         }
         Ok::<_, pgrx::spi::Error>(Some(history))
     })
-    .unwrap_or_else(|error| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("reading conversation {id}: {error}"), ""));
+    .doing(|| format!("reading conversation {id}"))?;
     match history {
-        Some(history) => Conversation { id, history },
-        None => raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        Some(history) => Ok(Conversation { id, history }),
+        None => Err(RagError::invalid(
             format!(
                 "conversation {id} belongs to another collection than \"{}\"",
                 collection.name
             ),
             "Start a conversation per collection with rag_conversation_start(collection).",
-        ),
+        )),
+    }
+}
+
+/// A follow-up made standalone, and what the rewrite cost.
+struct Rewrite {
+    question: String,
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    chat_calls: i32,
+}
+
+impl Rewrite {
+    fn unchanged(question: &str, chat_calls: i32) -> Rewrite {
+        Rewrite {
+            question: question.to_string(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            chat_calls,
+        }
     }
 }
 
@@ -499,25 +551,23 @@ fn rewrite_follow_up(
     collection: &Collection,
     history: &[(String, String)],
     question: &str,
-) -> (String, Option<i64>, Option<i64>, i32) {
+) -> Result<Rewrite, RagError> {
     let Some(model) = collection.chat_model.as_deref() else {
         let previous = history
             .iter()
             .rev()
             .find(|(role, _)| role == "user")
             .map(|(_, text)| text.as_str());
-        return (
-            previous
-                .map(|p| format!("{p} {question}"))
-                .unwrap_or_else(|| question.to_string()),
-            None,
-            None,
-            0,
-        );
+        let joined = previous
+            .map(|p| format!("{p} {question}"))
+            .unwrap_or_else(|| question.to_string());
+        return Ok(Rewrite::unchanged(&joined, 0));
     };
+    // A chat provider that cannot be reached fails the answer itself a moment later, with its reason in the
+    // ledger; here the follow-up simply goes on as it was asked.
     let Ok(client) = provider::connect(&collection.chat_provider, crate::settings::http_timeout())
     else {
-        return (question.to_string(), None, None, 0);
+        return Ok(Rewrite::unchanged(question, 0));
     };
     let messages = [ChatMessage::new("user", rewrite_prompt(history, question))];
     let request = ChatRequest {
@@ -527,19 +577,123 @@ fn rewrite_follow_up(
         max_tokens: Some(200),
         temperature: Some(0.0),
     };
-    match client.chat(&request, &mut interrupt()) {
-        Ok(output) => (
-            clean_rewritten_question(&output.content, question),
-            output.prompt_tokens,
-            output.completion_tokens,
-            1,
-        ),
-        Err(ProviderError::Interrupted) => {
-            raise(PgSqlErrorCode::ERRCODE_QUERY_CANCELED, "canceled", "")
-        }
+    match client.chat(&request, &mut super::on_cancel()) {
+        Ok(output) => Ok(Rewrite {
+            question: clean_rewritten_question(&output.content, question),
+            prompt_tokens: output.prompt_tokens,
+            completion_tokens: output.completion_tokens,
+            chat_calls: 1,
+        }),
+        Err(error @ ProviderError::Interrupted) => Err(super::query::provider_error(
+            "chat",
+            &collection.chat_provider.name,
+            model,
+            error,
+        )),
         // Without a rewrite the follow-up is still answered, only less well: no reason to fail the question.
-        Err(_) => (question.to_string(), None, None, 1),
+        Err(_) => Ok(Rewrite::unchanged(question, 1)),
     }
+}
+
+/// One row of the ledger, written by rag._record_query with named arguments.
+struct LedgerEntry<'a> {
+    collection: &'a Collection,
+    question: &'a str,
+    rewritten: Option<String>,
+    conversation_id: Option<i64>,
+    answer: &'a Answer,
+    citations: &'a serde_json::Value,
+    context: &'a Context,
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    chat_calls: i32,
+    latency_ms: f64,
+}
+
+const RECORD_QUERY: &str = "SELECT rag._record_query(
+    p_collection_id => $1, p_kind => 'ask', p_question => $2, p_outcome => $3, p_rewritten => $4,
+    p_conversation_id => $5, p_answer => $6, p_reason => $7, p_nearest => $8, p_sources_sent => $9,
+    p_citations => $10, p_citations_stripped => $11, p_embedding_model => $12, p_chat_model => $13,
+    p_embed_tokens => $14, p_prompt_tokens => $15, p_completion_tokens => $16, p_chat_calls => $17,
+    p_embed_ms => $18, p_search_ms => $19, p_generate_ms => $20, p_latency_ms => $21)";
+const QUERY_COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
+const RECORD_EXCHANGE: &str = "SELECT rag._record_exchange($1, $2, $3, $4, $5)";
+
+/// Writes the ledger row (and the conversation's two messages); returns its id and the call's cost. On a hot
+/// standby rag._record_query writes the call to the server log and returns NULL, and only read-only SPI is
+/// possible (a mutating pgrx call would ask for a transaction id).
+fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>), RagError> {
+    let a = entry.answer;
+    let c = entry.collection;
+    let ledger_args: [pgrx::datum::DatumWithOid; 21] = [
+        c.id.into(),
+        entry.question.into(),
+        a.outcome.as_str().into(),
+        entry.rewritten.clone().into(),
+        entry.conversation_id.into(),
+        a.answer.clone().into(),
+        a.reason.clone().into(),
+        entry.context.nearest.into(),
+        (entry.context.sources.len() as i32).into(),
+        JsonB(entry.citations.clone()).into(),
+        a.stripped.into(),
+        c.embedding_model.clone().into(),
+        c.chat_model.clone().into(),
+        entry.context.embed_tokens.into(),
+        entry.prompt_tokens.into(),
+        entry.completion_tokens.into(),
+        entry.chat_calls.into(),
+        entry.context.embed_ms.into(),
+        entry.context.search_ms.into(),
+        a.generate_ms.into(),
+        entry.latency_ms.into(),
+    ];
+    let cost_args: [pgrx::datum::DatumWithOid; 5] = [
+        c.embedding_model.clone().into(),
+        c.chat_model.clone().into(),
+        entry.context.embed_tokens.into(),
+        entry.prompt_tokens.into(),
+        entry.completion_tokens.into(),
+    ];
+    let recorded = if crate::pg::in_recovery() {
+        Spi::connect(|client| {
+            let id: Option<i64> = client
+                .select(RECORD_QUERY, Some(1), &ledger_args)?
+                .first()
+                .get_one()?;
+            let cost: Option<pgrx::AnyNumeric> = client
+                .select(QUERY_COST, Some(1), &cost_args)?
+                .first()
+                .get_one()?;
+            Ok::<_, pgrx::spi::Error>((id, cost))
+        })
+    } else {
+        Spi::connect_mut(|client| {
+            let id: Option<i64> = client
+                .update(RECORD_QUERY, Some(1), &ledger_args)?
+                .first()
+                .get_one()?;
+            let cost: Option<pgrx::AnyNumeric> = client
+                .update(QUERY_COST, Some(1), &cost_args)?
+                .first()
+                .get_one()?;
+            if let (Some(conversation), Some(id)) = (entry.conversation_id, id) {
+                client.update(
+                    RECORD_EXCHANGE,
+                    None,
+                    &[
+                        conversation.into(),
+                        entry.question.into(),
+                        entry.rewritten.clone().into(),
+                        id.into(),
+                        a.answer.clone().or_else(|| a.reason.clone()).into(),
+                    ],
+                )?;
+            }
+            Ok::<_, pgrx::spi::Error>((id, cost))
+        })
+    };
+    recorded.doing(|| "recording the answer".to_string())
 }
 
 /// Answers a question from the collection with citations checked against what was retrieved, or refuses.
@@ -567,9 +721,34 @@ pub fn rag_ask(
         name!(rewritten_question, Option<String>),
     ),
 > {
+    TableIterator::once(ask(collection, question, k, conversation, max_distance).unwrap_or_raise())
+}
+
+type AskRow = (
+    String,
+    Option<String>,
+    JsonB,
+    Option<String>,
+    Option<f64>,
+    Option<i64>,
+    Option<i64>,
+    Option<pgrx::AnyNumeric>,
+    f64,
+    String,
+    Option<i64>,
+    Option<String>,
+);
+
+fn ask(
+    collection: &str,
+    question: &str,
+    k: i32,
+    conversation: Option<i64>,
+    max_distance: Option<f64>,
+) -> Result<AskRow, RagError> {
     let started = Instant::now();
-    require_question(question);
-    let collection = load_collection(collection);
+    require_question(question)?;
+    let collection = load_collection(collection)?;
     if conversation.is_some() {
         // Its messages are written as it goes; a hot standby refuses it with the primary's address.
         Spi::connect(|client| {
@@ -581,132 +760,58 @@ pub fn rag_ask(
                 )
                 .map(|_| ())
         })
-        .unwrap_or_else(|error| {
-            raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                format!("checking for a standby: {error}"),
-                "",
-            )
-        });
+        .doing(|| "checking for a standby".to_string())?;
     }
-    let conversation = conversation.map(|id| load_conversation(id, &collection));
+    let conversation = conversation
+        .map(|id| load_conversation(id, &collection))
+        .transpose()?;
 
-    let (standalone, mut prompt_tokens, mut completion_tokens, mut chat_calls) = match &conversation
-    {
+    let rewrite = match &conversation {
         Some(conversation) if !conversation.history.is_empty() => {
-            rewrite_follow_up(&collection, &conversation.history, question)
+            rewrite_follow_up(&collection, &conversation.history, question)?
         }
-        _ => (question.to_string(), None, None, 0),
+        _ => Rewrite::unchanged(question, 0),
     };
-    let rewritten = (standalone != question).then(|| standalone.clone());
+    let rewritten = (rewrite.question != question).then(|| rewrite.question.clone());
 
-    let context = build_context(&collection, &standalone, k, max_distance);
+    let context = build_context(&collection, &rewrite.question, k, max_distance)?;
     let model_label = collection
         .chat_model
         .clone()
         .unwrap_or_else(|| "extractive".to_string());
-    let mut outcome = if context.sources.is_empty() {
-        Outcome::refused(NOTHING_CLOSE)
+    let mut answer = if context.sources.is_empty() {
+        Answer::refused(NOTHING_CLOSE)
     } else {
         match collection.chat_model.as_deref() {
-            Some(model) => answer_with_model(&collection, model, &standalone, &context.sources),
-            None => answer_extractively(&collection, &standalone, &context.sources),
+            Some(model) => {
+                answer_with_model(&collection, model, &rewrite.question, &context.sources)?
+            }
+            None => answer_extractively(&collection, &rewrite.question, &context.sources)?,
         }
     };
-    prompt_tokens = add(prompt_tokens, outcome.prompt_tokens);
-    completion_tokens = add(completion_tokens, outcome.completion_tokens);
-    chat_calls += outcome.chat_calls;
+    let prompt_tokens = add(rewrite.prompt_tokens, answer.prompt_tokens);
+    let completion_tokens = add(rewrite.completion_tokens, answer.completion_tokens);
+    let chat_calls = rewrite.chat_calls + answer.chat_calls;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let citations = std::mem::take(&mut outcome.citations);
-
-    let ledger_args: [pgrx::datum::DatumWithOid; 21] = [
-        collection.id.into(),
-        question.into(),
-        rewritten.clone().into(),
-        conversation.as_ref().map(|c| c.id).into(),
-        outcome.outcome.into(),
-        outcome.answer.clone().into(),
-        outcome.reason.clone().into(),
-        context.nearest.into(),
-        (context.sources.len() as i32).into(),
-        JsonB(citations.clone()).into(),
-        outcome.stripped.into(),
-        collection.embedding_model.clone().into(),
-        collection.chat_model.clone().into(),
-        context.embed_tokens.into(),
-        prompt_tokens.into(),
-        completion_tokens.into(),
-        chat_calls.into(),
-        context.embed_ms.into(),
-        context.search_ms.into(),
-        outcome.generate_ms.into(),
-        latency_ms.into(),
-    ];
-    let cost_args: [pgrx::datum::DatumWithOid; 5] = [
-        collection.embedding_model.clone().into(),
-        collection.chat_model.clone().into(),
-        context.embed_tokens.into(),
-        prompt_tokens.into(),
-        completion_tokens.into(),
-    ];
-    const RECORD: &str = "SELECT rag._record_query($1, 'ask', $2, $3, $4, $5, $6, $7, $8, $9,
-                                $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
-    const COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
-    let recorded = if crate::pg::in_recovery() {
-        // A hot standby: _record_query writes the call to the server log and returns NULL. Only read-only SPI
-        // is possible here (a mutating pgrx call would ask for a transaction id).
-        Spi::connect(|client| {
-            let id: Option<i64> = client
-                .select(RECORD, Some(1), &ledger_args)?
-                .first()
-                .get_one()?;
-            let cost: Option<pgrx::AnyNumeric> = client
-                .select(COST, Some(1), &cost_args)?
-                .first()
-                .get_one()?;
-            Ok::<_, pgrx::spi::Error>((id, cost))
-        })
-    } else {
-        Spi::connect_mut(|client| {
-            let id: Option<i64> = client
-                .update(RECORD, Some(1), &ledger_args)?
-                .first()
-                .get_one()?;
-            let cost: Option<pgrx::AnyNumeric> = client
-                .update(COST, Some(1), &cost_args)?
-                .first()
-                .get_one()?;
-            if let (Some(conversation), Some(id)) = (&conversation, id) {
-                client.update(
-                    "INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
-                     VALUES ($1, 'user', $2, $3, $4), ($1, 'assistant', coalesce($5, $6, ''), NULL, $4)",
-                    None,
-                    &[
-                        conversation.id.into(),
-                        question.into(),
-                        rewritten.clone().into(),
-                        id.into(),
-                        outcome.answer.clone().into(),
-                        outcome.reason.clone().into(),
-                    ],
-                )?;
-            }
-            Ok::<_, pgrx::spi::Error>((id, cost))
-        })
-    };
-    let (query_id, cost) = recorded.unwrap_or_else(|error| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("recording the answer: {error}"),
-            "",
-        )
-    });
-
-    TableIterator::once((
-        outcome.outcome.to_string(),
-        outcome.answer,
+    let citations = std::mem::take(&mut answer.citations);
+    let (query_id, cost) = record(&LedgerEntry {
+        collection: &collection,
+        question,
+        rewritten: rewritten.clone(),
+        conversation_id: conversation.as_ref().map(|c| c.id),
+        answer: &answer,
+        citations: &citations,
+        context: &context,
+        prompt_tokens,
+        completion_tokens,
+        chat_calls,
+        latency_ms,
+    })?;
+    Ok((
+        answer.outcome.as_str().to_string(),
+        answer.answer,
         JsonB(citations),
-        outcome.reason,
+        answer.reason,
         context.nearest,
         prompt_tokens,
         completion_tokens,

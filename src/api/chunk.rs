@@ -1,37 +1,35 @@
 //! Chunking exposed to SQL, so users can see exactly what a collection's settings will do to their text.
-use super::raise;
+use crate::error::{RagError, UnwrapOrRaise};
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 use rag_chunk::{chunk_text_with_checkpoint, ChunkConfig, SizeUnit};
 
 pub fn parse_unit(unit: &str) -> SizeUnit {
-    match unit {
-        "characters" => SizeUnit::Characters,
-        "tokens" => SizeUnit::Tokens,
-        other => raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            format!("unknown chunk unit \"{other}\""),
-            "Use 'characters' or 'tokens' (about 4 characters each).",
-        ),
-    }
+    // The one parser of a unit name (rag_chunk's), shared with the worker: unknown units are errors everywhere.
+    unit.parse()
+        .map_err(|message: String| {
+            RagError::invalid(
+                message,
+                format!(
+                    "Use 'characters' or 'tokens' (about {} characters each).",
+                    crate::limits::CHARS_PER_TOKEN
+                ),
+            )
+        })
+        .unwrap_or_raise()
 }
 
 pub fn config_or_raise(size: i32, overlap: i32, unit: &str) -> ChunkConfig {
     let unit = parse_unit(unit);
     if size < 0 || overlap < 0 {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        RagError::invalid(
             format!("chunk size ({size}) and overlap ({overlap}) must not be negative"),
             "Chunk size is 100 to 10000 characters, overlap 0 to 5000 and smaller than the size.",
-        );
+        )
+        .raise();
     }
     match ChunkConfig::new(size as usize, overlap as usize, unit) {
         Ok(config) => config,
-        Err(error) => raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            error.to_string(),
-            error.hint(),
-        ),
+        Err(error) => RagError::invalid(error.to_string(), error.hint()).raise(),
     }
 }
 

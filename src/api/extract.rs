@@ -1,9 +1,9 @@
 //! Files in: `rag_extract_text()` and `rag_ingest_file()`. Extraction happens in the caller's session, before
 //! anything is written, so a scan, an encrypted PDF or a zip bomb is an ERROR and leaves no row behind.
-use super::raise;
+use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use pgrx::prelude::*;
-use pgrx::{JsonB, PgSqlErrorCode};
-use rag_extract::{extract, ExtractError, Extracted, Limits};
+use pgrx::JsonB;
+use rag_extract::{extract, Extracted, Limits};
 
 fn limits() -> Limits {
     use crate::settings::*;
@@ -19,7 +19,7 @@ fn limits() -> Limits {
 /// Extracts on a thread of its own while this backend keeps answering cancel requests and statement_timeout:
 /// a large or hostile file is parsed for seconds, and the caller gets control back within one poll interval.
 /// A cancelled extraction's thread runs to its end (bounded by the size limits) and its result is dropped.
-fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, ExtractError> {
+fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, RagError> {
     const POLL: std::time::Duration = std::time::Duration::from_millis(20);
     let owned = data.to_vec();
     let name = filename.map(str::to_owned);
@@ -32,51 +32,32 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         // The caller may have been cancelled and gone; then nobody wants the result.
         let _ = sender.send(extract(&owned, name.as_deref(), &limits));
     })
-    .unwrap_or_else(|error| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
-            format!("cannot start the extraction thread: {error}"),
-            "The server is out of threads or memory; try again.",
-        )
-    });
+    .map_err(|error| RagError::Resources {
+        message: format!("cannot start the extraction thread: {error}"),
+        hint: "The server is out of threads or memory; try again.".to_string(),
+    })?;
     loop {
         match receiver.recv_timeout(POLL) {
-            Ok(result) => return result,
+            Ok(result) => {
+                return result.map_err(|error| RagError::Extraction {
+                    filename: filename.map(str::to_owned),
+                    error,
+                })
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 pgrx::check_for_interrupts!();
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                "the extraction thread ended without a result",
-                "",
-            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(RagError::Internal(
+                    "the extraction thread ended without a result".to_string(),
+                ))
+            }
         }
     }
 }
 
 pub fn extract_or_raise(data: &[u8], filename: Option<&str>) -> Extracted {
-    match extract_interruptibly(data, filename) {
-        Ok(extracted) => extracted,
-        Err(error) => {
-            let code = match error {
-                ExtractError::TooLarge { .. } | ExtractError::TooDeep { .. } => {
-                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
-                }
-                ExtractError::UnsupportedFormat { .. } => {
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
-                }
-                _ => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            };
-            let name = filename
-                .map(|name| format!("\"{name}\": "))
-                .unwrap_or_default();
-            raise(
-                code,
-                format!("{name}{error}"),
-                error.hint().unwrap_or("").to_string(),
-            )
-        }
-    }
+    extract_interruptibly(data, filename).unwrap_or_raise()
 }
 
 /// The text of a file (PDF, DOCX, XLSX, PPTX, ODT, ODS, ODP, HTML, Markdown, CSV, JSON, XML, YAML, TXT),
@@ -168,14 +149,15 @@ pub fn rag_ingest_file(
         let id = rows.first().get_one::<i64>()?.unwrap_or_default();
         if labels.is_some() {
             client.update(
-                "UPDATE rag.documents SET page_labels = $2 WHERE id = $1 AND page_labels IS DISTINCT FROM $2",
+                "SELECT rag._set_page_labels($1, $2)",
                 None,
                 &[id.into(), labels.into()],
             )?;
         }
         Ok::<_, pgrx::spi::Error>(id)
     })
-    .unwrap_or_else(|error| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ingesting \"{filename}\": {error}"), ""))
+    .doing(|| format!("ingesting \"{filename}\""))
+    .unwrap_or_raise()
 }
 
 /// Visible text of an HTML fragment or page: scripts and styles dropped, blocks kept as paragraphs,

@@ -8,18 +8,13 @@ pub mod process;
 pub mod query;
 pub mod watch;
 
-use pgrx::pg_sys::panic::ErrorReport;
-use pgrx::{PgLogLevel, PgSqlErrorCode};
-
-/// Raises an ERROR with a hint; every user-facing failure should tell the user what to do next.
-pub fn raise(code: PgSqlErrorCode, message: impl Into<String>, hint: impl Into<String>) -> ! {
-    let hint = hint.into();
-    let mut report = ErrorReport::new(code, message.into(), "rag");
-    if !hint.is_empty() {
-        report = report.set_hint(hint);
+/// The interrupt hook for a provider call made in a user's session: a cancel request or statement_timeout
+/// raises its ERROR from inside the call's wait, like any other statement's.
+pub fn on_cancel() -> impl FnMut() -> bool {
+    || {
+        pgrx::check_for_interrupts!();
+        false
     }
-    report.report(PgLogLevel::ERROR);
-    unreachable!("ERROR does not return")
 }
 
 #[pgrx::pg_schema]
@@ -49,11 +44,11 @@ pub mod rag {
     #[pg_extern(stable, parallel_safe, name = "_setting")]
     pub fn setting(name: &str) -> Option<String> {
         if !name.starts_with("rag.") {
-            super::raise(
-                pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            crate::error::RagError::invalid(
                 format!("\"{name}\" is not a rag setting"),
                 "Only rag.* settings are read through this function.",
-            );
+            )
+            .raise();
         }
         let name = std::ffi::CString::new(name).ok()?;
         // SAFETY: `name` is a NUL-terminated string alive for the call; the result is NULL (checked) or a

@@ -1,9 +1,8 @@
 //! `rag_models()`: what a provider serves (Ollama's /api/tags, OpenAI's /models).
-use super::query::raise_provider_error;
-use super::raise;
+use super::query::provider_error;
+use crate::error::{RagError, UnwrapOrRaise};
 use crate::provider;
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 
 #[pg_extern(volatile, parallel_unsafe)]
 pub fn rag_models(
@@ -18,18 +17,17 @@ pub fn rag_models(
     ),
 > {
     let row = provider::row_or_raise(provider);
-    if row.kind == "local" {
+    if row.kind == provider::Kind::Local {
         return TableIterator::new(local_models().into_iter());
     }
-    let client = provider::connect(&row, crate::settings::http_timeout())
-        .unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, ""));
-    let mut interrupt = || {
-        pgrx::check_for_interrupts!();
-        false
-    };
-    let models = client
-        .list_models(&mut interrupt)
-        .unwrap_or_else(|error| raise_provider_error(&row.name, "-", &error));
+    let models = provider::connect(&row, crate::settings::http_timeout())
+        .map_err(RagError::setup)
+        .and_then(|client| {
+            client
+                .list_models(&mut super::on_cancel())
+                .map_err(|error| provider_error("embedding", &row.name, "-", error))
+        })
+        .unwrap_or_raise();
     TableIterator::new(models.into_iter().map(|model| {
         (
             model.name,

@@ -2,7 +2,10 @@
 //! not in shared_preload_libraries. Each step runs in a subtransaction, so one bad document is recorded as
 //! failed and the others still go through. Provider calls happen inside the caller's transaction here,
 //! which is the price of having no worker; they still honour cancellation and statement_timeout.
-use crate::worker::embedder::{process_next, Outcome, ProviderCache, Steps};
+use crate::error::{RagError, UnwrapOrRaise};
+use crate::worker::breaker::Providers;
+use crate::worker::documents::process_next;
+use crate::worker::steps::{Step, Steps};
 use pgrx::prelude::*;
 use pgrx::PgTryBuilder;
 use rag_embed::SplitMix64;
@@ -11,10 +14,10 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 struct Subtransactions;
 
 impl Steps for Subtransactions {
-    fn run<R>(
+    fn run<R, E: Into<RagError>>(
         &self,
-        body: impl FnOnce() -> Result<R, pgrx::spi::Error> + UnwindSafe + RefUnwindSafe,
-    ) -> Result<R, String> {
+        body: impl FnOnce() -> Result<R, E> + UnwindSafe + RefUnwindSafe,
+    ) -> Result<R, RagError> {
         // SAFETY: the pattern PL/pgSQL uses for an exception block: remember the memory context and resource
         // owner, start an internal subtransaction, and restore both after releasing or rolling it back; the
         // body's ERROR is caught by PgTryBuilder before the rollback.
@@ -31,13 +34,13 @@ impl Steps for Subtransactions {
                     pg_sys::ReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    result.map_err(|error| error.to_string())
+                    result.map_err(Into::into)
                 }
                 Err(message) => {
                     pg_sys::RollbackAndReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    Err(message)
+                    Err(RagError::Aborted(message))
                 }
             }
         }
@@ -52,18 +55,17 @@ impl Steps for Subtransactions {
 /// Processes up to `max_items` due documents in this session; returns how many it worked on.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
-    let mut cache = ProviderCache::default();
+    let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;
     while worked < max_items.max(0) {
-        match process_next(&Subtransactions, &mut cache, &mut rng) {
-            Ok(Outcome::Worked) => worked += 1,
-            Ok(Outcome::Idle(_)) | Ok(Outcome::Stopped) => break,
-            Err(message) => crate::api::raise(
-                pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                format!("processing the queue failed: {message}"),
-                "",
-            ),
+        match process_next(&Subtransactions, &mut providers, &mut rng) {
+            Ok(Step::Worked) => worked += 1,
+            Ok(Step::Idle(_)) | Ok(Step::Stopped) => break,
+            Err(error) => Err::<(), _>(RagError::Internal(format!(
+                "processing the queue failed: {error}"
+            )))
+            .unwrap_or_raise(),
         }
     }
     worked

@@ -1,10 +1,9 @@
 //! The one provider call made inside a user's session: embedding the question. It has a deadline
 //! (`rag.http_timeout`) and checks for interrupts while it waits, so query cancellation and
 //! `statement_timeout` stop it like any other statement.
-use super::raise;
+use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use crate::provider::{self, ProviderRow};
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
 use rag_embed::ProviderError;
 
 pub struct QueryEmbedding {
@@ -12,7 +11,7 @@ pub struct QueryEmbedding {
     pub prompt_tokens: Option<i64>,
 }
 
-pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
+pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbedding, RagError> {
     let row = Spi::connect(|client| {
         let rows = client.select(
             "SELECT p.name, p.kind, p.base_url, p.api_key_setting, c.embedding_model, c.query_prefix, c.dimensions
@@ -26,7 +25,7 @@ pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
             found = Some((
                 ProviderRow {
                     name: row.get::<String>(1)?.unwrap_or_default(),
-                    kind: row.get::<String>(2)?.unwrap_or_default(),
+                    kind: crate::provider::Kind::from_column(&row.get::<String>(2)?.unwrap_or_default()),
                     base_url: row.get::<String>(3)?,
                     api_key_setting: row.get::<String>(4)?,
                 },
@@ -36,59 +35,41 @@ pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
             ));
         }
         Ok::<_, pgrx::spi::Error>(found)
-    });
-    let Some((provider_row, model, prefix, dimensions)) = row.unwrap_or_else(|error| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("reading collection {collection_id}: {error}"),
-            "",
-        )
-    }) else {
-        raise(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+    })
+    .doing(|| format!("reading collection {collection_id}"))?;
+    let Some((provider_row, model, prefix, dimensions)) = row else {
+        return Err(RagError::undefined(
             format!("collection {collection_id} does not exist"),
             "List collections with: SELECT name FROM rag.collections;",
-        )
+        ));
     };
     let input = format!("{prefix}{question}");
     let cache_key = (provider_row.name.clone(), model.clone(), input.clone());
     if let Some(cached) = cached_query(&cache_key, dimensions) {
-        return cached;
+        return Ok(cached);
     }
     let client = provider::embedder(&provider_row, &model, crate::settings::http_timeout())
-        .unwrap_or_else(|message| {
-            raise(
-                PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
-                message,
-                "Check the provider with rag_models().",
-            )
-        });
+        .map_err(|message| RagError::ProviderSetup {
+            message,
+            hint: "Check the provider with rag_models().".to_string(),
+        })?;
     let inputs = vec![input];
-    let mut interrupt = || {
-        pgrx::check_for_interrupts!();
-        false
-    };
-    let output = match client.embed(&model, &inputs, None, &mut interrupt) {
-        Ok(output) => output,
-        Err(error) => raise_provider_error(&provider_row.name, &model, &error),
-    };
+    let output = client
+        .embed(&model, &inputs, None, &mut super::on_cancel())
+        .map_err(|error| provider_error("embedding", &provider_row.name, &model, error))?;
     let Some(vector) = output.vectors.into_iter().next() else {
-        raise(
-            PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
-            "the provider returned no embedding",
-            "",
-        )
+        return Err(no_embedding());
     };
     if let Some(expected) = dimensions {
         if vector.len() != expected as usize {
-            raise(
-                PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
-                format!(
+            return Err(RagError::ProviderReply {
+                message: format!(
                     "model \"{model}\" returned a {}-dimensional query vector but the collection holds {expected}-dimensional vectors",
                     vector.len()
                 ),
-                "The collection's model must not change under it; create a new collection for another model.",
-            );
+                hint: "The collection's model must not change under it; create a new collection for another model."
+                    .to_string(),
+            });
         }
     }
     let embedding = QueryEmbedding {
@@ -96,7 +77,28 @@ pub fn embed_question(collection_id: i32, question: &str) -> QueryEmbedding {
         prompt_tokens: output.prompt_tokens,
     };
     remember_query(cache_key, &embedding);
-    embedding
+    Ok(embedding)
+}
+
+fn no_embedding() -> RagError {
+    RagError::ProviderReply {
+        message: "the provider returned no embedding".to_string(),
+        hint: String::new(),
+    }
+}
+
+pub fn provider_error(
+    what: &'static str,
+    provider: &str,
+    model: &str,
+    error: ProviderError,
+) -> RagError {
+    RagError::Provider {
+        what,
+        provider: provider.to_string(),
+        model: model.to_string(),
+        error,
+    }
 }
 
 type QueryKey = (String, String, String);
@@ -138,25 +140,6 @@ fn remember_query(key: QueryKey, embedding: &QueryEmbedding) {
     });
 }
 
-pub fn raise_provider_error(provider: &str, model: &str, error: &ProviderError) -> ! {
-    let (code, hint) = match error {
-        ProviderError::Transient { .. } => (
-            PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
-            "The provider is busy or unreachable; try again, or raise rag.http_timeout.",
-        ),
-        ProviderError::Permanent { .. } => (
-            PgSqlErrorCode::ERRCODE_EXTERNAL_ROUTINE_EXCEPTION,
-            "Check the model name and the provider's credentials; rag_models() lists what the provider serves.",
-        ),
-        ProviderError::Interrupted => (PgSqlErrorCode::ERRCODE_QUERY_CANCELED, ""),
-    };
-    raise(
-        code,
-        format!("embedding provider \"{provider}\" (model \"{model}\"): {error}"),
-        hint,
-    )
-}
-
 pub fn vector_literal(vector: &[f32]) -> String {
     let mut literal = String::with_capacity(vector.len() * 12 + 2);
     literal.push('[');
@@ -179,11 +162,12 @@ pub mod rag {
     pub fn local_model_window(model: &str) -> i32 {
         match crate::provider::local_model(model) {
             Ok(local) => local.max_tokens() as i32,
-            Err(message) => crate::api::raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            Err(message) => RagError::MissingFile {
                 message,
-                "Run scripts/fetch-model, or point rag.model_path at a directory holding the model.",
-            ),
+                hint: "Run scripts/fetch-model, or point rag.model_path at a directory holding the model."
+                    .to_string(),
+            }
+            .raise(),
         }
     }
 
@@ -191,31 +175,34 @@ pub mod rag {
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_text")]
     pub fn embed_text(provider_name: &str, model: &str, text: &str) -> String {
         let row = provider::row_or_raise(provider_name);
-        let client = provider::embedder(&row, model, crate::settings::http_timeout())
-            .unwrap_or_else(|message| {
-                raise(PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE, message, "")
+        let embedded = provider::embedder(&row, model, crate::settings::http_timeout())
+            .map_err(RagError::setup)
+            .and_then(|client| {
+                client
+                    .embed(
+                        model,
+                        &[text.to_string()],
+                        None,
+                        &mut super::super::on_cancel(),
+                    )
+                    .map_err(|error| provider_error("embedding", &row.name, model, error))
+            })
+            .and_then(|output| {
+                output
+                    .vectors
+                    .first()
+                    .map(|v| vector_literal(v))
+                    .ok_or_else(no_embedding)
             });
-        let mut interrupt = || {
-            pgrx::check_for_interrupts!();
-            false
-        };
-        let output = client
-            .embed(model, &[text.to_string()], None, &mut interrupt)
-            .unwrap_or_else(|error| raise_provider_error(&row.name, model, &error));
-        match output.vectors.first() {
-            Some(vector) => vector_literal(vector),
-            None => raise(
-                PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
-                "the provider returned no embedding",
-                "",
-            ),
-        }
+        embedded.unwrap_or_raise()
     }
 
     /// The question's embedding as a pgvector literal, for the SQL half of retrieval.
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_query")]
     pub fn embed_query(collection_id: i32, question: &str) -> String {
-        embed_question(collection_id, question).literal
+        embed_question(collection_id, question)
+            .unwrap_or_raise()
+            .literal
     }
 
     /// The same, with the provider-reported token count for the ledger.
@@ -224,7 +211,7 @@ pub mod rag {
         collection_id: i32,
         question: &str,
     ) -> TableIterator<'static, (name!(vector, String), name!(prompt_tokens, Option<i64>))> {
-        let embedding = embed_question(collection_id, question);
+        let embedding = embed_question(collection_id, question).unwrap_or_raise();
         TableIterator::once((embedding.literal, embedding.prompt_tokens))
     }
 }

@@ -46,21 +46,21 @@ pub mod rag {
         })
         .catch_when(PgSqlErrorCode::ERRCODE_QUERY_CANCELED, |caught| {
             if timeout_ms > 0 && in_worker {
-                crate::api::raise(
-                    PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
-                    format!("the watch's expressions took longer than rag.expression_timeout ({timeout_ms} ms) for this row"),
-                    "Make the content, title or filter expression cheaper, or raise rag.expression_timeout.",
-                )
+                crate::error::RagError::Timeout {
+                    message: format!("the watch's expressions took longer than rag.expression_timeout ({timeout_ms} ms) for this row"),
+                    hint: "Make the content, title or filter expression cheaper, or raise rag.expression_timeout.".to_string(),
+                }
+                .raise()
             }
             caught.rethrow()
         })
         .execute()
         .unwrap_or_else(|error| {
-            crate::api::raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                format!("evaluating a watch expression: {error}"),
-                "",
-            )
+            crate::error::RagError::Spi {
+                doing: "evaluating a watch expression".to_string(),
+                error,
+            }
+            .raise()
         });
         SetOfIterator::new(rows.into_iter().map(JsonB))
     }

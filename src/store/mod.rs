@@ -1,6 +1,11 @@
-//! The worker's calls into the store. The SQL functions in `sql/ingest.sql` own the `rag` tables; this module
-//! only moves values between them and Rust. Each function runs inside a transaction that its caller opened.
-use crate::provider::ProviderRow;
+//! The worker's calls into the store. Each function runs inside a transaction that its caller opened.
+//!
+//! Who writes which table: the SQL functions own every `rag` table, and Rust writes none directly. Documents,
+//! chunks, the queue and collections are written by `sql/ingest.sql` (and `sql/collections.sql`); watched
+//! rows and their queues by `sql/watch.sql`; the ledger by `rag._record_query` and conversations by
+//! `rag._record_exchange` (`sql/answer.sql`). This module and `src/api/` only call those functions and read.
+use crate::error::{not_null, RagError};
+use crate::provider::{Kind, ProviderRow};
 use pgrx::prelude::*;
 use pgrx::spi::Error as SpiError;
 
@@ -28,8 +33,27 @@ pub fn claim_next(
     worker_pid: i32,
     skip_providers: Vec<String>,
     recently_served: Vec<i32>,
-) -> Result<Option<WorkItem>, SpiError> {
-    Spi::connect_mut(|client| {
+) -> Result<Option<WorkItem>, RagError> {
+    type Claimed = (
+        Option<i64>,
+        Option<i64>,
+        Option<i32>,
+        Option<bool>,
+        Option<i32>,
+        Option<f64>,
+        Option<i32>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<i32>,
+        Option<String>,
+        Option<i32>,
+        Option<i32>,
+        Option<String>,
+    );
+    let claimed: Option<Claimed> = Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT * FROM rag._claim_next($1, $2, $3)",
             Some(1),
@@ -39,32 +63,73 @@ pub fn claim_next(
                 recently_served.into(),
             ],
         )?;
-        let mut item = None;
+        let mut claimed = None;
         for row in rows {
-            item = Some(WorkItem {
-                queue_id: row.get(1)?.unwrap_or_default(),
-                document_id: row.get(2)?.unwrap_or_default(),
-                collection_id: row.get(3)?.unwrap_or_default(),
-                needs_chunking: row.get(4)?.unwrap_or(true),
-                attempts: row.get(5)?.unwrap_or_default(),
-                failure_age_seconds: row.get(6)?,
-                retry_deadline_seconds: row.get(7)?.unwrap_or(3600),
-                provider: ProviderRow {
-                    name: row.get(8)?.unwrap_or_default(),
-                    kind: row.get(9)?.unwrap_or_default(),
-                    base_url: row.get(10)?,
-                    api_key_setting: row.get(11)?,
-                },
-                model: row.get(12)?.unwrap_or_default(),
-                dimensions: row.get(13)?,
-                document_prefix: row.get(14)?.unwrap_or_default(),
-                chunk_size: row.get(15)?.unwrap_or(1000),
-                chunk_overlap: row.get(16)?.unwrap_or(0),
-                chunk_unit: row.get(17)?.unwrap_or_else(|| "characters".to_string()),
-            });
+            claimed = Some((
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+                row.get(5)?,
+                row.get(6)?,
+                row.get(7)?,
+                row.get(8)?,
+                row.get(9)?,
+                row.get(10)?,
+                row.get(11)?,
+                row.get(12)?,
+                row.get(13)?,
+                row.get(14)?,
+                row.get(15)?,
+                row.get(16)?,
+                row.get(17)?,
+            ));
         }
-        Ok(item)
-    })
+        Ok::<_, SpiError>(claimed)
+    })?;
+    let Some((
+        queue_id,
+        document_id,
+        collection_id,
+        needs_chunking,
+        attempts,
+        failure_age_seconds,
+        retry_deadline_seconds,
+        provider_name,
+        provider_kind,
+        provider_url,
+        provider_key,
+        model,
+        dimensions,
+        document_prefix,
+        chunk_size,
+        chunk_overlap,
+        chunk_unit,
+    )) = claimed
+    else {
+        return Ok(None);
+    };
+    Ok(Some(WorkItem {
+        queue_id: not_null(queue_id, "queue.id")?,
+        document_id: not_null(document_id, "queue.document_id")?,
+        collection_id: not_null(collection_id, "documents.collection_id")?,
+        needs_chunking: not_null(needs_chunking, "needs_chunking")?,
+        attempts: not_null(attempts, "queue.attempts")?,
+        failure_age_seconds,
+        retry_deadline_seconds: not_null(retry_deadline_seconds, "retry_deadline_seconds")?,
+        provider: ProviderRow {
+            name: not_null(provider_name, "providers.name")?,
+            kind: Kind::from_column(&not_null(provider_kind, "providers.kind")?),
+            base_url: provider_url,
+            api_key_setting: provider_key,
+        },
+        model: not_null(model, "collections.embedding_model")?,
+        dimensions,
+        document_prefix: not_null(document_prefix, "collections.document_prefix")?,
+        chunk_size: not_null(chunk_size, "collections.chunk_size")?,
+        chunk_overlap: not_null(chunk_overlap, "collections.chunk_overlap")?,
+        chunk_unit: not_null(chunk_unit, "collections.chunk_unit")?,
+    }))
 }
 
 /// A read-only query of the worker's idle loop. pgrx's other calls ask for a transaction id before they run,
@@ -111,7 +176,9 @@ pub fn work_waiting() -> Result<bool, SpiError> {
 
 /// The version of the extension's SQL in this database (`pg_extension.extversion`).
 pub fn installed_version() -> Result<Option<String>, SpiError> {
-    idle_read::<String>("SELECT extversion::text FROM pg_catalog.pg_extension WHERE extname = 'rag'")
+    idle_read::<String>(
+        "SELECT extversion::text FROM pg_catalog.pg_extension WHERE extname = 'rag'",
+    )
 }
 
 pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
@@ -181,8 +248,8 @@ fn columns(chunks: Vec<NewChunk>) -> ChunkColumns {
     columns
 }
 
-/// Returns the number of chunks the document has, or -1 when it was deleted meanwhile.
-pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
+/// Stores a document's chunks (nothing when it was deleted meanwhile: `rag._store_chunks` checks).
+pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiError> {
     let ChunkColumns {
         contents,
         starts,
@@ -203,7 +270,8 @@ pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiE
                 pages.into(),
             ],
         )?;
-        Ok(rows.first().get_one::<i32>()?.unwrap_or(-1))
+        rows.first().get_one::<i32>()?;
+        Ok(())
     })
 }
 
@@ -335,14 +403,25 @@ pub enum RowSync {
         size: i32,
         overlap: i32,
         unit: String,
-        provider_kind: String,
+        provider_kind: crate::provider::Kind,
         model: String,
         document_prefix: String,
     },
 }
 
-pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
-    Spi::connect_mut(|client| {
+pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
+    type Decided = (
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+        Option<i32>,
+        Option<i32>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let decided: Decided = Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
              embedding_model, document_prefix FROM rag._sync_row($1)",
@@ -350,24 +429,37 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, SpiError> {
             &[row_queue_id.into()],
         )?;
         let row = rows.first();
-        let action: Option<String> = row.get(1)?;
-        if action.as_deref() != Some("chunk") {
-            return Ok(RowSync::Settled);
-        }
-        Ok(RowSync::Chunk {
-            document_id: row.get(2)?.unwrap_or_default(),
-            body: row.get(3)?.unwrap_or_default(),
-            size: row.get(4)?.unwrap_or(1000),
-            overlap: row.get(5)?.unwrap_or(0),
-            unit: row.get(6)?.unwrap_or_else(|| "characters".to_string()),
-            provider_kind: row.get(7)?.unwrap_or_default(),
-            model: row.get(8)?.unwrap_or_default(),
-            document_prefix: row.get(9)?.unwrap_or_default(),
-        })
+        Ok::<_, SpiError>((
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+            row.get(5)?,
+            row.get(6)?,
+            row.get(7)?,
+            row.get(8)?,
+            row.get(9)?,
+        ))
+    })?;
+    let (action, document_id, body, size, overlap, unit, provider_kind, model, document_prefix) =
+        decided;
+    if action.as_deref() != Some("chunk") {
+        return Ok(RowSync::Settled);
+    }
+    Ok(RowSync::Chunk {
+        document_id: not_null(document_id, "documents.id")?,
+        // An empty text is a text: the chunker makes no chunk of it.
+        body: body.unwrap_or_default(),
+        size: not_null(size, "collections.chunk_size")?,
+        overlap: not_null(overlap, "collections.chunk_overlap")?,
+        unit: not_null(unit, "collections.chunk_unit")?,
+        provider_kind: Kind::from_column(&not_null(provider_kind, "providers.kind")?),
+        model: not_null(model, "collections.embedding_model")?,
+        document_prefix: not_null(document_prefix, "collections.document_prefix")?,
     })
 }
 
-pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, SpiError> {
+pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiError> {
     let ChunkColumns {
         contents,
         starts,
@@ -387,7 +479,8 @@ pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<i32, Sp
                 tokens.into(),
             ],
         )?;
-        Ok(rows.first().get_one::<i32>()?.unwrap_or(0))
+        rows.first().get_one::<i32>()?;
+        Ok(())
     })
 }
 

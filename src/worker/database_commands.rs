@@ -130,9 +130,7 @@ unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
         let database = pg_sys::get_database_oid(name, true);
         // Only a caller the command itself would allow (the database's owner or a superuser) may
         // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
-        if database != pg_sys::InvalidOid
-            && crate::pg::current_user_owns_database(database)
-        {
+        if database != pg_sys::InvalidOid && crate::pg::current_user_owns_database(database) {
             registry::pause_database(database, PAUSE);
             registry::stop_workers_of(database);
         }

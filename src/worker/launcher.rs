@@ -52,6 +52,7 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     let mut dormant: HashSet<pg_sys::Oid> = HashSet::new();
     // When each database last asked: a request that raced with its worker leaving keeps it from dormancy.
     let mut last_request: HashMap<pg_sys::Oid, Instant> = HashMap::new();
+    let mut known_databases: Vec<pg_sys::Oid> = Vec::new();
 
     loop {
         if crate::pg::shutdown_requested() {
@@ -78,13 +79,22 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
             &last_request,
         );
 
-        let mut databases = match crate::worker::transaction::run(list_databases) {
-            Ok(databases) => databases,
-            Err(message) => {
-                pgrx::log!("rag launcher: could not list databases: {message}");
-                Vec::new()
+        // A failed listing is said in the log and the last good list serves this round: an empty list would
+        // look like a cluster without databases, and no worker would be started.
+        match crate::worker::transaction::run(list_databases) {
+            Ok(Ok(listed)) => known_databases = listed,
+            Ok(Err(error)) => {
+                pgrx::warning!(
+                    "rag launcher: could not list databases, using the last list: {error}"
+                )
             }
-        };
+            Err(message) => {
+                pgrx::warning!(
+                    "rag launcher: could not list databases, using the last list: {message}"
+                )
+            }
+        }
+        let mut databases = known_databases.clone();
         // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
         databases.sort_by_key(|database| !requests.databases.contains(database));
         let mut probes_left = PROBES_PER_ROUND;
@@ -136,16 +146,21 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     // Workers notice shutdown through the postmaster; nothing to hand over.
 }
 
-fn list_databases() -> Vec<pg_sys::Oid> {
+fn list_databases() -> Result<Vec<pg_sys::Oid>, crate::error::RagError> {
     Spi::connect(|client| {
-        client
-            .select(
-                "SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate ORDER BY oid",
-                None,
-                &[],
-            )
-            .map(|rows| rows.filter_map(|row| row.get::<pg_sys::Oid>(1).ok().flatten()).collect())
-            .unwrap_or_default()
+        let rows = client.select(
+            "SELECT oid FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate ORDER BY oid",
+            None,
+            &[],
+        )?;
+        let mut databases = Vec::new();
+        for row in rows {
+            databases.push(crate::error::not_null(
+                row.get::<pg_sys::Oid>(1)?,
+                "pg_database.oid",
+            )?);
+        }
+        Ok(databases)
     })
 }
 

@@ -76,12 +76,9 @@ pub struct AssembledSources {
     pub skipped_for_budget: Vec<i64>,
 }
 
-/// Estimated tokens of a text: one token per four chars, rounded up.
-///
-/// Deliberately model-agnostic; it errs towards the long side for English with common tokenizers.
-pub fn estimate_tokens(text: &str) -> usize {
-    text.chars().count().div_ceil(4)
-}
+/// Estimated tokens of a text: the chunker's estimate (`rag_chunk::CHARS_PER_TOKEN` characters a token), so a
+/// context budget and a chunk size in tokens count the same way. Deliberately model-agnostic.
+pub use rag_chunk::estimate_tokens;
 
 /// Merges retrieved chunks into numbered sources that fit `context_budget_tokens`.
 ///
@@ -613,7 +610,7 @@ mod tests {
         let texts_whole = assembled
             .sources
             .iter()
-            .all(|s| s.text.chars().count() == s.token_estimate * 4);
+            .all(|s| s.text.chars().count() == s.token_estimate * rag_chunk::CHARS_PER_TOKEN);
         assert!(texts_whole, "sources are never truncated");
     }
 

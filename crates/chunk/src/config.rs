@@ -20,6 +20,21 @@ pub enum SizeUnit {
     Tokens,
 }
 
+/// The one parser of a unit name, for every caller: an unknown unit is an error, never silently characters.
+impl std::str::FromStr for SizeUnit {
+    type Err = String;
+
+    fn from_str(unit: &str) -> Result<SizeUnit, String> {
+        match unit {
+            "characters" => Ok(SizeUnit::Characters),
+            "tokens" => Ok(SizeUnit::Tokens),
+            other => Err(format!(
+                "chunk unit must be 'characters' or 'tokens', not '{other}'"
+            )),
+        }
+    }
+}
+
 impl SizeUnit {
     fn to_chars(self, amount: usize) -> usize {
         match self {
@@ -174,3 +189,22 @@ impl fmt::Display for ChunkConfigError {
 }
 
 impl std::error::Error for ChunkConfigError {}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::SizeUnit;
+
+    #[test]
+    fn unit_names_parse_and_unknown_ones_are_errors() {
+        assert_eq!("tokens".parse::<SizeUnit>(), Ok(SizeUnit::Tokens));
+        assert_eq!("characters".parse::<SizeUnit>(), Ok(SizeUnit::Characters));
+        for bad in ["words", "", "Tokens", " tokens"] {
+            assert!(
+                bad.parse::<SizeUnit>()
+                    .unwrap_err()
+                    .contains("'characters' or 'tokens'"),
+                "{bad}"
+            );
+        }
+    }
+}

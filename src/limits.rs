@@ -1,0 +1,67 @@
+//! Every limit and default of the extension, in one place: the role `hnsw.h` plays in pgvector. Rust uses the
+//! constants; SQL reads the same values through `rag._limit(name)`, so a limit changed here changes for both.
+//! The settings' own defaults (`rag.*` GUCs) live in `settings.rs` beside their definitions, but any value
+//! that SQL or another module also needs is defined here and used there.
+
+/// `k`, how many nearest chunks a search considers: rag_query, rag_prompt and rag_ask alike.
+pub const SEARCH_K_MIN: i32 = 1;
+pub const SEARCH_K_MAX: i32 = 1000;
+
+/// Tokens of sources sent to the chat model per question, when the collection does not say.
+pub const CONTEXT_BUDGET_DEFAULT: i32 = 3000;
+pub const CONTEXT_BUDGET_MIN: i32 = 100;
+pub const CONTEXT_BUDGET_MAX: i32 = 1_000_000;
+
+/// Tokens the chat model may answer with, when the collection does not say.
+pub const MAX_ANSWER_TOKENS_DEFAULT: i32 = 1024;
+pub const MAX_ANSWER_TOKENS_MIN: i32 = 16;
+pub const MAX_ANSWER_TOKENS_MAX: i32 = 100_000;
+
+/// The estimate every size in tokens is converted with (the chunker's, re-exported so there is one).
+pub const CHARS_PER_TOKEN: usize = rag_chunk::CHARS_PER_TOKEN;
+
+/// Characters of an extractive answer: quoted sentences, never more than this whatever max_answer_tokens says.
+pub const EXTRACTIVE_ANSWER_MAX_CHARS: usize = 700;
+
+/// How long a burst of writes to one watched row is coalesced before the worker embeds it: the default of
+/// `rag.sync_delay`, and what a watch trigger uses where the library is not loaded (no setting to read).
+pub const SYNC_DELAY_DEFAULT_MS: i32 = 500;
+
+/// The model of the `local` provider when a collection or `rag_embed` names none.
+pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
+
+/// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
+fn for_sql(name: &str) -> Option<String> {
+    Some(match name {
+        "search_k_min" => SEARCH_K_MIN.to_string(),
+        "search_k_max" => SEARCH_K_MAX.to_string(),
+        "context_budget_default" => CONTEXT_BUDGET_DEFAULT.to_string(),
+        "context_budget_min" => CONTEXT_BUDGET_MIN.to_string(),
+        "context_budget_max" => CONTEXT_BUDGET_MAX.to_string(),
+        "max_answer_tokens_default" => MAX_ANSWER_TOKENS_DEFAULT.to_string(),
+        "max_answer_tokens_min" => MAX_ANSWER_TOKENS_MIN.to_string(),
+        "max_answer_tokens_max" => MAX_ANSWER_TOKENS_MAX.to_string(),
+        "chars_per_token" => CHARS_PER_TOKEN.to_string(),
+        "sync_delay_default" => format!("{SYNC_DELAY_DEFAULT_MS}ms"),
+        "local_model_default" => LOCAL_MODEL_DEFAULT.to_string(),
+        _ => return None,
+    })
+}
+
+#[pgrx::pg_schema]
+pub mod rag {
+    use pgrx::prelude::*;
+
+    /// A limit or default by name, for SQL: `rag._limit('search_k_max')::integer`.
+    #[pg_extern(immutable, parallel_safe, name = "_limit")]
+    pub fn limit(name: &str) -> String {
+        match super::for_sql(name) {
+            Some(value) => value,
+            None => crate::error::RagError::invalid(
+                format!("\"{name}\" is not a limit of rag"),
+                "The limits are in src/limits.rs.",
+            )
+            .raise(),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The worker's providers: the last client is kept so a run of documents on one provider reuses its
+//! connections, and a circuit breaker per provider: after a transient failure (429, 5xx, timeout) the
+//! provider's documents wait out a cool-down that grows with consecutive failures, while documents of other
+//! providers go ahead. One provider that hangs until the HTTP timeout would otherwise stall every collection
+//! behind it.
+use crate::provider::{self, Embedder, ProviderRow};
+use rag_embed::RetryPolicy;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub struct Providers {
+    key: Option<(ProviderRow, String, Duration)>,
+    client: Option<Embedder>,
+    open_until: HashMap<String, (Instant, u32)>,
+}
+
+impl Providers {
+    /// Providers whose breaker is open: their documents are not claimed until it closes.
+    pub fn cooling_down(&mut self) -> Vec<String> {
+        let now = Instant::now();
+        self.open_until.retain(|_, (until, _)| *until > now);
+        self.open_until.keys().cloned().collect()
+    }
+
+    /// When the earliest open breaker closes, so an idle worker knows when to look again.
+    pub fn next_close(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.open_until
+            .values()
+            .map(|(until, _)| until.saturating_duration_since(now))
+            .min()
+    }
+
+    /// Opens the provider's breaker for at least `delay`, longer after each consecutive failure.
+    pub fn trip(&mut self, provider: &str, delay: Duration) {
+        let failures = self
+            .open_until
+            .get(provider)
+            .map(|(_, failures)| failures + 1)
+            .unwrap_or(1);
+        let cool_down = RetryPolicy::default().ceiling(failures).max(delay);
+        self.open_until
+            .insert(provider.to_string(), (Instant::now() + cool_down, failures));
+    }
+
+    pub fn reset(&mut self, provider: &str) {
+        self.open_until.remove(provider);
+    }
+
+    /// A client for the provider and model, reused while they and the timeout stay the same.
+    pub fn client(&mut self, row: &ProviderRow, model: &str) -> Result<&Embedder, String> {
+        let timeout = crate::settings::http_timeout();
+        let wanted = (row.clone(), model.to_string(), timeout);
+        if self.key.as_ref() != Some(&wanted) || self.client.is_none() {
+            self.client = Some(provider::embedder(row, model, timeout)?);
+            self.key = Some(wanted);
+        }
+        Ok(self.client.as_ref().expect("client was just set"))
+    }
+}

@@ -1,0 +1,46 @@
+//! Watched rows: bringing the document of one changed row up to date in one step.
+use crate::error::RagError;
+use crate::store::{self, RowItem, RowSync};
+use crate::worker::chunking::{chunk_body, chunk_config, new_chunk};
+use crate::worker::steps::Steps;
+
+/// Reads the row as its table's owner, upserts or deletes the document, and re-chunks it keeping the vectors
+/// of unchanged chunks. A failure is recorded on the row (it backs off and is tried again).
+pub fn sync_row(steps: &impl Steps, row: &RowItem) {
+    let synced = steps.run(|| {
+        let RowSync::Chunk {
+            document_id,
+            body,
+            size,
+            overlap,
+            unit,
+            provider_kind,
+            model,
+            document_prefix,
+        } = store::sync_row(row.id)?
+        else {
+            store::row_done(row.id, row.version, None)?;
+            return Ok::<_, RagError>(None);
+        };
+        let chunks = match chunk_config(size, overlap, &unit)
+            .and_then(|config| chunk_body(&body, &config, &provider_kind, &model, &document_prefix))
+        {
+            Ok(chunks) => chunks.into_iter().map(new_chunk(&[])).collect(),
+            Err(reason) => return Ok(Some(reason)),
+        };
+        store::replace_chunks(document_id, chunks)?;
+        store::row_done(row.id, row.version, None)?;
+        Ok(None)
+    });
+    let error = match synced {
+        Ok(None) => return,
+        Ok(Some(reason)) => reason,
+        Err(error) => error.to_string(),
+    };
+    if let Err(again) = steps.run(|| store::row_done(row.id, row.version, Some(error.clone()))) {
+        pgrx::log!(
+            "rag worker: could not record the failure of watched row {}: {again} (after: {error})",
+            row.id
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! One worker serving one database: it waits for the extension's SQL to match the library, then takes turns
+//! with the claim loop (`documents.rs`), repairs missing indexes when idle, and makes room for other
+//! databases when it has nothing queued and workers are wanted elsewhere.
+use crate::store;
+use crate::worker::breaker::Providers;
+use crate::worker::documents::process_next;
+use crate::worker::registry::{self, SlotState};
+use crate::worker::steps::{Step, Steps, WorkerTransactions};
+use crate::worker::transaction;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::prelude::*;
+use rag_embed::SplitMix64;
+use std::time::Duration;
+
+use crate::pg::shutdown_requested;
+
+/// After a package upgrade the new library runs against the old SQL until someone runs `ALTER EXTENSION rag
+/// UPDATE`: the worker's queries name functions and columns of its own version, so it waits (saying so once in
+/// the log) rather than failing every nap. Returns false when asked to shut down while waiting.
+fn wait_for_matching_schema(steps: &WorkerTransactions) -> bool {
+    let library = env!("CARGO_PKG_VERSION");
+    let mut told = false;
+    loop {
+        match steps.run(store::installed_version) {
+            Ok(Some(installed)) if installed == library => return true,
+            Ok(Some(installed)) if !told => {
+                pgrx::warning!(
+                    "rag worker: the extension's SQL in this database is version {installed} but the library is {library}; \
+                     pending documents wait until ALTER EXTENSION rag UPDATE"
+                );
+                told = true;
+            }
+            // Dropped meanwhile: the error path below notices and stops the worker.
+            Ok(None) => return true,
+            Ok(Some(_)) => {}
+            Err(error) => pgrx::log!("rag worker: reading the extension's version: {error}"),
+        }
+        let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(1000) as u64);
+        if shutdown_requested() || !BackgroundWorker::wait_latch(Some(nap)) {
+            return false;
+        }
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
+    let slot =
+        // SAFETY: the launcher registered this worker with an int4 argument (its slot), and a by-value int4
+        // datum is never null.
+        unsafe { i32::from_polymorphic_datum(argument, false, pg_sys::INT4OID) }.unwrap_or(-1);
+    if slot < 0 || slot as usize >= registry::SLOTS {
+        return;
+    }
+    let slot = slot as usize;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = registry::slot_database(slot);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    registry::mark_running(slot);
+    // Started just before a DROP DATABASE (or similar) paused this database: leave it to that command.
+    if registry::database_paused(database) {
+        registry::mark_stopped(slot, SlotState::Exited);
+        return;
+    }
+
+    if !transaction::run(|| store::extension_installed().unwrap_or(false)).unwrap_or(false) {
+        registry::mark_stopped(slot, SlotState::NoExtension);
+        return;
+    }
+
+    let steps = WorkerTransactions;
+    if !wait_for_matching_schema(&steps) {
+        registry::mark_stopped(slot, SlotState::Exited);
+        return;
+    }
+    let mut providers = Providers::default();
+    let mut rng = SplitMix64::from_entropy();
+    loop {
+        if shutdown_requested() {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            crate::pg::reload_configuration();
+        }
+        let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
+        // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
+        let outcome = if steps.run(store::work_waiting).unwrap_or(true) {
+            process_next(&steps, &mut providers, &mut rng)
+        } else {
+            Ok(Step::Idle(providers.next_close()))
+        };
+        match outcome {
+            Ok(Step::Worked) => continue,
+            Ok(Step::Stopped) => break,
+            Ok(Step::Idle(cool_down_ends)) => {
+                // More databases use rag than there are workers: one with nothing queued makes room. Work
+                // queued here later wakes the launcher, which starts a worker again.
+                if registry::workers_wanted_elsewhere()
+                    && steps.run(store::nothing_queued).unwrap_or(false)
+                {
+                    // Marked first, so a backend queueing work from now on asks the launcher rather than
+                    // this worker; looked at once more for work that was queued just before.
+                    registry::mark_stopped(slot, SlotState::Dormant);
+                    if steps.run(store::nothing_queued).unwrap_or(false) {
+                        return;
+                    }
+                    registry::mark_running(slot);
+                }
+                // An idle moment is when a restored database gets its indexes back; a restore still
+                // loading the chunks makes it give up at once (lock_timeout) and try again next time.
+                if let Err(error) = steps.run(store::repair_indexes) {
+                    pgrx::debug1!("rag worker: repairing indexes: {error}");
+                }
+                let due = steps.run(store::seconds_until_due).ok().flatten();
+                let until_due = due
+                    .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
+                    .unwrap_or(nap)
+                    .min(nap);
+                // Work that is due but was not claimed belongs to providers cooling down: sleep until the
+                // first cool-down ends rather than spinning on it.
+                let sleep = match cool_down_ends {
+                    Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
+                    Some(ends) => until_due.min(ends),
+                    None => until_due,
+                }
+                .max(Duration::from_millis(10));
+                if !BackgroundWorker::wait_latch(Some(sleep)) {
+                    break;
+                }
+            }
+            Err(error) => {
+                // The extension may have been dropped under us; then this database needs no worker.
+                if !transaction::run(|| store::extension_installed().unwrap_or(false))
+                    .unwrap_or(false)
+                {
+                    registry::mark_stopped(slot, SlotState::NoExtension);
+                    return;
+                }
+                pgrx::log!("rag worker: {error}");
+                if !BackgroundWorker::wait_latch(Some(nap)) {
+                    break;
+                }
+            }
+        }
+    }
+    registry::mark_stopped(slot, SlotState::Exited);
+}

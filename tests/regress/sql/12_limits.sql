@@ -1,0 +1,35 @@
+-- One set of limits and defaults (src/limits.rs), read by Rust and by SQL through rag._limit.
+SELECT rag._limit('search_k_min') AS k_min, rag._limit('search_k_max') AS k_max,
+       rag._limit('context_budget_default') AS budget, rag._limit('max_answer_tokens_default') AS answer_tokens,
+       rag._limit('sync_delay_default') AS sync_delay, rag._limit('local_model_default') AS local_model;
+SELECT rag._limit('no_such_limit');
+
+SELECT rag_create_collection('limits', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT rag_ingest('limits', 'Notice', 'Staff must give thirty days notice in writing.') > 0 AS ingested;
+SELECT rag_wait('limits', '60 seconds') AS ready;
+
+-- k has one range for every search: rag_query, rag_prompt and rag_ask (rag_ask allowed only 1..100 before).
+SELECT count(*) AS found FROM rag_query('limits', 'thirty days notice', k => 1000);
+SELECT outcome FROM rag_ask('limits', 'How much notice do staff give?', k => 1000);
+SELECT prompt IS NOT NULL AS prompted FROM rag_prompt('limits', 'thirty days notice', k => 1000);
+SELECT count(*) FROM rag_query('limits', 'notice', k => 1001);
+SELECT outcome FROM rag_ask('limits', 'notice', k => 1001);
+SELECT prompt FROM rag_prompt('limits', 'notice', k => 0);
+
+-- A new collection's answering defaults and ranges are the same limits.
+SELECT context_budget::text = rag._limit('context_budget_default') AS budget_default,
+       max_answer_tokens::text = rag._limit('max_answer_tokens_default') AS answer_default
+  FROM rag.collections WHERE name = 'limits';
+SELECT rag_create_collection('limits-big', embedding_model => 'hash-384', context_budget => 1000001);
+
+-- A chunk unit nobody knows is an error for rag_create_collection and for the worker alike (the worker took
+-- it for characters before). The table's check keeps such a unit out; a superuser forces one in to show it.
+SELECT rag_create_collection('limits-words', embedding_model => 'hash-384', chunk_unit => 'words');
+ALTER TABLE rag.collections DROP CONSTRAINT collections_chunk_unit_check;
+UPDATE rag.collections SET chunk_unit = 'words' WHERE name = 'limits';
+SELECT rag_ingest('limits', 'Odd', 'A document of a collection whose chunk unit nobody knows.') > 0 AS ingested;
+SELECT rag_wait('limits', '60 seconds') AS settled;
+SELECT d.status, d.failure_reason FROM rag.documents d WHERE d.title = 'Odd';
+UPDATE rag.collections SET chunk_unit = 'characters' WHERE name = 'limits';
+ALTER TABLE rag.collections ADD CONSTRAINT collections_chunk_unit_check CHECK (chunk_unit IN ('characters', 'tokens'));
+SELECT rag_drop_collection('limits');
