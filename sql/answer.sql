@@ -87,16 +87,16 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- The anchors (the k nearest chunks from rag._search, whatever their distance, so the ledger knows how close the
--- nearest was) and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
+-- The anchors (the top k chunks from rag._search in the collection's mode, whatever their distance, so the ledger
+-- knows how close the nearest was) and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
 CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision)
+                                      p_max_distance double precision, p_question text)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
 LANGUAGE sql AS $$
     WITH anchors AS (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance
-          FROM rag.collections c, rag._search(c, p_vector, p_k) s
+          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
          WHERE c.id = p_collection_id),
     wanted AS (
         SELECT a.chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a

@@ -27,7 +27,9 @@ CREATE FUNCTION rag_create_collection(
     chat_model         text DEFAULT NULL,
     prompt_template    text DEFAULT NULL,
     context_budget     integer DEFAULT NULL,
-    max_answer_tokens  integer DEFAULT NULL
+    max_answer_tokens  integer DEFAULT NULL,
+    search_mode        text DEFAULT 'hybrid',
+    text_search_config regconfig DEFAULT 'english'
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -62,8 +64,6 @@ BEGIN
         -- its document with the model's own error.
         embedding_model := coalesce(nullif(embedding_model, ''), v_local_default);
         v_window := rag._local_model_window(embedding_model);
-        document_prefix := coalesce(document_prefix, '');
-        query_prefix := coalesce(query_prefix, '');
         IF chunk_size IS NULL THEN
             v_size := least(v_size, v_window * 2);
             v_overlap := least(v_overlap, v_size / 5);
@@ -74,6 +74,14 @@ BEGIN
                       HINT = format('Use chunk_size => %s characters or less.', v_window * 3);
         END IF;
     END IF;
+    -- Prefixes: the caller's, else the settings' (when set), else what the model itself expects (known models;
+    -- none for others: a wrong instruction hurts more than a missing one).
+    embedding_model := coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model'));
+    SELECT coalesce(rag_create_collection.document_prefix, nullif(rag._setting('rag.document_prefix'), ''),
+                    m.document_prefix),
+           coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
+      INTO document_prefix, query_prefix
+      FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
     IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
         RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
@@ -101,26 +109,31 @@ BEGIN
                   HINT = format('The defaults are %s and %s.', rag._limit('context_budget_default'),
                                 rag._limit('max_answer_tokens_default'));
     END IF;
+    IF search_mode IS NULL OR search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', coalesce(quote_literal(search_mode), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings (reciprocal rank fusion).';
+    END IF;
+    IF text_search_config IS NULL THEN
+        RAISE EXCEPTION 'text_search_config must not be NULL'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'SELECT cfgname FROM pg_ts_config lists them; ''simple'' stems nothing.';
+    END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
     END IF;
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
-                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner)
+                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
+                                 search_mode, text_search_config)
     VALUES (name, embedding_provider,
-            coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
-            dimensions,
-            coalesce(document_prefix, rag._setting('rag.document_prefix')),
-            coalesce(query_prefix, rag._setting('rag.query_prefix')),
+            embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            rag._calling_role()::regrole)
+            rag._calling_role()::regrole, search_mode, text_search_config)
     RETURNING id INTO v_id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(v_id);
-    END IF;
+    PERFORM rag._ensure_index(v_id);
     RETURN v_id;
 END $$;
 
@@ -178,10 +191,17 @@ BEGIN
     IF c.index_name IS NOT NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
     END IF;
+    EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
     -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
     DELETE FROM rag.collections WHERE id = c.id;
     RETURN true;
 END $$;
+
+-- The partial GIN index of a collection's full-text side (one per collection, like its HNSW index).
+CREATE FUNCTION rag._keyword_index_name(p_collection_id integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'chunks_tsv_c' || p_collection_id
+$$;
 
 -- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
 -- indexes only fixed-dimension vectors, and collections of different models share one table.
@@ -192,7 +212,13 @@ DECLARE
     v_index text;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF NOT FOUND OR c.dimensions IS NULL THEN
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The full-text side's index needs no dimension: it exists from the start.
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
+                   rag._keyword_index_name(c.id), c.id);
+    IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
     IF c.index_name IS NOT NULL THEN
@@ -210,9 +236,7 @@ BEGIN
     RETURN v_index;
 END $$;
 
--- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
--- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
--- Creates the HNSW index of every collection that should have one and has not (pg_dump leaves these indexes
+-- Creates the HNSW and GIN indexes of every collection that should have one and has not (pg_dump leaves these indexes
 -- out, so a restored database gets them back here), one at a time; the worker calls it when idle. It gives up
 -- at once when a restore still holds the chunks table, and tries again later.
 CREATE FUNCTION rag._repair_indexes() RETURNS integer
@@ -224,8 +248,9 @@ BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
     SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
-     WHERE c.dimensions BETWEEN 1 AND 2000
-       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+     WHERE ((c.dimensions BETWEEN 1 AND 2000
+             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
     FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
@@ -234,6 +259,8 @@ BEGIN
     RETURN coalesce(cardinality(v_missing), 0);
 END $$;
 
+-- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
+-- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
 CREATE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE

@@ -331,10 +331,14 @@ BEGIN
         RETURN -1;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
-        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end)
-        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
+                                tsv)
+        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
+               to_tsvector(c.text_search_config, t.content)
           FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
-               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal);
+               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
+               rag.collections c
+         WHERE c.id = d.collection_id;
     END IF;
     SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET chunks_total = v_count,

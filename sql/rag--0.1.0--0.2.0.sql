@@ -61,6 +61,19 @@ CREATE INDEX queue_by_collection ON rag.queue (collection_id, not_before, id);
 -- its rows (row-level security below), through rag_reader's SELECT. 0.1.0 showed all of it to rag_admin only.
 REVOKE SELECT ON rag.queries FROM rag_admin;
 
+-- Hybrid search: each collection says how it is searched and how its text becomes lexemes; each chunk keeps its
+-- lexemes. Collections made under 0.1.0 keep being searched by vector alone until their owner says otherwise
+-- (UPDATE rag.collections SET search_mode = 'hybrid' as a superuser, or a new collection); new ones are hybrid.
+-- The worker builds each collection's GIN index when it is next idle (rag._repair_indexes).
+ALTER TABLE rag.collections
+    ADD COLUMN search_mode text NOT NULL DEFAULT 'vector' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
+    ADD COLUMN text_search_config regconfig NOT NULL DEFAULT 'english';
+ALTER TABLE rag.collections ALTER COLUMN search_mode SET DEFAULT 'hybrid';
+CREATE INDEX documents_by_collection ON rag.documents (collection_id);
+ALTER TABLE rag.chunks ADD COLUMN tsv tsvector;
+UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config, ch.content)
+  FROM rag.collections c WHERE c.id = ch.collection_id;
+
 -- The answering limits' defaults come from rag_create_collection (src/limits.rs through rag._limit), not from
 -- the table; its checks are re-made on rag._limit in part 3.
 ALTER TABLE rag.collections ALTER COLUMN context_budget DROP DEFAULT,
@@ -73,6 +86,14 @@ DROP FUNCTION rag._claim_next(integer, text[]);
 DROP FUNCTION rag._record_query(integer, text, text, text, bigint, text, text, text, double precision, integer,
                                 jsonb, integer, text, text, bigint, bigint, bigint, integer, double precision,
                                 double precision, double precision, double precision);
+-- New arguments: the search mode and the question's text for the full-text side; a collection's search mode
+-- and text-search configuration.
+DROP FUNCTION rag._retrieve_context(integer, text, integer, double precision);
+DROP FUNCTION rag._search_sql(rag.collections, boolean);
+DROP FUNCTION rag_query(text, text, integer, double precision, jsonb);
+DROP FUNCTION rag_explain(text, text, integer);
+DROP FUNCTION rag_create_collection(text, text, text, integer, text, text, integer, integer, text, double precision,
+                                    interval, text, text, text, integer, integer);
 
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
@@ -304,10 +325,15 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
@@ -318,47 +344,14 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_expression"(
 	"expression" TEXT, /* Option < & str > */
@@ -368,14 +361,17 @@ STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
@@ -397,6 +393,32 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
 CREATE OR REPLACE FUNCTION rag_create_collection(
     name               text,
     embedding_provider text DEFAULT 'ollama',
@@ -413,7 +435,9 @@ CREATE OR REPLACE FUNCTION rag_create_collection(
     chat_model         text DEFAULT NULL,
     prompt_template    text DEFAULT NULL,
     context_budget     integer DEFAULT NULL,
-    max_answer_tokens  integer DEFAULT NULL
+    max_answer_tokens  integer DEFAULT NULL,
+    search_mode        text DEFAULT 'hybrid',
+    text_search_config regconfig DEFAULT 'english'
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -448,8 +472,6 @@ BEGIN
         -- its document with the model's own error.
         embedding_model := coalesce(nullif(embedding_model, ''), v_local_default);
         v_window := rag._local_model_window(embedding_model);
-        document_prefix := coalesce(document_prefix, '');
-        query_prefix := coalesce(query_prefix, '');
         IF chunk_size IS NULL THEN
             v_size := least(v_size, v_window * 2);
             v_overlap := least(v_overlap, v_size / 5);
@@ -460,6 +482,14 @@ BEGIN
                       HINT = format('Use chunk_size => %s characters or less.', v_window * 3);
         END IF;
     END IF;
+    -- Prefixes: the caller's, else the settings' (when set), else what the model itself expects (known models;
+    -- none for others: a wrong instruction hurts more than a missing one).
+    embedding_model := coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model'));
+    SELECT coalesce(rag_create_collection.document_prefix, nullif(rag._setting('rag.document_prefix'), ''),
+                    m.document_prefix),
+           coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
+      INTO document_prefix, query_prefix
+      FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
     IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
         RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
@@ -487,26 +517,31 @@ BEGIN
                   HINT = format('The defaults are %s and %s.', rag._limit('context_budget_default'),
                                 rag._limit('max_answer_tokens_default'));
     END IF;
+    IF search_mode IS NULL OR search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', coalesce(quote_literal(search_mode), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings (reciprocal rank fusion).';
+    END IF;
+    IF text_search_config IS NULL THEN
+        RAISE EXCEPTION 'text_search_config must not be NULL'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'SELECT cfgname FROM pg_ts_config lists them; ''simple'' stems nothing.';
+    END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
     END IF;
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
-                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner)
+                                 chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
+                                 search_mode, text_search_config)
     VALUES (name, embedding_provider,
-            coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')),
-            dimensions,
-            coalesce(document_prefix, rag._setting('rag.document_prefix')),
-            coalesce(query_prefix, rag._setting('rag.query_prefix')),
+            embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            rag._calling_role()::regrole)
+            rag._calling_role()::regrole, search_mode, text_search_config)
     RETURNING id INTO v_id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(v_id);
-    END IF;
+    PERFORM rag._ensure_index(v_id);
     RETURN v_id;
 END $$;
 
@@ -561,10 +596,16 @@ BEGIN
     IF c.index_name IS NOT NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
     END IF;
+    EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
     -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
     DELETE FROM rag.collections WHERE id = c.id;
     RETURN true;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._keyword_index_name(p_collection_id integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'chunks_tsv_c' || p_collection_id
+$$;
 
 CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -573,7 +614,13 @@ DECLARE
     v_index text;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF NOT FOUND OR c.dimensions IS NULL THEN
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The full-text side's index needs no dimension: it exists from the start.
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
+                   rag._keyword_index_name(c.id), c.id);
+    IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
     IF c.index_name IS NOT NULL THEN
@@ -600,8 +647,9 @@ BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
     SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
-     WHERE c.dimensions BETWEEN 1 AND 2000
-       AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+     WHERE ((c.dimensions BETWEEN 1 AND 2000
+             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
     FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
@@ -989,10 +1037,14 @@ BEGIN
         RETURN -1;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
-        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end)
-        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
+                                tsv)
+        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
+               to_tsvector(c.text_search_config, t.content)
           FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
-               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal);
+               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
+               rag.collections c
+         WHERE c.id = d.collection_id;
     END IF;
     SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET chunks_total = v_count,
@@ -1076,35 +1128,106 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
-CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, with_filter boolean) RETURNS text
+CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
+                                with_lexemes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format($q$
-        SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-               ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-          FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-         WHERE ch.collection_id = %2$s%3$s
-           AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-         ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-         LIMIT $2$q$,
-        c.dimensions, c.id,
-        CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        WITH vector_side AS (%1$s),
+             keyword_side AS (%2$s),
+             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
+             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
+             fused AS (
+                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
+                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
+                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
+                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
+        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
+               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
+          FROM fused f
+         ORDER BY f.score DESC, f.chunk_id
+         LIMIT $5$q$,
+        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %2$s%3$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::double precision AS distance WHERE false' END,
+        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY score DESC, ch.id
+             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::real AS score WHERE false' END,
+        rag._limit('rrf_k'),
+        CASE WHEN with_vector THEN format(
+            '(SELECT dc.embedding::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions)
+        ELSE 'NULL::double precision' END,
+        rag._limit('keyword_weight'))
 $$;
 
-CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL)
-RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision)
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery
+      FROM unnest(tsvector_to_array(to_tsvector(p_config, p_text))) AS lexeme
+$$;
+
+CREATE OR REPLACE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_chunks bigint;
+    v_bound bigint;
+    v_kept text[] := '{}';
+    v_lexeme text;
+    v_found bigint;
 BEGIN
-    IF c.dimensions IS NULL THEN
+    SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = c.id;
+    v_bound := greatest(ceil(v_chunks * rag._limit('keyword_max_share')::double precision)::bigint, 10);
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
+        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
+                       c.id)
+            INTO v_found USING quote_literal(v_lexeme)::tsquery, v_bound + 1;
+        IF v_found BETWEEN 1 AND v_bound THEN
+            v_kept := v_kept || quote_literal(v_lexeme);
+        END IF;
+    END LOOP;
+    RETURN nullif(array_to_string(v_kept, ' | '), '')::tsquery;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
+                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL)
+RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_mode text := coalesce(p_mode, c.search_mode);
+    v_lexemes tsquery;
+    v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
+BEGIN
+    IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings; the collection''s own mode is used when it is NULL.';
+    END IF;
+    IF v_mode <> 'vector' AND p_question IS NOT NULL THEN
+        v_lexemes := rag._keyword_query(c, p_question);
+    END IF;
+    IF NOT v_with_vector AND v_lexemes IS NULL THEN
         RETURN;
     END IF;
     -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
-    -- until k rows survive them (relaxed order: better recall; callers sort by distance).
+    -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    IF p_filter IS NULL THEN
-        RETURN QUERY EXECUTE rag._search_sql(c, false) USING p_vector, p_k;
-    ELSE
-        RETURN QUERY EXECUTE rag._search_sql(c, true) USING p_vector, p_k, p_filter;
-    END IF;
+    RETURN QUERY EXECUTE rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL)
+        USING p_vector,
+              CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
+              p_filter, v_lexemes, p_k;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_query(
@@ -1112,7 +1235,8 @@ CREATE OR REPLACE FUNCTION rag_query(
     query        text,
     k            integer DEFAULT 5,
     max_distance double precision DEFAULT NULL,
-    filter       jsonb DEFAULT NULL
+    filter       jsonb DEFAULT NULL,
+    mode         text DEFAULT NULL
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
                  distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
 LANGUAGE plpgsql AS $$
@@ -1144,11 +1268,11 @@ BEGIN
         RETURN QUERY
         SELECT s.document_id, d.title, s.chunk_id, s.ordinal, ch.content, s.distance, d.metadata, ch.page,
                d.source, d.source_key
-          FROM rag._search(c, v_vector, k, filter) s
+          FROM rag._search(c, v_vector, k, filter, query, mode) s
           JOIN rag.chunks ch ON ch.id = s.chunk_id
           JOIN rag.documents d ON d.id = s.document_id
          WHERE s.distance <= coalesce(max_distance, c.max_distance)
-         ORDER BY s.distance, s.chunk_id;
+         ORDER BY s.rank;
         GET DIAGNOSTICS v_count = ROW_COUNT;
     END IF;
     -- The ledger: one row per call, even when nothing was found.
@@ -1162,20 +1286,29 @@ BEGIN
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5)
+CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
+                            mode text DEFAULT NULL)
 RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
     v_line text;
+    v_mode text;
+    v_lexemes tsquery;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
         RAISE EXCEPTION 'collection "%" has no vectors yet', collection
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
     END IF;
-    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, false)
-        USING rag._embed_query(c.id, query), k
+    v_mode := coalesce(mode, c.search_mode);
+    IF v_mode <> 'vector' THEN
+        v_lexemes := rag._keyword_query(c, query);
+    END IF;
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)
+        USING rag._embed_query(c.id, query),
+              CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
+              NULL::jsonb, v_lexemes, k
     LOOP
         -- The question's vector is noise in a plan; show where it goes instead.
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
@@ -1264,13 +1397,13 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision)
+                                      p_max_distance double precision, p_question text)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
 LANGUAGE sql AS $$
     WITH anchors AS (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance
-          FROM rag.collections c, rag._search(c, p_vector, p_k) s
+          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
          WHERE c.id = p_collection_id),
     wanted AS (
         SELECT a.chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
@@ -1377,6 +1510,15 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -1863,9 +2005,12 @@ BEGIN
     ), kept AS (
         SELECT DISTINCT ON (content) content, embedding FROM old WHERE embedding IS NOT NULL
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
+                            tsv)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
+           to_tsvector(c.text_search_config, t.content)
       FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+      JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content;
     SELECT count(*) FILTER (WHERE embedding IS NULL) INTO v_missing FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET
@@ -2021,7 +2166,8 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit')
+                               '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
+                               '_keyword_query')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

@@ -3,42 +3,132 @@
 
 -- The one search of the extension. rag_query, rag_prompt and rag_ask (through rag._retrieve_context) all find
 -- chunks through rag._search, and rag_explain shows the plan of the query rag._search_sql builds for it, so the
--- index expression, row visibility and the metadata filter are written once. Hybrid search and reranking
--- belong here too.
+-- index expressions, row visibility, the metadata filter and the fusion are written once.
 --
--- The k nearest chunks of a collection to a vector, whatever their distance (callers apply the ceiling: rag_ask
--- records how close the nearest was even when it refuses). A chunk made from a row of a watched table is a
--- candidate only while the caller could SELECT that row (rag._row_visible); with a filter, only chunks of
--- documents whose metadata contains it. Parameters: $1 the vector, $2 k, $3 the filter.
-CREATE FUNCTION rag._search_sql(c rag.collections, with_filter boolean) RETURNS text
+-- Two sides, each a ranked list of candidates of one collection:
+--   vector:  nearest to the question's vector, through the collection's partial HNSW index;
+--   keyword: the question's telling lexemes joined by OR (rag._keyword_query) against the chunks' tsvector,
+--            through the collection's partial GIN index, ranked by ts_rank (term frequency, length-normalised).
+--            OR, not AND: a question is worded differently from its answer, and requiring every term finds
+--            nothing.
+-- In mode 'hybrid' each side brings a pool of candidates (at least rag._limit('fusion_pool')) and they are
+-- fused by reciprocal rank: score = 1 / (rrf_k + vector rank) + keyword_weight / (rrf_k + keyword rank), over the
+-- sides that found the chunk; 'vector' and 'keyword' use one side. The keyword side weighs half: on the Debian
+-- FAQ (scripts/eval) it is the weaker ranking alone, and at full weight it pulled good vector hits down. A chunk made from a row of a watched table is a candidate only while the caller
+-- could SELECT that row (rag._row_visible); with a filter, only chunks of documents whose metadata contains it.
+-- Every candidate gets its vector distance (callers apply the distance ceiling in every mode, so a question
+-- that shares a word with an unrelated chunk is still refused).
+--
+-- Parameters of the query: $1 the question's vector (text), $2 candidates per side, $3 the metadata filter,
+-- $4 the question's lexemes (tsquery), $5 how many to return.
+CREATE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
+                                with_lexemes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format($q$
-        SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-               ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
-          FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-         WHERE ch.collection_id = %2$s%3$s
-           AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-         ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-         LIMIT $2$q$,
-        c.dimensions, c.id,
-        CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        WITH vector_side AS (%1$s),
+             keyword_side AS (%2$s),
+             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
+             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
+             fused AS (
+                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
+                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
+                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
+                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
+        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
+               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
+          FROM fused f
+         ORDER BY f.score DESC, f.chunk_id
+         LIMIT $5$q$,
+        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %2$s%3$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::double precision AS distance WHERE false' END,
+        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY score DESC, ch.id
+             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::real AS score WHERE false' END,
+        rag._limit('rrf_k'),
+        CASE WHEN with_vector THEN format(
+            '(SELECT dc.embedding::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions)
+        ELSE 'NULL::double precision' END,
+        rag._limit('keyword_weight'))
 $$;
 
-CREATE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL)
-RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision)
-LANGUAGE plpgsql AS $$
+-- The question's lexemes in the collection's configuration, joined by OR; NULL when it has none (only stop
+-- words, say).
+CREATE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery
+      FROM unnest(tsvector_to_array(to_tsvector(p_config, p_text))) AS lexeme
+$$;
+
+-- The lexemes of a question the full-text side searches for: the question's, less those that say nothing in
+-- this collection. A lexeme found in no chunk is dropped, and so is one found in more than
+-- rag._limit('keyword_max_share') of the collection's chunks (and in more than 10): like a stop word, it would
+-- match most of the collection and outweigh the rare words that identify an answer ("debian" in the Debian FAQ).
+-- Each count stops at that bound (the GIN index finds the matches), so a common word costs no full count.
+CREATE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_chunks bigint;
+    v_bound bigint;
+    v_kept text[] := '{}';
+    v_lexeme text;
+    v_found bigint;
 BEGIN
-    IF c.dimensions IS NULL THEN
+    SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = c.id;
+    v_bound := greatest(ceil(v_chunks * rag._limit('keyword_max_share')::double precision)::bigint, 10);
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
+        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
+                       c.id)
+            INTO v_found USING quote_literal(v_lexeme)::tsquery, v_bound + 1;
+        IF v_found BETWEEN 1 AND v_bound THEN
+            v_kept := v_kept || quote_literal(v_lexeme);
+        END IF;
+    END LOOP;
+    RETURN nullif(array_to_string(v_kept, ' | '), '')::tsquery;
+END $$;
+
+-- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
+CREATE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
+                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL)
+RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_mode text := coalesce(p_mode, c.search_mode);
+    v_lexemes tsquery;
+    v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
+BEGIN
+    IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings; the collection''s own mode is used when it is NULL.';
+    END IF;
+    IF v_mode <> 'vector' AND p_question IS NOT NULL THEN
+        v_lexemes := rag._keyword_query(c, p_question);
+    END IF;
+    IF NOT v_with_vector AND v_lexemes IS NULL THEN
         RETURN;
     END IF;
     -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
-    -- until k rows survive them (relaxed order: better recall; callers sort by distance).
+    -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    IF p_filter IS NULL THEN
-        RETURN QUERY EXECUTE rag._search_sql(c, false) USING p_vector, p_k;
-    ELSE
-        RETURN QUERY EXECUTE rag._search_sql(c, true) USING p_vector, p_k, p_filter;
-    END IF;
+    RETURN QUERY EXECUTE rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL)
+        USING p_vector,
+              CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
+              p_filter, v_lexemes, p_k;
 END $$;
 
 CREATE FUNCTION rag_query(
@@ -46,7 +136,8 @@ CREATE FUNCTION rag_query(
     query        text,
     k            integer DEFAULT 5,
     max_distance double precision DEFAULT NULL,
-    filter       jsonb DEFAULT NULL
+    filter       jsonb DEFAULT NULL,
+    mode         text DEFAULT NULL
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
                  distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
 LANGUAGE plpgsql AS $$
@@ -78,11 +169,11 @@ BEGIN
         RETURN QUERY
         SELECT s.document_id, d.title, s.chunk_id, s.ordinal, ch.content, s.distance, d.metadata, ch.page,
                d.source, d.source_key
-          FROM rag._search(c, v_vector, k, filter) s
+          FROM rag._search(c, v_vector, k, filter, query, mode) s
           JOIN rag.chunks ch ON ch.id = s.chunk_id
           JOIN rag.documents d ON d.id = s.document_id
          WHERE s.distance <= coalesce(max_distance, c.max_distance)
-         ORDER BY s.distance, s.chunk_id;
+         ORDER BY s.rank;
         GET DIAGNOSTICS v_count = ROW_COUNT;
     END IF;
     -- The ledger: one row per call, even when nothing was found.
@@ -96,21 +187,31 @@ BEGIN
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
 END $$;
 
--- The plan of the search (rag._search) for a collection, for DBAs checking that the HNSW index is used.
-CREATE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5)
+-- The plan of the search (rag._search) for a collection and question, for DBAs checking that the collection's
+-- HNSW and GIN indexes are used.
+CREATE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
+                            mode text DEFAULT NULL)
 RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
     v_line text;
+    v_mode text;
+    v_lexemes tsquery;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
         RAISE EXCEPTION 'collection "%" has no vectors yet', collection
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
     END IF;
-    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, false)
-        USING rag._embed_query(c.id, query), k
+    v_mode := coalesce(mode, c.search_mode);
+    IF v_mode <> 'vector' THEN
+        v_lexemes := rag._keyword_query(c, query);
+    END IF;
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)
+        USING rag._embed_query(c.id, query),
+              CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
+              NULL::jsonb, v_lexemes, k
     LOOP
         -- The question's vector is noise in a plan; show where it goes instead.
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');

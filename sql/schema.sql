@@ -53,6 +53,11 @@ CREATE TABLE rag.collections (
     max_answer_tokens  integer NOT NULL,
     -- The partial HNSW index for this collection's vectors, once the dimension is known.
     index_name         text,
+    -- Retrieval: 'hybrid' fuses the vector and the full-text rankings (reciprocal rank fusion), 'vector' and
+    -- 'keyword' use one of them; the distance ceiling applies in every mode. The text-search configuration
+    -- turns chunks and questions into lexemes for the full-text side.
+    search_mode        text NOT NULL DEFAULT 'hybrid' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
+    text_search_config regconfig NOT NULL DEFAULT 'english',
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- The role that created it: it, its members and superusers hold every privilege on it.
     owner              regrole NOT NULL
@@ -144,6 +149,8 @@ CREATE TABLE rag.documents (
 -- Identical text is stored once per collection; rows of a watched table are documents of their own, even
 -- when two rows say the same thing.
 CREATE UNIQUE INDEX documents_dedup ON rag.documents (collection_id, content_sha256) WHERE source_key IS NULL;
+-- Per-collection counts (the full-text side's collection size, rag.status) without a scan of every document.
+CREATE INDEX documents_by_collection ON rag.documents (collection_id);
 CREATE UNIQUE INDEX documents_by_row ON rag.documents (watch_id, source_key) WHERE source_key IS NOT NULL;
 ALTER TABLE rag.documents ALTER COLUMN body SET STORAGE EXTENDED;
 
@@ -159,6 +166,9 @@ CREATE TABLE rag.chunks (
     char_start     integer NOT NULL,
     char_end       integer NOT NULL,
     embedding      vector,
+    -- The content's lexemes in the collection's text-search configuration, for the full-text side of the
+    -- search (each collection's partial GIN index, rag._ensure_index).
+    tsv            tsvector,
     UNIQUE (document_id, ordinal)
 );
 -- The worker's question, "what is still to embed for this document?", must not scan the whole table.

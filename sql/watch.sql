@@ -519,9 +519,12 @@ BEGIN
     ), kept AS (
         SELECT DISTINCT ON (content) content, embedding FROM old WHERE embedding IS NOT NULL
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
+                            tsv)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
+           to_tsvector(c.text_search_config, t.content)
       FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+      JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content;
     SELECT count(*) FILTER (WHERE embedding IS NULL) INTO v_missing FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET

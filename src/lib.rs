@@ -31,6 +31,7 @@ extension_sql_file!(
         "schema",
         api::chunk::rag::validate_chunking,
         api::query::rag::local_model_window,
+        api::models::rag::model_prefixes,
         api::rag::setting,
         limits::rag::limit
     ]

@@ -27,6 +27,17 @@ pub const EXTRACTIVE_ANSWER_MAX_CHARS: usize = 700;
 /// `rag.sync_delay`, and what a watch trigger uses where the library is not loaded (no setting to read).
 pub const SYNC_DELAY_DEFAULT_MS: i32 = 500;
 
+/// Hybrid search: candidates each side brings before fusion (at least k), and the constant of reciprocal rank
+/// fusion (score = sum of 1 / (RRF_K + rank)); 60 is the value of the paper that introduced it (Cormack et al.,
+/// 2009), used by most engines since.
+pub const FUSION_POOL: i32 = 40;
+pub const RRF_K: i32 = 60;
+/// The full-text side's weight in the fusion (the vector side's is 1), and the share of a collection's chunks
+/// above which a question's word is too common to search for (see rag._keyword_query). Chosen on the Debian FAQ
+/// (BENCHMARKS.md §5) among 0.5/0.7/1.0 and 0.1/0.2/0.3 without tuning further, to leave room for other corpora.
+pub const KEYWORD_WEIGHT: &str = "0.5";
+pub const KEYWORD_MAX_SHARE: &str = "0.25";
+
 /// The model of the `local` provider when a collection or `rag_embed` names none.
 pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
 
@@ -44,6 +55,10 @@ fn for_sql(name: &str) -> Option<String> {
         "chars_per_token" => CHARS_PER_TOKEN.to_string(),
         "sync_delay_default" => format!("{SYNC_DELAY_DEFAULT_MS}ms"),
         "local_model_default" => LOCAL_MODEL_DEFAULT.to_string(),
+        "fusion_pool" => FUSION_POOL.to_string(),
+        "rrf_k" => RRF_K.to_string(),
+        "keyword_weight" => KEYWORD_WEIGHT.to_string(),
+        "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
         _ => return None,
     })
 }

@@ -11,10 +11,11 @@ pub static EMBEDDING_MODEL: GucSetting<Option<CString>> =
 pub static CHAT_MODEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static OPENAI_API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static SECRETS_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+// Empty means "what the collection's model expects" (rag_embed::known_models); set, it wins for new collections.
 pub static DOCUMENT_PREFIX: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"search_document: "));
+    GucSetting::<Option<CString>>::new(Some(c""));
 pub static QUERY_PREFIX: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"search_query: "));
+    GucSetting::<Option<CString>>::new(Some(c""));
 pub static CHUNK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static CHUNK_OVERLAP: GucSetting<i32> = GucSetting::<i32>::new(150);
 pub static MAX_DISTANCE: GucSetting<f64> = GucSetting::<f64>::new(0.6);
@@ -101,7 +102,7 @@ pub fn define() {
     GucRegistry::define_string_guc(
         c"rag.document_prefix",
         c"Text put before each chunk when it is embedded, for new collections.",
-        c"nomic-embed-text and similar models expect 'search_document: '.",
+        c"Empty: the prefix the collection's model expects (nomic-embed-text 'search_document: ', e5 'passage: ', none for unknown models).",
         &DOCUMENT_PREFIX,
         GucContext::Userset,
         GucFlags::default(),
@@ -109,7 +110,7 @@ pub fn define() {
     GucRegistry::define_string_guc(
         c"rag.query_prefix",
         c"Text put before each question when it is embedded, for new collections.",
-        c"",
+        c"Empty: the prefix or instruction the collection's model expects; none for unknown models.",
         &QUERY_PREFIX,
         GucContext::Userset,
         GucFlags::default(),

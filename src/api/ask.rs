@@ -105,22 +105,25 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
     })
 }
 
-/// The anchors and their neighbours through rag._retrieve_context (which searches through rag._search).
+/// The anchors and their neighbours through rag._retrieve_context (which searches through rag._search, in the
+/// collection's mode: the question's text goes along for the full-text side).
 fn retrieve(
     collection: &Collection,
     vector: &str,
+    question: &str,
     k: i32,
     max_distance: f64,
 ) -> Result<Vec<RetrievedChunk>, RagError> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT * FROM rag._retrieve_context($1, $2, $3, $4)",
+            "SELECT * FROM rag._retrieve_context($1, $2, $3, $4, $5)",
             None,
             &[
                 collection.id.into(),
                 vector.into(),
                 k.into(),
                 max_distance.into(),
+                question.into(),
             ],
         )?;
         let mut chunks = Vec::new();
@@ -182,7 +185,7 @@ fn build_context(
     let embedding = embed_question(collection.id, question)?;
     let embed_ms = started.elapsed().as_secs_f64() * 1000.0;
     let searched = Instant::now();
-    let chunks = retrieve(collection, &embedding.literal, k, ceiling)?;
+    let chunks = retrieve(collection, &embedding.literal, question, k, ceiling)?;
     let search_ms = searched.elapsed().as_secs_f64() * 1000.0;
     let nearest = chunks
         .iter()

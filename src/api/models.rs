@@ -61,3 +61,18 @@ fn local_models() -> Vec<(String, Option<i64>, Option<String>, Option<String>)> 
     models.sort();
     models
 }
+
+#[pgrx::pg_schema]
+pub mod rag {
+    use pgrx::prelude::*;
+
+    /// The prefixes a model expects before documents and before queries (none when the model is unknown),
+    /// for rag_create_collection.
+    #[pg_extern(immutable, parallel_safe, name = "_model_prefixes")]
+    pub fn model_prefixes(
+        model: &str,
+    ) -> TableIterator<'static, (name!(document_prefix, String), name!(query_prefix, String))> {
+        let prefixes = rag_embed::known_models::prefixes_for(model);
+        TableIterator::once((prefixes.document.to_string(), prefixes.query.to_string()))
+    }
+}

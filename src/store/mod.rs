@@ -145,8 +145,9 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
     let missing = idle_read::<bool>(
         "SELECT EXISTS (SELECT 1 FROM rag.collections c
-                         WHERE c.dimensions BETWEEN 1 AND 2000
-                           AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+                         WHERE ((c.dimensions BETWEEN 1 AND 2000
+                                 AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+                                OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
                            AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id))",
     )?;
     if missing != Some(true) {

@@ -1,6 +1,6 @@
 -- Everything the extension defines in a database, one row per fact: (kind, object, definition). An upgraded
 -- database and a fresh install of the same version must give the same rows. User data is left out on purpose:
--- the per-collection HNSW indexes (named in rag.collections.index_name), and grants to roles other than the
+-- the per-collection HNSW and GIN indexes (named in rag.collections.index_name, and chunks_tsv_c<id>), and grants to roles other than the
 -- extension's own (rag_watch grants the owner of each watched table what its trigger needs).
 -- Column order is not compared: ALTER TABLE can only append a column, and nothing in the extension reads
 -- columns by position (every INSERT and SELECT names them; pg_dump does too).
@@ -14,6 +14,8 @@ WITH ext AS (
     SELECT oid FROM pg_catalog.pg_roles WHERE rolname IN ('rag_reader', 'rag_writer', 'rag_admin')
 ), data_indexes AS (
     SELECT format('rag.%I', index_name) AS name FROM rag.collections WHERE index_name IS NOT NULL
+    UNION ALL
+    SELECT format('rag.%I', 'chunks_tsv_c' || id) FROM rag.collections
 ), rels AS (
     SELECT c.oid, c.relname, c.relkind, c.relacl, c.relrowsecurity, c.relforcerowsecurity, c.reloptions,
            c.relpersistence

@@ -19,6 +19,7 @@
 
 mod error;
 mod http;
+pub mod known_models;
 mod ollama;
 mod openai;
 mod retry;

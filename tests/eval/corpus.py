@@ -1,0 +1,75 @@
+"""The evaluation corpus: the Debian FAQ (Debian's `debian-faq` package, installed by scripts/eval), one document per
+question, the question itself kept out of the text so that a search must find the answer, not the heading."""
+import gzip
+import re
+
+FAQ = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz"
+
+# Questions whose answers are not in the FAQ at all: every one must be refused.
+OFF_DOMAIN = [
+    "What is the boiling point of water at sea level?",
+    "Who painted the Mona Lisa?",
+    "How do I bake sourdough bread at home?",
+    "What is the capital city of Australia?",
+    "How many players are on a football team?",
+    "What causes the seasons on Earth?",
+    "How do I change a flat tyre on a bicycle?",
+    "Which vitamins are found in oranges?",
+    "When did the Roman Empire fall?",
+    "How long should I boil an egg?",
+    "What is the best way to learn to play the guitar?",
+    "How do vaccines train the immune system?",
+    "What is the tallest mountain in Africa?",
+    "How do I negotiate a higher salary?",
+    "What is the plot of Hamlet?",
+    "How much water should a houseplant get each week?",
+    "Who won the first FIFA World Cup?",
+    "How do I remove a red wine stain from a carpet?",
+    "What is the speed of light in a vacuum?",
+    "How do bees make honey?",
+]
+
+# About Debian, but not answered by the FAQ.
+IN_DOMAIN_UNANSWERABLE = [
+    "How many people attended DebConf in 2019?",
+    "What is the name of the Debian project leader elected in 2024?",
+    "How much RAM does the Debian 12 graphical installer need?",
+    "Which Debian mirror is the fastest in Brazil?",
+    "What was the exact release date of Debian 12.4?",
+    "How many packages did Debian 12 ship on release day?",
+    "Who designed the Debian swirl logo?",
+    "What is the default wallpaper of Debian 12 called?",
+    "How many architectures does Debian 13 support?",
+    "Which CPU is fastest for building Debian packages?",
+]
+
+
+def sections():
+    """(number, question, answer) for every question of the FAQ, in order."""
+    with gzip.open(FAQ, "rt", encoding="utf-8") as f:
+        text = f.read()
+    # The table of contents comes first; the body starts at the first chapter heading.
+    body = text[text.index("Chapter\u00a01."):]
+    heading = re.compile(r"^(\d+\.\d+)\.\s(.+)$", re.M)
+    matches = list(heading.finditer(body))
+    result = []
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(body)
+        answer = body[match.end():end]
+        # A long question wraps: its heading runs to the first blank line.
+        continued, _, answer = answer.partition("\n\n")
+        question = " ".join([match.group(2).strip()] + [line.strip() for line in continued.splitlines() if line.strip()])
+        answer = re.split(r"^Chapter\s\d+\.", answer, flags=re.M)[0]
+        # Sub-section headings (1.2.3.) stay in the answer as text: they are part of it.
+        answer = "\n".join(line.strip() for line in answer.strip().splitlines())
+        if len(answer) < 80 or "?" not in question:
+            continue  # a heading without a question or a stub, not a question-answer pair
+        result.append((match.group(1), question, answer))
+    return result
+
+
+if __name__ == "__main__":
+    pairs = sections()
+    print(len(pairs), "questions")
+    for number, question, answer in pairs[:5]:
+        print(number, question, len(answer))

@@ -1,0 +1,145 @@
+"""Retrieval and refusal quality of the extension on the Debian FAQ (tests/eval/corpus.py), measured the way a user
+runs it: rag_create_collection, rag_ingest, rag_query, rag_ask. Prints a Markdown report (also written to
+target/eval/results.md); scripts/eval starts the cluster and runs this. Quality is measured here, never in the
+test suite, which pins behaviour.
+
+Ranking, per search mode, over the FAQ's own questions (each answer was ingested without its question):
+  recall@1/5/10  the top 1/5/10 chunks hold a chunk of the answer's document;
+  MRR@10         mean of 1/rank of the first such chunk (0 past 10);
+  doc recall@5   the answer's document among the first 5 distinct documents.
+Refusal, with rag_ask as a user calls it (the collection's distance ceiling, no chat model, so extractive and
+no chat call), per mode: answerable questions kept, off-domain and in-domain-unanswerable questions refused."""
+import json
+import os
+import statistics
+import sys
+import time
+
+import psycopg
+
+from corpus import IN_DOMAIN_UNANSWERABLE, OFF_DOMAIN, sections
+
+COLLECTION = os.environ.get("RAG_EVAL_COLLECTION", "faq")
+MODEL = os.environ.get("RAG_EVAL_MODEL", "all-MiniLM-L6-v2")
+MODES = ("vector", "keyword", "hybrid")
+
+
+def percentile(values, p):
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    index = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
+    return values[index]
+
+
+def load(conn, pairs):
+    conn.execute("SELECT rag_drop_collection(%s)", (COLLECTION,))
+    conn.execute("SELECT rag_create_collection(%s, embedding_provider => 'local', embedding_model => %s)",
+                 (COLLECTION, MODEL))
+    for number, _question, answer in pairs:
+        conn.execute("SELECT rag_ingest(%s, %s, %s, metadata => %s)",
+                     (COLLECTION, f"Debian FAQ {number}", answer, json.dumps({"section": number})))
+    started = time.time()
+    ready = conn.execute("SELECT rag_wait(%s, '600 seconds')", (COLLECTION,)).fetchone()[0]
+    if not ready:
+        sys.exit("the collection was not embedded within 600 s")
+    chunks = conn.execute("SELECT count(*) FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id "
+                          "WHERE c.name = %s", (COLLECTION,)).fetchone()[0]
+    return chunks, time.time() - started
+
+
+def ranking(conn, pairs, mode):
+    ranks, document_hits, latencies = [], 0, []
+    for number, question, _answer in pairs:
+        started = time.perf_counter()
+        rows = conn.execute(
+            "SELECT metadata->>'section' FROM rag_query(%s, %s, k => 20, max_distance => 2, mode => %s)",
+            (COLLECTION, question, mode)).fetchall()
+        latencies.append((time.perf_counter() - started) * 1000)
+        sections_found = [row[0] for row in rows]
+        rank = next((i + 1 for i, found in enumerate(sections_found) if found == number), None)
+        ranks.append(rank)
+        distinct = list(dict.fromkeys(sections_found))
+        document_hits += number in distinct[:5]
+    n = len(pairs)
+    return {
+        "recall@1": sum(1 for r in ranks if r and r <= 1) / n,
+        "recall@5": sum(1 for r in ranks if r and r <= 5) / n,
+        "recall@10": sum(1 for r in ranks if r and r <= 10) / n,
+        "mrr@10": sum(1 / r for r in ranks if r and r <= 10) / n,
+        "doc_recall@5": document_hits / n,
+        "p50_ms": percentile(latencies, 50),
+        "p95_ms": percentile(latencies, 95),
+    }
+
+
+def refusal(conn, pairs, mode):
+    conn.execute("UPDATE rag.collections SET search_mode = %s WHERE name = %s", (mode, COLLECTION))
+
+    def ask(question):
+        outcome, nearest, chat_model = conn.execute(
+            "SELECT outcome, nearest_distance, model FROM rag_ask(%s, %s)", (COLLECTION, question)).fetchone()
+        return outcome, nearest
+
+    answerable = [ask(q) for _n, q, _a in pairs]
+    off = [ask(q) for q in OFF_DOMAIN]
+    unanswerable = [ask(q) for q in IN_DOMAIN_UNANSWERABLE]
+    return {
+        "answerable_kept": sum(o == "answered" for o, _ in answerable) / len(answerable),
+        "off_domain_refused": sum(o != "answered" for o, _ in off) / len(off),
+        "unanswerable_refused": sum(o != "answered" for o, _ in unanswerable) / len(unanswerable),
+        "nearest_answerable": [d for _, d in answerable if d is not None],
+        "nearest_off_domain": [d for _, d in off if d is not None],
+        "nearest_unanswerable": [d for _, d in unanswerable if d is not None],
+    }
+
+
+def main():
+    pairs = sections()
+    with psycopg.connect(autocommit=True) as conn:
+        chunks, load_seconds = load(conn, pairs)
+        ceiling = conn.execute("SELECT max_distance FROM rag.collections WHERE name = %s", (COLLECTION,)).fetchone()[0]
+        chat_calls_before = conn.execute("SELECT coalesce(sum(chat_calls), 0) FROM rag.queries").fetchone()[0]
+        results = {}
+        for mode in MODES:
+            # A new session per mode: each backend caches question embeddings, which would make later modes look
+            # faster than the first.
+            with psycopg.connect(autocommit=True) as fresh:
+                results[mode] = ranking(fresh, pairs, mode)
+            results[mode].update(refusal(conn, pairs, mode))
+        chat_calls = conn.execute("SELECT coalesce(sum(chat_calls), 0) FROM rag.queries").fetchone()[0] - chat_calls_before
+
+    lines = [
+        f"Debian FAQ (debian-faq package): {len(pairs)} questions over {len(pairs)} answers ({chunks} chunks), "
+        f"{len(OFF_DOMAIN)} off-domain and {len(IN_DOMAIN_UNANSWERABLE)} in-domain unanswerable questions; "
+        f"model {MODEL} (provider local), distance ceiling {ceiling}; embedded in {load_seconds:.0f} s.",
+        "",
+        "| mode | recall@1 | recall@5 | recall@10 | MRR@10 | doc recall@5 | rag_query p50 / p95 ms | answerable kept | off-domain refused | unanswerable refused |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in results.items():
+        lines.append(
+            f"| {mode} | {r['recall@1']:.2f} | {r['recall@5']:.2f} | {r['recall@10']:.2f} | {r['mrr@10']:.2f} | "
+            f"{r['doc_recall@5']:.2f} | {r['p50_ms']:.1f} / {r['p95_ms']:.1f} | {r['answerable_kept']:.2f} | "
+            f"{r['off_domain_refused']:.2f} | {r['unanswerable_refused']:.2f} |")
+    vector = results["vector"]
+    lines += [
+        "",
+        f"Chat calls made by all of the above: {chat_calls} (the collection has no chat model: answers are extractive).",
+        "Nearest distance (vector side) of the question's best chunk, min / median / max: "
+        f"answerable {min(vector['nearest_answerable']):.3f} / {statistics.median(vector['nearest_answerable']):.3f} / "
+        f"{max(vector['nearest_answerable']):.3f}; off-domain {min(vector['nearest_off_domain']):.3f} / "
+        f"{statistics.median(vector['nearest_off_domain']):.3f} / {max(vector['nearest_off_domain']):.3f}; "
+        f"in-domain unanswerable {min(vector['nearest_unanswerable']):.3f} / "
+        f"{statistics.median(vector['nearest_unanswerable']):.3f} / {max(vector['nearest_unanswerable']):.3f}.",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    out = os.path.join(os.environ.get("ROOT", "."), "target", "eval")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(report + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+-- Hybrid retrieval: a full-text side (the question's lexemes joined by OR, ranked by ts_rank_cd, through each
+-- collection's GIN index) fused with the vector side by reciprocal rank, in the one search (rag._search).
+SELECT rag_create_collection('hybrid', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT search_mode, text_search_config FROM rag.collections WHERE name = 'hybrid';
+SELECT rag_ingest('hybrid', 'Error codes', 'Error E1234 means the disk is full. Free some space and try again.') > 0 AS a,
+       rag_ingest('hybrid', 'Network', 'Routers forward packets between networks; switches connect machines.') > 0 AS b,
+       rag_ingest('hybrid', 'Disks', 'A full disk slows every write, and databases stop accepting them.') > 0 AS c,
+       rag_ingest('hybrid', 'Printers', 'Printers need paper and toner; a jammed printer shows a blinking light.') > 0 AS d,
+       rag_ingest('hybrid', 'Backups', 'Backups of the disk run nightly; restore them with the recovery tool.') > 0 AS e;
+SELECT rag_wait('hybrid', '60 seconds') AS ready;
+-- Every chunk has its lexemes, and the collection its GIN index beside its HNSW index.
+SELECT count(*) FILTER (WHERE ch.tsv IS NOT NULL) = count(*) AS lexemes_stored
+  FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id WHERE c.name = 'hybrid';
+SELECT count(*) AS indexes FROM pg_indexes i JOIN rag.collections c ON c.name = 'hybrid'
+ WHERE i.schemaname = 'rag' AND i.indexname IN (c.index_name, rag._keyword_index_name(c.id));
+
+-- OR semantics: a question worded unlike the text still matches on the words it shares.
+SELECT rag._or_query('english', 'What does the error E1234 mean?');
+-- Of those, the side searches for the ones found in the collection (a small one keeps every word it has).
+SELECT rag._keyword_query(c, 'What does the error E1234 mean for my cat?') FROM rag.collections c WHERE c.name = 'hybrid';
+SELECT rag._or_query('english', 'what is it?') IS NULL AS only_stop_words;
+-- The keyword side finds an exact identifier first.
+SELECT title FROM rag_query('hybrid', 'what does E1234 mean', k => 1, mode => 'keyword');
+-- Every word shared counts: more shared words rank higher.
+SELECT title FROM rag_query('hybrid', 'full disk backups', k => 3, mode => 'keyword');
+
+-- Hybrid order is reciprocal rank fusion of the two sides' orders, 1 / (60 + vector rank) + 0.5 / (60 + keyword
+-- rank); computed here from the two single-mode results and compared with what the hybrid search returns.
+WITH vector_side AS (
+    SELECT chunk_id, n FROM rag_query('hybrid', 'is the disk full', k => 40, max_distance => 2, mode => 'vector')
+         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, n)),
+keyword_side AS (
+    SELECT chunk_id, n FROM rag_query('hybrid', 'is the disk full', k => 40, max_distance => 2, mode => 'keyword')
+         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, n)),
+expected AS (
+    SELECT coalesce(v.chunk_id, k.chunk_id) AS chunk_id,
+           coalesce(1.0 / (60 + v.n), 0) + rag._limit('keyword_weight')::numeric * coalesce(1.0 / (60 + k.n), 0) AS score
+      FROM vector_side v FULL JOIN keyword_side k ON k.chunk_id = v.chunk_id)
+SELECT (SELECT array_agg(chunk_id ORDER BY score DESC, chunk_id) FROM expected)
+     = (SELECT array_agg(chunk_id) FROM rag_query('hybrid', 'is the disk full', k => 40, max_distance => 2, mode => 'hybrid'))
+       AS fused_by_reciprocal_rank,
+       (SELECT count(*) FROM keyword_side) AS keyword_hits;
+
+-- The distance ceiling applies in every mode: a shared word does not let a far chunk through.
+SELECT count(*) AS within_tiny_ceiling FROM rag_query('hybrid', 'E1234', mode => 'keyword', max_distance => 0.0001);
+-- Only stop words: the keyword side has nothing to say; hybrid is then the vector side alone.
+SELECT count(*) AS keyword_only FROM rag_query('hybrid', 'what is it', mode => 'keyword');
+SELECT count(*) > 0 AS hybrid_falls_back FROM rag_query('hybrid', 'what is it', mode => 'hybrid');
+-- A metadata filter applies on both sides.
+SELECT rag_ingest('hybrid', 'Tagged', 'Error E1234 again, in the operations manual.', '{"manual": "ops"}') > 0 AS tagged;
+SELECT rag_wait('hybrid', '60 seconds') AS ready;
+SELECT title FROM rag_query('hybrid', 'E1234', filter => '{"manual": "ops"}', mode => 'keyword');
+SELECT title FROM rag_query('hybrid', 'E1234', filter => '{"manual": "ops"}', mode => 'hybrid');
+-- rag_ask and rag_prompt search the same way (the collection's mode).
+SELECT outcome, citations->0->>'title' AS cited FROM rag_ask('hybrid', 'What does error E1234 mean?', k => 1);
+
+-- Bad modes.
+SELECT * FROM rag_query('hybrid', 'x', mode => 'fuzzy');
+SELECT rag_create_collection('bad-mode', embedding_model => 'hash-384', search_mode => 'fuzzy');
+
+-- The plan uses the collection's GIN index for the full-text side and its HNSW index for the vector side.
+SET enable_seqscan = off;
+SELECT count(*) FILTER (WHERE line ~ 'chunks_tsv_c') > 0 AS gin_used,
+       count(*) FILTER (WHERE line ~ 'chunks_embedding_c') > 0 AS hnsw_used
+  FROM rag_explain('hybrid', 'disk full', 3) AS line;
+RESET enable_seqscan;
+SELECT rag_drop_collection('hybrid');
+SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
+   AND indexname NOT IN (SELECT index_name FROM rag.collections WHERE index_name IS NOT NULL
+                         UNION ALL SELECT rag._keyword_index_name(id) FROM rag.collections);
