@@ -25,6 +25,7 @@ pub static MAX_DECOMPRESSED_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(25
 pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+pub static WORKER_SYNCHRONOUS_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static SYNC_DELAY_MS: GucSetting<i32> =
     GucSetting::<i32>::new(crate::limits::SYNC_DELAY_DEFAULT_MS);
 pub static EXPRESSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
@@ -49,6 +50,14 @@ unsafe extern "C-unwind" fn show_hidden_secret() -> *const std::ffi::c_char {
 }
 
 pub fn define() {
+    GucRegistry::define_bool_guc(
+        c"rag.worker_synchronous_commit",
+        c"Whether the workers' own commits wait for the WAL flush.",
+        c"Off by default: every worker step is idempotent, so a commit lost in a crash is only work done again. On makes a document's ready status durable the moment it is set, at the price of a flush per step.",
+        &WORKER_SYNCHRONOUS_COMMIT,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     // Secrets: settable only in the server's configuration (SIGHUP: not by SET, not by ALTER DATABASE/ROLE,
     // whose values any user can read in pg_db_role_setting), never displayed.
     // SAFETY: defining a GUC with a show hook is unsafe only because the hook must be a valid function for the

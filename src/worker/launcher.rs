@@ -36,24 +36,29 @@ struct Running {
     handle: DynamicBackgroundWorker,
 }
 
+/// What the launcher knows between rounds.
+#[derive(Default)]
+struct Launcher {
+    running: HashMap<usize, Running>,
+    /// Databases where a probe found no extension; they are probed again only when a backend there asks.
+    absent: HashSet<pg_sys::Oid>,
+    /// Databases where a worker has found the extension.
+    served: HashSet<pg_sys::Oid>,
+    /// Served databases whose worker made room for another database; they wait for a backend to ask.
+    dormant: HashSet<pg_sys::Oid>,
+    /// When each database last asked: a request that raced with its worker leaving keeps it from dormancy.
+    last_request: HashMap<pg_sys::Oid, Instant>,
+    /// The connectable databases, as last listed.
+    databases: Vec<pg_sys::Oid>,
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
     registry::set_launcher_pid(crate::pg::my_pid());
-
-    let mut running: HashMap<usize, Running> = HashMap::new();
-    // Databases where a probe found no extension; they are probed again only when a backend there asks.
-    let mut absent: HashSet<pg_sys::Oid> = HashSet::new();
-    // Databases where a worker has found the extension.
-    let mut served: HashSet<pg_sys::Oid> = HashSet::new();
-    // Served databases whose worker made room for another database; they wait for a backend to ask.
-    let mut dormant: HashSet<pg_sys::Oid> = HashSet::new();
-    // When each database last asked: a request that raced with its worker leaving keeps it from dormancy.
-    let mut last_request: HashMap<pg_sys::Oid, Instant> = HashMap::new();
-    let mut known_databases: Vec<pg_sys::Oid> = Vec::new();
-
+    let mut launcher = Launcher::default();
     loop {
         if crate::pg::shutdown_requested() {
             break;
@@ -61,28 +66,40 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         if BackgroundWorker::sighup_received() {
             crate::pg::reload_configuration();
         }
+        let asked = launcher.take_requests();
+        reap_stopped_workers(&mut launcher);
+        launcher.refresh_databases();
+        let waiting_for_a_slot = launcher.start_workers(&asked);
+        registry::set_workers_wanted(waiting_for_a_slot);
+        let nap = Duration::from_secs(settings::LAUNCHER_NAPTIME_S.get().max(1) as u64);
+        if !BackgroundWorker::wait_latch(Some(nap)) {
+            break;
+        }
+    }
+    // Workers notice shutdown through the postmaster; nothing to hand over.
+}
+
+impl Launcher {
+    /// Backends' wake requests: their databases are probed or woken again. Returns the databases that asked.
+    fn take_requests(&mut self) -> Vec<pg_sys::Oid> {
         let requests = registry::take_launcher_wake_requests();
         if requests.every_database {
-            absent.clear();
-            dormant.clear();
+            self.absent.clear();
+            self.dormant.clear();
         }
         for database in &requests.databases {
-            absent.remove(database);
-            dormant.remove(database);
-            last_request.insert(*database, Instant::now());
+            self.absent.remove(database);
+            self.dormant.remove(database);
+            self.last_request.insert(*database, Instant::now());
         }
-        reap_stopped_workers(
-            &mut running,
-            &mut absent,
-            &mut served,
-            &mut dormant,
-            &last_request,
-        );
+        requests.databases
+    }
 
-        // A failed listing is said in the log and the last good list serves this round: an empty list would
-        // look like a cluster without databases, and no worker would be started.
+    /// Lists the databases again. A failed listing is said in the log and the last good list serves this
+    /// round: an empty list would look like a cluster without databases, and no worker would be started.
+    fn refresh_databases(&mut self) {
         match crate::worker::transaction::run(list_databases) {
-            Ok(Ok(listed)) => known_databases = listed,
+            Ok(Ok(listed)) => self.databases = listed,
             Ok(Err(error)) => {
                 pgrx::warning!(
                     "rag launcher: could not list databases, using the last list: {error}"
@@ -94,14 +111,20 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
                 )
             }
         }
-        let mut databases = known_databases.clone();
+    }
+
+    /// Starts the workers each database should have: rag.workers_per_database where the extension is,
+    /// one probe where it is not known yet (at most PROBES_PER_ROUND). Returns whether a database had to wait
+    /// for a slot (then idle workers elsewhere make room).
+    fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> bool {
+        let mut databases = self.databases.clone();
         // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
-        databases.sort_by_key(|database| !requests.databases.contains(database));
+        databases.sort_by_key(|database| !asked.contains(database));
         let mut probes_left = PROBES_PER_ROUND;
         let mut waiting_for_a_slot = false;
         for database in databases {
-            if absent.contains(&database)
-                || dormant.contains(&database)
+            if self.absent.contains(&database)
+                || self.dormant.contains(&database)
                 || registry::database_paused(database)
             {
                 continue;
@@ -111,10 +134,10 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
                 .iter()
                 .any(|&slot| registry::slot_state(slot) == SlotState::Running)
             {
-                served.insert(database);
+                self.served.insert(database);
             }
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
-            let wanted = if served.contains(&database) {
+            let wanted = if self.served.contains(&database) {
                 settings::WORKERS_PER_DATABASE.get().max(1) as usize
             } else if slots.is_empty() && probes_left > 0 {
                 probes_left -= 1;
@@ -123,27 +146,20 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
                 0
             };
             for _ in slots.len()..wanted {
-                if running.len() >= settings::MAX_WORKERS.get() as usize {
+                if self.running.len() >= settings::MAX_WORKERS.get() as usize {
                     waiting_for_a_slot = true;
                     break;
                 }
                 match start_worker(database) {
                     Some((slot, handle)) => {
-                        running.insert(slot, Running { database, handle });
+                        self.running.insert(slot, Running { database, handle });
                     }
                     None => break,
                 }
             }
         }
-
-        registry::set_workers_wanted(waiting_for_a_slot);
-
-        let nap = Duration::from_secs(settings::LAUNCHER_NAPTIME_S.get().max(1) as u64);
-        if !BackgroundWorker::wait_latch(Some(nap)) {
-            break;
-        }
+        waiting_for_a_slot
     }
-    // Workers notice shutdown through the postmaster; nothing to hand over.
 }
 
 fn list_databases() -> Result<Vec<pg_sys::Oid>, crate::error::RagError> {
@@ -187,14 +203,9 @@ fn start_worker(database: pg_sys::Oid) -> Option<(usize, DynamicBackgroundWorker
     }
 }
 
-fn reap_stopped_workers(
-    running: &mut HashMap<usize, Running>,
-    absent: &mut HashSet<pg_sys::Oid>,
-    served: &mut HashSet<pg_sys::Oid>,
-    dormant: &mut HashSet<pg_sys::Oid>,
-    last_request: &HashMap<pg_sys::Oid, Instant>,
-) {
-    let stopped: Vec<usize> = running
+fn reap_stopped_workers(launcher: &mut Launcher) {
+    let stopped: Vec<usize> = launcher
+        .running
         .iter()
         .filter(|(_, worker)| {
             matches!(worker.handle.pid(), Err(status) if !matches!(status, pgrx::bgworkers::BackgroundWorkerStatus::NotYetStarted))
@@ -202,19 +213,20 @@ fn reap_stopped_workers(
         .map(|(slot, _)| *slot)
         .collect();
     for slot in stopped {
-        if let Some(worker) = running.remove(&slot) {
+        if let Some(worker) = launcher.running.remove(&slot) {
             match registry::slot_state(slot) {
                 SlotState::NoExtension => {
-                    absent.insert(worker.database);
-                    served.remove(&worker.database);
+                    launcher.absent.insert(worker.database);
+                    launcher.served.remove(&worker.database);
                 }
                 // Work queued while the worker was leaving has asked for a worker since: start one again.
                 SlotState::Dormant
-                    if !last_request
+                    if !launcher
+                        .last_request
                         .get(&worker.database)
                         .is_some_and(|asked| asked.elapsed() < Duration::from_secs(10)) =>
                 {
-                    dormant.insert(worker.database);
+                    launcher.dormant.insert(worker.database);
                 }
                 _ => {}
             }

@@ -42,6 +42,77 @@ fn wait_for_matching_schema(steps: &WorkerTransactions) -> bool {
     }
 }
 
+/// The worker's commits need not wait for the WAL flush: every step is idempotent and its state is in tables,
+/// so a commit lost in a crash is only work done again (and any later synchronous commit, a user's, flushes it
+/// anyway). Waiting costs each of a document's steps one WAL flush: nothing to speak of where a flush takes
+/// 0.2 ms (this project's machine: scripts/bench-commit measured both modes equal), a lot where flushes are
+/// slow or queue behind other writers. `rag.worker_synchronous_commit = on` keeps the server's setting.
+/// Users' own commits are never touched.
+fn apply_commit_mode(steps: &WorkerTransactions) {
+    let statement = if crate::settings::WORKER_SYNCHRONOUS_COMMIT.get() {
+        "SET synchronous_commit TO DEFAULT"
+    } else {
+        "SET synchronous_commit TO off"
+    };
+    if let Err(error) = steps.run(|| Spi::run(statement)) {
+        pgrx::log!("rag worker: {statement}: {error}");
+    }
+}
+
+/// What an idle worker did with its moment.
+enum Rest {
+    /// Slept; look for work again.
+    Again,
+    /// Made room for another database's worker (nothing queued here); the process ends.
+    Left,
+    /// The postmaster asked it to stop.
+    ShutDown,
+}
+
+/// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,
+/// then sleep until the next item is due, the first provider cool-down ends or the naptime passes.
+fn rest(
+    steps: &WorkerTransactions,
+    slot: usize,
+    cool_down_ends: Option<Duration>,
+    nap: Duration,
+) -> Rest {
+    // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
+    // wakes the launcher, which starts a worker again.
+    if registry::workers_wanted_elsewhere() && steps.run(store::nothing_queued).unwrap_or(false) {
+        // Marked first, so a backend queueing work from now on asks the launcher rather than this worker;
+        // looked at once more for work that was queued just before.
+        registry::mark_stopped(slot, SlotState::Dormant);
+        if steps.run(store::nothing_queued).unwrap_or(false) {
+            return Rest::Left;
+        }
+        registry::mark_running(slot);
+    }
+    // An idle moment is when a restored database gets its indexes back; a restore still loading the chunks
+    // makes it give up at once (lock_timeout) and try again next time.
+    if let Err(error) = steps.run(store::repair_indexes) {
+        pgrx::debug1!("rag worker: repairing indexes: {error}");
+    }
+    let due = steps.run(store::seconds_until_due).ok().flatten();
+    let until_due = due
+        .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
+        .unwrap_or(nap)
+        .min(nap);
+    // Work that is due but was not claimed belongs to providers cooling down: sleep until the first cool-down
+    // ends rather than spinning on it.
+    let sleep = match cool_down_ends {
+        Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
+        Some(ends) => until_due.min(ends),
+        None => until_due,
+    }
+    .max(Duration::from_millis(10));
+    if BackgroundWorker::wait_latch(Some(sleep)) {
+        Rest::Again
+    } else {
+        Rest::ShutDown
+    }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
@@ -69,15 +140,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     }
 
     let steps = WorkerTransactions;
-    // The worker's commits need not wait for the WAL flush: every step is idempotent and its state is in
-    // tables, so a commit lost in a crash is only work done again (and any later synchronous commit, a user's,
-    // flushes it anyway). With synchronous_commit on, a document's six commits cost about 70 ms of flush
-    // latency, which capped the pipeline far below the machine (issue 15). Users' own commits are untouched.
-    if let Err(error) = steps.run(|| Spi::run("SET synchronous_commit TO off")) {
-        pgrx::log!(
-            "rag worker: could not turn off synchronous_commit for its own commits: {error}"
-        );
-    }
+    apply_commit_mode(&steps);
     if !wait_for_matching_schema(&steps) {
         registry::mark_stopped(slot, SlotState::Exited);
         return;
@@ -90,6 +153,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         if BackgroundWorker::sighup_received() {
             crate::pg::reload_configuration();
+            apply_commit_mode(&steps);
         }
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
@@ -101,42 +165,11 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         match outcome {
             Ok(Step::Worked) => continue,
             Ok(Step::Stopped) => break,
-            Ok(Step::Idle(cool_down_ends)) => {
-                // More databases use rag than there are workers: one with nothing queued makes room. Work
-                // queued here later wakes the launcher, which starts a worker again.
-                if registry::workers_wanted_elsewhere()
-                    && steps.run(store::nothing_queued).unwrap_or(false)
-                {
-                    // Marked first, so a backend queueing work from now on asks the launcher rather than
-                    // this worker; looked at once more for work that was queued just before.
-                    registry::mark_stopped(slot, SlotState::Dormant);
-                    if steps.run(store::nothing_queued).unwrap_or(false) {
-                        return;
-                    }
-                    registry::mark_running(slot);
-                }
-                // An idle moment is when a restored database gets its indexes back; a restore still
-                // loading the chunks makes it give up at once (lock_timeout) and try again next time.
-                if let Err(error) = steps.run(store::repair_indexes) {
-                    pgrx::debug1!("rag worker: repairing indexes: {error}");
-                }
-                let due = steps.run(store::seconds_until_due).ok().flatten();
-                let until_due = due
-                    .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
-                    .unwrap_or(nap)
-                    .min(nap);
-                // Work that is due but was not claimed belongs to providers cooling down: sleep until the
-                // first cool-down ends rather than spinning on it.
-                let sleep = match cool_down_ends {
-                    Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
-                    Some(ends) => until_due.min(ends),
-                    None => until_due,
-                }
-                .max(Duration::from_millis(10));
-                if !BackgroundWorker::wait_latch(Some(sleep)) {
-                    break;
-                }
-            }
+            Ok(Step::Idle(cool_down_ends)) => match rest(&steps, slot, cool_down_ends, nap) {
+                Rest::Again => {}
+                Rest::Left => return,
+                Rest::ShutDown => break,
+            },
             Err(error) => {
                 // The extension may have been dropped under us; then this database needs no worker.
                 if !transaction::run(|| store::extension_installed().unwrap_or(false))
