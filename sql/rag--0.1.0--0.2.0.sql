@@ -325,24 +325,40 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
 ) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"role" oid, /* pg_sys :: Oid */
@@ -360,18 +376,6 @@ CREATE OR REPLACE FUNCTION rag."_check_expression"(
 STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
@@ -393,31 +397,36 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
 ) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_collection(
     name               text,
@@ -1174,9 +1183,21 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+DECLARE
+    v_query tsquery;
+    v_lexeme text;
+BEGIN
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(p_config, p_text)) LOOP
+        v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
+                        ELSE v_query || rag._lexeme_query(v_lexeme) END;
+    END LOOP;
+    RETURN v_query;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._lexeme_query(p_lexeme text) RETURNS tsquery
 LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery
-      FROM unnest(tsvector_to_array(to_tsvector(p_config, p_text))) AS lexeme
+    SELECT ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
 $$;
 
 CREATE OR REPLACE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
@@ -1184,7 +1205,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_chunks bigint;
     v_bound bigint;
-    v_kept text[] := '{}';
+    v_query tsquery;
     v_lexeme text;
     v_found bigint;
 BEGIN
@@ -1193,12 +1214,13 @@ BEGIN
     FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
                        c.id)
-            INTO v_found USING quote_literal(v_lexeme)::tsquery, v_bound + 1;
+            INTO v_found USING rag._lexeme_query(v_lexeme), v_bound + 1;
         IF v_found BETWEEN 1 AND v_bound THEN
-            v_kept := v_kept || quote_literal(v_lexeme);
+            v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
+                            ELSE v_query || rag._lexeme_query(v_lexeme) END;
         END IF;
     END LOOP;
-    RETURN nullif(array_to_string(v_kept, ' | '), '')::tsquery;
+    RETURN v_query;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
@@ -1510,15 +1532,6 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2167,7 +2180,7 @@ BEGIN
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
-                               '_keyword_query')
+                               '_keyword_query', '_lexeme_query')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

@@ -69,9 +69,24 @@ $$;
 -- The question's lexemes in the collection's configuration, joined by OR; NULL when it has none (only stop
 -- words, say).
 CREATE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+DECLARE
+    v_query tsquery;
+    v_lexeme text;
+BEGIN
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(p_config, p_text)) LOOP
+        v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
+                        ELSE v_query || rag._lexeme_query(v_lexeme) END;
+    END LOOP;
+    RETURN v_query;
+END $$;
+
+-- One lexeme as a tsquery that matches exactly that lexeme. It is quoted for tsquery's input syntax (a quote
+-- doubled, a backslash escaped), not re-parsed: a URL or file-path lexeme ('example.org/faq?id=7') would be cut
+-- into a phrase of pieces that its chunk's tsvector holds at one position, and match nothing.
+CREATE FUNCTION rag._lexeme_query(p_lexeme text) RETURNS tsquery
 LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery
-      FROM unnest(tsvector_to_array(to_tsvector(p_config, p_text))) AS lexeme
+    SELECT ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
 $$;
 
 -- The lexemes of a question the full-text side searches for: the question's, less those that say nothing in
@@ -84,7 +99,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_chunks bigint;
     v_bound bigint;
-    v_kept text[] := '{}';
+    v_query tsquery;
     v_lexeme text;
     v_found bigint;
 BEGIN
@@ -93,12 +108,13 @@ BEGIN
     FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
                        c.id)
-            INTO v_found USING quote_literal(v_lexeme)::tsquery, v_bound + 1;
+            INTO v_found USING rag._lexeme_query(v_lexeme), v_bound + 1;
         IF v_found BETWEEN 1 AND v_bound THEN
-            v_kept := v_kept || quote_literal(v_lexeme);
+            v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
+                            ELSE v_query || rag._lexeme_query(v_lexeme) END;
         END IF;
     END LOOP;
-    RETURN nullif(array_to_string(v_kept, ' | '), '')::tsquery;
+    RETURN v_query;
 END $$;
 
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.

@@ -19,6 +19,10 @@ SELECT rag._or_query('english', 'What does the error E1234 mean?');
 -- Of those, the side searches for the ones found in the collection (a small one keeps every word it has).
 SELECT rag._keyword_query(c, 'What does the error E1234 mean for my cat?') FROM rag.collections c WHERE c.name = 'hybrid';
 SELECT rag._or_query('english', 'what is it?') IS NULL AS only_stop_words;
+-- Each lexeme is searched for as it is: a URL keeps '/', '?', ':' and '=', and quotes and backslashes are
+-- escaped for tsquery's syntax.
+SELECT rag._or_query('english', $$Read https://example.org/faq?id=7:notice, O'Brien said$$);
+SELECT rag._lexeme_query($$it's a\b$$) AS escaped;
 -- The keyword side finds an exact identifier first.
 SELECT title FROM rag_query('hybrid', 'what does E1234 mean', k => 1, mode => 'keyword');
 -- Every word shared counts: more shared words rank higher.
@@ -46,6 +50,9 @@ SELECT count(*) AS within_tiny_ceiling FROM rag_query('hybrid', 'E1234', mode =>
 -- Only stop words: the keyword side has nothing to say; hybrid is then the vector side alone.
 SELECT count(*) AS keyword_only FROM rag_query('hybrid', 'what is it', mode => 'keyword');
 SELECT count(*) > 0 AS hybrid_falls_back FROM rag_query('hybrid', 'what is it', mode => 'hybrid');
+SELECT rag_ingest('hybrid', 'Link', 'The notice form is at https://example.org/faq?id=7:notice for everyone.') > 0 AS link;
+SELECT rag_wait('hybrid', '60 seconds') AS ready;
+SELECT title FROM rag_query('hybrid', 'where is example.org/faq?id=7:notice', k => 1, mode => 'keyword');
 -- A metadata filter applies on both sides.
 SELECT rag_ingest('hybrid', 'Tagged', 'Error E1234 again, in the operations manual.', '{"manual": "ops"}') > 0 AS tagged;
 SELECT rag_wait('hybrid', '60 seconds') AS ready;
