@@ -96,8 +96,12 @@ class Upgrade(unittest.TestCase):
         with open(STATE) as f:
             cls.before = json.load(f)
         cls.library_version = os.environ["RAG_NEW_VERSION"]
-        # Before ALTER EXTENSION: the new library with the old SQL. Anything queued now must wait, not fail.
+        # Before ALTER EXTENSION: the new library with the old SQL. Anything queued now must wait, not fail, and
+        # searches through the old SQL go on (README, "Upgrades").
         psql("SELECT rag_ingest('kb', 'Between', 'Written after the package upgrade and before the ALTER.')", db=DB)
+        cls.query_before_update = psql("SELECT title FROM rag_query('kb', 'Staff must give thirty days notice in "
+                                       "writing.', k => 1)", db=DB, check=False)
+        cls.ask_before_update = psql("SELECT outcome FROM rag_ask('kb', 'How much notice do I give?')", db=DB, check=False)
         cls.log_before_update = cls.server_log()
         time.sleep(2)
         cls.status_before_update = scalar("SELECT d.status || '|' || EXISTS (SELECT 1 FROM rag.queue q WHERE "
@@ -124,6 +128,15 @@ class Upgrade(unittest.TestCase):
     def test_the_worker_waited_for_the_update(self):
         self.assertEqual(self.status_before_update, "processing|true", "queued work was taken before the update")
         self.assertTrue(self.warned, "the worker did not say why it waits")
+
+    def test_searches_went_on_before_the_update(self):
+        code, rows, err = self.query_before_update
+        self.assertEqual((code, rows), (0, [["Notice"]]), err)
+        # rag_ask's Rust side calls the new SQL: until the ALTER it fails with an error saying what is missing,
+        # not with a crash or a wrong answer.
+        code, _, err = self.ask_before_update
+        self.assertNotEqual(code, 0)
+        self.assertIn("does not exist", err)
 
     def test_catalog_equals_a_fresh_install(self):
         upgraded, fresh = catalog(DB), catalog(FRESH)
