@@ -236,6 +236,17 @@ BEGIN
     RETURN v_index;
 END $$;
 
+-- Collections with chunks whose HNSW index (when their dimension allows one) or GIN index is missing: the one
+-- test of it, for the idle worker's read-only look (src/store) and for rag._repair_indexes.
+CREATE FUNCTION rag._collections_missing_indexes() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
+     WHERE ((c.dimensions BETWEEN 1 AND 2000
+             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
+$$;
+
 -- Creates the HNSW and GIN indexes of every collection that should have one and has not (pg_dump leaves these indexes
 -- out, so a restored database gets them back here), one at a time; the worker calls it when idle. It gives up
 -- at once when a restore still holds the chunks table, and tries again later.
@@ -247,16 +258,12 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    SELECT array_agg(c.id) INTO v_missing FROM rag.collections c
-     WHERE ((c.dimensions BETWEEN 1 AND 2000
-             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
-            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id);
-    FOREACH v_id IN ARRAY coalesce(v_missing, '{}') LOOP
+    v_missing := rag._collections_missing_indexes();
+    FOREACH v_id IN ARRAY v_missing LOOP
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);
     END LOOP;
-    RETURN coalesce(cardinality(v_missing), 0);
+    RETURN cardinality(v_missing);
 END $$;
 
 -- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds

@@ -80,15 +80,14 @@ LANGUAGE sql IMMUTABLE AS $$
         rag._limit('keyword_weight')) END
 $$;
 
--- The question's lexemes in the collection's configuration, joined by OR; NULL when it has none (only stop
--- words, say).
-CREATE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+-- Any of the lexemes, as one tsquery; NULL for none.
+CREATE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
 LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     v_query tsquery;
     v_lexeme text;
 BEGIN
-    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(p_config, p_text)) LOOP
+    FOREACH v_lexeme IN ARRAY p_lexemes LOOP
         v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
                         ELSE v_query || rag._lexeme_query(v_lexeme) END;
     END LOOP;
@@ -103,6 +102,13 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
 $$;
 
+-- The question's lexemes in the collection's configuration, joined by OR; NULL when it has none (only stop
+-- words, say).
+CREATE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT rag._any_lexeme(tsvector_to_array(to_tsvector(p_config, p_text)))
+$$;
+
 -- The lexemes of a question the full-text side searches for: the question's, less those that say nothing in
 -- this collection. A lexeme found in no chunk is dropped, and so is one found in more than
 -- rag._limit('keyword_max_share') of the collection's chunks (and in more than 10): like a stop word, it would
@@ -113,7 +119,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_chunks bigint;
     v_bound bigint;
-    v_query tsquery;
+    v_kept text[] := '{}';
     v_lexeme text;
     v_found bigint;
 BEGIN
@@ -124,11 +130,10 @@ BEGIN
                        c.id)
             INTO v_found USING rag._lexeme_query(v_lexeme), v_bound + 1;
         IF v_found BETWEEN 1 AND v_bound THEN
-            v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
-                            ELSE v_query || rag._lexeme_query(v_lexeme) END;
+            v_kept := v_kept || v_lexeme;
         END IF;
     END LOOP;
-    RETURN v_query;
+    RETURN rag._any_lexeme(v_kept);
 END $$;
 
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.

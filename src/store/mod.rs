@@ -143,13 +143,7 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 
 /// Rebuilds missing per-collection HNSW indexes (after a restore); returns how many.
 pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
-    let missing = idle_read::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM rag.collections c
-                         WHERE ((c.dimensions BETWEEN 1 AND 2000
-                                 AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
-                                OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
-                           AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id))",
-    )?;
+    let missing = idle_read::<bool>("SELECT cardinality(rag._collections_missing_indexes()) > 0")?;
     if missing != Some(true) {
         return Ok(Some(0));
     }
@@ -361,13 +355,6 @@ pub fn fail(queue_id: i64, document_id: i64, reason: &str) -> Result<(), SpiErro
         )?;
         Ok(())
     })
-}
-
-pub fn extension_installed() -> Result<bool, SpiError> {
-    Ok(
-        Spi::get_one::<bool>("SELECT true FROM pg_catalog.pg_extension WHERE extname = 'rag'")?
-            .unwrap_or(false),
-    )
 }
 
 /// A claimed key of a watched row.

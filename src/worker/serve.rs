@@ -6,7 +6,6 @@ use crate::worker::breaker::Providers;
 use crate::worker::documents::process_next;
 use crate::worker::registry::{self, SlotState};
 use crate::worker::steps::{Step, Steps, WorkerTransactions};
-use crate::worker::transaction;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 use rag_embed::SplitMix64;
@@ -57,6 +56,12 @@ fn apply_commit_mode(steps: &WorkerTransactions) {
     if let Err(error) = steps.run(|| Spi::run(statement)) {
         pgrx::log!("rag worker: {statement}: {error}");
     }
+}
+
+/// Whether this database still has the extension, read the way the version is (read-only, no transaction
+/// id); a failed read counts as absent, and the launcher's next probe decides again.
+fn extension_present(steps: &WorkerTransactions) -> bool {
+    matches!(steps.run(store::installed_version), Ok(Some(_)))
 }
 
 /// What an idle worker did with its moment.
@@ -134,12 +139,11 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         return;
     }
 
-    if !transaction::run(|| store::extension_installed().unwrap_or(false)).unwrap_or(false) {
+    let steps = WorkerTransactions;
+    if !extension_present(&steps) {
         registry::mark_stopped(slot, SlotState::NoExtension);
         return;
     }
-
-    let steps = WorkerTransactions;
     apply_commit_mode(&steps);
     if !wait_for_matching_schema(&steps) {
         registry::mark_stopped(slot, SlotState::Exited);
@@ -172,9 +176,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             },
             Err(error) => {
                 // The extension may have been dropped under us; then this database needs no worker.
-                if !transaction::run(|| store::extension_installed().unwrap_or(false))
-                    .unwrap_or(false)
-                {
+                if !extension_present(&steps) {
                     registry::mark_stopped(slot, SlotState::NoExtension);
                     return;
                 }

@@ -15,7 +15,7 @@ WITH ext AS (
 ), data_indexes AS (
     SELECT format('rag.%I', index_name) AS name FROM rag.collections WHERE index_name IS NOT NULL
     UNION ALL
-    SELECT format('rag.%I', 'chunks_tsv_c' || id) FROM rag.collections
+    SELECT format('rag.%I', rag._keyword_index_name(id)) FROM rag.collections
 ), rels AS (
     SELECT c.oid, c.relname, c.relkind, c.relacl, c.relrowsecurity, c.relforcerowsecurity, c.reloptions,
            c.relpersistence
