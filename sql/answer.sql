@@ -40,7 +40,8 @@ CREATE FUNCTION rag._record_query(
     p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
     p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
     p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
-    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL)
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
+    p_best_relevance real DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -60,7 +61,8 @@ BEGIN
         RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
             'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
             'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'sources_sent', p_sources_sent,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+            'sources_sent', p_sources_sent,
             'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
             'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
             'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
@@ -69,12 +71,12 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
-                             answer, reason, nearest_distance, sources_sent, citations, citations_kept,
-                             citations_stripped, embedding_model, chat_model, embed_tokens, prompt_tokens,
-                             completion_tokens, chat_calls, embed_ms, search_ms, generate_ms, latency_ms, cost_usd,
-                             prices, role)
+                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
+                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
+                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
+                             latency_ms, cost_usd, prices, role)
     SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
-           p_answer, p_reason, p_nearest, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
            p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
            coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
@@ -87,31 +89,37 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- The anchors (the top k chunks from rag._search in the collection's mode, whatever their distance, so the ledger
--- knows how close the nearest was) and, for anchors within the ceiling, their neighbours (ordinal ±1) in one more join.
+-- The anchors (the top k chunks from rag._search in the collection's mode, reranked when the collection
+-- reranks, whatever their distance or relevance, so the ledger knows the nearest and the best) and, for the
+-- anchors that pass rag._close_enough, their neighbours (ordinal ±1) in one more join. `close` marks those
+-- anchors; `rank` is the anchor's place in the search's order (a neighbour has its anchor's), which is the order
+-- the sources are sent in. p_max_distance is the caller's ceiling (NULL: the collection's rule).
 CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
                                       p_max_distance double precision, p_question text)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
-               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text)
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
+               relevance real, rank integer, close boolean)
 LANGUAGE sql AS $$
-    WITH anchors AS (
-        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance
+    WITH anchors AS MATERIALIZED (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
+               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
           FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
          WHERE c.id = p_collection_id),
     wanted AS (
-        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor FROM anchors a
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
         UNION ALL
-        SELECT n.id, NULL::double precision, a.chunk_id
+        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
           FROM anchors a
           JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-         WHERE a.distance <= p_max_distance)
+         WHERE a.close)
     SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
            CASE WHEN ch.page IS NULL THEN NULL
-                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
+           w.relevance, w.rank, w.close
       FROM wanted w
       JOIN rag.chunks ch ON ch.id = w.chunk_id
       JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.distance NULLS LAST, ch.id
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
 $$;
 
 -- One exchange of a conversation: the question and what was answered (or why not), tied to its ledger row.

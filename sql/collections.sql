@@ -9,7 +9,34 @@ ALTER TABLE rag.collections
                                   AND rag._limit('context_budget_max')::integer),
     ADD CONSTRAINT collections_max_answer_tokens_check
         CHECK (max_answer_tokens BETWEEN rag._limit('max_answer_tokens_min')::integer
-                                     AND rag._limit('max_answer_tokens_max')::integer);
+                                     AND rag._limit('max_answer_tokens_max')::integer),
+    ADD CONSTRAINT collections_rerank_candidates_check
+        CHECK (rerank_candidates BETWEEN rag._limit('rerank_candidates_min')::integer
+                                     AND rag._limit('rerank_candidates_max')::integer);
+
+-- The reranker arguments of rag_create_collection and rag_set_reranker, checked in one place. A reranker must
+-- load here (so a typo fails now, not at the first question); the candidates are within src/limits.rs's range.
+CREATE FUNCTION rag._validate_reranker(p_reranker text, p_candidates integer, p_min_relevance real) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_candidates IS NULL OR p_candidates NOT BETWEEN rag._limit('rerank_candidates_min')::integer
+                                                 AND rag._limit('rerank_candidates_max')::integer THEN
+        RAISE EXCEPTION 'rerank_candidates must be between % and %, not %', rag._limit('rerank_candidates_min'),
+                        rag._limit('rerank_candidates_max'), coalesce(p_candidates::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('It is how many of the search''s best chunks the reranker reads; the default is %s.',
+                                rag._limit('rerank_candidates_default'));
+    END IF;
+    IF p_min_relevance IS NULL OR p_min_relevance = 'NaN'::real OR abs(p_min_relevance) > 100 THEN
+        RAISE EXCEPTION 'min_relevance must be a number between -100 and 100, not %', coalesce(p_min_relevance::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('It is a threshold on the reranker''s logit; the default, %s, is calibrated in the README.',
+                                rag._limit('min_relevance_default'));
+    END IF;
+    IF p_reranker IS NOT NULL THEN
+        PERFORM rag._check_reranker(p_reranker);
+    END IF;
+END $$;
 
 CREATE FUNCTION rag_create_collection(
     name               text,
@@ -29,7 +56,10 @@ CREATE FUNCTION rag_create_collection(
     context_budget     integer DEFAULT NULL,
     max_answer_tokens  integer DEFAULT NULL,
     search_mode        text DEFAULT 'hybrid',
-    text_search_config regconfig DEFAULT 'english'
+    text_search_config regconfig DEFAULT 'english',
+    reranker           text DEFAULT NULL,
+    rerank_candidates  integer DEFAULT NULL,
+    min_relevance      real DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -118,6 +148,21 @@ BEGIN
         RAISE EXCEPTION 'text_search_config must not be NULL'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'SELECT cfgname FROM pg_ts_config lists them; ''simple'' stems nothing.';
     END IF;
+    -- Reranking is on by default for collections embedded in process, whose questions already run locally;
+    -- 'none' turns it off. Without the default model installed the collection is made without it, and says so.
+    rerank_candidates := coalesce(rerank_candidates, rag._limit('rerank_candidates_default')::integer);
+    min_relevance := coalesce(min_relevance, rag._limit('min_relevance_default')::real);
+    IF reranker = 'none' THEN
+        reranker := NULL;
+    ELSIF reranker IS NULL AND (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
+        reranker := rag._limit('reranker_default');
+        IF NOT rag._reranker_installed(reranker) THEN
+            RAISE NOTICE 'collection "%" is made without a reranker: % is not installed', name, reranker
+                USING HINT = format('Run scripts/fetch-model, then rag_set_reranker(%L, %L).', name, reranker);
+            reranker := NULL;
+        END IF;
+    END IF;
+    PERFORM rag._validate_reranker(reranker, rerank_candidates, min_relevance);
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
@@ -125,13 +170,14 @@ BEGIN
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
                                  chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
-                                 search_mode, text_search_config)
+                                 search_mode, text_search_config, reranker, rerank_candidates, min_relevance)
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            rag._calling_role()::regrole, search_mode, text_search_config)
+            rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
+            min_relevance)
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
     RETURN v_id;
@@ -313,6 +359,25 @@ END $$;
 
 -- Moves a collection to another embedding model. Vectors of two models are never mixed: the old ones go
 -- in the same transaction, and the collection answers again as the worker embeds with the new model.
+-- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads and its
+-- refusal threshold; the last two keep their current values when NULL.
+CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
+                                 min_relevance real DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
+    min_relevance := coalesce(min_relevance, c.min_relevance);
+    reranker := nullif(reranker, 'none');
+    PERFORM rag._validate_reranker(reranker, rerank_candidates, min_relevance);
+    UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
+           rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance
+     WHERE u.id = c.id;
+END $$;
+
 CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
                                         embedding_provider text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$

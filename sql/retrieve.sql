@@ -137,14 +137,23 @@ BEGIN
 END $$;
 
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
+-- A collection with a reranker has its best rerank_candidates (at least p_k) rescored by it (rag._rerank) and
+-- ordered by that relevance instead; p_rerank => false skips that (the evaluation compares both).
 CREATE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
-                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL)
-RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer)
+                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
+RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
+               relevance real)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_mode text := coalesce(p_mode, c.search_mode);
     v_lexemes tsquery;
     v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
+    v_rerank boolean := p_rerank AND c.reranker IS NOT NULL AND p_question IS NOT NULL;
+    v_wanted integer := CASE WHEN v_rerank THEN greatest(p_k, c.rerank_candidates) ELSE p_k END;
+    v_sql text;
+    v_ids bigint[];
+    v_distances double precision[];
+    v_scores real[];
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -160,11 +169,46 @@ BEGIN
     -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
     -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    RETURN QUERY EXECUTE rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL)
-        USING p_vector,
-              CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
-              p_filter, v_lexemes, p_k;
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
+    IF NOT v_rerank THEN
+        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
+            USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
+                  p_filter, v_lexemes, p_k;
+        RETURN;
+    END IF;
+    EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
+                   v_sql)
+       INTO v_ids, v_distances
+      USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
+                           ELSE v_wanted END,
+            p_filter, v_lexemes, v_wanted;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- The candidates' texts in rank order; they passed the search's visibility checks above.
+    v_scores := rag._rerank(c.id, p_question,
+                            ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
+                                    JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+    RETURN QUERY
+    SELECT u.id, ch.document_id, ch.ordinal, u.distance,
+           (row_number() OVER (ORDER BY u.score DESC, u.n))::integer, u.score
+      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)
+      JOIN rag.chunks ch ON ch.id = u.id
+     ORDER BY u.score DESC, u.n
+     LIMIT p_k;
 END $$;
+
+-- Whether a found chunk is close enough to be returned or answered from: the refusal threshold, decided here
+-- only. A reranked chunk passes on its relevance (the cross-encoder's logit, comparable across questions,
+-- which one distance is not for a bi-encoder); the caller's max_distance, when given, applies as well. A chunk
+-- that was not reranked passes on its distance, under the caller's ceiling or else the collection's.
+CREATE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real,
+                                  p_max_distance double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_relevance IS NOT NULL
+                THEN p_relevance >= c.min_relevance AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
+                ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
+$$;
 
 CREATE FUNCTION rag_query(
     collection   text,
@@ -174,7 +218,8 @@ CREATE FUNCTION rag_query(
     filter       jsonb DEFAULT NULL,
     mode         text DEFAULT NULL
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
-                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb)
+                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb,
+                 relevance real)
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
@@ -183,6 +228,9 @@ DECLARE
     v_started timestamptz := clock_timestamp();
     v_embedded timestamptz;
     v_count integer;
+    v_nearest double precision;
+    v_best real;
+    v_found record;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF query IS NULL OR btrim(query) = '' THEN
@@ -201,20 +249,29 @@ BEGIN
     IF c.dimensions IS NOT NULL THEN
         SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
         v_embedded := clock_timestamp();
-        RETURN QUERY
-        SELECT s.document_id, d.title, s.chunk_id, s.ordinal, ch.content, s.distance, d.metadata, ch.page,
-               d.source, d.source_key
-          FROM rag._search(c, v_vector, k, filter, query, mode) s
-          JOIN rag.chunks ch ON ch.id = s.chunk_id
-          JOIN rag.documents d ON d.id = s.document_id
-         WHERE s.distance <= coalesce(max_distance, c.max_distance)
-         ORDER BY s.rank;
-        GET DIAGNOSTICS v_count = ROW_COUNT;
+        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not.
+        FOR v_found IN
+            SELECT f.*, rag._close_enough(c, f.distance, f.relevance, max_distance) AS close
+              FROM rag._search(c, v_vector, k, filter, query, mode) f ORDER BY f.rank
+        LOOP
+            v_nearest := least(v_nearest, v_found.distance);
+            v_best := greatest(v_best, v_found.relevance);
+            CONTINUE WHEN NOT v_found.close;
+            v_count := coalesce(v_count, 0) + 1;
+            RETURN QUERY
+            SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, v_found.distance, d.metadata, ch.page,
+                   d.source, d.source_key, v_found.relevance
+              FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+             WHERE ch.id = v_found.chunk_id;
+        END LOOP;
     END IF;
     -- The ledger: one row per call, even when nothing was found.
     PERFORM rag._record_query(
         p_collection_id => c.id, p_kind => 'query', p_question => query, p_outcome => 'retrieved',
-        p_reason => CASE WHEN coalesce(v_count, 0) = 0 THEN 'nothing within the distance ceiling' END,
+        p_reason => CASE WHEN coalesce(v_count, 0) = 0 THEN
+                        CASE WHEN v_best IS NOT NULL THEN 'nothing relevant enough (reranker)'
+                             ELSE 'nothing within the distance ceiling' END END,
+        p_nearest => v_nearest, p_best_relevance => v_best,
         p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
         p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
         p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
@@ -242,6 +299,11 @@ BEGIN
     v_mode := coalesce(mode, c.search_mode);
     IF v_mode <> 'vector' THEN
         v_lexemes := rag._keyword_query(c, query);
+    END IF;
+    IF c.reranker IS NOT NULL THEN
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s (rag._rerank)',
+                           greatest(k, c.rerank_candidates), c.reranker);
+        k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)
         USING rag._embed_query(c.id, query),

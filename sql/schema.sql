@@ -58,6 +58,13 @@ CREATE TABLE rag.collections (
     -- turns chunks and questions into lexemes for the full-text side.
     search_mode        text NOT NULL DEFAULT 'hybrid' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
     text_search_config regconfig NOT NULL DEFAULT 'english',
+    -- Reranking: a cross-encoder (a model directory under rag.model_path) rescores the search's best
+    -- rerank_candidates chunks; a reranked chunk is used when its relevance (the model's logit) is at least
+    -- min_relevance, which then replaces the distance ceiling as the refusal threshold. NULL: no reranking.
+    -- The range of rerank_candidates is src/limits.rs's (checked in collections.sql).
+    reranker           text CHECK (reranker <> ''),
+    rerank_candidates  integer NOT NULL,
+    min_relevance      real NOT NULL,
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- The role that created it: it, its members and superusers hold every privilege on it.
     owner              regrole NOT NULL
@@ -296,6 +303,8 @@ CREATE TABLE rag.queries (
     answer             text,
     reason             text,
     nearest_distance   double precision,
+    -- The reranker's best relevance among the candidates; NULL when the collection does not rerank.
+    best_relevance     real,
     sources_sent       integer NOT NULL DEFAULT 0,
     citations          jsonb NOT NULL DEFAULT '[]',
     citations_kept     integer NOT NULL DEFAULT 0,

@@ -87,7 +87,7 @@ BEGIN
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
-                               '_keyword_query', '_lexeme_query', '_any_lexeme')
+                               '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')
@@ -100,7 +100,8 @@ BEGIN
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
-                               'rag_set_embedding_model')
+                               'rag_set_embedding_model', 'rag_set_reranker', '_validate_reranker',
+                               '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only
         END;

@@ -31,6 +31,8 @@ extension_sql_file!(
         "schema",
         api::chunk::rag::validate_chunking,
         api::query::rag::local_model_window,
+        api::rerank::rag::check_reranker,
+        api::rerank::rag::reranker_installed,
         api::models::rag::model_prefixes,
         api::rag::setting,
         limits::rag::limit
@@ -52,7 +54,8 @@ extension_sql_file!(
     requires = [
         "ingest",
         api::query::rag::embed_query,
-        api::query::rag::embed_query_usage
+        api::query::rag::embed_query_usage,
+        api::rerank::rag::rerank
     ]
 );
 extension_sql_file!(

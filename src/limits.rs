@@ -41,6 +41,18 @@ pub const KEYWORD_MAX_SHARE: &str = "0.25";
 /// The model of the `local` provider when a collection or `rag_embed` names none.
 pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
 
+/// The reranker of new collections on the `local` provider (a cross-encoder under rag.model_path, installed by
+/// scripts/fetch-model), how many of the search's candidates it rescores, and the relevance below which a
+/// reranked chunk is not used: the refusal threshold, on the cross-encoder's logit. Candidates: 20 keeps
+/// rag_ask's p95 under 1.5 s on 2 cores with chunks of up to 512 characters (p95 1.16 s measured, BENCHMARKS.md
+/// §5). The threshold, a logit, was calibrated on scripts/eval's sets (BENCHMARKS.md §5): off-domain questions
+/// score -10 to -11, answerable ones mostly above -5 (98 %), paraphrases of short passages down to -4.7.
+pub const RERANKER_DEFAULT: &str = "ms-marco-MiniLM-L-12-v2";
+pub const RERANK_CANDIDATES_DEFAULT: i32 = 20;
+pub const RERANK_CANDIDATES_MIN: i32 = 1;
+pub const RERANK_CANDIDATES_MAX: i32 = 200;
+pub const MIN_RELEVANCE_DEFAULT: &str = "-5";
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {
@@ -59,6 +71,11 @@ fn for_sql(name: &str) -> Option<String> {
         "rrf_k" => RRF_K.to_string(),
         "keyword_weight" => KEYWORD_WEIGHT.to_string(),
         "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
+        "reranker_default" => RERANKER_DEFAULT.to_string(),
+        "rerank_candidates_default" => RERANK_CANDIDATES_DEFAULT.to_string(),
+        "rerank_candidates_min" => RERANK_CANDIDATES_MIN.to_string(),
+        "rerank_candidates_max" => RERANK_CANDIDATES_MAX.to_string(),
+        "min_relevance_default" => MIN_RELEVANCE_DEFAULT.to_string(),
         _ => return None,
     })
 }

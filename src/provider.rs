@@ -2,7 +2,7 @@
 //! route displays or from a server-only file, so a key reaches the provider without ever being readable by
 //! the role that runs the query; the table holds only where the key is, never the key.
 use rag_embed::{EmbedOutput, Provider, ProviderConfig, ProviderError, ProviderKind};
-use rag_embed_local::{LoadOptions, LocalModel};
+use rag_embed_local::{CrossEncoder, LoadOptions, LocalModel};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -191,6 +191,30 @@ pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
         .map_err(|error| format!("local model \"{model}\": {error}"))?;
     // Lives as long as the backend: the mapping is what lets backends share the weights' pages.
     let loaded: &'static LocalModel = Box::leak(Box::new(loaded));
+    models.insert(model.to_string(), loaded);
+    Ok(loaded)
+}
+
+/// Loaded rerankers, as `LOCAL_MODELS`: one per model name and process, weights mapped once.
+static LOCAL_RERANKERS: Mutex<Option<HashMap<String, &'static CrossEncoder>>> = Mutex::new(None);
+
+pub fn local_reranker(model: &str) -> Result<&'static CrossEncoder, String> {
+    let mut models = LOCAL_RERANKERS
+        .lock()
+        .map_err(|_| "local reranker registry is poisoned".to_string())?;
+    let models = models.get_or_insert_with(HashMap::new);
+    if let Some(loaded) = models.get(model) {
+        return Ok(loaded);
+    }
+    let directory = model_directory(model)?;
+    let options = LoadOptions {
+        threads: crate::settings::LOCAL_THREADS.get().max(1) as usize,
+        ..LoadOptions::default()
+    };
+    let loaded = CrossEncoder::load_with(&directory, &options, None)
+        .map_err(|error| format!("reranker \"{model}\": {error}"))?;
+    // Lives as long as the backend, for the same reason as the embedding models.
+    let loaded: &'static CrossEncoder = Box::leak(Box::new(loaded));
     models.insert(model.to_string(), loaded);
     Ok(loaded)
 }

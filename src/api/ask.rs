@@ -8,9 +8,9 @@ use crate::provider::{self, ProviderRow};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use rag_answer::{
-    answer_json_schema, assemble_sources, clean_rewritten_question, extractive_answer, ground,
-    mark_truncated, parse_model_reply, render_prompt, rewrite_prompt, salvage_truncated_reply,
-    Grounded, RetrievedChunk, Source, DEFAULT_TEMPLATE,
+    answer_json_schema, assemble_sources, clean_rewritten_question, extractive_answer,
+    extractive_answer_or_lead, ground, mark_truncated, parse_model_reply, render_prompt,
+    rewrite_prompt, salvage_truncated_reply, Grounded, RetrievedChunk, Source, DEFAULT_TEMPLATE,
 };
 use rag_embed::{ChatMessage, ChatRequest, ProviderError};
 use serde_json::json;
@@ -23,7 +23,6 @@ struct Collection {
     id: i32,
     name: String,
     embedding_model: String,
-    max_distance: f64,
     has_vectors: bool,
     chat_provider: ProviderRow,
     chat_model: Option<String>,
@@ -36,7 +35,7 @@ struct Collection {
 fn load_collection(name: &str) -> Result<Collection, RagError> {
     let loaded = Spi::connect(|client| {
         let rows = client.select(
-            "SELECT c.id, c.name, c.embedding_model, c.max_distance, p.name, p.kind, p.base_url, p.api_key_setting,
+            "SELECT c.id, c.name, c.embedding_model, p.name, p.kind, p.base_url, p.api_key_setting,
                     c.chat_model, c.prompt_template, c.context_budget, c.max_answer_tokens, c.dimensions IS NOT NULL
                FROM rag.collections c JOIN rag.providers p ON p.name = c.chat_provider
               WHERE c.id = rag._collection_id($1)",
@@ -49,16 +48,15 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
                 row.get::<i32>(1)?,
                 row.get::<String>(2)?,
                 row.get::<String>(3)?,
-                row.get::<f64>(4)?,
+                row.get::<String>(4)?,
                 row.get::<String>(5)?,
                 row.get::<String>(6)?,
                 row.get::<String>(7)?,
                 row.get::<String>(8)?,
                 row.get::<String>(9)?,
-                row.get::<String>(10)?,
+                row.get::<i32>(10)?,
                 row.get::<i32>(11)?,
-                row.get::<i32>(12)?,
-                row.get::<bool>(13)?,
+                row.get::<bool>(12)?,
             ));
         }
         Ok::<_, pgrx::spi::Error>(found)
@@ -74,7 +72,6 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
         id,
         found_name,
         embedding_model,
-        max_distance,
         provider_name,
         kind,
         base_url,
@@ -89,7 +86,6 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
         id: not_null(id, "collections.id")?,
         name: not_null(found_name, "collections.name")?,
         embedding_model: not_null(embedding_model, "collections.embedding_model")?,
-        max_distance: not_null(max_distance, "collections.max_distance")?,
         has_vectors: not_null(has_vectors, "collections.dimensions IS NOT NULL")?,
         chat_provider: ProviderRow {
             name: not_null(provider_name, "providers.name")?,
@@ -105,6 +101,13 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
     })
 }
 
+/// A chunk from rag._retrieve_context, with what the refusal threshold (rag._close_enough) decided for anchors.
+struct Retrieved {
+    chunk: RetrievedChunk,
+    relevance: Option<f32>,
+    close: bool,
+}
+
 /// The anchors and their neighbours through rag._retrieve_context (which searches through rag._search, in the
 /// collection's mode: the question's text goes along for the full-text side).
 fn retrieve(
@@ -112,8 +115,8 @@ fn retrieve(
     vector: &str,
     question: &str,
     k: i32,
-    max_distance: f64,
-) -> Result<Vec<RetrievedChunk>, RagError> {
+    max_distance: Option<f64>,
+) -> Result<Vec<Retrieved>, RagError> {
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT * FROM rag._retrieve_context($1, $2, $3, $4, $5)",
@@ -128,7 +131,9 @@ fn retrieve(
         )?;
         let mut chunks = Vec::new();
         for row in rows {
-            chunks.push(RetrievedChunk {
+            let relevance: Option<f32> = row.get(11)?;
+            let close: Option<bool> = row.get(13)?;
+            let chunk = RetrievedChunk {
                 chunk_id: row.get(1)?.unwrap_or_default(),
                 document_id: row.get(2)?.unwrap_or_default(),
                 title: row.get(3)?.unwrap_or_default(),
@@ -139,6 +144,12 @@ fn retrieve(
                 distance: row.get(8)?,
                 anchor_chunk_id: row.get(9)?,
                 locator: row.get(10)?,
+                rank: row.get(12)?,
+            };
+            chunks.push(Retrieved {
+                chunk,
+                relevance,
+                close: close.unwrap_or(false),
             });
         }
         Ok::<_, pgrx::spi::Error>(chunks)
@@ -150,6 +161,8 @@ fn retrieve(
 struct Context {
     sources: Vec<Source>,
     nearest: Option<f64>,
+    /// The reranker's best relevance among the anchors; None when the collection does not rerank.
+    best_relevance: Option<f32>,
     embed_tokens: Option<i64>,
     embed_ms: f64,
     search_ms: f64,
@@ -171,11 +184,11 @@ fn build_context(
             "k is how many nearest chunks are considered.",
         ));
     }
-    let ceiling = max_distance.unwrap_or(collection.max_distance);
     if !collection.has_vectors {
         return Ok(Context {
             sources: Vec::new(),
             nearest: None,
+            best_relevance: None,
             embed_tokens: None,
             embed_ms: 0.0,
             search_ms: 0.0,
@@ -185,30 +198,27 @@ fn build_context(
     let embedding = embed_question(collection.id, question)?;
     let embed_ms = started.elapsed().as_secs_f64() * 1000.0;
     let searched = Instant::now();
-    let chunks = retrieve(collection, &embedding.literal, question, k, ceiling)?;
+    let retrieved = retrieve(collection, &embedding.literal, question, k, max_distance)?;
     let search_ms = searched.elapsed().as_secs_f64() * 1000.0;
-    let nearest = chunks
+    let nearest = retrieved
         .iter()
-        .filter_map(|chunk| chunk.distance)
+        .filter_map(|found| found.chunk.distance)
         .reduce(f64::min);
-    let close: Vec<i64> = chunks
+    let best_relevance = retrieved
         .iter()
-        .filter(|chunk| chunk.distance.is_some_and(|distance| distance <= ceiling))
-        .map(|chunk| chunk.chunk_id)
-        .collect();
-    let kept: Vec<RetrievedChunk> = chunks
+        .filter_map(|found| found.relevance)
+        .reduce(f32::max);
+    // Neighbours come back only for anchors that passed; anchors that did not are the ledger's only.
+    let kept: Vec<RetrievedChunk> = retrieved
         .into_iter()
-        .filter(|chunk| {
-            close.contains(&chunk.chunk_id)
-                || chunk
-                    .anchor_chunk_id
-                    .is_some_and(|anchor| close.contains(&anchor))
-        })
+        .filter(|found| found.close || found.chunk.anchor_chunk_id.is_some())
+        .map(|found| found.chunk)
         .collect();
     let assembled = assemble_sources(&kept, collection.context_budget);
     Ok(Context {
         sources: assembled.sources,
         nearest,
+        best_relevance,
         embed_tokens: embedding.prompt_tokens,
         embed_ms,
         search_ms,
@@ -474,11 +484,19 @@ fn answer_extractively(
     collection: &Collection,
     question: &str,
     sources: &[Source],
+    reranked: bool,
 ) -> Result<Answer, RagError> {
     // An extract is read, not generated: a few sentences say more than a page of them.
     let budget = (collection.max_answer_tokens as usize * limits::CHARS_PER_TOKEN)
         .min(limits::EXTRACTIVE_ANSWER_MAX_CHARS);
-    Ok(match extractive_answer(question, sources, budget) {
+    // Sources a reranker passed are relevant whatever words they share with the question: a paraphrase gets
+    // the lead of the most relevant one rather than a refusal for want of a shared word.
+    let extract = if reranked {
+        extractive_answer_or_lead(question, sources, budget)
+    } else {
+        extractive_answer(question, sources, budget)
+    };
+    Ok(match extract {
         Some(extract) => Answer {
             outcome: AskOutcome::Answered,
             answer: Some(extract.answer),
@@ -618,7 +636,8 @@ const RECORD_QUERY: &str = "SELECT rag._record_query(
     p_conversation_id => $5, p_answer => $6, p_reason => $7, p_nearest => $8, p_sources_sent => $9,
     p_citations => $10, p_citations_stripped => $11, p_embedding_model => $12, p_chat_model => $13,
     p_embed_tokens => $14, p_prompt_tokens => $15, p_completion_tokens => $16, p_chat_calls => $17,
-    p_embed_ms => $18, p_search_ms => $19, p_generate_ms => $20, p_latency_ms => $21)";
+    p_embed_ms => $18, p_search_ms => $19, p_generate_ms => $20, p_latency_ms => $21,
+    p_best_relevance => $22)";
 const QUERY_COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
 const RECORD_EXCHANGE: &str = "SELECT rag._record_exchange($1, $2, $3, $4, $5)";
 
@@ -628,7 +647,7 @@ const RECORD_EXCHANGE: &str = "SELECT rag._record_exchange($1, $2, $3, $4, $5)";
 fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>), RagError> {
     let a = entry.answer;
     let c = entry.collection;
-    let ledger_args: [pgrx::datum::DatumWithOid; 21] = [
+    let ledger_args: [pgrx::datum::DatumWithOid; 22] = [
         c.id.into(),
         entry.question.into(),
         a.outcome.as_str().into(),
@@ -650,6 +669,7 @@ fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>)
         entry.context.search_ms.into(),
         a.generate_ms.into(),
         entry.latency_ms.into(),
+        entry.context.best_relevance.into(),
     ];
     let cost_args: [pgrx::datum::DatumWithOid; 5] = [
         c.embedding_model.clone().into(),
@@ -700,6 +720,8 @@ fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>)
 }
 
 /// Answers a question from the collection with citations checked against what was retrieved, or refuses.
+// The row type is spelled out here because pgrx derives the SQL signature from it.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_ask(
     collection: &str,
@@ -722,6 +744,7 @@ pub fn rag_ask(
         name!(model, String),
         name!(query_id, Option<i64>),
         name!(rewritten_question, Option<String>),
+        name!(best_relevance, Option<f32>),
     ),
 > {
     TableIterator::once(ask(collection, question, k, conversation, max_distance).unwrap_or_raise())
@@ -740,6 +763,7 @@ type AskRow = (
     String,
     Option<i64>,
     Option<String>,
+    Option<f32>,
 );
 
 fn ask(
@@ -789,7 +813,12 @@ fn ask(
             Some(model) => {
                 answer_with_model(&collection, model, &rewrite.question, &context.sources)?
             }
-            None => answer_extractively(&collection, &rewrite.question, &context.sources)?,
+            None => answer_extractively(
+                &collection,
+                &rewrite.question,
+                &context.sources,
+                context.best_relevance.is_some(),
+            )?,
         }
     };
     let prompt_tokens = add(rewrite.prompt_tokens, answer.prompt_tokens);
@@ -823,5 +852,6 @@ fn ask(
         model_label,
         query_id,
         rewritten,
+        context.best_relevance,
     ))
 }

@@ -6,6 +6,7 @@ pub mod extract;
 pub mod models;
 pub mod process;
 pub mod query;
+pub mod rerank;
 pub mod watch;
 
 /// The interrupt hook for a provider call made in a user's session: a cancel request or statement_timeout

@@ -44,6 +44,36 @@ IN_DOMAIN_UNANSWERABLE = [
 ]
 
 
+# A small handbook whose questions are worded unlike the passages that answer them (few shared words): the case
+# where one distance ceiling refuses legitimate questions. (title, passage, question)
+HANDBOOK = [
+    ("Leave", "Employees receive twenty-five days of paid vacation every year. Unused days may be carried over until March.",
+     "How many holidays do I get?"),
+    ("Resignation", "Anyone who wants to quit must tell their manager in writing one month in advance.",
+     "How much notice do I have to give before leaving the company?"),
+    ("Expenses", "Train tickets and hotel bills for business trips are refunded within two weeks.",
+     "Will I get my travel costs back?"),
+    ("Parking", "Staff may leave their cars in the garage behind the building free of charge.",
+     "Where can I put my car while I am at work?"),
+    ("Payroll", "Salaries are paid on the last working day of each month by bank transfer.",
+     "When do we get our wages?"),
+    ("Remote work", "Team members may work from home up to three days a week after agreeing it with their lead.",
+     "Am I allowed to do my job from my flat?"),
+    ("Sick days", "If you are ill, call your supervisor before nine o'clock and send a doctor's note after three days.",
+     "What should I do when I wake up with a fever and cannot come in?"),
+    ("Equipment", "Laptops and phones issued by the IT desk remain company property and must be returned on the last day.",
+     "Can I keep my work computer when my contract ends?"),
+    ("Training", "Each employee has a budget of 1,500 euros a year for courses and conferences related to their role.",
+     "How much money can I spend on learning new skills?"),
+    ("Working hours", "The core hours are ten to four; the rest of the eight-hour day can be arranged flexibly.",
+     "Do I have to be at my desk at eight in the morning?"),
+    ("Parental leave", "New parents may take up to six months off, of which the first three are paid in full.",
+     "How long can I stay at home after my baby is born?"),
+    ("Security badge", "A lost access card must be reported to reception immediately so that it can be blocked.",
+     "I misplaced the card that opens the doors, what now?"),
+]
+
+
 def sections():
     """(number, question, answer) for every question of the FAQ, in order."""
     with gzip.open(FAQ, "rt", encoding="utf-8") as f:

@@ -165,6 +165,15 @@ class Upgrade(unittest.TestCase):
         self.assertNotEqual(code, 0)
         self.assertIn("permission denied", err)
 
+    def test_collections_made_before_keep_their_search(self):
+        # No reranker and vector search, as under the previous release, with the current defaults ready for
+        # when an admin turns reranking on.
+        self.assertEqual(
+            psql("SELECT reranker IS NULL, search_mode, rerank_candidates = rag._limit('rerank_candidates_default')::int,"
+                 " min_relevance = rag._limit('min_relevance_default')::real FROM rag.collections ORDER BY id", db=DB),
+            [["t", "vector", "t", "t"], ["t", "vector", "t", "t"]])
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE best_relevance IS NOT NULL", db=DB), "0")
+
     def test_pending_work_and_new_work_are_embedded(self):
         psql("UPDATE rag.queue SET not_before = now()", db=DB)
         psql("SELECT rag_ingest('kb', 'After', 'Written after the upgrade: bicycles go in the yard.')", db=DB)

@@ -138,6 +138,45 @@ pub fn extractive_answer(
     Some(ExtractiveAnswer { answer, citations })
 }
 
+/// [`extractive_answer`], or, when no sentence shares a word with the question, the first sentences of the first
+/// source (those that fit `max_chars`). For sources a cross-encoder has already judged relevant to the question:
+/// a paraphrase ("When do we get our wages?" of "Salaries are paid on the last working day") shares no word with
+/// its answer, and the lexical match alone would refuse it although the passage answers it.
+pub fn extractive_answer_or_lead(
+    question: &str,
+    sources: &[Source],
+    max_chars: usize,
+) -> Option<ExtractiveAnswer> {
+    if let Some(answer) = extractive_answer(question, sources, max_chars) {
+        return Some(answer);
+    }
+    let first = sources
+        .iter()
+        .find(|source| source.number >= 1 && source.number <= sources.len())?;
+    let mut quoted: Vec<String> = Vec::new();
+    let mut used_chars = 0usize;
+    for raw in first.text.split_sentence_bounds() {
+        let sentence = raw.trim();
+        if !sentence.chars().any(char::is_alphanumeric) || contains_marker(sentence) {
+            continue;
+        }
+        let quote = format!("{sentence} [{}]", first.number);
+        let cost = quote.chars().count() + usize::from(!quoted.is_empty());
+        if used_chars + cost > max_chars {
+            break;
+        }
+        used_chars += cost;
+        quoted.push(quote);
+    }
+    if quoted.is_empty() {
+        return None;
+    }
+    Some(ExtractiveAnswer {
+        answer: quoted.join(" "),
+        citations: vec![first.number],
+    })
+}
+
 struct Candidate<'a> {
     rank: usize,
     number: usize,
@@ -225,6 +264,45 @@ mod tests {
             distance: 0.1 * number as f64,
             token_estimate: 1,
         }
+    }
+
+    #[test]
+    fn a_paraphrase_with_no_shared_word_quotes_the_lead_of_the_first_source() {
+        let sources = vec![
+            source(1, "Salaries are paid on the last working day of each month. Transfers take a day. See [4]."),
+            source(2, "The canteen opens at noon."),
+        ];
+        let question = "When do we get our wages?";
+        assert_eq!(extractive_answer(question, &sources, 500), None);
+        let lead = extractive_answer_or_lead(question, &sources, 500).expect("the lead is quoted");
+        // Sentences that look like citation markers are never quoted, as in extractive_answer.
+        assert_eq!(
+            lead.answer,
+            "Salaries are paid on the last working day of each month. [1] Transfers take a day. [1]"
+        );
+        assert_eq!(lead.citations, vec![1]);
+        // Within the budget, whole sentences only.
+        let short = extractive_answer_or_lead(question, &sources, 70).expect("one sentence fits");
+        assert_eq!(
+            short.answer,
+            "Salaries are paid on the last working day of each month. [1]"
+        );
+        assert_eq!(extractive_answer_or_lead(question, &sources, 10), None);
+        // A lexical match still wins when there is one.
+        let matched =
+            extractive_answer_or_lead("When does the canteen open?", &sources, 500).unwrap();
+        assert_eq!(matched.citations, vec![2]);
+        // And the grounding check accepts the lead as it accepts any extract.
+        let reply = ModelReply {
+            answer: lead.answer.clone(),
+            citations: lead.citations.iter().map(|&n| n as i64).collect(),
+            sufficient: true,
+            reason: None,
+        };
+        assert!(matches!(
+            ground(&reply, sources.len()),
+            Grounded::Answered { .. }
+        ));
     }
 
     fn handbook() -> Vec<Source> {

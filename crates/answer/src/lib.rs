@@ -23,7 +23,7 @@
 //! let hit = RetrievedChunk {
 //!     chunk_id: 41, document_id: 7, title: "Employee Handbook 2026".into(), ordinal: 3,
 //!     char_start: 900, char_end: 940, text: "All staff give thirty days notice.".into(),
-//!     distance: Some(0.21), anchor_chunk_id: None, locator: Some("p. 12".into()),
+//!     distance: Some(0.21), anchor_chunk_id: None, rank: None, locator: Some("p. 12".into()),
 //! };
 //! let assembled = assemble_sources(&[hit], 2000);
 //! let prompt = render_prompt(DEFAULT_TEMPLATE, &assembled.sources, "How much notice?").unwrap();
@@ -45,7 +45,7 @@ mod reply;
 mod rewrite;
 mod sources;
 
-pub use extractive::{extractive_answer, ExtractiveAnswer};
+pub use extractive::{extractive_answer, extractive_answer_or_lead, ExtractiveAnswer};
 pub use grounding::{
     ground, mark_truncated, Grounded, DEFAULT_INSUFFICIENT_REASON, EMPTY_ANSWER_REASON,
     NO_VALID_CITATION_REASON, TRUNCATION_NOTE,

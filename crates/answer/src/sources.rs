@@ -29,6 +29,9 @@ pub struct RetrievedChunk {
     pub distance: Option<f64>,
     /// For a neighbour, the anchor it was fetched for.
     pub anchor_chunk_id: Option<i64>,
+    /// The anchor's place in the search's order, 1 being the best (the reranker's or the fused order, which a
+    /// distance does not capture); `None` for a neighbour, or when the search's order is the distance's.
+    pub rank: Option<i32>,
     /// Where the chunk sits in the original file, such as "p. 12" or "slide 3".
     pub locator: Option<String>,
 }
@@ -85,7 +88,8 @@ pub use rag_chunk::estimate_tokens;
 /// - A neighbour inherits its anchor's distance (a neighbour whose anchor is missing ranks last, it is not dropped).
 /// - Chunks of one document whose ordinals are adjacent or whose char ranges overlap or touch become one source;
 ///   overlapping text is kept once (merging is by offset: the later chunk loses the chars already covered).
-/// - Sources are ordered by distance, ties by document id then offset, and taken in that order while they fit the
+/// - Sources are ordered by the search's rank when it gave one (a reranker's or a fusion's order), then by
+///   distance, ties by document id then offset, and taken in that order while they fit the
 ///   budget; one that does not fit is skipped whole (never truncated) and smaller later ones may still fit.
 /// - A merged source that does not fit is retried without its neighbours, so the text that actually matched the
 ///   question is not lost to the context around it.
@@ -155,10 +159,11 @@ fn record_skip(assembled: &mut AssembledSources, candidate: &Candidate, budget: 
     }
 }
 
-/// A chunk with the distance it ranks by.
+/// A chunk with the search rank and distance it ranks by (its own as an anchor, its anchor's as a neighbour).
 #[derive(Debug, Clone)]
 struct Piece<'a> {
     chunk: &'a RetrievedChunk,
+    rank: i64,
     distance: f64,
     is_anchor: bool,
 }
@@ -174,6 +179,7 @@ impl Piece<'_> {
 struct Candidate<'a> {
     pieces: Vec<Piece<'a>>,
     text: String,
+    rank: i64,
     distance: f64,
     token_estimate: usize,
 }
@@ -213,9 +219,11 @@ impl Candidate<'_> {
     }
 }
 
+/// The search's rank first (absent ranks, `i64::MAX`, tie), then the distance.
 fn compare_relevance(a: &Candidate, b: &Candidate) -> Ordering {
-    a.distance
-        .total_cmp(&b.distance)
+    a.rank
+        .cmp(&b.rank)
+        .then(a.distance.total_cmp(&b.distance))
         .then(a.document_id().cmp(&b.document_id()))
         .then(a.char_start().cmp(&b.char_start()))
 }
@@ -232,6 +240,7 @@ fn usable_distance(distance: f64) -> f64 {
 /// Gives every chunk its ranking distance and keeps each chunk id once (its best showing).
 fn rank_pieces(chunks: &[RetrievedChunk]) -> Vec<Piece<'_>> {
     let mut anchor_distance: HashMap<i64, f64> = HashMap::new();
+    let mut anchor_rank: HashMap<i64, i64> = HashMap::new();
     for chunk in chunks {
         if let Some(distance) = chunk.distance {
             let distance = usable_distance(distance);
@@ -239,6 +248,11 @@ fn rank_pieces(chunks: &[RetrievedChunk]) -> Vec<Piece<'_>> {
                 .entry(chunk.chunk_id)
                 .and_modify(|best| *best = best.min(distance))
                 .or_insert(distance);
+            let rank = chunk.rank.map_or(i64::MAX, i64::from);
+            anchor_rank
+                .entry(chunk.chunk_id)
+                .and_modify(|best| *best = (*best).min(rank))
+                .or_insert(rank);
         }
     }
 
@@ -253,12 +267,20 @@ fn rank_pieces(chunks: &[RetrievedChunk]) -> Vec<Piece<'_>> {
                 .and_then(|anchor| anchor_distance.get(&anchor).copied())
                 .unwrap_or(f64::INFINITY),
         };
+        let rank = match chunk.distance {
+            Some(_) => chunk.rank.map_or(i64::MAX, i64::from),
+            None => chunk
+                .anchor_chunk_id
+                .and_then(|anchor| anchor_rank.get(&anchor).copied())
+                .unwrap_or(i64::MAX),
+        };
         match index_of.get(&chunk.chunk_id) {
             Some(&index) => {
                 let existing = &mut pieces[index];
                 if distance < existing.distance {
                     existing.distance = distance;
                 }
+                existing.rank = existing.rank.min(rank);
                 if is_anchor && !existing.is_anchor {
                     existing.is_anchor = true;
                     existing.chunk = chunk;
@@ -268,6 +290,7 @@ fn rank_pieces(chunks: &[RetrievedChunk]) -> Vec<Piece<'_>> {
                 index_of.insert(chunk.chunk_id, pieces.len());
                 pieces.push(Piece {
                     chunk,
+                    rank,
                     distance,
                     is_anchor,
                 });
@@ -345,10 +368,12 @@ fn merge_run(pieces: Vec<Piece<'_>>) -> Candidate<'_> {
         .iter()
         .map(|p| p.distance)
         .fold(f64::INFINITY, f64::min);
+    let rank = pieces.iter().map(|p| p.rank).min().unwrap_or(i64::MAX);
     let token_estimate = estimate_tokens(&text);
     Candidate {
         pieces,
         text,
+        rank,
         distance,
         token_estimate,
     }
@@ -442,8 +467,35 @@ mod tests {
             text: slice(start, end),
             distance,
             anchor_chunk_id: anchor,
+            rank: None,
             locator: None,
         }
+    }
+
+    #[test]
+    fn the_search_rank_orders_sources_before_the_distance() {
+        // A reranker put document 2's chunk first although document 1's is nearer by distance; the neighbour of
+        // document 2's anchor travels with it.
+        let mut near = chunk(1, 0, Some(0.10), None);
+        near.rank = Some(2);
+        let mut relevant = chunk(2, 2, Some(0.40), None);
+        relevant.rank = Some(1);
+        let neighbour = chunk(2, 3, None, Some(relevant.chunk_id));
+        let assembled =
+            assemble_sources(&[near.clone(), relevant.clone(), neighbour.clone()], 1000);
+        let order: Vec<i64> = assembled.sources.iter().map(|s| s.document_id).collect();
+        assert_eq!(order, [2, 1]);
+        assert_eq!(
+            assembled.sources[0].chunk_ids,
+            [relevant.chunk_id, neighbour.chunk_id]
+        );
+        assert_eq!(assembled.sources[0].distance, 0.40);
+        // Without ranks the distance decides, as before.
+        near.rank = None;
+        relevant.rank = None;
+        let assembled = assemble_sources(&[near, relevant, neighbour], 1000);
+        let order: Vec<i64> = assembled.sources.iter().map(|s| s.document_id).collect();
+        assert_eq!(order, [1, 2]);
     }
 
     fn with_text(mut chunk: RetrievedChunk, text: &str, start: i64) -> RetrievedChunk {

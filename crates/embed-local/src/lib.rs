@@ -30,9 +30,12 @@ use std::sync::{Mutex, OnceLock};
 use tokenizers::Tokenizer;
 
 mod bert;
+mod rerank;
 mod weights;
 
+pub use bert::Pooling;
 use bert::{BertConfig, Encoder};
+pub use rerank::{CrossEncoder, Scored};
 use weights::WeightFile;
 
 /// Name of the BERT configuration file inside a model directory.
@@ -43,6 +46,8 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// Optional sentence-transformers configuration whose `max_seq_length` narrows the window.
 pub const SENTENCE_CONFIG_FILE: &str = "sentence_bert_config.json";
+/// Optional sentence-transformers pooling configuration; without it the model is mean-pooled.
+pub const POOLING_CONFIG_FILE: &str = "1_Pooling/config.json";
 
 /// Upper bound on tokens in one forward pass, whatever the caller's batch size.
 const MAX_TOKENS_PER_PASS: usize = 2048;
@@ -78,6 +83,19 @@ pub fn default_model_dir() -> PathBuf {
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .unwrap_or_else(|| "/usr/share/postgresql/15".to_owned());
     Path::new(&share_dir).join("rag/models/all-MiniLM-L6-v2")
+}
+
+/// Where tests and benchmarks expect the default reranker: `$RAG_RERANKER_DIR`, else
+/// `rag/models/ms-marco-MiniLM-L-12-v2` beside the default embedding model.
+pub fn default_reranker_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("RAG_RERANKER_DIR") {
+        return PathBuf::from(dir);
+    }
+    let embedding_dir = default_model_dir();
+    embedding_dir
+        .parent()
+        .unwrap_or(&embedding_dir)
+        .join("ms-marco-MiniLM-L-12-v2")
 }
 
 /// The default worker count: the number of cores, capped at 2 because a PostgreSQL server runs many
@@ -204,6 +222,7 @@ pub struct Embedded {
 pub struct LocalModel {
     tokenizer: Tokenizer,
     encoder: Encoder,
+    pooling: Pooling,
     max_tokens: usize,
     threads: usize,
     pool: rayon::ThreadPool,
@@ -213,6 +232,7 @@ impl fmt::Debug for LocalModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalModel")
             .field("dimensions", &self.encoder.hidden_size())
+            .field("pooling", &self.pooling)
             .field("max_tokens", &self.max_tokens)
             .field("threads", &self.threads)
             .field("weights_mapped", &self.encoder.weights_are_mapped())
@@ -223,6 +243,14 @@ impl fmt::Debug for LocalModel {
 #[derive(serde::Deserialize)]
 struct SentenceConfig {
     max_seq_length: Option<usize>,
+}
+
+#[derive(serde::Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
 }
 
 impl LocalModel {
@@ -237,11 +265,8 @@ impl LocalModel {
         model_dir: &Path,
         options: &LoadOptions,
     ) -> Result<LocalModel, LocalModelError> {
-        let config_path = model_dir.join(CONFIG_FILE);
-        let config: BertConfig = serde_json::from_slice(&read_file(&config_path)?)
-            .map_err(|error| invalid_file(&config_path, error.to_string()))?;
-        let weights = WeightFile::open(&model_dir.join(WEIGHTS_FILE))?;
-        let encoder = Encoder::new(weights, &config)?;
+        let encoder = load_encoder(model_dir)?;
+        let pooling = pooling(model_dir)?;
         let max_tokens = window(model_dir, encoder.positions())?;
         let tokenizer_path = model_dir.join(TOKENIZER_FILE);
         let tokenizer = load_tokenizer(&tokenizer_path, encoder.vocabulary_rows())?;
@@ -250,6 +275,7 @@ impl LocalModel {
         Ok(LocalModel {
             tokenizer,
             encoder,
+            pooling,
             max_tokens,
             threads,
             pool,
@@ -336,34 +362,17 @@ impl LocalModel {
             encoded.push(ids);
         }
 
-        // Inputs are not padded, so passes take them in order; the caps bound the activations
-        // (intermediate layer: tokens × intermediate_size × 4 bytes, 12 MB for MiniLM at the cap).
         let mut vectors = Vec::with_capacity(encoded.len());
-        let mut pass_start = 0;
-        while pass_start < encoded.len() {
+        for pass in passes(&encoded) {
             if interrupted() {
                 release_freed_memory();
                 return Err(LocalModelError::Interrupted);
             }
-            let mut pass_end = pass_start;
-            let mut tokens = 0;
-            while pass_end < encoded.len()
-                && pass_end - pass_start < MAX_INPUTS_PER_PASS
-                && (pass_end == pass_start
-                    || tokens + encoded[pass_end].len() <= MAX_TOKENS_PER_PASS)
-            {
-                tokens += encoded[pass_end].len();
-                pass_end += 1;
-            }
-            let pass: Vec<&[u32]> = encoded[pass_start..pass_end]
-                .iter()
-                .map(Vec::as_slice)
-                .collect();
+            let inputs: Vec<&[u32]> = encoded[pass].iter().map(Vec::as_slice).collect();
             vectors.extend(
                 self.pool
-                    .install(|| self.encoder.embed(&pass, self.threads))?,
+                    .install(|| self.encoder.embed(&inputs, self.pooling, self.threads))?,
             );
-            pass_start = pass_end;
         }
         release_freed_memory();
         Ok(Embedded {
@@ -380,6 +389,59 @@ impl LocalModel {
                 index,
                 message: error.to_string(),
             })
+    }
+}
+
+/// Splits inputs, in order, into forward passes. Inputs are not padded, so a pass is any run of them;
+/// the caps bound the activations (intermediate layer: tokens × intermediate_size × 4 bytes, 12 MB for
+/// MiniLM at the cap). An input over the token cap gets a pass of its own.
+fn passes(encoded: &[Vec<u32>]) -> Vec<std::ops::Range<usize>> {
+    let mut passes = Vec::new();
+    let mut start = 0;
+    while start < encoded.len() {
+        let mut end = start;
+        let mut tokens = 0;
+        while end < encoded.len()
+            && end - start < MAX_INPUTS_PER_PASS
+            && (end == start || tokens + encoded[end].len() <= MAX_TOKENS_PER_PASS)
+        {
+            tokens += encoded[end].len();
+            end += 1;
+        }
+        passes.push(start..end);
+        start = end;
+    }
+    passes
+}
+
+fn load_encoder(model_dir: &Path) -> Result<Encoder, LocalModelError> {
+    let config_path = model_dir.join(CONFIG_FILE);
+    let config: BertConfig = serde_json::from_slice(&read_file(&config_path)?)
+        .map_err(|error| invalid_file(&config_path, error.to_string()))?;
+    let weights = WeightFile::open(&model_dir.join(WEIGHTS_FILE))?;
+    Encoder::new(weights, &config)
+}
+
+/// The pooling sentence-transformers applies, from `1_Pooling/config.json`; mean when the file is absent.
+fn pooling(model_dir: &Path) -> Result<Pooling, LocalModelError> {
+    let path = model_dir.join(POOLING_CONFIG_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Pooling::Mean),
+        Err(source) => return Err(LocalModelError::Io { path, source }),
+    };
+    let config: PoolingConfig =
+        serde_json::from_slice(&bytes).map_err(|error| invalid_file(&path, error.to_string()))?;
+    match (
+        config.pooling_mode_cls_token,
+        config.pooling_mode_mean_tokens,
+    ) {
+        (true, false) => Ok(Pooling::Cls),
+        (false, true) => Ok(Pooling::Mean),
+        _ => Err(invalid_file(
+            &path,
+            "exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens must be true",
+        )),
     }
 }
 

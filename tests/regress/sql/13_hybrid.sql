@@ -32,10 +32,10 @@ SELECT title FROM rag_query('hybrid', 'full disk backups', k => 3, mode => 'keyw
 -- rank); computed here from the two single-mode results and compared with what the hybrid search returns.
 WITH vector_side AS (
     SELECT chunk_id, n FROM rag_query('hybrid', 'is the disk full', k => 40, max_distance => 2, mode => 'vector')
-         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, n)),
+         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, relevance, n)),
 keyword_side AS (
     SELECT chunk_id, n FROM rag_query('hybrid', 'is the disk full', k => 40, max_distance => 2, mode => 'keyword')
-         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, n)),
+         WITH ORDINALITY AS q(document_id, title, chunk_id, ordinal, content, distance, metadata, page, source, source_key, relevance, n)),
 expected AS (
     SELECT coalesce(v.chunk_id, k.chunk_id) AS chunk_id,
            coalesce(1.0 / (60 + v.n), 0) + rag._limit('keyword_weight')::numeric * coalesce(1.0 / (60 + k.n), 0) AS score

@@ -1,0 +1,129 @@
+-- Reranking: a cross-encoder (ms-marco-MiniLM-L-12-v2, run in this backend) rescores the search's best candidates,
+-- and its relevance replaces the distance ceiling as the refusal threshold.
+
+-- On by default for collections on the local provider; off for collections on a server's model.
+SELECT rag_create_collection('rr', embedding_provider => 'local') > 0 AS created;
+SELECT rag_create_collection('rr-remote', embedding_model => 'hash-384') > 0 AS created;
+SELECT name, reranker, rerank_candidates, min_relevance = rag._limit('min_relevance_default')::real AS default_threshold
+  FROM rag.collections WHERE name IN ('rr', 'rr-remote') ORDER BY name;
+SELECT rag_create_collection('rr-off', embedding_provider => 'local', reranker => 'none') > 0 AS created;
+SELECT reranker IS NULL AS off FROM rag.collections WHERE name = 'rr-off';
+
+SELECT rag_ingest('rr', 'Leave', 'Employees receive twenty-five days of paid vacation every year. Unused days may be carried over until March.') > 0,
+       rag_ingest('rr', 'Resignation', 'Anyone who wants to quit must tell their manager in writing one month in advance.') > 0,
+       rag_ingest('rr', 'Expenses', 'Train tickets and hotel bills for business trips are refunded within two weeks.') > 0,
+       rag_ingest('rr', 'Parking', 'Staff may leave their cars in the garage behind the building free of charge.') > 0,
+       rag_ingest('rr', 'Payroll', 'Salaries are paid on the last working day of each month by bank transfer.') > 0;
+SELECT rag_wait('rr', '120 seconds') AS ready;
+
+-- Paraphrases, worded unlike the passage that answers them: the right document comes first, and passes.
+SELECT q.question, r.title, r.relevance >= c.min_relevance AS passes
+  FROM (VALUES (1, 'How much notice do I have to give before leaving the company?'),
+               (2, 'How many holidays do I get?'),
+               (3, 'Will I get my travel costs back?'),
+               (4, 'Where can I park my car at work?'),
+               (5, 'When do we get our wages?')) AS q(n, question)
+  CROSS JOIN LATERAL (SELECT * FROM rag_query('rr', q.question, 1)) r
+  JOIN rag.collections c ON c.name = 'rr'
+ ORDER BY q.n;
+
+-- Results come in the reranker's order: relevance never increases down the list, whatever the distances do
+-- (the threshold out of the way, so every candidate is returned).
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
+SELECT bool_and(relevance <= previous) AS by_relevance, count(*) AS returned,
+       bool_or(distance > previous_distance) AS distances_not_in_order
+  FROM (SELECT relevance, lag(relevance, 1, 'Infinity') OVER (ORDER BY ordinality) AS previous,
+               distance, lag(distance, 1, 0) OVER (ORDER BY ordinality) AS previous_distance
+          FROM rag_query('rr', 'Who pays for my train ticket when I travel for work?', 5, max_distance => 2)
+               WITH ORDINALITY) ranked;
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._limit('min_relevance_default')::real);
+-- The same search without reranking keeps the fused order and gives no relevance.
+SELECT count(*) AS candidates, count(s.relevance) AS with_relevance
+  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'train ticket'), 5, NULL, 'train ticket', NULL, false) s
+ WHERE c.name = 'rr';
+
+-- Off-domain questions: nothing passes, rag_ask refuses without a chat call, and the ledger keeps both the
+-- nearest distance and the best relevance it saw.
+SELECT count(*) AS returned FROM rag_query('rr', 'What is the boiling point of water at sea level?');
+SELECT outcome, best_relevance < (SELECT min_relevance FROM rag.collections WHERE name = 'rr') AS below_threshold
+  FROM rag_ask('rr', 'Who painted the Mona Lisa?');
+SELECT kind, outcome, reason, chat_calls, nearest_distance IS NOT NULL AS has_nearest,
+       best_relevance IS NOT NULL AS has_best_relevance
+  FROM rag.queries WHERE collection = 'rr' AND question IN ('Who painted the Mona Lisa?',
+                                                            'What is the boiling point of water at sea level?')
+ ORDER BY id;
+-- An answerable question is answered from the passage the reranker put first.
+SELECT outcome, citations->0->>'title' AS cited, best_relevance >= 0 AS confident
+  FROM rag_ask('rr', 'How far in advance must I tell my manager that I quit?');
+
+-- The threshold's edge: a chunk whose relevance equals min_relevance passes; a hair above it, it does not.
+SELECT relevance AS edge FROM rag_query('rr', 'Where can I park my car at work?', 1) \gset
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => :edge);
+SELECT count(*) AS at_the_edge FROM rag_query('rr', 'Where can I park my car at work?', 1);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => :edge + 0.001);
+SELECT count(*) AS above_the_edge FROM rag_query('rr', 'Where can I park my car at work?', 1);
+-- The caller's max_distance still applies on top of the relevance.
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
+SELECT count(*) AS within_a_tiny_ceiling FROM rag_query('rr', 'Where can I park my car at work?', 5, max_distance => 0.01);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._limit('min_relevance_default')::real);
+
+-- rag_explain says that the plan's candidates are reranked, and by what.
+SELECT line FROM rag_explain('rr', 'parking', 3) AS line WHERE line ~ '^Rerank';
+
+-- Turning it off: the distance ceiling decides again and no relevance is reported.
+SELECT rag_set_reranker('rr', NULL);
+SELECT count(*) AS returned, count(relevance) AS with_relevance
+  FROM rag_query('rr', 'Where can I park my car at work?', 3, max_distance => 2);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', rerank_candidates => 10);
+SELECT reranker, rerank_candidates FROM rag.collections WHERE name = 'rr';
+
+-- Bad settings fail with a reason and change nothing. (The messages name the model directory under the server's
+-- share directory, shown as <sharedir> so that the expected output holds for every installation.)
+DO $$
+DECLARE
+    v_model text;
+    v_message text;
+    v_hint text;
+BEGIN
+    FOREACH v_model IN ARRAY ARRAY['no-such-reranker', 'all-MiniLM-L6-v2'] LOOP
+        BEGIN
+            PERFORM rag_set_reranker('rr', v_model);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+            RAISE NOTICE 'ERROR (%): % HINT: %', SQLSTATE,
+                replace(v_message, (SELECT setting FROM pg_catalog.pg_config WHERE name = 'SHAREDIR'), '<sharedir>'),
+                v_hint;
+        END;
+    END LOOP;
+END $$;
+SELECT rag_set_reranker('rr', '../etc');
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', rerank_candidates => 0);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => 'NaN');
+SELECT rag_create_collection('rr-bad', embedding_provider => 'local', rerank_candidates => 1000);
+SELECT reranker, rerank_candidates FROM rag.collections WHERE name = 'rr';
+SELECT count(*) AS not_created FROM rag.collections WHERE name = 'rr-bad';
+-- The table's own check holds the same range.
+DO $$
+BEGIN
+    UPDATE rag.collections SET rerank_candidates = 201 WHERE name = 'rr';
+EXCEPTION WHEN check_violation THEN
+    RAISE NOTICE '%', SQLERRM;
+END $$;
+
+-- Only an admin of the collection chooses its reranker: not a reader of it, not an admin of other collections.
+-- A reader's results are reranked all the same.
+CREATE ROLE rr_reader LOGIN IN ROLE rag_reader;
+CREATE ROLE rr_other_admin LOGIN IN ROLE rag_admin;
+SELECT rag_grant('rr', 'rr_reader', 'read');
+SET ROLE rr_reader;
+SELECT rag_set_reranker('rr', NULL);
+SELECT title, relevance IS NOT NULL AS reranked FROM rag_query('rr', 'Where can I park my car at work?', 1);
+RESET ROLE;
+SET ROLE rr_other_admin;
+SELECT rag_set_reranker('rr', NULL);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
+RESET ROLE;
+SELECT reranker, min_relevance = rag._limit('min_relevance_default')::real AS unchanged FROM rag.collections WHERE name = 'rr';
+
+SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_collection('rr-off');
+DROP ROLE rr_reader, rr_other_admin;
