@@ -262,8 +262,10 @@ BEGIN
         RETURN NULL;
     END IF;
     -- The full-text side's index needs no dimension: it exists from the start.
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
-                   rag._keyword_index_name(c.id), c.id);
+    IF to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL THEN
+        EXECUTE format('CREATE INDEX %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
+                       rag._keyword_index_name(c.id), c.id);
+    END IF;
     IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
@@ -275,9 +277,9 @@ BEGIN
         RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
         RETURN NULL;
     END IF;
-    v_index := 'chunks_embedding_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.dimensions, c.id);
+    v_index := 'chunks_' || c.vector_column || '_c' || c.id;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                   v_index, c.vector_column, c.dimensions, c.id);
     UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
     RETURN v_index;
 END $$;
@@ -357,8 +359,6 @@ BEGIN
     RETURN v_count;
 END $$;
 
--- Moves a collection to another embedding model. Vectors of two models are never mixed: the old ones go
--- in the same transaction, and the collection answers again as the worker embeds with the new model.
 -- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads and its
 -- refusal threshold; the last two keep their current values when NULL.
 CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
@@ -378,11 +378,20 @@ BEGIN
      WHERE u.id = c.id;
 END $$;
 
+-- Moves a collection to another embedding model without a moment of downtime: the worker embeds every chunk
+-- with the new model into the column the collection does not search, queries keep using the old model and its
+-- vectors meanwhile, and one transaction switches when all are there (rag._advance_migrations). Vectors of two
+-- models are never mixed in a search. A collection with nothing embedded yet just takes the new model. Returns
+-- the documents queued. Prefixes become the new model's own (or the settings', when set).
 CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
                                         embedding_provider text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
+    v_provider text;
+    v_document_prefix text;
+    v_query_prefix text;
+    v_count bigint;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     IF embedding_model IS NULL OR embedding_model = '' THEN
@@ -393,16 +402,134 @@ BEGIN
         RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
             HINT = 'SELECT name, kind FROM rag.providers lists them.';
     END IF;
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    IF dimensions IS NOT NULL AND (dimensions < 1 OR dimensions > 16000) THEN
+        RAISE EXCEPTION 'dimensions must be between 1 and 16000, not %', dimensions
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
     END IF;
-    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
-           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
-           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
-     WHERE id = c.id;
-    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(c.id);
+    v_provider := coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider);
+    -- The new model's own prefixes (or the settings', when set), as rag_create_collection chooses them.
+    SELECT coalesce(nullif(rag._setting('rag.document_prefix'), ''), m.document_prefix),
+           coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
+      INTO v_document_prefix, v_query_prefix
+      FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
+    DELETE FROM rag.migrations WHERE collection_id = c.id;
+    IF c.dimensions IS NULL THEN
+        -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
+        UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
+               embedding_provider = v_provider, dimensions = rag_set_embedding_model.dimensions,
+               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL
+         WHERE u.id = c.id;
+        IF rag_set_embedding_model.dimensions IS NOT NULL THEN
+            PERFORM rag._ensure_index(c.id);
+        END IF;
+        RETURN rag_reindex(collection);
     END IF;
-    RETURN rag_reindex(collection);
+    -- The collection keeps being searched with its model while every chunk is embedded into the other column;
+    -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
+    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
+    INSERT INTO rag.migrations (collection_id, embedding_provider, embedding_model, dimensions, document_prefix,
+                                query_prefix)
+    VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
+            v_document_prefix, v_query_prefix);
+    INSERT INTO rag.queue (document_id, collection_id)
+    SELECT d.id, d.collection_id FROM rag.documents d
+     WHERE d.collection_id = c.id AND d.status <> 'failed'
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                            last_error = NULL;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+-- Stops a model change: the collection stays on its model, and the vectors made for the new one are cleared by
+-- the worker. Returns whether a change was going.
+CREATE FUNCTION rag_cancel_embedding_model(collection text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    UPDATE rag.migrations SET state = 'clearing', failure_reason = NULL
+     WHERE collection_id = v_collection AND state IN ('embedding', 'failed');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._wake_worker();
+    RETURN true;
+END $$;
+
+-- Empties one of a collection's vector columns (at most p_limit rows at a time, all when NULL) and drops its
+-- index if one is left; returns how many rows it emptied. The other column is never touched.
+CREATE FUNCTION rag._clear_space(p_collection_id integer, p_column text, p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
+        EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
+    END IF;
+    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL WHERE id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
+                   p_column)
+      USING p_collection_id, coalesce(p_limit, 2147483647);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
+-- Model changes whose worker step is due: one whose every ready document has its vectors in the new space, with
+-- nothing of the collection queued, or one clearing the column left behind. The idle worker's read-only look.
+CREATE FUNCTION rag._migrations_due() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(m.collection_id ORDER BY m.collection_id), '{}')
+      FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
+     WHERE m.state = 'clearing'
+        OR (m.state = 'embedding'
+            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id)
+            AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                             WHERE ch.collection_id = c.id AND d.status = 'ready'
+                               AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                        ELSE ch.embedding END IS NULL))
+$$;
+
+-- The worker's step of model changes, each in this transaction: a complete one switches (the new space's HNSW
+-- index is built first, which holds writes to rag.chunks, not reads, while it runs; then the collection's model,
+-- prefixes, dimension, index and searched column change together, so a search sees the old space or the new,
+-- never both); a clearing one empties up to 10,000 rows of the column left behind. Returns the steps taken.
+CREATE FUNCTION rag._advance_migrations() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id integer;
+    c rag.collections;
+    m rag.migrations;
+    v_new_column text;
+    v_index text;
+    v_steps integer := 0;
+BEGIN
+    -- Building and dropping an index wait for locks on rag.chunks; behind long queries the step gives up at once
+    -- and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_id IN ARRAY rag._migrations_due() LOOP
+        SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
+        SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE;
+        IF m.state = 'clearing' THEN
+            IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
+                DELETE FROM rag.migrations WHERE collection_id = c.id;
+            END IF;
+        ELSIF m.state = 'embedding' THEN
+            v_new_column := rag._target_column(c.vector_column, true);
+            v_index := NULL;
+            IF m.dimensions BETWEEN 1 AND 2000 THEN
+                v_index := 'chunks_' || v_new_column || '_c' || c.id;
+                EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                               v_index, v_new_column, m.dimensions, c.id);
+            END IF;
+            UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
+                   embedding_provider = m.embedding_provider, dimensions = m.dimensions,
+                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index
+             WHERE u.id = c.id;
+            -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
+            UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
+        END IF;
+        v_steps := v_steps + 1;
+    END LOOP;
+    RETURN v_steps;
 END $$;

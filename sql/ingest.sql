@@ -222,7 +222,10 @@ DECLARE
     v_deadline timestamptz := clock_timestamp() + timeout;
 BEGIN
     LOOP
-        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing') THEN
+        -- A model change counts as processing until it has switched (or failed): rag_wait after
+        -- rag_set_embedding_model returns once the new model serves the collection.
+        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
+           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding') THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN
@@ -247,12 +250,13 @@ RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
                provider_name text, provider_kind text, provider_url text, provider_key_setting text,
                embedding_model text, dimensions integer, document_prefix text,
-               chunk_size integer, chunk_overlap integer, chunk_unit text)
+               chunk_size integer, chunk_overlap integer, chunk_unit text, shadow boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.queue;
     v_candidate bigint;
     v_found boolean;
+    v_shadow boolean;
 BEGIN
     LOOP
         v_found := false;
@@ -266,8 +270,9 @@ BEGIN
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
                     ORDER BY qu.not_before, qu.id LIMIT 3) h
-             -- Providers this worker found failing wait out their cool-down; the others' documents go ahead.
-             WHERE NOT (c.embedding_provider = ANY (p_skip_providers))
+             -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
+             -- go ahead, those of a collection whose model change to a failing model is stuck included.
+             WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
              ORDER BY array_position(p_recent, c.id) NULLS FIRST, h.not_before, h.id
         LOOP
             SELECT * INTO q FROM rag.queue qu
@@ -294,6 +299,9 @@ BEGIN
         UPDATE rag.queue SET claimed_by = p_worker, claimed_at = now(),
                              unfinished_claims = unfinished_claims + 1
          WHERE id = q.id;
+        -- The document's vectors in the searched space come first (it is searchable as soon as they are
+        -- there); during a model change, its vectors in the other space then.
+        v_shadow := rag._needs_shadow(q.document_id);
         RETURN QUERY
         SELECT q.id, d.id, c.id,
                NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id),
@@ -301,15 +309,75 @@ BEGIN
                extract(epoch FROM now() - q.first_failure_at)::double precision,
                extract(epoch FROM coalesce(c.retry_deadline, rag._setting('rag.retry_deadline')::interval))::integer,
                p.name, p.kind, p.base_url, p.api_key_setting,
-               c.embedding_model, c.dimensions, c.document_prefix,
-               c.chunk_size, c.chunk_overlap, c.chunk_unit
+               CASE WHEN v_shadow THEN m.embedding_model ELSE c.embedding_model END,
+               CASE WHEN v_shadow THEN m.dimensions ELSE c.dimensions END,
+               CASE WHEN v_shadow THEN m.document_prefix ELSE c.document_prefix END,
+               c.chunk_size, c.chunk_overlap, c.chunk_unit, v_shadow
           FROM rag.documents d
           JOIN rag.collections c ON c.id = d.collection_id
-          JOIN rag.providers p ON p.name = c.embedding_provider
+          LEFT JOIN rag.migrations m ON m.collection_id = c.id
+          JOIN rag.providers p ON p.name = CASE WHEN v_shadow THEN m.embedding_provider ELSE c.embedding_provider END
          WHERE d.id = q.document_id;
         RETURN;
     END LOOP;
 END $$;
+
+-- The column a document's vectors go to: its collection's searched one, or (p_shadow) the other one, which a
+-- model change fills.
+CREATE FUNCTION rag._target_column(p_vector_column text, p_shadow boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN (p_vector_column = 'embedding') <> p_shadow THEN 'embedding' ELSE 'embedding_alt' END
+$$;
+
+-- A document's chunks that have their vector in the collection's searched space.
+CREATE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
+      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+     WHERE ch.document_id = p_document_id
+$$;
+
+-- Whether the worker's next step for this document is the new space of a model change: the document is chunked,
+-- every chunk has its vector in the searched space, some chunk lacks one in the other, and the change is going.
+CREATE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+                    WHERE d.id = p_document_id AND m.state = 'embedding')
+       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+                        WHERE ch.document_id = p_document_id
+                          AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+                    WHERE ch.document_id = p_document_id
+                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL)
+$$;
+
+-- 'provider/model' of the embedding the worker's next step for a queued document would ask for: the
+-- collection's, or during a model change (rag._needs_shadow) the new model's. What the worker's circuit breaker
+-- is keyed by.
+CREATE FUNCTION rag._embedding_key(p_queue_id bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN rag._needs_shadow(q.document_id) THEN m.embedding_provider || '/' || m.embedding_model
+                ELSE c.embedding_provider || '/' || c.embedding_model END
+      FROM rag.queue q JOIN rag.collections c ON c.id = q.collection_id
+      LEFT JOIN rag.migrations m ON m.collection_id = c.id
+     WHERE q.id = p_queue_id
+$$;
+
+-- The next chunks of a document still without a vector in the space the worker fills (p_shadow: the new one of a
+-- model change), in order.
+CREATE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
+RETURNS TABLE (chunk_id bigint, content text)
+LANGUAGE sql STABLE AS $$
+    SELECT ch.id, ch.content
+      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+     WHERE ch.document_id = p_document_id
+       AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
+                                                             ELSE ch.embedding_alt END IS NULL
+     ORDER BY ch.ordinal
+     LIMIT p_limit
+$$;
 
 -- Seconds until the next deferred item is due (NULL when the queue is empty), so an idle worker sleeps
 -- exactly as long as it may.
@@ -342,7 +410,7 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET chunks_total = v_count,
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;
     RETURN v_count;
@@ -351,12 +419,18 @@ END $$;
 -- Writes one batch of vectors. Returns NULL on success, or the reason the document must fail (a vector of
 -- another dimension than the collection's). Counters are recomputed from the table, never incremented, so
 -- a batch written twice or a worker killed half-way leaves them exact.
+-- p_model is the model that made the vectors and p_shadow the space they were made for: a batch made for a
+-- space that has changed model meanwhile (a model change switched, was cancelled or replaced) is dropped, and its
+-- chunks are embedded again with the model now in force.
 CREATE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
-                                      p_vectors text[], p_dimensions integer, p_tokens bigint)
+                                      p_vectors text[], p_dimensions integer, p_tokens bigint, p_model text,
+                                      p_shadow boolean)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
+    m rag.migrations;
+    v_column text;
 BEGIN
     -- The document is locked before its chunks, the order in which deleting a document (its cascade to
     -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
@@ -366,18 +440,35 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- deleted meanwhile: nothing to store
     END IF;
-    IF c.dimensions IS NULL THEN
+    IF p_shadow THEN
+        SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR UPDATE;
+        IF NOT FOUND OR m.embedding_model <> p_model THEN
+            RETURN NULL;
+        END IF;
+        IF m.dimensions IS NULL THEN
+            UPDATE rag.migrations SET dimensions = p_dimensions WHERE collection_id = c.id;
+        ELSIF m.dimensions <> p_dimensions THEN
+            RETURN format('model "%s" returned %s-dimensional vectors but the change of collection "%s" to it expects %s; vectors of different sizes are never mixed',
+                          m.embedding_model, p_dimensions, c.name, m.dimensions);
+        END IF;
+    ELSIF c.embedding_model <> p_model THEN
+        RETURN NULL;
+    ELSIF c.dimensions IS NULL THEN
         UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
         PERFORM rag._ensure_index(c.id);
     ELSIF c.dimensions <> p_dimensions THEN
         RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
                       c.embedding_model, p_dimensions, c.name, c.dimensions);
     END IF;
-    UPDATE rag.chunks ch SET embedding = v.vec::vector
+    v_column := rag._target_column(c.vector_column, p_shadow);
+    UPDATE rag.chunks ch
+       SET embedding = CASE v_column WHEN 'embedding' THEN v.vec::vector ELSE ch.embedding END,
+           embedding_alt = CASE v_column WHEN 'embedding_alt' THEN v.vec::vector ELSE ch.embedding_alt END
       FROM unnest(p_chunk_ids, p_vectors) AS v(id, vec)
-     WHERE ch.id = v.id AND ch.document_id = p_document_id AND ch.embedding IS NULL;
+     WHERE ch.id = v.id AND ch.document_id = p_document_id
+       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL;
     UPDATE rag.documents SET
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,
            embed_tokens = embed_tokens + coalesce(p_tokens, 0),
            updated_at = now()
@@ -387,7 +478,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Marks the document ready when every chunk has its vector; returns whether it did.
+-- Marks the document ready when every chunk has its vector in the searched space; returns whether it did. The
+-- queue item stays (released for the next claim) while a model change still needs the document's vectors in
+-- the other space.
 CREATE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -395,14 +488,18 @@ DECLARE
 BEGIN
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;
     SELECT chunks_total = chunks_embedded INTO v_done FROM rag.documents WHERE id = p_document_id;
     IF v_done IS NULL OR v_done THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
-        DELETE FROM rag.queue WHERE id = p_queue_id;
+        IF rag._needs_shadow(p_document_id) THEN
+            UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+        ELSE
+            DELETE FROM rag.queue WHERE id = p_queue_id;
+        END IF;
         RETURN true;
     END IF;
     RETURN false;
@@ -421,9 +518,16 @@ LANGUAGE sql AS $$
      WHERE id = p_queue_id
 $$;
 
-CREATE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text) RETURNS void
+-- A document that cannot be embedded fails; when it was its vectors for a model change that failed (p_shadow),
+-- the document stays as it is (searchable with the current model) and the change fails instead, with the reason.
+CREATE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text, p_shadow boolean DEFAULT false)
+RETURNS void
 LANGUAGE sql AS $$
     UPDATE rag.documents SET status = 'failed', failure_reason = left(p_reason, 2000), updated_at = now()
-     WHERE id = p_document_id;
+     WHERE id = p_document_id AND NOT p_shadow;
+    UPDATE rag.migrations SET state = 'failed',
+           failure_reason = left(format('document %s: %s', p_document_id, p_reason), 2000)
+     WHERE p_shadow AND state = 'embedding'
+       AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;

@@ -85,6 +85,23 @@ ALTER TABLE rag.collections ALTER COLUMN rerank_candidates DROP DEFAULT,
                             ALTER COLUMN min_relevance DROP DEFAULT;
 ALTER TABLE rag.queries ADD COLUMN best_relevance real;
 
+-- Model changes without downtime: each chunk gets a second vector column, each collection says which of the two
+-- it searches (the existing vectors stay where they are, in 'embedding'), and a table holds the changes going.
+ALTER TABLE rag.chunks ADD COLUMN embedding_alt vector;
+ALTER TABLE rag.collections
+    ADD COLUMN vector_column text NOT NULL DEFAULT 'embedding' CHECK (vector_column IN ('embedding', 'embedding_alt'));
+CREATE TABLE rag.migrations (
+    collection_id      integer PRIMARY KEY REFERENCES rag.collections (id) ON DELETE CASCADE,
+    state              text NOT NULL DEFAULT 'embedding' CHECK (state IN ('embedding', 'failed', 'clearing')),
+    embedding_provider text NOT NULL REFERENCES rag.providers (name),
+    embedding_model    text NOT NULL CHECK (embedding_model <> ''),
+    dimensions         integer CHECK (dimensions BETWEEN 1 AND 16000),
+    document_prefix    text NOT NULL DEFAULT '',
+    query_prefix       text NOT NULL DEFAULT '',
+    started_at         timestamptz NOT NULL DEFAULT now(),
+    failure_reason     text
+);
+
 -- The answering limits' defaults come from rag_create_collection (src/limits.rs through rag._limit), not from
 -- the table; its checks are re-made on rag._limit in part 3.
 ALTER TABLE rag.collections ALTER COLUMN context_budget DROP DEFAULT,
@@ -107,6 +124,9 @@ DROP FUNCTION rag_create_collection(text, text, text, integer, text, text, integ
                                     interval, text, text, text, integer, integer);
 -- rag_ask returns the reranker's best relevance too.
 DROP FUNCTION rag_ask(text, text, integer, bigint, double precision);
+-- The worker's steps name the vector space they fill (a model change's, or the searched one).
+DROP FUNCTION rag._store_embeddings(bigint, bigint, bigint[], text[], integer, bigint);
+DROP FUNCTION rag._fail(bigint, bigint, text);
 
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
@@ -168,7 +188,7 @@ DO $$
 DECLARE
     v_table text;
 BEGIN
-    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
         -- The scalar subquery runs once per query (an InitPlan), not once per row.
         EXECUTE format($p$CREATE POLICY readable ON rag.%I FOR SELECT
@@ -206,8 +226,18 @@ SELECT c.name AS collection,
        coalesce(d.chunks_total, 0) AS chunks_total,
        coalesce(q.depth, 0) AS queue_depth,
        q.oldest AS oldest_pending,
-       e.last_error
+       e.last_error,
+       m.embedding_model AS migrating_to,
+       m.state AS migration_state,
+       mc.embedded AS migration_chunks_embedded,
+       m.failure_reason AS migration_error
   FROM rag.collections c
+  LEFT JOIN rag.migrations m ON m.collection_id = c.id
+  LEFT JOIN LATERAL (
+        -- How many chunks have their vector in the new space; counted only while a model change runs.
+        SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt IS NOT NULL
+                                                                            ELSE ch.embedding IS NOT NULL END) AS embedded
+          FROM rag.chunks ch WHERE ch.collection_id = c.id AND m.state = 'embedding') mc ON true
   LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
                count(*) FILTER (WHERE status = 'ready') AS ready,
@@ -226,7 +256,7 @@ SELECT c.name AS collection,
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
 
 CREATE OR REPLACE FUNCTION "rag_ask"(
 	"collection" TEXT, /* & str */
@@ -339,49 +369,34 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
 ) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
+STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
+AS 'MODULE_PATHNAME', 'setting_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
-	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
@@ -394,14 +409,6 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
 ) RETURNS INT /* i32 */
@@ -409,14 +416,12 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -434,12 +439,32 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rerank_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_limit"(
 	"name" TEXT /* & str */
@@ -448,22 +473,14 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_reranker text, p_candidates integer, p_min_relevance real) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -705,8 +722,10 @@ BEGIN
         RETURN NULL;
     END IF;
     -- The full-text side's index needs no dimension: it exists from the start.
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
-                   rag._keyword_index_name(c.id), c.id);
+    IF to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL THEN
+        EXECUTE format('CREATE INDEX %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
+                       rag._keyword_index_name(c.id), c.id);
+    END IF;
     IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
@@ -718,9 +737,9 @@ BEGIN
         RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
         RETURN NULL;
     END IF;
-    v_index := 'chunks_embedding_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((embedding::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.dimensions, c.id);
+    v_index := 'chunks_' || c.vector_column || '_c' || c.id;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                   v_index, c.vector_column, c.dimensions, c.id);
     UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
     RETURN v_index;
 END $$;
@@ -813,6 +832,10 @@ CREATE OR REPLACE FUNCTION rag_set_embedding_model(collection text, embedding_mo
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
+    v_provider text;
+    v_document_prefix text;
+    v_query_prefix text;
+    v_count bigint;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     IF embedding_model IS NULL OR embedding_model = '' THEN
@@ -823,19 +846,140 @@ BEGIN
         RAISE EXCEPTION 'provider "%" does not exist', embedding_provider USING ERRCODE = 'undefined_object',
             HINT = 'SELECT name, kind FROM rag.providers lists them.';
     END IF;
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
+    IF dimensions IS NOT NULL AND (dimensions < 1 OR dimensions > 16000) THEN
+        RAISE EXCEPTION 'dimensions must be between 1 and 16000, not %', dimensions
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
     END IF;
-    UPDATE rag.collections SET embedding_model = rag_set_embedding_model.embedding_model,
-           embedding_provider = coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider),
-           dimensions = rag_set_embedding_model.dimensions, index_name = NULL
-     WHERE id = c.id;
-    UPDATE rag.chunks SET embedding = NULL WHERE collection_id = c.id;
-    IF dimensions IS NOT NULL THEN
-        PERFORM rag._ensure_index(c.id);
+    v_provider := coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider);
+    -- The new model's own prefixes (or the settings', when set), as rag_create_collection chooses them.
+    SELECT coalesce(nullif(rag._setting('rag.document_prefix'), ''), m.document_prefix),
+           coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
+      INTO v_document_prefix, v_query_prefix
+      FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
+    DELETE FROM rag.migrations WHERE collection_id = c.id;
+    IF c.dimensions IS NULL THEN
+        -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
+        UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
+               embedding_provider = v_provider, dimensions = rag_set_embedding_model.dimensions,
+               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL
+         WHERE u.id = c.id;
+        IF rag_set_embedding_model.dimensions IS NOT NULL THEN
+            PERFORM rag._ensure_index(c.id);
+        END IF;
+        RETURN rag_reindex(collection);
     END IF;
-    RETURN rag_reindex(collection);
+    -- The collection keeps being searched with its model while every chunk is embedded into the other column;
+    -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
+    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
+    INSERT INTO rag.migrations (collection_id, embedding_provider, embedding_model, dimensions, document_prefix,
+                                query_prefix)
+    VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
+            v_document_prefix, v_query_prefix);
+    INSERT INTO rag.queue (document_id, collection_id)
+    SELECT d.id, d.collection_id FROM rag.documents d
+     WHERE d.collection_id = c.id AND d.status <> 'failed'
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                            last_error = NULL;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM rag._wake_worker();
+    RETURN v_count;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag_cancel_embedding_model(collection text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    UPDATE rag.migrations SET state = 'clearing', failure_reason = NULL
+     WHERE collection_id = v_collection AND state IN ('embedding', 'failed');
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._wake_worker();
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._clear_space(p_collection_id integer, p_column text, p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
+        EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
+    END IF;
+    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL WHERE id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
+                   p_column)
+      USING p_collection_id, coalesce(p_limit, 2147483647);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._migrations_due() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(m.collection_id ORDER BY m.collection_id), '{}')
+      FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
+     WHERE m.state = 'clearing'
+        OR (m.state = 'embedding'
+            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id)
+            AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                             WHERE ch.collection_id = c.id AND d.status = 'ready'
+                               AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                        ELSE ch.embedding END IS NULL))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._advance_migrations() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id integer;
+    c rag.collections;
+    m rag.migrations;
+    v_new_column text;
+    v_index text;
+    v_steps integer := 0;
+BEGIN
+    -- Building and dropping an index wait for locks on rag.chunks; behind long queries the step gives up at once
+    -- and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_id IN ARRAY rag._migrations_due() LOOP
+        SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
+        SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE;
+        IF m.state = 'clearing' THEN
+            IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
+                DELETE FROM rag.migrations WHERE collection_id = c.id;
+            END IF;
+        ELSIF m.state = 'embedding' THEN
+            v_new_column := rag._target_column(c.vector_column, true);
+            v_index := NULL;
+            IF m.dimensions BETWEEN 1 AND 2000 THEN
+                v_index := 'chunks_' || v_new_column || '_c' || c.id;
+                EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
+                               v_index, v_new_column, m.dimensions, c.id);
+            END IF;
+            UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
+                   embedding_provider = m.embedding_provider, dimensions = m.dimensions,
+                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index
+             WHERE u.id = c.id;
+            -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
+            UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
+        END IF;
+        v_steps := v_steps + 1;
+    END LOOP;
+    RETURN v_steps;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -1049,7 +1193,10 @@ DECLARE
     v_deadline timestamptz := clock_timestamp() + timeout;
 BEGIN
     LOOP
-        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing') THEN
+        -- A model change counts as processing until it has switched (or failed): rag_wait after
+        -- rag_set_embedding_model returns once the new model serves the collection.
+        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
+           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding') THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN
@@ -1064,12 +1211,13 @@ RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
                provider_name text, provider_kind text, provider_url text, provider_key_setting text,
                embedding_model text, dimensions integer, document_prefix text,
-               chunk_size integer, chunk_overlap integer, chunk_unit text)
+               chunk_size integer, chunk_overlap integer, chunk_unit text, shadow boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.queue;
     v_candidate bigint;
     v_found boolean;
+    v_shadow boolean;
 BEGIN
     LOOP
         v_found := false;
@@ -1083,8 +1231,9 @@ BEGIN
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
                     ORDER BY qu.not_before, qu.id LIMIT 3) h
-             -- Providers this worker found failing wait out their cool-down; the others' documents go ahead.
-             WHERE NOT (c.embedding_provider = ANY (p_skip_providers))
+             -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
+             -- go ahead, those of a collection whose model change to a failing model is stuck included.
+             WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
              ORDER BY array_position(p_recent, c.id) NULLS FIRST, h.not_before, h.id
         LOOP
             SELECT * INTO q FROM rag.queue qu
@@ -1111,6 +1260,9 @@ BEGIN
         UPDATE rag.queue SET claimed_by = p_worker, claimed_at = now(),
                              unfinished_claims = unfinished_claims + 1
          WHERE id = q.id;
+        -- The document's vectors in the searched space come first (it is searchable as soon as they are
+        -- there); during a model change, its vectors in the other space then.
+        v_shadow := rag._needs_shadow(q.document_id);
         RETURN QUERY
         SELECT q.id, d.id, c.id,
                NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id),
@@ -1118,15 +1270,65 @@ BEGIN
                extract(epoch FROM now() - q.first_failure_at)::double precision,
                extract(epoch FROM coalesce(c.retry_deadline, rag._setting('rag.retry_deadline')::interval))::integer,
                p.name, p.kind, p.base_url, p.api_key_setting,
-               c.embedding_model, c.dimensions, c.document_prefix,
-               c.chunk_size, c.chunk_overlap, c.chunk_unit
+               CASE WHEN v_shadow THEN m.embedding_model ELSE c.embedding_model END,
+               CASE WHEN v_shadow THEN m.dimensions ELSE c.dimensions END,
+               CASE WHEN v_shadow THEN m.document_prefix ELSE c.document_prefix END,
+               c.chunk_size, c.chunk_overlap, c.chunk_unit, v_shadow
           FROM rag.documents d
           JOIN rag.collections c ON c.id = d.collection_id
-          JOIN rag.providers p ON p.name = c.embedding_provider
+          LEFT JOIN rag.migrations m ON m.collection_id = c.id
+          JOIN rag.providers p ON p.name = CASE WHEN v_shadow THEN m.embedding_provider ELSE c.embedding_provider END
          WHERE d.id = q.document_id;
         RETURN;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._target_column(p_vector_column text, p_shadow boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN (p_vector_column = 'embedding') <> p_shadow THEN 'embedding' ELSE 'embedding_alt' END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
+      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+     WHERE ch.document_id = p_document_id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+                    WHERE d.id = p_document_id AND m.state = 'embedding')
+       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+                        WHERE ch.document_id = p_document_id
+                          AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+                    WHERE ch.document_id = p_document_id
+                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._embedding_key(p_queue_id bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN rag._needs_shadow(q.document_id) THEN m.embedding_provider || '/' || m.embedding_model
+                ELSE c.embedding_provider || '/' || c.embedding_model END
+      FROM rag.queue q JOIN rag.collections c ON c.id = q.collection_id
+      LEFT JOIN rag.migrations m ON m.collection_id = c.id
+     WHERE q.id = p_queue_id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
+RETURNS TABLE (chunk_id bigint, content text)
+LANGUAGE sql STABLE AS $$
+    SELECT ch.id, ch.content
+      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+     WHERE ch.document_id = p_document_id
+       AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
+                                                             ELSE ch.embedding_alt END IS NULL
+     ORDER BY ch.ordinal
+     LIMIT p_limit
+$$;
 
 CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -1157,18 +1359,21 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
     UPDATE rag.documents SET chunks_total = v_count,
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;
     RETURN v_count;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
-                                      p_vectors text[], p_dimensions integer, p_tokens bigint)
+                                      p_vectors text[], p_dimensions integer, p_tokens bigint, p_model text,
+                                      p_shadow boolean)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
+    m rag.migrations;
+    v_column text;
 BEGIN
     -- The document is locked before its chunks, the order in which deleting a document (its cascade to
     -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
@@ -1178,18 +1383,35 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- deleted meanwhile: nothing to store
     END IF;
-    IF c.dimensions IS NULL THEN
+    IF p_shadow THEN
+        SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR UPDATE;
+        IF NOT FOUND OR m.embedding_model <> p_model THEN
+            RETURN NULL;
+        END IF;
+        IF m.dimensions IS NULL THEN
+            UPDATE rag.migrations SET dimensions = p_dimensions WHERE collection_id = c.id;
+        ELSIF m.dimensions <> p_dimensions THEN
+            RETURN format('model "%s" returned %s-dimensional vectors but the change of collection "%s" to it expects %s; vectors of different sizes are never mixed',
+                          m.embedding_model, p_dimensions, c.name, m.dimensions);
+        END IF;
+    ELSIF c.embedding_model <> p_model THEN
+        RETURN NULL;
+    ELSIF c.dimensions IS NULL THEN
         UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
         PERFORM rag._ensure_index(c.id);
     ELSIF c.dimensions <> p_dimensions THEN
         RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
                       c.embedding_model, p_dimensions, c.name, c.dimensions);
     END IF;
-    UPDATE rag.chunks ch SET embedding = v.vec::vector
+    v_column := rag._target_column(c.vector_column, p_shadow);
+    UPDATE rag.chunks ch
+       SET embedding = CASE v_column WHEN 'embedding' THEN v.vec::vector ELSE ch.embedding END,
+           embedding_alt = CASE v_column WHEN 'embedding_alt' THEN v.vec::vector ELSE ch.embedding_alt END
       FROM unnest(p_chunk_ids, p_vectors) AS v(id, vec)
-     WHERE ch.id = v.id AND ch.document_id = p_document_id AND ch.embedding IS NULL;
+     WHERE ch.id = v.id AND ch.document_id = p_document_id
+       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL;
     UPDATE rag.documents SET
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,
            embed_tokens = embed_tokens + coalesce(p_tokens, 0),
            updated_at = now()
@@ -1206,14 +1428,18 @@ DECLARE
 BEGIN
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;
     SELECT chunks_total = chunks_embedded INTO v_done FROM rag.documents WHERE id = p_document_id;
     IF v_done IS NULL OR v_done THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
-        DELETE FROM rag.queue WHERE id = p_queue_id;
+        IF rag._needs_shadow(p_document_id) THEN
+            UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+        ELSE
+            DELETE FROM rag.queue WHERE id = p_queue_id;
+        END IF;
         RETURN true;
     END IF;
     RETURN false;
@@ -1230,10 +1456,15 @@ LANGUAGE sql AS $$
      WHERE id = p_queue_id
 $$;
 
-CREATE OR REPLACE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text) RETURNS void
+CREATE OR REPLACE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text, p_shadow boolean DEFAULT false)
+RETURNS void
 LANGUAGE sql AS $$
     UPDATE rag.documents SET status = 'failed', failure_reason = left(p_reason, 2000), updated_at = now()
-     WHERE id = p_document_id;
+     WHERE id = p_document_id AND NOT p_shadow;
+    UPDATE rag.migrations SET state = 'failed',
+           failure_reason = left(format('document %s: %s', p_document_id, p_reason), 2000)
+     WHERE p_shadow AND state = 'embedding'
+       AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
@@ -1717,26 +1948,30 @@ DECLARE
     v_missing integer;
 BEGIN
     SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
+    -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
     ), kept AS (
-        SELECT DISTINCT ON (content) content, embedding FROM old WHERE embedding IS NOT NULL
+        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
+         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
+         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
-                            tsv)
+                            embedding_alt, tsv)
     SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
-           to_tsvector(c.text_search_config, t.content)
+           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
       FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content;
-    SELECT count(*) FILTER (WHERE embedding IS NULL) INTO v_missing FROM rag.chunks WHERE document_id = p_document_id;
+    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
      WHERE id = p_document_id;
-    IF v_missing > 0 THEN
+    IF v_missing > 0 OR rag._needs_shadow(p_document_id) THEN
         INSERT INTO rag.queue (document_id, collection_id) VALUES (p_document_id, v_collection)
         ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
     END IF;
@@ -1808,13 +2043,14 @@ LANGUAGE sql IMMUTABLE AS $$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
                   FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
                  WHERE ch.collection_id = %2$s%3$s
                    AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-                 ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
                  LIMIT $5) v
-         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+         c.vector_column)
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -1832,12 +2068,13 @@ LANGUAGE sql IMMUTABLE AS $$
          LIMIT $5$q$,
         CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %2$s%3$s
                AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+             c.vector_column)
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
                      NULL::double precision AS distance WHERE false' END,
         CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
@@ -1851,8 +2088,8 @@ LANGUAGE sql IMMUTABLE AS $$
                      NULL::real AS score WHERE false' END,
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
-            '(SELECT dc.embedding::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions)
+            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column)
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight')) END
 $$;
@@ -2297,7 +2534,7 @@ DECLARE
     v_object text;
 BEGIN
     -- One call per statement: each call rewrites the extension's catalog row.
-    FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'watches', 'row_queue',
+    FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'migrations', 'watches', 'row_queue',
                                     'row_batches', 'documents', 'chunks', 'queue', 'prices', 'conversations',
                                     'queries', 'messages', 'collections_id_seq', 'watches_id_seq',
                                     'row_queue_id_seq', 'row_batches_id_seq', 'documents_id_seq', 'chunks_id_seq',
@@ -2320,6 +2557,8 @@ GRANT SELECT ON rag.queries, rag.conversations, rag.messages TO rag_reader;
 GRANT SELECT ON rag.ledger_daily TO rag_admin;
 
 GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
+
+GRANT SELECT ON rag.migrations TO rag_reader;
 
 DO $$
 DECLARE
@@ -2372,7 +2611,8 @@ BEGIN
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
-                               'rag_set_embedding_model', 'rag_set_reranker', '_validate_reranker',
+                               'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
+                               '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only

@@ -16,6 +16,7 @@
 -- sides that found the chunk; 'vector' and 'keyword' use one side. The keyword side weighs half: on the Debian
 -- FAQ (scripts/eval) it is the weaker ranking alone, and at full weight it pulled good vector hits down. A chunk made from a row of a watched table is a candidate only while the caller
 -- could SELECT that row (rag._row_visible); with a filter, only chunks of documents whose metadata contains it.
+-- The vectors are the collection's searched column (vector_column): one model's, never two (rag.migrations).
 -- Every candidate gets its vector distance (callers apply the distance ceiling in every mode, so a question
 -- that shares a word with an unrelated chunk is still refused).
 --
@@ -31,13 +32,14 @@ LANGUAGE sql IMMUTABLE AS $$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
                   FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
                  WHERE ch.collection_id = %2$s%3$s
                    AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-                 ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
+                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
                  LIMIT $5) v
-         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+         c.vector_column)
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -55,12 +57,13 @@ LANGUAGE sql IMMUTABLE AS $$
          LIMIT $5$q$,
         CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.embedding::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %2$s%3$s
                AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.embedding::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+             c.vector_column)
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
                      NULL::double precision AS distance WHERE false' END,
         CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
@@ -74,8 +77,8 @@ LANGUAGE sql IMMUTABLE AS $$
                      NULL::real AS score WHERE false' END,
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
-            '(SELECT dc.embedding::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions)
+            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column)
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight')) END
 $$;

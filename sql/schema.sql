@@ -53,6 +53,8 @@ CREATE TABLE rag.collections (
     max_answer_tokens  integer NOT NULL,
     -- The partial HNSW index for this collection's vectors, once the dimension is known.
     index_name         text,
+    -- Which of rag.chunks' two vector columns holds the vectors searches use (see rag.migrations).
+    vector_column      text NOT NULL DEFAULT 'embedding' CHECK (vector_column IN ('embedding', 'embedding_alt')),
     -- Retrieval: 'hybrid' fuses the vector and the full-text rankings (reciprocal rank fusion), 'vector' and
     -- 'keyword' use one of them; the distance ceiling applies in every mode. The text-search configuration
     -- turns chunks and questions into lexemes for the full-text side.
@@ -70,6 +72,23 @@ CREATE TABLE rag.collections (
     owner              regrole NOT NULL
 );
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
+
+-- A model change in progress. The collection keeps being searched in its vector_column with its current model
+-- while the worker embeds every chunk into the other column with this model; once every chunk of a ready
+-- document has its vector there, one transaction builds that space's HNSW index and switches the collection to
+-- it (rag._advance_migrations). 'failed': a document could not be embedded with the new model (failure_reason);
+-- the collection stays as it was. 'clearing': switched or cancelled, the column left behind is being emptied.
+CREATE TABLE rag.migrations (
+    collection_id      integer PRIMARY KEY REFERENCES rag.collections (id) ON DELETE CASCADE,
+    state              text NOT NULL DEFAULT 'embedding' CHECK (state IN ('embedding', 'failed', 'clearing')),
+    embedding_provider text NOT NULL REFERENCES rag.providers (name),
+    embedding_model    text NOT NULL CHECK (embedding_model <> ''),
+    dimensions         integer CHECK (dimensions BETWEEN 1 AND 16000),
+    document_prefix    text NOT NULL DEFAULT '',
+    query_prefix       text NOT NULL DEFAULT '',
+    started_at         timestamptz NOT NULL DEFAULT now(),
+    failure_reason     text
+);
 
 -- Who else may use a collection (rag_grant): read (query, prompt, ask, and its rows through SELECT), write
 -- (ingest, delete documents) or admin (drop, watch, reindex, change the model, grant). One row per grantee with
@@ -173,6 +192,10 @@ CREATE TABLE rag.chunks (
     char_start     integer NOT NULL,
     char_end       integer NOT NULL,
     embedding      vector,
+    -- The collection's other vector space. A model change (rag_set_embedding_model) embeds every chunk into
+    -- the column its collection does not search, then switches to it (collections.vector_column), and the
+    -- column left behind is cleared: queries never wait for a model change, and never mix two models.
+    embedding_alt  vector,
     -- The content's lexemes in the collection's text-search configuration, for the full-text side of the
     -- search (each collection's partial GIN index, rag._ensure_index).
     tsv            tsvector,
@@ -262,7 +285,7 @@ DO $$
 DECLARE
     v_table text;
 BEGIN
-    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
         -- The scalar subquery runs once per query (an InitPlan), not once per row.
         EXECUTE format($p$CREATE POLICY readable ON rag.%I FOR SELECT
@@ -362,8 +385,18 @@ SELECT c.name AS collection,
        coalesce(d.chunks_total, 0) AS chunks_total,
        coalesce(q.depth, 0) AS queue_depth,
        q.oldest AS oldest_pending,
-       e.last_error
+       e.last_error,
+       m.embedding_model AS migrating_to,
+       m.state AS migration_state,
+       mc.embedded AS migration_chunks_embedded,
+       m.failure_reason AS migration_error
   FROM rag.collections c
+  LEFT JOIN rag.migrations m ON m.collection_id = c.id
+  LEFT JOIN LATERAL (
+        -- How many chunks have their vector in the new space; counted only while a model change runs.
+        SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt IS NOT NULL
+                                                                            ELSE ch.embedding IS NOT NULL END) AS embedded
+          FROM rag.chunks ch WHERE ch.collection_id = c.id AND m.state = 'embedding') mc ON true
   LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
                count(*) FILTER (WHERE status = 'ready') AS ready,
@@ -381,4 +414,4 @@ SELECT c.name AS collection,
          WHERE qd.collection_id = c.id AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';

@@ -26,7 +26,7 @@ DECLARE
     v_object text;
 BEGIN
     -- One call per statement: each call rewrites the extension's catalog row.
-    FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'watches', 'row_queue',
+    FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'migrations', 'watches', 'row_queue',
                                     'row_batches', 'documents', 'chunks', 'queue', 'prices', 'conversations',
                                     'queries', 'messages', 'collections_id_seq', 'watches_id_seq',
                                     'row_queue_id_seq', 'row_batches_id_seq', 'documents_id_seq', 'chunks_id_seq',
@@ -48,6 +48,7 @@ GRANT SELECT ON rag.collections, rag.collection_grants, rag.documents, rag.chunk
 GRANT SELECT ON rag.queries, rag.conversations, rag.messages TO rag_reader;
 GRANT SELECT ON rag.ledger_daily TO rag_admin;
 GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
+GRANT SELECT ON rag.migrations TO rag_reader;
 
 DO $$
 DECLARE
@@ -100,7 +101,8 @@ BEGIN
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
-                               'rag_set_embedding_model', 'rag_set_reranker', '_validate_reranker',
+                               'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
+                               '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only

@@ -514,26 +514,30 @@ DECLARE
     v_missing integer;
 BEGIN
     SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
+    -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
     ), kept AS (
-        SELECT DISTINCT ON (content) content, embedding FROM old WHERE embedding IS NOT NULL
+        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
+         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
+         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
-                            tsv)
+                            embedding_alt, tsv)
     SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
-           to_tsvector(c.text_search_config, t.content)
+           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
       FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content;
-    SELECT count(*) FILTER (WHERE embedding IS NULL) INTO v_missing FROM rag.chunks WHERE document_id = p_document_id;
+    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
-           chunks_embedded = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id AND embedding IS NOT NULL),
+           chunks_embedded = rag._embedded_count(p_document_id),
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
      WHERE id = p_document_id;
-    IF v_missing > 0 THEN
+    IF v_missing > 0 OR rag._needs_shadow(p_document_id) THEN
         INSERT INTO rag.queue (document_id, collection_id) VALUES (p_document_id, v_collection)
         ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
     END IF;

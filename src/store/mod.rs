@@ -26,6 +26,9 @@ pub struct WorkItem {
     pub chunk_size: i32,
     pub chunk_overlap: i32,
     pub chunk_unit: String,
+    /// The vectors this claim makes are for the new space of a model change (`model`, `provider`, `dimensions`
+    /// and `document_prefix` are then the new model's), not for the space the collection searches.
+    pub shadow: bool,
 }
 
 /// `recently_served`: collections this worker served lately, most recent last; the others go first.
@@ -52,6 +55,7 @@ pub fn claim_next(
         Option<i32>,
         Option<i32>,
         Option<String>,
+        Option<bool>,
     );
     let claimed: Option<Claimed> = Spi::connect_mut(|client| {
         let rows = client.update(
@@ -83,6 +87,7 @@ pub fn claim_next(
                 row.get(15)?,
                 row.get(16)?,
                 row.get(17)?,
+                row.get(18)?,
             ));
         }
         Ok::<_, SpiError>(claimed)
@@ -105,6 +110,7 @@ pub fn claim_next(
         chunk_size,
         chunk_overlap,
         chunk_unit,
+        shadow,
     )) = claimed
     else {
         return Ok(None);
@@ -129,6 +135,7 @@ pub fn claim_next(
         chunk_size: not_null(chunk_size, "collections.chunk_size")?,
         chunk_overlap: not_null(chunk_overlap, "collections.chunk_overlap")?,
         chunk_unit: not_null(chunk_unit, "collections.chunk_unit")?,
+        shadow: not_null(shadow, "shadow")?,
     }))
 }
 
@@ -148,6 +155,16 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
         return Ok(Some(0));
     }
     Spi::get_one::<i32>("SELECT rag._repair_indexes()")
+}
+
+/// Takes the due steps of model changes (switching a complete one, clearing a column left behind); returns how
+/// many.
+pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
+    let due = idle_read::<bool>("SELECT cardinality(rag._migrations_due()) > 0")?;
+    if due != Some(true) {
+        return Ok(Some(0));
+    }
+    Spi::get_one::<i32>("SELECT rag._advance_migrations()")
 }
 
 /// True when this database has no queued document, row key or batch at all, due or not.
@@ -270,12 +287,16 @@ pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiEr
     })
 }
 
-pub fn pending_chunks(document_id: i64, limit: i32) -> Result<Vec<(i64, String)>, SpiError> {
+pub fn pending_chunks(
+    document_id: i64,
+    limit: i32,
+    shadow: bool,
+) -> Result<Vec<(i64, String)>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT id, content FROM rag.chunks WHERE document_id = $1 AND embedding IS NULL ORDER BY ordinal LIMIT $2",
+            "SELECT chunk_id, content FROM rag._pending_chunks($1, $2, $3)",
             None,
-            &[document_id.into(), (limit as i64).into()],
+            &[document_id.into(), limit.into(), shadow.into()],
         )?;
         let mut batch = Vec::new();
         for row in rows {
@@ -288,26 +309,36 @@ pub fn pending_chunks(document_id: i64, limit: i32) -> Result<Vec<(i64, String)>
     })
 }
 
+/// The vectors of one batch, and what made them.
+pub struct Embedded {
+    pub chunk_ids: Vec<i64>,
+    pub vectors: Vec<String>,
+    pub dimensions: i32,
+    pub tokens: Option<i64>,
+    /// The model that made them: a batch whose space changed model meanwhile is not stored.
+    pub model: String,
+    pub shadow: bool,
+}
+
 /// Returns Some(reason) when the vectors cannot be stored and the document must fail.
 pub fn store_embeddings(
     queue_id: i64,
     document_id: i64,
-    chunk_ids: Vec<i64>,
-    vectors: Vec<String>,
-    dimensions: i32,
-    tokens: Option<i64>,
+    batch: Embedded,
 ) -> Result<Option<String>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag._store_embeddings($1, $2, $3, $4, $5, $6)",
+            "SELECT rag._store_embeddings($1, $2, $3, $4, $5, $6, $7, $8)",
             Some(1),
             &[
                 queue_id.into(),
                 document_id.into(),
-                chunk_ids.into(),
-                vectors.into(),
-                dimensions.into(),
-                tokens.into(),
+                batch.chunk_ids.into(),
+                batch.vectors.into(),
+                batch.dimensions.into(),
+                batch.tokens.into(),
+                batch.model.into(),
+                batch.shadow.into(),
             ],
         )?;
         rows.first().get_one::<String>()
@@ -346,12 +377,18 @@ pub fn defer(
     })
 }
 
-pub fn fail(queue_id: i64, document_id: i64, reason: &str) -> Result<(), SpiError> {
+/// `shadow`: the failure was of a model change's vectors, which fails the change, not the document.
+pub fn fail(queue_id: i64, document_id: i64, reason: &str, shadow: bool) -> Result<(), SpiError> {
     Spi::connect_mut(|client| {
         client.update(
-            "SELECT rag._fail($1, $2, $3)",
+            "SELECT rag._fail($1, $2, $3, $4)",
             None,
-            &[queue_id.into(), document_id.into(), reason.into()],
+            &[
+                queue_id.into(),
+                document_id.into(),
+                reason.into(),
+                shadow.into(),
+            ],
         )?;
         Ok(())
     })

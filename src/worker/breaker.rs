@@ -1,12 +1,18 @@
 //! The worker's providers: the last client is kept so a run of documents on one provider reuses its
-//! connections, and a circuit breaker per provider: after a transient failure (429, 5xx, timeout) the
-//! provider's documents wait out a cool-down that grows with consecutive failures, while documents of other
-//! providers go ahead. One provider that hangs until the HTTP timeout would otherwise stall every collection
-//! behind it.
+//! connections, and a circuit breaker per provider and model (`breaker_key`): after a transient failure (429,
+//! 5xx, timeout) that model's documents wait out a cool-down that grows with consecutive failures, while
+//! documents of other models go ahead. One provider that hangs until the HTTP timeout would otherwise stall
+//! every collection behind it; keyed by model as well, a model change to a model that keeps failing does not
+//! stall the collection's own documents on the same server.
 use crate::provider::{self, Embedder, ProviderRow};
 use rag_embed::RetryPolicy;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+/// What the breaker is keyed by; rag._embedding_key makes the same string in SQL for the claim to skip.
+pub fn breaker_key(provider: &str, model: &str) -> String {
+    format!("{provider}/{model}")
+}
 
 #[derive(Default)]
 pub struct Providers {
@@ -16,7 +22,7 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// Providers whose breaker is open: their documents are not claimed until it closes.
+    /// Provider/model keys whose breaker is open: their documents are not claimed until it closes.
     pub fn cooling_down(&mut self) -> Vec<String> {
         let now = Instant::now();
         self.open_until.retain(|_, (until, _)| *until > now);

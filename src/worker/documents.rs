@@ -4,7 +4,7 @@
 //! partial success pays only for what is missing.
 use crate::error::RagError;
 use crate::store::{self, WorkItem};
-use crate::worker::breaker::Providers;
+use crate::worker::breaker::{breaker_key, Providers};
 use crate::worker::chunking::{chunk_document, Chunked};
 use crate::worker::row_sync::sync_row;
 use crate::worker::steps::{Step, Steps};
@@ -84,10 +84,11 @@ fn work_on(
             release(steps, item);
             return Step::Worked;
         }
-        let batch = match steps.run(|| store::pending_chunks(item.document_id, batch_size)) {
-            Ok(batch) => batch,
-            Err(error) => return fail(steps, item, format!("reading chunks failed: {error}")),
-        };
+        let batch =
+            match steps.run(|| store::pending_chunks(item.document_id, batch_size, item.shadow)) {
+                Ok(batch) => batch,
+                Err(error) => return fail(steps, item, format!("reading chunks failed: {error}")),
+            };
         if batch.is_empty() {
             if let Err(error) = steps.run(|| store::finish(item.queue_id, item.document_id)) {
                 pgrx::log!(
@@ -127,7 +128,7 @@ fn embed_batch(
         .map(|d| d as u32);
     match client.embed(&item.model, &texts, dimensions, &mut interrupt) {
         Ok(output) => {
-            providers.reset(&item.provider.name);
+            providers.reset(&breaker_key(&item.provider.name, &item.model));
             match store_batch(steps, item, ids, output) {
                 Ok(None) => Batch::Stored,
                 Ok(Some(reason)) => Batch::Done(fail(steps, item, reason)),
@@ -170,10 +171,14 @@ fn store_batch(
         store::store_embeddings(
             item.queue_id,
             item.document_id,
-            ids,
-            vectors,
-            dimensions,
-            output.prompt_tokens,
+            store::Embedded {
+                chunk_ids: ids,
+                vectors,
+                dimensions,
+                tokens: output.prompt_tokens,
+                model: item.model.clone(),
+                shadow: item.shadow,
+            },
         )
     })
 }
@@ -196,7 +201,7 @@ fn back_off(
     let message = format!("embedding provider \"{}\": {error}", item.provider.name);
     match policy.next_delay(attempt, elapsed, error.retry_after(), rng) {
         Some(delay) => {
-            providers.trip(&item.provider.name, delay);
+            providers.trip(&breaker_key(&item.provider.name, &item.model), delay);
             let deferred = steps.run(|| {
                 store::defer(
                     item.queue_id,
@@ -226,7 +231,9 @@ fn back_off(
 
 /// Marks the document failed with its reason.
 fn fail(steps: &impl Steps, item: &WorkItem, reason: String) -> Step {
-    if let Err(error) = steps.run(|| store::fail(item.queue_id, item.document_id, &reason)) {
+    if let Err(error) =
+        steps.run(|| store::fail(item.queue_id, item.document_id, &reason, item.shadow))
+    {
         pgrx::log!(
             "rag worker: could not record failure of document {}: {error}",
             item.document_id

@@ -98,6 +98,10 @@ fn rest(
     if let Err(error) = steps.run(store::repair_indexes) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
+    // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do.
+    if let Err(error) = steps.run(store::advance_migrations) {
+        pgrx::log!("rag worker: advancing model changes: {error}");
+    }
     let due = steps.run(store::seconds_until_due).ok().flatten();
     let until_due = due
         .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))

@@ -60,14 +60,16 @@ class Crash(unittest.TestCase):
                                    f"ON c.id = d.collection_id WHERE c.name = '{collection}' AND d.status <> 'ready') "
                                    "AND NOT EXISTS (SELECT 1 FROM rag.queue) AND NOT EXISTS (SELECT 1 FROM rag.row_queue)",
                                    db=DB, port=self.port, seconds=120), f"{collection} did not finish after the crash")
+        # The searched vector column: a model change switches a collection from one to the other.
+        searched = "CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END"
         row = self.sql(f"""
             SELECT count(*),
                    count(*) FILTER (WHERE d.chunks_total = (SELECT count(*) FROM rag.chunks ch WHERE ch.document_id = d.id)
                                       AND d.chunks_embedded = (SELECT count(*) FROM rag.chunks ch
-                                                                WHERE ch.document_id = d.id AND ch.embedding IS NOT NULL)
+                                                                WHERE ch.document_id = d.id AND {searched} IS NOT NULL)
                                       AND d.chunks_total = d.chunks_embedded AND d.chunks_total > 0),
                    (SELECT count(*) FROM rag.chunks ch JOIN rag.documents dd ON dd.id = ch.document_id
-                     WHERE dd.collection_id = c.id AND ch.embedding IS NULL)
+                     WHERE dd.collection_id = c.id AND {searched} IS NULL)
               FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
              WHERE c.name = '{collection}' GROUP BY c.id""")[0]
         self.assertEqual(int(row[0]), documents, "documents lost or duplicated")
@@ -111,15 +113,21 @@ class Crash(unittest.TestCase):
                          for n in range(20)))
         self.assertTrue(wait_until("SELECT rag_wait('migrate', '1 second')", db=DB, port=self.port))
         self.sql("SELECT rag_set_embedding_model('migrate', 'hash-768@slow100')")
-        self.assertTrue(wait_until("SELECT sum(chunks_embedded) > 0 FROM rag.documents d JOIN rag.collections c "
-                                   "ON c.id = d.collection_id WHERE c.name = 'migrate'", db=DB, port=self.port))
-        self.assertEqual(self.value("SELECT EXISTS (SELECT 1 FROM rag.queue)"), "t", "the migration was over before the crash")
+        # The crash comes while the new space is half filled: queries still use the old one.
+        self.assertTrue(wait_until("SELECT count(ch.embedding_alt) > 0 FROM rag.chunks ch JOIN rag.collections c "
+                                   "ON c.id = ch.collection_id WHERE c.name = 'migrate'", db=DB, port=self.port))
+        self.assertEqual(self.value("SELECT migration_state || '|' || dimensions FROM rag.status WHERE collection = 'migrate'"),
+                         "embedding|384", "the migration was over before the crash")
         self.crash_and_restart()
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations)", db=DB, port=self.port, seconds=120),
+                        "the model change did not finish after the crash")
         self.assert_consistent("migrate", 20)
-        self.assertEqual(self.value("SELECT dimensions FROM rag.collections WHERE name = 'migrate'"), "768")
-        self.assertEqual(self.value("SELECT count(*) FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id "
-                                    "WHERE c.name = 'migrate' AND vector_dims(ch.embedding) <> 768"), "0",
-                         "vectors of two models are mixed")
+        self.assertEqual(self.value("SELECT dimensions || '|' || vector_column FROM rag.collections WHERE name = 'migrate'"),
+                         "768|embedding_alt")
+        self.assertEqual(self.value("SELECT count(*) FILTER (WHERE vector_dims(ch.embedding_alt) IS DISTINCT FROM 768) || '|' "
+                                    "|| count(ch.embedding) FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id "
+                                    "WHERE c.name = 'migrate'"), "0|0",
+                         "vectors of two models are mixed, or the old space was not cleared")
 
 
 if __name__ == "__main__":

@@ -102,16 +102,19 @@ SELECT rag_ingest('site', 'From HTML', '<h1>Title</h1><p>First &amp; <i>second</
 SELECT rag_ingest('site', 'From Markdown', E'# Heading\n\nSome **bold** text and a [link](http://x).', format => 'markdown') AS md_doc \gset
 SELECT id = :html_doc AS html, body FROM rag.documents WHERE id IN (:html_doc, :md_doc) ORDER BY id;
 
--- Changing a collection's model re-embeds everything with the new one; the two spaces never mix.
+-- Changing a collection's model re-embeds everything with the new one, watched rows included, while the old
+-- vectors keep serving; the two spaces never mix (15_migration.sql has the details).
 SELECT pg_temp.settle();
 SELECT dimensions, count(ch.*) AS vectors FROM rag.collections c LEFT JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.embedding IS NOT NULL
  WHERE c.name = 'site' GROUP BY 1;
 SELECT rag_set_embedding_model('site', 'hash-64') AS requeued;
-SELECT dimensions, count(ch.embedding) AS vectors_left FROM rag.collections c LEFT JOIN rag.chunks ch ON ch.collection_id = c.id
+SELECT dimensions, count(ch.embedding) AS vectors_serving FROM rag.collections c LEFT JOIN rag.chunks ch ON ch.collection_id = c.id
  WHERE c.name = 'site' GROUP BY 1;
 SELECT rag_wait('site', '30 seconds') AND pg_temp.settle() AS done;
-SELECT c.dimensions, count(*) AS vectors, bool_and(vector_dims(ch.embedding) = 64) AS all_new_model, c.index_name
-  FROM rag.collections c JOIN rag.chunks ch ON ch.collection_id = c.id WHERE c.name = 'site' GROUP BY c.dimensions, c.index_name;
+SELECT c.dimensions, count(*) AS vectors, bool_and(vector_dims(ch.embedding_alt) = 64) AS all_new_model,
+       c.vector_column, c.index_name = 'chunks_embedding_alt_c' || c.id AS indexed
+  FROM rag.collections c JOIN rag.chunks ch ON ch.collection_id = c.id WHERE c.name = 'site'
+ GROUP BY c.id, c.dimensions, c.vector_column, c.index_name;
 SELECT title FROM rag_query('site', 'markdown heading bold text', 1);
 
 -- Answers cite watched rows by table and key.
