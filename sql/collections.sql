@@ -14,11 +14,24 @@ ALTER TABLE rag.collections
         CHECK (rerank_candidates BETWEEN rag._limit('rerank_candidates_min')::integer
                                      AND rag._limit('rerank_candidates_max')::integer);
 
--- The reranker arguments of rag_create_collection and rag_set_reranker, checked in one place. A reranker must
--- load here (so a typo fails now, not at the first question); the candidates are within src/limits.rs's range.
-CREATE FUNCTION rag._validate_reranker(p_reranker text, p_candidates integer, p_min_relevance real) RETURNS void
+-- The reranker arguments of rag_create_collection and rag_set_reranker, checked in one place. A local reranker
+-- must load here (so a typo fails now, not at the first question); a server's is not called until a question
+-- needs it, as an embedding model is not; the candidates are within src/limits.rs's range.
+CREATE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
+RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind text := (SELECT p.kind FROM rag.providers p WHERE p.name = p_provider);
 BEGIN
+    IF v_kind IS NULL THEN
+        RAISE EXCEPTION 'reranker provider "%" does not exist', p_provider
+            USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
+    END IF;
+    IF p_reranker IS NOT NULL AND v_kind = 'ollama' THEN
+        RAISE EXCEPTION 'provider "%" is an Ollama server, which has no rerank API', p_provider
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use the local reranker (reranker_provider => ''local'') or an OpenAI-compatible server with /rerank (llama.cpp, vLLM).';
+    END IF;
     IF p_candidates IS NULL OR p_candidates NOT BETWEEN rag._limit('rerank_candidates_min')::integer
                                                  AND rag._limit('rerank_candidates_max')::integer THEN
         RAISE EXCEPTION 'rerank_candidates must be between % and %, not %', rag._limit('rerank_candidates_min'),
@@ -33,7 +46,7 @@ BEGIN
                   HINT = format('It is a threshold on the reranker''s logit; the default, %s, is calibrated in the README.',
                                 rag._limit('min_relevance_default'));
     END IF;
-    IF p_reranker IS NOT NULL THEN
+    IF p_reranker IS NOT NULL AND v_kind = 'local' THEN
         PERFORM rag._check_reranker(p_reranker);
     END IF;
 END $$;
@@ -59,7 +72,8 @@ CREATE FUNCTION rag_create_collection(
     text_search_config regconfig DEFAULT 'english',
     reranker           text DEFAULT NULL,
     rerank_candidates  integer DEFAULT NULL,
-    min_relevance      real DEFAULT NULL
+    min_relevance      real DEFAULT NULL,
+    reranker_provider  text DEFAULT 'local'
 ) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -154,7 +168,8 @@ BEGIN
     min_relevance := coalesce(min_relevance, rag._limit('min_relevance_default')::real);
     IF reranker = 'none' THEN
         reranker := NULL;
-    ELSIF reranker IS NULL AND (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
+    ELSIF reranker IS NULL AND reranker_provider = 'local'
+          AND (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
         reranker := rag._limit('reranker_default');
         IF NOT rag._reranker_installed(reranker) THEN
             RAISE NOTICE 'collection "%" is made without a reranker: % is not installed', name, reranker
@@ -162,7 +177,7 @@ BEGIN
             reranker := NULL;
         END IF;
     END IF;
-    PERFORM rag._validate_reranker(reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(coalesce(reranker_provider, 'local'), reranker, rerank_candidates, min_relevance);
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
@@ -170,14 +185,15 @@ BEGIN
     INSERT INTO rag.collections (name, embedding_provider, embedding_model, dimensions, document_prefix,
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
                                  chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
-                                 search_mode, text_search_config, reranker, rerank_candidates, min_relevance)
+                                 search_mode, text_search_config, reranker, rerank_candidates, min_relevance,
+                                 reranker_provider)
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
             rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
-            min_relevance)
+            min_relevance, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
     RETURN v_id;
@@ -359,10 +375,11 @@ BEGIN
     RETURN v_count;
 END $$;
 
--- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads and its
--- refusal threshold; the last two keep their current values when NULL.
+-- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads, its refusal
+-- threshold and where it runs ('local', or an OpenAI-compatible provider with /rerank); the last three keep
+-- their current values when NULL.
 CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
-                                 min_relevance real DEFAULT NULL)
+                                 min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -371,10 +388,12 @@ BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
     min_relevance := coalesce(min_relevance, c.min_relevance);
+    reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
-    PERFORM rag._validate_reranker(reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance);
     UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
-           rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance
+           rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance,
+           reranker_provider = rag_set_reranker.reranker_provider
      WHERE u.id = c.id;
 END $$;
 

@@ -304,8 +304,8 @@ BEGIN
         v_lexemes := rag._keyword_query(c, query);
     END IF;
     IF c.reranker IS NOT NULL THEN
-        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s (rag._rerank)',
-                           greatest(k, c.rerank_candidates), c.reranker);
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank)',
+                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider);
         k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)

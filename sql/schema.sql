@@ -60,11 +60,13 @@ CREATE TABLE rag.collections (
     -- turns chunks and questions into lexemes for the full-text side.
     search_mode        text NOT NULL DEFAULT 'hybrid' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
     text_search_config regconfig NOT NULL DEFAULT 'english',
-    -- Reranking: a cross-encoder (a model directory under rag.model_path) rescores the search's best
-    -- rerank_candidates chunks; a reranked chunk is used when its relevance (the model's logit) is at least
-    -- min_relevance, which then replaces the distance ceiling as the refusal threshold. NULL: no reranking.
-    -- The range of rerank_candidates is src/limits.rs's (checked in collections.sql).
+    -- Reranking: a cross-encoder rescores the search's best rerank_candidates chunks; a reranked chunk is used
+    -- when its relevance is at least min_relevance, which then replaces the distance ceiling as the refusal
+    -- threshold. The reranker is a model directory under rag.model_path (reranker_provider 'local'), or a model
+    -- of an OpenAI-compatible server with /rerank. NULL: no reranking. The range of rerank_candidates is
+    -- src/limits.rs's (checked in collections.sql).
     reranker           text CHECK (reranker <> ''),
+    reranker_provider  text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     rerank_candidates  integer NOT NULL,
     min_relevance      real NOT NULL,
     created_at         timestamptz NOT NULL DEFAULT now(),

@@ -663,6 +663,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
         "/v1/embeddings": {"POST": "_v1_embeddings"},
         "/v1/chat/completions": {"POST": "_v1_chat"},
         "/v1/models": {"GET": "_v1_models"},
+        "/v1/rerank": {"POST": "_v1_rerank"},
         "/_control/stats": {"GET": "_control_stats"},
         "/_control/reset": {"POST": "_control_reset"},
         "/_control/health": {"GET": "_control_health"},
@@ -1066,6 +1067,45 @@ class ProviderHandler(BaseHTTPRequestHandler):
         )
 
     # -- OpenAI routes ----------------------------------------------------
+
+    def _v1_rerank(self, raw: bytes) -> None:
+        """The rerank API of llama.cpp's server, vLLM, Jina and Cohere: one relevance score per document, best
+        first, each with its index. The score is deterministic: 10 * cosine of the two texts' hash embeddings,
+        minus 5 (so a document that repeats the query scores 5, an unrelated one about -5)."""
+        body = self._parse_object(raw)
+        spec = self._model_spec(body, "model")
+        query = body.get("query")
+        documents = body.get("documents")
+        if not isinstance(query, str) or not query:
+            raise RequestError(400, "'query' must be a non-empty string")
+        if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
+            raise RequestError(400, "'documents' must be a non-empty array of strings")
+        top_n = body.get("top_n", len(documents))
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise RequestError(400, "'top_n' must be a positive integer")
+        self._remember(body, documents, "top_n", "return_documents")
+        number = self._apply_faults(spec)
+        if "badjson" in spec.body_faults:
+            self._send_raw_json(200, b'{"results": [{"index": 0, "relevance_score": 0.5')
+            return
+        if "wrongshape" in spec.body_faults:
+            self._send_json(200, {"model": spec.raw, "results": "nope"})
+            return
+        asked = embed_text(query, spec.dimension)
+        scores = [10.0 * sum(a * b for a, b in zip(asked, embed_text(d, spec.dimension))) - 5.0 for d in documents]
+        ranked = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
+        if "countmismatch" in spec.body_faults:
+            ranked = ranked[:-1]
+        del number
+        tokens = word_count(query) * len(documents) + sum(word_count(d) for d in documents)
+        self._send_json(
+            200,
+            {
+                "model": spec.raw,
+                "results": [{"index": i, "relevance_score": scores[i]} for i in ranked],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
 
     def _v1_models(self, _raw: bytes) -> None:
         data = [

@@ -618,6 +618,38 @@ class OpenAITests(ServerTestCase):
         self.assertEqual(self.get("/v1/models").status, 200)
 
 
+class RerankTests(ServerTestCase):
+    def test_scores_every_document_best_first(self):
+        documents = ["the cat sat on the mat", "stock prices fell", "a cat on a mat"]
+        response = self.post("/v1/rerank", {"model": "rerank", "query": "cat on the mat", "documents": documents})
+        self.assertEqual(response.status, 200, response.body)
+        results = response.json()["results"]
+        self.assertEqual(sorted(r["index"] for r in results), [0, 1, 2])
+        scores = [r["relevance_score"] for r in results]
+        self.assertEqual(scores, sorted(scores, reverse=True))
+        self.assertEqual(results[-1]["index"], 1)
+        by_index = {r["index"]: r["relevance_score"] for r in results}
+        query = embed_text("cat on the mat", 384)
+        self.assertAlmostEqual(by_index[0], 10 * cosine(query, embed_text(documents[0], 384)) - 5, places=9)
+
+    def test_top_n_and_bad_requests(self):
+        response = self.post("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a", "q", "b"], "top_n": 1})
+        self.assertEqual([r["index"] for r in response.json()["results"]], [1])
+        for body in ({"model": "rerank", "query": "", "documents": ["a"]},
+                     {"model": "rerank", "query": "q", "documents": []},
+                     {"model": "rerank", "query": "q", "documents": ["a", 1]},
+                     {"model": "rerank", "query": "q", "documents": ["a"], "top_n": 0},
+                     {"query": "q", "documents": ["a"]}):
+            self.assertEqual(self.post("/v1/rerank", body).status, 400, body)
+
+    def test_faults_apply(self):
+        self.assertEqual(self.post("/v1/rerank", {"model": "rerank@503", "query": "q", "documents": ["a"]}).status, 503)
+        shape = self.post("/v1/rerank", {"model": "rerank@wrongshape", "query": "q", "documents": ["a"]}).json()
+        self.assertEqual(shape["results"], "nope")
+        short = self.post("/v1/rerank", {"model": "rerank@countmismatch", "query": "q", "documents": ["a", "b"]})
+        self.assertEqual(len(short.json()["results"]), 1)
+
+
 class AuthTests(ServerTestCase):
     require_key = "sk-test-secret-value"
 

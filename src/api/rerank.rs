@@ -1,6 +1,7 @@
 //! Reranking inside the user's session: a cross-encoder run in this process rescores the candidates of
 //! rag._search (which calls `rag._rerank`), so every search path that reranks does it the same way.
 use crate::error::{RagError, SpiContext, UnwrapOrRaise};
+use crate::provider::{Kind, ProviderRow};
 use pgrx::prelude::*;
 
 fn missing_model(message: String) -> RagError {
@@ -12,12 +13,55 @@ fn missing_model(message: String) -> RagError {
     }
 }
 
-fn collection_reranker(collection_id: i32) -> Result<Option<String>, RagError> {
-    Spi::get_one_with_args::<String>(
-        "SELECT reranker FROM rag.collections WHERE id = $1",
-        &[collection_id.into()],
-    )
+/// The collection's reranker model and the provider that runs it.
+fn collection_reranker(collection_id: i32) -> Result<Option<(String, ProviderRow)>, RagError> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT c.reranker, p.name, p.kind, p.base_url, p.api_key_setting
+               FROM rag.collections c JOIN rag.providers p ON p.name = c.reranker_provider
+              WHERE c.id = $1 AND c.reranker IS NOT NULL",
+            Some(1),
+            &[collection_id.into()],
+        )?;
+        let mut found = None;
+        for row in rows {
+            found = Some((
+                row.get::<String>(1)?.unwrap_or_default(),
+                ProviderRow {
+                    name: row.get::<String>(2)?.unwrap_or_default(),
+                    kind: Kind::from_column(&row.get::<String>(3)?.unwrap_or_default()),
+                    base_url: row.get::<String>(4)?,
+                    api_key_setting: row.get::<String>(5)?,
+                },
+            ));
+        }
+        Ok::<_, pgrx::spi::Error>(found)
+    })
     .doing(|| format!("reading the reranker of collection {collection_id}"))
+}
+
+/// Scores through a server's `/rerank`, under the same deadline and cancellation as an embedding call.
+fn rerank_on_server(
+    row: &ProviderRow,
+    model: &str,
+    question: &str,
+    texts: &[String],
+) -> Result<Vec<f32>, RagError> {
+    let client =
+        crate::provider::connect(row, crate::settings::http_timeout()).map_err(|message| {
+            RagError::ProviderSetup {
+                message,
+                hint: "Check the reranker's provider with rag_models().".to_string(),
+            }
+        })?;
+    client
+        .rerank(model, question, texts, &mut super::on_cancel())
+        .map_err(|error| RagError::Provider {
+            what: "reranking",
+            provider: row.name.clone(),
+            model: model.to_string(),
+            error,
+        })
 }
 
 /// The relevance logit of each passage for the question, by the collection's reranker. Passages that are
@@ -27,12 +71,19 @@ fn rerank(
     question: &str,
     passages: &[Option<String>],
 ) -> Result<Vec<f32>, RagError> {
-    let Some(model) = collection_reranker(collection_id)? else {
+    let Some((model, provider_row)) = collection_reranker(collection_id)? else {
         return Err(RagError::invalid(
             format!("collection {collection_id} has no reranker"),
             "rag_set_reranker(collection, 'ms-marco-MiniLM-L-12-v2') turns reranking on.",
         ));
     };
+    if provider_row.kind != Kind::Local {
+        let texts: Vec<String> = passages
+            .iter()
+            .map(|passage| passage.clone().unwrap_or_default())
+            .collect();
+        return rerank_on_server(&provider_row, &model, question, &texts);
+    }
     let reranker = crate::provider::local_reranker(&model).map_err(missing_model)?;
     let texts: Vec<&str> = passages
         .iter()

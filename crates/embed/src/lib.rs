@@ -352,6 +352,40 @@ impl Provider {
         self.scrub(result)
     }
 
+    /// The relevance of each document to `query`, in document order, from a cross-encoder served at
+    /// `POST {base}/rerank` (OpenAI-compatible servers that have it: llama.cpp's server, vLLM, Jina, Cohere).
+    /// The scores are the server's own scale (a logit, or a probability). Ollama has no rerank API: a permanent
+    /// error. No documents make no call.
+    pub fn rerank(
+        &self,
+        model: &str,
+        query: &str,
+        documents: &[String],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<f32>, ProviderError> {
+        if documents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kind = self.config.kind;
+        if kind == ProviderKind::Ollama {
+            return Err(ProviderError::permanent(
+                "ollama provider: Ollama has no rerank API; use an OpenAI-compatible server with /rerank (llama.cpp, vLLM) or the local reranker",
+            ));
+        }
+        let context = CallContext {
+            kind,
+            method: Method::Post,
+            route: openai::RERANK_ROUTE,
+            model: Some(model),
+        };
+        let body = openai::rerank_body(model, query, documents);
+        let result = self.post(&context, body, interrupt).and_then(|reply| {
+            openai::parse_rerank(&reply.body, documents.len())
+                .map_err(|problem| context.bad_response(reply.status, &problem, &reply.body))
+        });
+        self.scrub(result)
+    }
+
     /// The models the provider offers: Ollama `GET {base}/api/tags`, OpenAI `GET {base}/models`.
     pub fn list_models(
         &self,

@@ -9,6 +9,8 @@ use crate::{ChatMessage, ChatOutput, ChatRequest, EmbedOutput, ModelInfo};
 pub(crate) const EMBED_ROUTE: &str = "/embeddings";
 pub(crate) const CHAT_ROUTE: &str = "/chat/completions";
 pub(crate) const MODELS_ROUTE: &str = "/models";
+/// llama.cpp's server, vLLM, Jina and Cohere (v1 and v2) answer this route with one score per document.
+pub(crate) const RERANK_ROUTE: &str = "/rerank";
 
 /// Name given to the caller's schema in `response_format`; OpenAI requires one, and it has no meaning to us.
 const SCHEMA_NAME: &str = "response";
@@ -34,6 +36,77 @@ pub(crate) fn embed_body(
         encoding_format: "float",
         dimensions,
     })
+}
+
+#[derive(Serialize)]
+struct RerankRequest<'a> {
+    model: &'a str,
+    query: &'a str,
+    documents: &'a [String],
+    /// Every document: the caller wants a score for each, not a shortlist.
+    top_n: usize,
+    return_documents: bool,
+}
+
+pub(crate) fn rerank_body(
+    model: &str,
+    query: &str,
+    documents: &[String],
+) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&RerankRequest {
+        model,
+        query,
+        documents,
+        top_n: documents.len(),
+        return_documents: false,
+    })
+}
+
+#[derive(Deserialize)]
+struct RerankItem {
+    index: usize,
+    /// `relevance_score` (Jina, Cohere, vLLM, llama.cpp); `score` in some older servers.
+    #[serde(alias = "score")]
+    relevance_score: f64,
+}
+
+#[derive(Deserialize)]
+struct RerankResponse {
+    results: Vec<RerankItem>,
+}
+
+/// Scores in document order. Servers answer best first, each result naming its document by index: every index
+/// of `0..documents` must appear exactly once, with a finite score, since a score paired with the wrong
+/// passage is worse than failing.
+pub(crate) fn parse_rerank(body: &[u8], documents: usize) -> Result<Vec<f32>, String> {
+    let response: RerankResponse =
+        serde_json::from_slice(body).map_err(|error| error.to_string())?;
+    if response.results.len() != documents {
+        return Err(format!(
+            "{} results for {documents} documents",
+            response.results.len()
+        ));
+    }
+    let mut scores = vec![None; documents];
+    for item in response.results {
+        let slot = scores
+            .get_mut(item.index)
+            .ok_or_else(|| format!("result index {} is not below {documents}", item.index))?;
+        if slot.is_some() {
+            return Err(format!("result index {} appears twice", item.index));
+        }
+        if !item.relevance_score.is_finite() {
+            return Err(format!(
+                "result {} has a score that is not a number",
+                item.index
+            ));
+        }
+        *slot = Some(item.relevance_score as f32);
+    }
+    Ok(scores
+        .into_iter()
+        .map(|score| score.unwrap_or_default())
+        .collect())
 }
 
 #[derive(Deserialize, Default)]

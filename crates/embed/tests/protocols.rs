@@ -322,6 +322,72 @@ fn openai_embed_rejects_duplicate_indices() {
 }
 
 #[test]
+fn openai_rerank_sends_every_document_and_reorders_scores_by_index() {
+    let server = TestServer::start(vec![Behaviour::json(
+        200,
+        json!({"results": [{"index": 1, "relevance_score": 4.5}, {"index": 0, "relevance_score": -2.0}]}),
+    )]);
+    let scores = openai(&server)
+        .rerank(
+            "bge-reranker",
+            "question",
+            &inputs(&["first", "second"]),
+            &mut never(),
+        )
+        .unwrap();
+    assert_eq!(scores, vec![-2.0, 4.5]);
+    let request = server.only_request();
+    assert_eq!(
+        (request.method.as_str(), request.path.as_str()),
+        ("POST", "/v1/rerank")
+    );
+    assert_eq!(
+        request.json(),
+        json!({"model": "bge-reranker", "query": "question", "documents": ["first", "second"], "top_n": 2,
+               "return_documents": false})
+    );
+}
+
+#[test]
+fn openai_rerank_refuses_results_it_cannot_pair_with_documents() {
+    for results in [
+        json!([{"index": 0, "relevance_score": 1.0}]),
+        json!([{"index": 0, "relevance_score": 1.0}, {"index": 0, "relevance_score": 2.0}]),
+        json!([{"index": 0, "relevance_score": 1.0}, {"index": 5, "relevance_score": 2.0}]),
+        json!("nope"),
+    ] {
+        let server = TestServer::start(vec![Behaviour::json(200, json!({"results": results}))]);
+        let (status, message) =
+            expect_permanent(openai(&server).rerank("m", "q", &inputs(&["a", "b"]), &mut never()));
+        assert_eq!(status, Some(200));
+        assert!(message.contains("/rerank"), "{message}");
+    }
+    // The older `score` field is read too.
+    let server = TestServer::start(vec![Behaviour::json(
+        200,
+        json!({"results": [{"index": 0, "score": 0.25}]}),
+    )]);
+    assert_eq!(
+        openai(&server)
+            .rerank("m", "q", &inputs(&["a"]), &mut never())
+            .unwrap(),
+        vec![0.25]
+    );
+}
+
+#[test]
+fn ollama_has_no_rerank_api() {
+    // Refused before any request: the address is closed, so a call would fail differently.
+    let ollama = provider(
+        ProviderKind::Ollama,
+        closed_port_url(),
+        Duration::from_secs(10),
+    );
+    let (_, message) = expect_permanent(ollama.rerank("m", "q", &inputs(&["a"]), &mut never()));
+    assert!(message.contains("no rerank API"), "{message}");
+}
+
+#[test]
 fn openai_chat_sends_strict_json_schema_and_max_tokens() {
     let server = TestServer::start(vec![Behaviour::json(
         200,

@@ -125,5 +125,33 @@ SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
 RESET ROLE;
 SELECT reranker, min_relevance = rag._limit('min_relevance_default')::real AS unchanged FROM rag.collections WHERE name = 'rr';
 
-SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_collection('rr-off');
+-- A reranker served over HTTP: an OpenAI-compatible server with /rerank (llama.cpp's server, vLLM), here the test
+-- server, whose score is 10 * cosine - 5 of its hash embeddings. The threshold is on the server's own scale.
+SELECT rag_create_provider('rerank-server', 'openai', base_url => current_setting('rag.ollama_url') || '/v1');
+SELECT rag_create_collection('rr-http', embedding_model => 'hash-384', reranker => 'rerank-test',
+                             reranker_provider => 'rerank-server', min_relevance => -10) > 0 AS created;
+SELECT rag_ingest('rr-http', 'Notice', 'Staff give thirty days notice in writing before leaving.') > 0,
+       rag_ingest('rr-http', 'Parking', 'The garage behind the building is free for staff.') > 0,
+       rag_ingest('rr-http', 'Payroll', 'Salaries are paid on the last working day of the month.') > 0;
+SELECT rag_wait('rr-http', '60 seconds') AS ready;
+SELECT title, round(relevance::numeric, 3) AS relevance
+  FROM rag_query('rr-http', 'Staff give thirty days notice in writing before leaving.', 3, max_distance => 2);
+SELECT line FROM rag_explain('rr-http', 'notice', 3) AS line WHERE line ~ '^Rerank';
+-- Only what reaches the threshold on the server's scale comes back.
+SELECT rag_set_reranker('rr-http', 'rerank-test', min_relevance => 0);
+SELECT title FROM rag_query('rr-http', 'Staff give thirty days notice in writing before leaving.', 3, max_distance => 2);
+-- A server that fails, or answers what cannot be paired with the candidates, is an error naming it, not a
+-- silently unranked list.
+SELECT rag_set_reranker('rr-http', 'rerank-test@503');
+SELECT count(*) FROM rag_query('rr-http', 'notice', 1);
+SELECT rag_set_reranker('rr-http', 'rerank-test@countmismatch');
+SELECT count(*) FROM rag_query('rr-http', 'notice', 1);
+-- Ollama has no rerank API: refused when it is chosen.
+SELECT rag_set_reranker('rr-http', 'anything', reranker_provider => 'ollama');
+SELECT rag_set_reranker('rr-http', 'rerank-test', reranker_provider => 'nowhere');
+SELECT reranker, reranker_provider FROM rag.collections WHERE name = 'rr-http';
+
+SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_collection('rr-off'),
+       rag_drop_collection('rr-http');
+SELECT rag_drop_provider('rerank-server');
 DROP ROLE rr_reader, rr_other_admin;
