@@ -253,6 +253,8 @@ BEGIN
     IF c.index_name IS NOT NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
     END IF;
+    -- The other vector space's index, which a model change leaves until its column is cleared.
+    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), 0);
     EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
     -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
     DELETE FROM rag.collections WHERE id = c.id;
@@ -373,6 +375,31 @@ BEGIN
     END LOOP;
     PERFORM rag._wake_worker();
     RETURN v_count;
+END $$;
+
+-- How a collection is searched: its search mode and pgvector's hnsw.ef_search for it (0: the server's setting
+-- again); NULL keeps a value as it is.
+CREATE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings (reciprocal rank fusion).';
+    END IF;
+    IF ef_search IS NOT NULL AND ef_search NOT BETWEEN 0 AND 1000 THEN
+        RAISE EXCEPTION 'ef_search must be between 1 and 1000 (0 for the server''s setting), not %', ef_search
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'It is how many candidates the HNSW scan keeps: more is slower and finds more; pgvector''s default is 40.';
+    END IF;
+    UPDATE rag.collections u
+       SET search_mode = coalesce(rag_set_search.search_mode, u.search_mode),
+           ef_search = CASE WHEN rag_set_search.ef_search IS NULL THEN u.ef_search
+                            ELSE nullif(rag_set_search.ef_search, 0) END
+     WHERE u.id = v_collection;
 END $$;
 
 -- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads, its refusal

@@ -78,6 +78,7 @@ UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config, ch.content)
 -- calls rag_set_reranker; new ones on the local provider rerank. The candidates' range check reads rag._limit and
 -- is added in part 3; the defaults come from rag_create_collection, as for a fresh install.
 ALTER TABLE rag.collections
+    ADD COLUMN ef_search integer CHECK (ef_search BETWEEN 1 AND 1000),
     ADD COLUMN reranker text CHECK (reranker <> ''),
     ADD COLUMN reranker_provider text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     ADD COLUMN rerank_candidates integer NOT NULL DEFAULT 20,
@@ -370,23 +371,6 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
 	"format" TEXT /* & str */
@@ -405,20 +389,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
 ) RETURNS bool /* bool */
@@ -435,14 +405,36 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rerank_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'limit_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
@@ -454,6 +446,15 @@ CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -470,26 +471,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -724,6 +713,8 @@ BEGIN
     IF c.index_name IS NOT NULL THEN
         EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
     END IF;
+    -- The other vector space's index, which a model change leaves until its column is cleared.
+    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), 0);
     EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
     -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
     DELETE FROM rag.collections WHERE id = c.id;
@@ -832,6 +823,29 @@ BEGIN
     END LOOP;
     PERFORM rag._wake_worker();
     RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings (reciprocal rank fusion).';
+    END IF;
+    IF ef_search IS NOT NULL AND ef_search NOT BETWEEN 0 AND 1000 THEN
+        RAISE EXCEPTION 'ef_search must be between 1 and 1000 (0 for the server''s setting), not %', ef_search
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'It is how many candidates the HNSW scan keeps: more is slower and finds more; pgvector''s default is 40.';
+    END IF;
+    UPDATE rag.collections u
+       SET search_mode = coalesce(rag_set_search.search_mode, u.search_mode),
+           ef_search = CASE WHEN rag_set_search.ef_search IS NULL THEN u.ef_search
+                            ELSE nullif(rag_set_search.ef_search, 0) END
+     WHERE u.id = v_collection;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
@@ -993,11 +1007,6 @@ BEGIN
     END LOOP;
     RETURN v_steps;
 END $$;
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -1607,6 +1616,7 @@ DECLARE
     v_ids bigint[];
     v_distances double precision[];
     v_scores real[];
+    v_ef_search text := current_setting('hnsw.ef_search', true);
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -1622,11 +1632,18 @@ BEGIN
     -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
     -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
+    -- The collection's ef_search for this search only: the caller's own setting is put back below.
+    IF c.ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
+    END IF;
     v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
+        IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+            PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+        END IF;
         RETURN;
     END IF;
     EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
@@ -1635,6 +1652,9 @@ BEGIN
       USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
                            ELSE v_wanted END,
             p_filter, v_lexemes, v_wanted;
+    IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+    END IF;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
@@ -1962,6 +1982,23 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2630,6 +2667,7 @@ BEGIN
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
+                               'rag_set_search',
                                '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'

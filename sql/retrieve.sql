@@ -157,6 +157,7 @@ DECLARE
     v_ids bigint[];
     v_distances double precision[];
     v_scores real[];
+    v_ef_search text := current_setting('hnsw.ef_search', true);
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -172,11 +173,18 @@ BEGIN
     -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
     -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
+    -- The collection's ef_search for this search only: the caller's own setting is put back below.
+    IF c.ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
+    END IF;
     v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
+        IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+            PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+        END IF;
         RETURN;
     END IF;
     EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
@@ -185,6 +193,9 @@ BEGIN
       USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
                            ELSE v_wanted END,
             p_filter, v_lexemes, v_wanted;
+    IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+    END IF;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;

@@ -60,6 +60,9 @@ CREATE TABLE rag.collections (
     -- turns chunks and questions into lexemes for the full-text side.
     search_mode        text NOT NULL DEFAULT 'hybrid' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
     text_search_config regconfig NOT NULL DEFAULT 'english',
+    -- pgvector's hnsw.ef_search for this collection's searches (candidates the HNSW scan keeps: recall against
+    -- latency); NULL: the server's setting.
+    ef_search          integer CHECK (ef_search BETWEEN 1 AND 1000),
     -- Reranking: a cross-encoder rescores the search's best rerank_candidates chunks; a reranked chunk is used
     -- when its relevance is at least min_relevance, which then replaces the distance ceiling as the refusal
     -- threshold. The reranker is a model directory under rag.model_path (reranker_provider 'local'), or a model

@@ -23,6 +23,10 @@ from corpus import HANDBOOK, IN_DOMAIN_UNANSWERABLE, OFF_DOMAIN, sections
 
 COLLECTION = os.environ.get("RAG_EVAL_COLLECTION", "faq")
 MODEL = os.environ.get("RAG_EVAL_MODEL", "all-MiniLM-L6-v2")
+# Chunks of the same size for every model, so models are compared on the same chunks (NULL: the model's default,
+# which for all-MiniLM-L6-v2 is 512 characters and for a 512-token model 1000).
+CHUNK_SIZE = os.environ.get("RAG_EVAL_CHUNK_SIZE")
+CHUNK_OVERLAP = os.environ.get("RAG_EVAL_CHUNK_OVERLAP")
 RERANKER = os.environ.get("RAG_EVAL_RERANKER", "ms-marco-MiniLM-L-12-v2")
 # (label, search mode, reranked)
 MODES = (("vector", "vector", False), ("keyword", "keyword", False), ("hybrid", "hybrid", False),
@@ -40,8 +44,9 @@ def percentile(values, p):
 
 def load(conn, pairs):
     conn.execute("SELECT rag_drop_collection(%s)", (COLLECTION,))
-    conn.execute("SELECT rag_create_collection(%s, embedding_provider => 'local', embedding_model => %s)",
-                 (COLLECTION, MODEL))
+    conn.execute("SELECT rag_create_collection(%s, embedding_provider => 'local', embedding_model => %s, "
+                 "chunk_size => %s::integer, chunk_overlap => %s::integer)",
+                 (COLLECTION, MODEL, CHUNK_SIZE, CHUNK_OVERLAP))
     for number, _question, answer in pairs:
         conn.execute("SELECT rag_ingest(%s, %s, %s, metadata => %s)",
                      (COLLECTION, f"Debian FAQ {number}", answer, json.dumps({"section": number})))

@@ -71,7 +71,26 @@ SELECT count(*) FILTER (WHERE line ~ 'chunks_tsv_c') > 0 AS gin_used,
        count(*) FILTER (WHERE line ~ 'chunks_embedding_c') > 0 AS hnsw_used
   FROM rag_explain('hybrid', 'disk full', 3) AS line;
 RESET enable_seqscan;
+-- A collection's own hnsw.ef_search: stored per collection, applied to its searches, and the session's own
+-- setting is what it was afterwards. Only an admin of the collection sets it; 0 goes back to the server's.
+SET hnsw.ef_search = 17;
+SELECT rag_set_search('hybrid', ef_search => 100);
+SELECT search_mode, ef_search FROM rag.collections WHERE name = 'hybrid';
+SELECT count(*) > 0 AS found FROM rag_query('hybrid', 'disk full', 3);
+SELECT count(*) > 0 AS found_by_vector FROM rag_query('hybrid', 'disk full', 3, mode => 'vector');
+SHOW hnsw.ef_search;
+SELECT rag_set_search('hybrid', ef_search => 1001);
+SELECT rag_set_search('hybrid', search_mode => 'fuzzy');
+SELECT rag_set_search('hybrid', search_mode => 'vector', ef_search => 0);
+SELECT search_mode, ef_search FROM rag.collections WHERE name = 'hybrid';
+RESET hnsw.ef_search;
+CREATE ROLE hybrid_reader LOGIN IN ROLE rag_reader;
+SELECT rag_grant('hybrid', 'hybrid_reader', 'read');
+SET ROLE hybrid_reader;
+SELECT rag_set_search('hybrid', ef_search => 5);
+RESET ROLE;
 SELECT rag_drop_collection('hybrid');
+DROP ROLE hybrid_reader;
 SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
    AND indexname NOT IN (SELECT index_name FROM rag.collections WHERE index_name IS NOT NULL
                          UNION ALL SELECT rag._keyword_index_name(id) FROM rag.collections);
