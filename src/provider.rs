@@ -174,8 +174,14 @@ pub fn model_directory(model: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(crate::settings::model_path()).join(model))
 }
 
-pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
-    let mut models = LOCAL_MODELS
+/// The model of this name from `registry`, loaded by `load` from its directory on first use. Loaded models
+/// live as long as the backend: the mapping is what lets backends share the weights' pages.
+fn loaded_once<T: 'static>(
+    registry: &Mutex<Option<HashMap<String, &'static T>>>,
+    model: &str,
+    load: impl FnOnce(&std::path::Path, &LoadOptions) -> Result<T, String>,
+) -> Result<&'static T, String> {
+    let mut models = registry
         .lock()
         .map_err(|_| "local model registry is poisoned".to_string())?;
     let models = models.get_or_insert_with(HashMap::new);
@@ -187,36 +193,26 @@ pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
         threads: crate::settings::LOCAL_THREADS.get().max(1) as usize,
         ..LoadOptions::default()
     };
-    let loaded = LocalModel::load_with(&directory, &options)
-        .map_err(|error| format!("local model \"{model}\": {error}"))?;
-    // Lives as long as the backend: the mapping is what lets backends share the weights' pages.
-    let loaded: &'static LocalModel = Box::leak(Box::new(loaded));
+    let loaded: &'static T = Box::leak(Box::new(load(&directory, &options)?));
     models.insert(model.to_string(), loaded);
     Ok(loaded)
+}
+
+pub fn local_model(model: &str) -> Result<&'static LocalModel, String> {
+    loaded_once(&LOCAL_MODELS, model, |directory, options| {
+        LocalModel::load_with(directory, options)
+            .map_err(|error| format!("local model \"{model}\": {error}"))
+    })
 }
 
 /// Loaded rerankers, as `LOCAL_MODELS`: one per model name and process, weights mapped once.
 static LOCAL_RERANKERS: Mutex<Option<HashMap<String, &'static CrossEncoder>>> = Mutex::new(None);
 
 pub fn local_reranker(model: &str) -> Result<&'static CrossEncoder, String> {
-    let mut models = LOCAL_RERANKERS
-        .lock()
-        .map_err(|_| "local reranker registry is poisoned".to_string())?;
-    let models = models.get_or_insert_with(HashMap::new);
-    if let Some(loaded) = models.get(model) {
-        return Ok(loaded);
-    }
-    let directory = model_directory(model)?;
-    let options = LoadOptions {
-        threads: crate::settings::LOCAL_THREADS.get().max(1) as usize,
-        ..LoadOptions::default()
-    };
-    let loaded = CrossEncoder::load_with(&directory, &options, None)
-        .map_err(|error| format!("reranker \"{model}\": {error}"))?;
-    // Lives as long as the backend, for the same reason as the embedding models.
-    let loaded: &'static CrossEncoder = Box::leak(Box::new(loaded));
-    models.insert(model.to_string(), loaded);
-    Ok(loaded)
+    loaded_once(&LOCAL_RERANKERS, model, |directory, options| {
+        CrossEncoder::load_with(directory, options, None)
+            .map_err(|error| format!("reranker \"{model}\": {error}"))
+    })
 }
 
 pub fn embedder(row: &ProviderRow, model: &str, timeout: Duration) -> Result<Embedder, String> {
