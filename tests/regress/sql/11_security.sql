@@ -174,7 +174,10 @@ SET ROLE sec_reader;
 -- Ten of the forty tickets are the reader's: every hit is one of them, and k = 8 is filled.
 SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 = 0) AS own_hits
   FROM rag_query('tickets', 'printer out of toner', 8);
-SELECT count(*) AS hits, bool_and(content LIKE 'Ticket %') AS all_tickets FROM rag_query('tickets', 'printer out of toner', 12);
+-- Asked for 12, the reader gets at most its 10 (HNSW is approximate: on this tiny graph, rebuilt by every
+-- watched-row sync, an entry can go unreached: one full test run here returned 9).
+SELECT count(*) BETWEEN 8 AND 10 AS at_most_its_own, bool_and(content LIKE 'Ticket %') AS all_tickets
+  FROM rag_query('tickets', 'printer out of toner', 12);
 SELECT count(*) > 0 AS cited, bool_and((d.source_key->>'id')::int % 4 = 0) AS cited_only_own
   FROM rag_ask('tickets', 'which printer is out of toner', k => 8) a
  CROSS JOIN LATERAL jsonb_array_elements(a.citations) c
