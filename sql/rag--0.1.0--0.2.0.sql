@@ -371,6 +371,43 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
 	"format" TEXT /* & str */
@@ -389,63 +426,29 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
-) RETURNS bool /* bool */
+) RETURNS INT /* i32 */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_text"(
 	"provider_name" TEXT, /* & str */
@@ -464,21 +467,30 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -1699,7 +1711,9 @@ DECLARE
     v_count integer;
     v_nearest double precision;
     v_best real;
-    v_found record;
+    v_ids bigint[];
+    v_distances double precision[];
+    v_relevances real[];
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF query IS NULL OR btrim(query) = '' THEN
@@ -1718,21 +1732,23 @@ BEGIN
     IF c.dimensions IS NOT NULL THEN
         SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
         v_embedded := clock_timestamp();
-        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not.
-        FOR v_found IN
-            SELECT f.*, rag._close_enough(c, f.distance, f.relevance, max_distance) AS close
-              FROM rag._search(c, v_vector, k, filter, query, mode) f ORDER BY f.rank
-        LOOP
-            v_nearest := least(v_nearest, v_found.distance);
-            v_best := greatest(v_best, v_found.relevance);
-            CONTINUE WHEN NOT v_found.close;
-            v_count := coalesce(v_count, 0) + 1;
-            RETURN QUERY
-            SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, v_found.distance, d.metadata, ch.page,
-                   d.source, d.source_key, v_found.relevance
-              FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-             WHERE ch.id = v_found.chunk_id;
-        END LOOP;
+        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
+        -- ones that pass the threshold are returned in the search's order, read in one query.
+        SELECT min(f.distance), max(f.relevance),
+               array_agg(f.chunk_id ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
+          INTO v_nearest, v_best, v_ids, v_distances, v_relevances
+          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, max_distance) AS close
+                  FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
+        RETURN QUERY
+        SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
+               d.source_key, u.relevance
+          FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
+          JOIN rag.chunks ch ON ch.id = u.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id
+         ORDER BY u.n;
+        v_count := coalesce(cardinality(v_ids), 0);
     END IF;
     -- The ledger: one row per call, even when nothing was found.
     PERFORM rag._record_query(
@@ -1781,224 +1797,6 @@ BEGIN
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
     END LOOP;
 END $$;
-
-CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
-                              valid_from timestamptz DEFAULT now())
-RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
-       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
-
-CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
-     ORDER BY p.valid_from DESC LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
-                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
-LANGUAGE sql STABLE AS $$
-    SELECT trim_scale(
-             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_query(
-    p_collection_id integer, p_kind text, p_question text, p_outcome text,
-    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
-    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
-    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
-    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
-    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
-    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
-    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
-    p_best_relevance real DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
-    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
-    v_cost numeric := 0;
-    v_id bigint;
-BEGIN
-    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
-    -- may read, so nobody can fill another collection's ledger.
-    PERFORM rag._require_privilege(p_collection_id, 'read');
-    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
-            'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
-        RETURN NULL;
-    END IF;
-    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
-                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
-                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
-                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
-           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
-           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
-           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
-           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
-           jsonb_strip_nulls(jsonb_build_object(
-               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
-               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
-      FROM rag.collections c WHERE c.id = p_collection_id
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision, p_question text)
-RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
-               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
-               relevance real, rank integer, close boolean)
-LANGUAGE sql AS $$
-    WITH anchors AS MATERIALIZED (
-        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
-               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
-          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
-         WHERE c.id = p_collection_id),
-    wanted AS (
-        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
-        UNION ALL
-        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
-          FROM anchors a
-          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-         WHERE a.close)
-    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
-           CASE WHEN ch.page IS NULL THEN NULL
-                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
-           w.relevance, w.rank, w.close
-      FROM wanted w
-      JOIN rag.chunks ch ON ch.id = w.chunk_id
-      JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
-                                     p_query_id bigint, p_reply text) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
-    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
-           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint;
-BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v rag.conversations;
-BEGIN
-    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
-        RAISE EXCEPTION 'conversation % does not exist', p_id
-            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
-    END IF;
-    RETURN v;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
-RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    RETURN QUERY
-    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
-      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    DELETE FROM rag.conversations WHERE id = v_id;
-    RETURN FOUND;
-END $$;
-
-CREATE OR REPLACE VIEW rag.ledger_daily AS
-SELECT collection,
-       date_trunc('day', created_at)::date AS day,
-       count(*) AS calls,
-       count(*) FILTER (WHERE kind = 'ask') AS asks,
-       count(*) FILTER (WHERE outcome = 'answered') AS answered,
-       count(*) FILTER (WHERE outcome = 'refused') AS refused,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
-       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
-       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-       sum(cost_usd) AS cost_usd
-  FROM rag.queries
- WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
- GROUP BY 1, 2;
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2564,6 +2362,212 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+                              valid_from timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
+    ON CONFLICT (model, valid_from) DO UPDATE
+       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
+           output_usd_per_million = EXCLUDED.output_usd_per_million
+$$;
+
+CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
+     ORDER BY p.valid_from DESC LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
+                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT trim_scale(
+             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_query(
+    p_collection_id integer, p_kind text, p_question text, p_outcome text,
+    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
+    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
+    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
+    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
+    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
+    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
+    p_best_relevance real DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
+    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
+    v_cost numeric := 0;
+    v_id bigint;
+BEGIN
+    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
+    -- may read, so nobody can fill another collection's ledger.
+    PERFORM rag._require_privilege(p_collection_id, 'read');
+    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
+    IF pg_catalog.pg_is_in_recovery() THEN
+        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
+        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
+        -- can read what the standby answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
+            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+            'sources_sent', p_sources_sent,
+            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+            'role', rag._calling_role()));
+        RETURN NULL;
+    END IF;
+    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
+                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
+                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
+                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
+                             latency_ms, cost_usd, prices, role)
+    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
+           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
+           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
+           jsonb_strip_nulls(jsonb_build_object(
+               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
+               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
+           rag._calling_role()
+      FROM rag.collections c WHERE c.id = p_collection_id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+                                      p_max_distance double precision, p_question text)
+RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
+               relevance real, rank integer, close boolean)
+LANGUAGE sql AS $$
+    WITH anchors AS MATERIALIZED (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
+               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
+          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
+         WHERE c.id = p_collection_id),
+    wanted AS (
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
+        UNION ALL
+        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
+          FROM anchors a
+          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+         WHERE a.close)
+    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+           CASE WHEN ch.page IS NULL THEN NULL
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
+           w.relevance, w.rank, w.close
+      FROM wanted w
+      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.documents d ON d.id = ch.document_id
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
+                                     p_query_id bigint, p_reply text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
+                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM rag._refuse_writes_on_standby('a conversation');
+    INSERT INTO rag.conversations (collection_id, owner)
+    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v rag.conversations;
+BEGIN
+    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    IF NOT FOUND OR (v.owner <> rag._calling_role()
+                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+        RAISE EXCEPTION 'conversation % does not exist', p_id
+            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
+RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    RETURN QUERY
+    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
+      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    DELETE FROM rag.conversations WHERE id = v_id;
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE VIEW rag.ledger_daily AS
+SELECT collection,
+       date_trunc('day', created_at)::date AS day,
+       count(*) AS calls,
+       count(*) FILTER (WHERE kind = 'ask') AS asks,
+       count(*) FILTER (WHERE outcome = 'answered') AS answered,
+       count(*) FILTER (WHERE outcome = 'refused') AS refused,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
+       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
+       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
+       sum(cost_usd) AS cost_usd
+  FROM rag.queries
+ WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+ GROUP BY 1, 2;
 
 DO $$
 BEGIN

@@ -244,7 +244,9 @@ DECLARE
     v_count integer;
     v_nearest double precision;
     v_best real;
-    v_found record;
+    v_ids bigint[];
+    v_distances double precision[];
+    v_relevances real[];
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF query IS NULL OR btrim(query) = '' THEN
@@ -263,21 +265,23 @@ BEGIN
     IF c.dimensions IS NOT NULL THEN
         SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
         v_embedded := clock_timestamp();
-        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not.
-        FOR v_found IN
-            SELECT f.*, rag._close_enough(c, f.distance, f.relevance, max_distance) AS close
-              FROM rag._search(c, v_vector, k, filter, query, mode) f ORDER BY f.rank
-        LOOP
-            v_nearest := least(v_nearest, v_found.distance);
-            v_best := greatest(v_best, v_found.relevance);
-            CONTINUE WHEN NOT v_found.close;
-            v_count := coalesce(v_count, 0) + 1;
-            RETURN QUERY
-            SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, v_found.distance, d.metadata, ch.page,
-                   d.source, d.source_key, v_found.relevance
-              FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-             WHERE ch.id = v_found.chunk_id;
-        END LOOP;
+        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
+        -- ones that pass the threshold are returned in the search's order, read in one query.
+        SELECT min(f.distance), max(f.relevance),
+               array_agg(f.chunk_id ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
+          INTO v_nearest, v_best, v_ids, v_distances, v_relevances
+          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, max_distance) AS close
+                  FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
+        RETURN QUERY
+        SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
+               d.source_key, u.relevance
+          FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
+          JOIN rag.chunks ch ON ch.id = u.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id
+         ORDER BY u.n;
+        v_count := coalesce(cardinality(v_ids), 0);
     END IF;
     -- The ledger: one row per call, even when nothing was found.
     PERFORM rag._record_query(

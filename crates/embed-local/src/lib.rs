@@ -269,7 +269,7 @@ impl LocalModel {
         let pooling = pooling(model_dir)?;
         let max_tokens = window(model_dir, encoder.positions())?;
         let tokenizer_path = model_dir.join(TOKENIZER_FILE);
-        let tokenizer = load_tokenizer(&tokenizer_path, encoder.vocabulary_rows())?;
+        let tokenizer = load_tokenizer(&tokenizer_path, encoder.vocabulary_rows(), None)?;
         let threads = options.threads.max(1);
         let pool = build_pool(threads)?;
         Ok(LocalModel {
@@ -465,14 +465,19 @@ fn window(model_dir: &Path, max_position_embeddings: usize) -> Result<usize, Loc
     }
 }
 
-fn load_tokenizer(path: &Path, model_vocab_size: usize) -> Result<Tokenizer, LocalModelError> {
+/// The tokenizer without the packaged padding (MiniLM's pads to 128, the reranker's to 512: padding costs
+/// work and would be averaged into a mean) and with `truncation` in place of the packaged one (none for
+/// embeddings, where a cut would hide an over-long input).
+fn load_tokenizer(
+    path: &Path,
+    model_vocab_size: usize,
+    truncation: Option<tokenizers::TruncationParams>,
+) -> Result<Tokenizer, LocalModelError> {
     let mut tokenizer = Tokenizer::from_bytes(read_file(path)?)
         .map_err(|error| invalid_file(path, error.to_string()))?;
-    // The packaged tokenizer.json pads to and truncates at 128 tokens. Padding would be averaged
-    // into the mean (every similarity near 0.8); truncation would hide over-long inputs.
     tokenizer.with_padding(None);
     tokenizer
-        .with_truncation(None)
+        .with_truncation(truncation)
         .map_err(|error| invalid_file(path, error.to_string()))?;
     if tokenizer.get_vocab_size(true) > model_vocab_size {
         return Err(invalid_file(

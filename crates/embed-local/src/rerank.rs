@@ -13,8 +13,8 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use crate::bert::Encoder;
 use crate::{
-    build_pool, invalid_file, load_encoder, passes, read_file, release_freed_memory, LoadOptions,
-    LocalModelError, TOKENIZER_FILE,
+    build_pool, invalid_file, load_encoder, load_tokenizer, passes, release_freed_memory,
+    LoadOptions, LocalModelError, TOKENIZER_FILE,
 };
 
 /// What [`CrossEncoder::score_interruptible`] returns.
@@ -67,32 +67,19 @@ impl CrossEncoder {
         let max_tokens = max_tokens
             .unwrap_or(encoder.positions())
             .clamp(8, encoder.positions());
-        let tokenizer_path = model_dir.join(TOKENIZER_FILE);
-        let mut tokenizer = Tokenizer::from_bytes(read_file(&tokenizer_path)?)
-            .map_err(|error| invalid_file(&tokenizer_path, error.to_string()))?;
-        // The packaged tokenizer pads every pair to 512 tokens; unpadded inputs cost only their length.
-        tokenizer.with_padding(None);
         // Unlike embedding, where a truncated chunk would silently be represented by its start, scoring
         // the start of a long passage is the standard practice and still ranks it; the count of cut
         // passages is reported. LongestFirst cuts the passage, which is the longer part in practice.
-        tokenizer
-            .with_truncation(Some(TruncationParams {
+        let tokenizer = load_tokenizer(
+            &model_dir.join(TOKENIZER_FILE),
+            encoder.vocabulary_rows(),
+            Some(TruncationParams {
                 max_length: max_tokens,
                 strategy: TruncationStrategy::LongestFirst,
                 stride: 0,
                 direction: TruncationDirection::Right,
-            }))
-            .map_err(|error| invalid_file(&tokenizer_path, error.to_string()))?;
-        if tokenizer.get_vocab_size(true) > encoder.vocabulary_rows() {
-            return Err(invalid_file(
-                &tokenizer_path,
-                format!(
-                    "the tokenizer knows {} tokens but config.json's vocab_size is {}",
-                    tokenizer.get_vocab_size(true),
-                    encoder.vocabulary_rows()
-                ),
-            ));
-        }
+            }),
+        )?;
         let threads = options.threads.max(1);
         let pool = build_pool(threads)?;
         Ok(CrossEncoder {
