@@ -190,12 +190,21 @@ BEGIN
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
-            coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
+            coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
             rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
+    -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
+    -- first failed document. (A local model's window is enforced when it is chosen.)
+    v_window := rag._model_window(embedding_model);
+    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) <> 'local'
+       AND (CASE chunk_unit WHEN 'tokens' THEN v_size ELSE v_size / rag._limit('chars_per_token')::integer END) > v_window THEN
+        RAISE NOTICE 'chunks of up to % % may exceed the % tokens model "%" reads', v_size, chunk_unit, v_window, embedding_model
+            USING HINT = format('Pass chunk_size => %s (characters) or less, or check the window the server runs the model with.',
+                                v_window * rag._limit('chars_per_token')::integer);
+    END IF;
     RETURN v_id;
 END $$;
 
@@ -267,6 +276,16 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT 'chunks_tsv_c' || p_collection_id
 $$;
 
+-- The distance ceiling of a new collection that names none: rag.max_distance when it is set (in the session, the
+-- database, the server), else the one measured for the model (rag_known_models()), else rag.max_distance's
+-- default.
+CREATE FUNCTION rag._default_max_distance(p_model text) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN (SELECT s.source FROM pg_catalog.pg_settings s WHERE s.name = 'rag.max_distance') <> 'default'
+                THEN rag._setting('rag.max_distance')::double precision
+                ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
+$$;
+
 -- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
 -- indexes only fixed-dimension vectors, and collections of different models share one table.
 CREATE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
@@ -302,13 +321,77 @@ BEGIN
     RETURN v_index;
 END $$;
 
+-- Whether a collection is in a bulk load: at least rag._limit('bulk_load_documents') of its documents are
+-- queued while it has no HNSW index or fewer ready documents than that (a first load, a rag_reindex, a large
+-- load into a small collection). Its vectors are then stored without the index, whose per-row upkeep costs more
+-- than the rest of the pipeline, and the index is built once as the load ends. Both counts stop at the limit,
+-- so the answer costs the same at a million documents.
+CREATE FUNCTION rag._bulk_loading(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_limit integer := rag._limit('bulk_load_documents')::integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1) THEN
+        RETURN false;
+    END IF;
+    RETURN (SELECT c.index_name IS NULL FROM rag.collections c WHERE c.id = p_collection_id)
+        OR NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id AND d.status = 'ready'
+                        OFFSET v_limit - 1);
+END $$;
+
+-- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs rag.chunks to itself
+-- for a moment, so it waits at most 100 ms for running searches and otherwise leaves the index in place; the
+-- next batch tries again. Returns whether the index is gone.
+CREATE FUNCTION rag._suspend_index(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_index text;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT index_name INTO v_index FROM rag.collections WHERE id = p_collection_id;
+    IF v_index IS NULL THEN
+        RETURN true;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        RETURN true;
+    EXCEPTION WHEN lock_not_available OR insufficient_privilege THEN
+        -- The subtransaction's rollback restored lock_timeout as well.
+        RETURN false;
+    END;
+END $$;
+
+-- The end of a bulk load: builds a collection's missing HNSW index once fewer than the bulk limit of its
+-- documents are waiting. The worker calls it as it finishes each document; CREATE INDEX holds writes to
+-- rag.chunks (not reads) while it runs. A build that fails (out of disk, say) must not fail the document being
+-- finished, or the next one, forever: it is reported and left to the idle worker's repair.
+CREATE FUNCTION rag._index_after_bulk_load(p_collection_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.collections c
+                WHERE c.id = p_collection_id AND c.index_name IS NULL AND c.dimensions BETWEEN 1 AND 2000)
+       AND NOT rag._bulk_loading(p_collection_id) THEN
+        BEGIN
+            PERFORM rag._ensure_index(p_collection_id);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'building the HNSW index of collection % after its bulk load failed: %', p_collection_id, SQLERRM
+                USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
+        END;
+    END IF;
+END $$;
+
 -- Collections with chunks whose HNSW index (when their dimension allows one) or GIN index is missing: the one
 -- test of it, for the idle worker's read-only look (src/store) and for rag._repair_indexes.
 CREATE FUNCTION rag._collections_missing_indexes() RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
      WHERE ((c.dimensions BETWEEN 1 AND 2000
-             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+             -- A bulk load builds its index when it ends, not while another worker is idle meanwhile.
+             AND NOT rag._bulk_loading(c.id))
             OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
 $$;

@@ -265,11 +265,15 @@ BEGIN
             SELECT h.id
               FROM rag.collections c
              CROSS JOIN LATERAL (
+                   -- The range on (collection_id, not_before), not "collection_id = c.id": when one collection
+                   -- fills the queue, its statistics make the planner walk queue_due and filter every other
+                   -- collection's turn out of all of its rows, which made each claim of a bulk load cost O(queue).
                    SELECT qu.id, qu.not_before FROM rag.queue qu
-                    WHERE qu.collection_id = c.id AND qu.not_before <= now()
+                    WHERE (qu.collection_id, qu.not_before) > (c.id, '-infinity'::timestamptz)
+                      AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
-                    ORDER BY qu.not_before, qu.id LIMIT 3) h
+                    ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
              WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
@@ -331,27 +335,34 @@ $$;
 
 -- A document's chunks that have their vector in the collection's searched space.
 CREATE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
-      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-     WHERE ch.document_id = p_document_id
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
+    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session.
+    RETURN (SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                               ELSE ch.embedding_alt IS NOT NULL END)::integer
+              FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+             WHERE ch.document_id = p_document_id);
+END $$;
 
 -- Whether the worker's next step for this document is the new space of a model change: the document is chunked,
 -- every chunk has its vector in the searched space, some chunk lacks one in the other, and the change is going.
 CREATE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
-                    WHERE d.id = p_document_id AND m.state = 'embedding')
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Without a change going (nearly always) one indexed lookup answers; the worker asks for every document.
+    IF NOT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+                    WHERE d.id = p_document_id AND m.state = 'embedding') THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
        AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
                         WHERE ch.document_id = p_document_id
                           AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
                     WHERE ch.document_id = p_document_id
-                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL)
-$$;
+                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
+END $$;
 
 -- 'provider/model' of the embedding the worker's next step for a queued document would ask for: the
 -- collection's, or during a model change (rag._needs_shadow) the new model's. What the worker's circuit breaker
@@ -369,15 +380,17 @@ $$;
 -- model change), in order.
 CREATE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
 RETURNS TABLE (chunk_id bigint, content text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     SELECT ch.id, ch.content
       FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
      WHERE ch.document_id = p_document_id
        AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
                                                              ELSE ch.embedding_alt END IS NULL
      ORDER BY ch.ordinal
-     LIMIT p_limit
-$$;
+     LIMIT p_limit;
+END $$;
 
 -- Seconds until the next deferred item is due (NULL when the queue is empty), so an idle worker sleeps
 -- exactly as long as it may.
@@ -416,6 +429,111 @@ BEGIN
     RETURN v_count;
 END $$;
 
+-- Vectors of p_dimensions for the searched space of collection c (locked by the caller): NULL when they may be
+-- stored, else the reason the document fails. The first vectors fix the collection's dimension and bring its
+-- HNSW index, unless a bulk load is starting (rag._bulk_loading), which stores without the index and builds it
+-- as it ends; a load that grows far beyond the index drops it the same way.
+CREATE FUNCTION rag._accept_dimensions(c rag.collections, p_dimensions integer) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF c.dimensions IS NULL THEN
+        UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
+        IF NOT rag._bulk_loading(c.id) THEN
+            PERFORM rag._ensure_index(c.id);
+        END IF;
+    ELSIF c.dimensions <> p_dimensions THEN
+        RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
+                      c.embedding_model, p_dimensions, c.name, c.dimensions);
+    ELSIF c.index_name IS NOT NULL AND rag._bulk_loading(c.id) THEN
+        PERFORM rag._suspend_index(c.id);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- The worker's path for a small new document (its chunks fit one provider call): its chunks and their vectors
+-- are written together and the document is finished, in one call and with no row written twice. stored is
+-- false when this path does not apply any more (the document was deleted, chunked by another path, or its
+-- collection's model changed meanwhile): the caller then takes it down the regular path. refusal is the
+-- reason the document fails, if it must. The caller ends its batch with rag._index_after_bulk_load.
+CREATE FUNCTION rag._store_document(p_queue_id bigint, p_document_id bigint, p_contents text[], p_starts integer[],
+                                    p_ends integer[], p_tokens integer[], p_pages integer[], p_vectors text[],
+                                    p_dimensions integer, p_embed_tokens bigint, p_model text,
+                                    OUT stored boolean, OUT refusal text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    stored := false;
+    -- Locks in the order of rag._store_embeddings: collection and document before chunks.
+    SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
+     WHERE d.id = p_document_id
+       FOR UPDATE OF col, d;
+    IF NOT FOUND OR c.embedding_model <> p_model
+       OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id) THEN
+        -- Deleted, the model changed, or chunked meanwhile: the regular path takes it.
+        RETURN;
+    END IF;
+    IF cardinality(p_vectors) <> cardinality(p_contents) THEN
+        refusal := format('%s vectors for %s chunks', cardinality(p_vectors), cardinality(p_contents));
+        RETURN;
+    END IF;
+    refusal := rag._accept_dimensions(c, p_dimensions);
+    IF refusal IS NOT NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
+                            tsv, embedding, embedding_alt)
+    SELECT p_document_id, c.id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
+           to_tsvector(c.text_search_config, t.content),
+           CASE c.vector_column WHEN 'embedding' THEN t.vec::vector END,
+           CASE c.vector_column WHEN 'embedding_alt' THEN t.vec::vector END
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_vectors)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, vec, ordinal);
+    UPDATE rag.documents SET chunks_total = cardinality(p_contents), chunks_embedded = cardinality(p_contents),
+           embed_calls = embed_calls + 1, embed_tokens = embed_tokens + coalesce(p_embed_tokens, 0),
+           status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
+     WHERE id = p_document_id;
+    IF rag._needs_shadow(p_document_id) THEN
+        -- A model change is going: searchable now, and the queue item stays for its vectors in the new space.
+        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+    ELSE
+        DELETE FROM rag.queue WHERE id = p_queue_id;
+    END IF;
+    stored := true;
+END $$;
+
+-- More small new documents of the collection of the queue item the worker just claimed (p_queue_id), claimed
+-- with it so that their chunks share provider calls and transactions: due, unclaimed, never tried, not yet
+-- chunked, at most p_max_bytes of text, and no model change going. Oldest first, as rag._claim_next would.
+CREATE FUNCTION rag._claim_more(p_worker integer, p_queue_id bigint, p_limit integer, p_max_bytes integer)
+RETURNS TABLE (queue_id bigint, document_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+BEGIN
+    SELECT qu.collection_id INTO v_collection FROM rag.queue qu WHERE qu.id = p_queue_id;
+    IF v_collection IS NULL OR p_limit < 1
+       OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH taken AS (
+        SELECT qu.id, qu.document_id FROM rag.queue qu
+         -- The same range as rag._claim_next's, for the same reason.
+         WHERE (qu.collection_id, qu.not_before) > (v_collection, '-infinity'::timestamptz)
+           AND (qu.collection_id, qu.not_before) <= (v_collection, now())
+           AND qu.id <> p_queue_id AND qu.claimed_by IS NULL AND qu.attempts = 0 AND qu.unfinished_claims = 0
+           AND EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = qu.document_id AND octet_length(d.body) <= p_max_bytes)
+           AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = qu.document_id)
+         ORDER BY qu.collection_id, qu.not_before, qu.id
+         LIMIT p_limit
+           FOR UPDATE OF qu SKIP LOCKED
+    )
+    UPDATE rag.queue q SET claimed_by = p_worker, claimed_at = now(), unfinished_claims = q.unfinished_claims + 1
+      FROM taken WHERE q.id = taken.id
+    RETURNING q.id, q.document_id;
+END $$;
+
 -- Writes one batch of vectors. Returns NULL on success, or the reason the document must fail (a vector of
 -- another dimension than the collection's). Counters are recomputed from the table, never incremented, so
 -- a batch written twice or a worker killed half-way leaves them exact.
@@ -431,6 +549,7 @@ DECLARE
     c rag.collections;
     m rag.migrations;
     v_column text;
+    v_refusal text;
 BEGIN
     -- The document is locked before its chunks, the order in which deleting a document (its cascade to
     -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
@@ -453,12 +572,11 @@ BEGIN
         END IF;
     ELSIF c.embedding_model <> p_model THEN
         RETURN NULL;
-    ELSIF c.dimensions IS NULL THEN
-        UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
-        PERFORM rag._ensure_index(c.id);
-    ELSIF c.dimensions <> p_dimensions THEN
-        RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
-                      c.embedding_model, p_dimensions, c.name, c.dimensions);
+    ELSE
+        v_refusal := rag._accept_dimensions(c, p_dimensions);
+        IF v_refusal IS NOT NULL THEN
+            RETURN v_refusal;
+        END IF;
     END IF;
     v_column := rag._target_column(c.vector_column, p_shadow);
     UPDATE rag.chunks ch
@@ -499,6 +617,7 @@ BEGIN
             UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
         ELSE
             DELETE FROM rag.queue WHERE id = p_queue_id;
+            PERFORM rag._index_after_bulk_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
         END IF;
         RETURN true;
     END IF;

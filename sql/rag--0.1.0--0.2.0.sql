@@ -171,13 +171,13 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_caller name := rag._calling_role();
+    v_caller_oid oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller);
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF NOT rag._has_collection_privilege(c.id, c.owner, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller),
-                                         p_privilege) THEN
+    IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
         RAISE EXCEPTION 'permission denied for collection "%"', c.name
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
@@ -332,6 +332,18 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_ingest_file_wrapper';
 
+CREATE OR REPLACE FUNCTION "rag_known_models"() RETURNS TABLE (
+	"model" TEXT,  /* String */
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT,  /* String */
+	"pooling" TEXT,  /* String */
+	"window_tokens" INT,  /* i32 */
+	"max_distance" double precision  /* Option < f64 > */
+)
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rag_known_models_wrapper';
+
 CREATE OR REPLACE FUNCTION "rag_markdown_to_text"(
 	"markdown" TEXT /* & str */
 ) RETURNS TEXT /* String */
@@ -371,14 +383,32 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_rerank"(
 	"collection_id" INT, /* i32 */
@@ -396,25 +426,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
@@ -426,29 +445,19 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+CREATE OR REPLACE FUNCTION rag."_model_window"(
 	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_text"(
 	"provider_name" TEXT, /* & str */
@@ -458,6 +467,13 @@ CREATE OR REPLACE FUNCTION rag."_embed_text"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -484,13 +500,6 @@ CREATE OR REPLACE FUNCTION rag."_limit"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -665,12 +674,21 @@ BEGIN
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
-            coalesce(max_distance, rag._setting('rag.max_distance')::double precision),
+            coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
             rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
+    -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
+    -- first failed document. (A local model's window is enforced when it is chosen.)
+    v_window := rag._model_window(embedding_model);
+    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) <> 'local'
+       AND (CASE chunk_unit WHEN 'tokens' THEN v_size ELSE v_size / rag._limit('chars_per_token')::integer END) > v_window THEN
+        RAISE NOTICE 'chunks of up to % % may exceed the % tokens model "%" reads', v_size, chunk_unit, v_window, embedding_model
+            USING HINT = format('Pass chunk_size => %s (characters) or less, or check the window the server runs the model with.',
+                                v_window * rag._limit('chars_per_token')::integer);
+    END IF;
     RETURN v_id;
 END $$;
 
@@ -738,6 +756,13 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT 'chunks_tsv_c' || p_collection_id
 $$;
 
+CREATE OR REPLACE FUNCTION rag._default_max_distance(p_model text) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN (SELECT s.source FROM pg_catalog.pg_settings s WHERE s.name = 'rag.max_distance') <> 'default'
+                THEN rag._setting('rag.max_distance')::double precision
+                ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
+$$;
+
 CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -771,11 +796,63 @@ BEGIN
     RETURN v_index;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._bulk_loading(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_limit integer := rag._limit('bulk_load_documents')::integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1) THEN
+        RETURN false;
+    END IF;
+    RETURN (SELECT c.index_name IS NULL FROM rag.collections c WHERE c.id = p_collection_id)
+        OR NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id AND d.status = 'ready'
+                        OFFSET v_limit - 1);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._suspend_index(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_index text;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT index_name INTO v_index FROM rag.collections WHERE id = p_collection_id;
+    IF v_index IS NULL THEN
+        RETURN true;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        RETURN true;
+    EXCEPTION WHEN lock_not_available OR insufficient_privilege THEN
+        -- The subtransaction's rollback restored lock_timeout as well.
+        RETURN false;
+    END;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._index_after_bulk_load(p_collection_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.collections c
+                WHERE c.id = p_collection_id AND c.index_name IS NULL AND c.dimensions BETWEEN 1 AND 2000)
+       AND NOT rag._bulk_loading(p_collection_id) THEN
+        BEGIN
+            PERFORM rag._ensure_index(p_collection_id);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'building the HNSW index of collection % after its bulk load failed: %', p_collection_id, SQLERRM
+                USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
+        END;
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._collections_missing_indexes() RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
      WHERE ((c.dimensions BETWEEN 1 AND 2000
-             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL))
+             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
+             -- A bulk load builds its index when it ends, not while another worker is idle meanwhile.
+             AND NOT rag._bulk_loading(c.id))
             OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
 $$;
@@ -1019,6 +1096,11 @@ BEGIN
     END LOOP;
     RETURN v_steps;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -1265,11 +1347,15 @@ BEGIN
             SELECT h.id
               FROM rag.collections c
              CROSS JOIN LATERAL (
+                   -- The range on (collection_id, not_before), not "collection_id = c.id": when one collection
+                   -- fills the queue, its statistics make the planner walk queue_due and filter every other
+                   -- collection's turn out of all of its rows, which made each claim of a bulk load cost O(queue).
                    SELECT qu.id, qu.not_before FROM rag.queue qu
-                    WHERE qu.collection_id = c.id AND qu.not_before <= now()
+                    WHERE (qu.collection_id, qu.not_before) > (c.id, '-infinity'::timestamptz)
+                      AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
-                    ORDER BY qu.not_before, qu.id LIMIT 3) h
+                    ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
              WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
@@ -1328,25 +1414,32 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
-      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-     WHERE ch.document_id = p_document_id
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
+    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session.
+    RETURN (SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                               ELSE ch.embedding_alt IS NOT NULL END)::integer
+              FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
+             WHERE ch.document_id = p_document_id);
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
-                    WHERE d.id = p_document_id AND m.state = 'embedding')
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Without a change going (nearly always) one indexed lookup answers; the worker asks for every document.
+    IF NOT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+                    WHERE d.id = p_document_id AND m.state = 'embedding') THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
        AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
                         WHERE ch.document_id = p_document_id
                           AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
                     WHERE ch.document_id = p_document_id
-                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL)
-$$;
+                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._embedding_key(p_queue_id bigint) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -1359,15 +1452,17 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
 RETURNS TABLE (chunk_id bigint, content text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     SELECT ch.id, ch.content
       FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
      WHERE ch.document_id = p_document_id
        AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
                                                              ELSE ch.embedding_alt END IS NULL
      ORDER BY ch.ordinal
-     LIMIT p_limit
-$$;
+     LIMIT p_limit;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -1404,6 +1499,99 @@ BEGIN
     RETURN v_count;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._accept_dimensions(c rag.collections, p_dimensions integer) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF c.dimensions IS NULL THEN
+        UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
+        IF NOT rag._bulk_loading(c.id) THEN
+            PERFORM rag._ensure_index(c.id);
+        END IF;
+    ELSIF c.dimensions <> p_dimensions THEN
+        RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
+                      c.embedding_model, p_dimensions, c.name, c.dimensions);
+    ELSIF c.index_name IS NOT NULL AND rag._bulk_loading(c.id) THEN
+        PERFORM rag._suspend_index(c.id);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._store_document(p_queue_id bigint, p_document_id bigint, p_contents text[], p_starts integer[],
+                                    p_ends integer[], p_tokens integer[], p_pages integer[], p_vectors text[],
+                                    p_dimensions integer, p_embed_tokens bigint, p_model text,
+                                    OUT stored boolean, OUT refusal text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+BEGIN
+    stored := false;
+    -- Locks in the order of rag._store_embeddings: collection and document before chunks.
+    SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
+     WHERE d.id = p_document_id
+       FOR UPDATE OF col, d;
+    IF NOT FOUND OR c.embedding_model <> p_model
+       OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id) THEN
+        -- Deleted, the model changed, or chunked meanwhile: the regular path takes it.
+        RETURN;
+    END IF;
+    IF cardinality(p_vectors) <> cardinality(p_contents) THEN
+        refusal := format('%s vectors for %s chunks', cardinality(p_vectors), cardinality(p_contents));
+        RETURN;
+    END IF;
+    refusal := rag._accept_dimensions(c, p_dimensions);
+    IF refusal IS NOT NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
+                            tsv, embedding, embedding_alt)
+    SELECT p_document_id, c.id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
+           to_tsvector(c.text_search_config, t.content),
+           CASE c.vector_column WHEN 'embedding' THEN t.vec::vector END,
+           CASE c.vector_column WHEN 'embedding_alt' THEN t.vec::vector END
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_vectors)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, vec, ordinal);
+    UPDATE rag.documents SET chunks_total = cardinality(p_contents), chunks_embedded = cardinality(p_contents),
+           embed_calls = embed_calls + 1, embed_tokens = embed_tokens + coalesce(p_embed_tokens, 0),
+           status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
+     WHERE id = p_document_id;
+    IF rag._needs_shadow(p_document_id) THEN
+        -- A model change is going: searchable now, and the queue item stays for its vectors in the new space.
+        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+    ELSE
+        DELETE FROM rag.queue WHERE id = p_queue_id;
+    END IF;
+    stored := true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._claim_more(p_worker integer, p_queue_id bigint, p_limit integer, p_max_bytes integer)
+RETURNS TABLE (queue_id bigint, document_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+BEGIN
+    SELECT qu.collection_id INTO v_collection FROM rag.queue qu WHERE qu.id = p_queue_id;
+    IF v_collection IS NULL OR p_limit < 1
+       OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH taken AS (
+        SELECT qu.id, qu.document_id FROM rag.queue qu
+         -- The same range as rag._claim_next's, for the same reason.
+         WHERE (qu.collection_id, qu.not_before) > (v_collection, '-infinity'::timestamptz)
+           AND (qu.collection_id, qu.not_before) <= (v_collection, now())
+           AND qu.id <> p_queue_id AND qu.claimed_by IS NULL AND qu.attempts = 0 AND qu.unfinished_claims = 0
+           AND EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = qu.document_id AND octet_length(d.body) <= p_max_bytes)
+           AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = qu.document_id)
+         ORDER BY qu.collection_id, qu.not_before, qu.id
+         LIMIT p_limit
+           FOR UPDATE OF qu SKIP LOCKED
+    )
+    UPDATE rag.queue q SET claimed_by = p_worker, claimed_at = now(), unfinished_claims = q.unfinished_claims + 1
+      FROM taken WHERE q.id = taken.id
+    RETURNING q.id, q.document_id;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
                                       p_vectors text[], p_dimensions integer, p_tokens bigint, p_model text,
                                       p_shadow boolean)
@@ -1413,6 +1601,7 @@ DECLARE
     c rag.collections;
     m rag.migrations;
     v_column text;
+    v_refusal text;
 BEGIN
     -- The document is locked before its chunks, the order in which deleting a document (its cascade to
     -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
@@ -1435,12 +1624,11 @@ BEGIN
         END IF;
     ELSIF c.embedding_model <> p_model THEN
         RETURN NULL;
-    ELSIF c.dimensions IS NULL THEN
-        UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
-        PERFORM rag._ensure_index(c.id);
-    ELSIF c.dimensions <> p_dimensions THEN
-        RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
-                      c.embedding_model, p_dimensions, c.name, c.dimensions);
+    ELSE
+        v_refusal := rag._accept_dimensions(c, p_dimensions);
+        IF v_refusal IS NOT NULL THEN
+            RETURN v_refusal;
+        END IF;
     END IF;
     v_column := rag._target_column(c.vector_column, p_shadow);
     UPDATE rag.chunks ch
@@ -1478,6 +1666,7 @@ BEGIN
             UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
         ELSE
             DELETE FROM rag.queue WHERE id = p_queue_id;
+            PERFORM rag._index_after_bulk_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
         END IF;
         RETURN true;
     END IF;
@@ -1783,6 +1972,12 @@ BEGIN
     IF v_mode <> 'vector' THEN
         v_lexemes := rag._keyword_query(c, query);
     END IF;
+    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
+        RETURN NEXT CASE WHEN c.dimensions > 2000
+                         THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
+                         ELSE format('Vector side: exact search: no HNSW index yet (a bulk load builds it when fewer than %s of the collection''s documents are waiting; rag.status shows them)',
+                                     rag._limit('bulk_load_documents')) END;
+    END IF;
     IF c.reranker IS NOT NULL THEN
         RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank)',
                            greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider);
@@ -1797,6 +1992,224 @@ BEGIN
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+                              valid_from timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
+    ON CONFLICT (model, valid_from) DO UPDATE
+       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
+           output_usd_per_million = EXCLUDED.output_usd_per_million
+$$;
+
+CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
+     ORDER BY p.valid_from DESC LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
+                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT trim_scale(
+             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_query(
+    p_collection_id integer, p_kind text, p_question text, p_outcome text,
+    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
+    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
+    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
+    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
+    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
+    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
+    p_best_relevance real DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
+    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
+    v_cost numeric := 0;
+    v_id bigint;
+BEGIN
+    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
+    -- may read, so nobody can fill another collection's ledger.
+    PERFORM rag._require_privilege(p_collection_id, 'read');
+    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
+    IF pg_catalog.pg_is_in_recovery() THEN
+        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
+        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
+        -- can read what the standby answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
+            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+            'sources_sent', p_sources_sent,
+            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+            'role', rag._calling_role()));
+        RETURN NULL;
+    END IF;
+    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
+                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
+                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
+                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
+                             latency_ms, cost_usd, prices, role)
+    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
+           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
+           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
+           jsonb_strip_nulls(jsonb_build_object(
+               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
+               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
+           rag._calling_role()
+      FROM rag.collections c WHERE c.id = p_collection_id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+                                      p_max_distance double precision, p_question text)
+RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
+               relevance real, rank integer, close boolean)
+LANGUAGE sql AS $$
+    WITH anchors AS MATERIALIZED (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
+               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
+          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
+         WHERE c.id = p_collection_id),
+    wanted AS (
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
+        UNION ALL
+        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
+          FROM anchors a
+          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+         WHERE a.close)
+    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+           CASE WHEN ch.page IS NULL THEN NULL
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
+           w.relevance, w.rank, w.close
+      FROM wanted w
+      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.documents d ON d.id = ch.document_id
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
+                                     p_query_id bigint, p_reply text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
+                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM rag._refuse_writes_on_standby('a conversation');
+    INSERT INTO rag.conversations (collection_id, owner)
+    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v rag.conversations;
+BEGIN
+    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    IF NOT FOUND OR (v.owner <> rag._calling_role()
+                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+        RAISE EXCEPTION 'conversation % does not exist', p_id
+            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
+RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    RETURN QUERY
+    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
+      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    DELETE FROM rag.conversations WHERE id = v_id;
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE VIEW rag.ledger_daily AS
+SELECT collection,
+       date_trunc('day', created_at)::date AS day,
+       count(*) AS calls,
+       count(*) FILTER (WHERE kind = 'ask') AS asks,
+       count(*) FILTER (WHERE outcome = 'answered') AS answered,
+       count(*) FILTER (WHERE outcome = 'refused') AS refused,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
+       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
+       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
+       sum(cost_usd) AS cost_usd
+  FROM rag.queries
+ WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+ GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2363,212 +2776,6 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
-                              valid_from timestamptz DEFAULT now())
-RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
-       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
-
-CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
-     ORDER BY p.valid_from DESC LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
-                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
-LANGUAGE sql STABLE AS $$
-    SELECT trim_scale(
-             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_query(
-    p_collection_id integer, p_kind text, p_question text, p_outcome text,
-    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
-    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
-    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
-    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
-    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
-    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
-    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
-    p_best_relevance real DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
-    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
-    v_cost numeric := 0;
-    v_id bigint;
-BEGIN
-    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
-    -- may read, so nobody can fill another collection's ledger.
-    PERFORM rag._require_privilege(p_collection_id, 'read');
-    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
-            'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
-        RETURN NULL;
-    END IF;
-    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
-                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
-                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
-                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
-           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
-           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
-           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
-           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
-           jsonb_strip_nulls(jsonb_build_object(
-               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
-               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
-      FROM rag.collections c WHERE c.id = p_collection_id
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision, p_question text)
-RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
-               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
-               relevance real, rank integer, close boolean)
-LANGUAGE sql AS $$
-    WITH anchors AS MATERIALIZED (
-        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
-               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
-          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
-         WHERE c.id = p_collection_id),
-    wanted AS (
-        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
-        UNION ALL
-        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
-          FROM anchors a
-          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-         WHERE a.close)
-    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
-           CASE WHEN ch.page IS NULL THEN NULL
-                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
-           w.relevance, w.rank, w.close
-      FROM wanted w
-      JOIN rag.chunks ch ON ch.id = w.chunk_id
-      JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
-                                     p_query_id bigint, p_reply text) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
-    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
-           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint;
-BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v rag.conversations;
-BEGIN
-    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
-        RAISE EXCEPTION 'conversation % does not exist', p_id
-            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
-    END IF;
-    RETURN v;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
-RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    RETURN QUERY
-    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
-      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    DELETE FROM rag.conversations WHERE id = v_id;
-    RETURN FOUND;
-END $$;
-
-CREATE OR REPLACE VIEW rag.ledger_daily AS
-SELECT collection,
-       date_trunc('day', created_at)::date AS day,
-       count(*) AS calls,
-       count(*) FILTER (WHERE kind = 'ask') AS asks,
-       count(*) FILTER (WHERE outcome = 'answered') AS answered,
-       count(*) FILTER (WHERE outcome = 'refused') AS refused,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
-       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
-       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-       sum(cost_usd) AS cost_usd
-  FROM rag.queries
- WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
- GROUP BY 1, 2;
-
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rag_reader') THEN
@@ -2650,7 +2857,7 @@ BEGIN
         END IF;
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
         v_grantee := CASE
-            WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models',
+            WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
                                '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',

@@ -318,6 +318,12 @@ BEGIN
     IF v_mode <> 'vector' THEN
         v_lexemes := rag._keyword_query(c, query);
     END IF;
+    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
+        RETURN NEXT CASE WHEN c.dimensions > 2000
+                         THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
+                         ELSE format('Vector side: exact search: no HNSW index yet (a bulk load builds it when fewer than %s of the collection''s documents are waiting; rag.status shows them)',
+                                     rag._limit('bulk_load_documents')) END;
+    END IF;
     IF c.reranker IS NOT NULL THEN
         RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank)',
                            greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider);

@@ -81,7 +81,7 @@ BEGIN
         END IF;
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
         v_grantee := CASE
-            WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models',
+            WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
                                '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',

@@ -53,6 +53,13 @@ pub const RERANK_CANDIDATES_MIN: i32 = 1;
 pub const RERANK_CANDIDATES_MAX: i32 = 200;
 pub const MIN_RELEVANCE_DEFAULT: &str = "-5";
 
+/// A collection with at least this many documents queued and no HNSW index or fewer than this many ready
+/// documents (a first load, a rag_reindex, a large load into a small collection) is loaded in bulk: its vectors are stored
+/// without the index's per-row upkeep, which costs more than the rest of the pipeline together (BENCHMARKS.md
+/// §3), the collection is searched exactly meanwhile, and the index is built once when nothing of the
+/// collection is due any more. Below it, the index stays and every document is searchable through it at once.
+pub const BULK_LOAD_DOCUMENTS: i32 = 200;
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {
@@ -76,6 +83,7 @@ fn for_sql(name: &str) -> Option<String> {
         "rerank_candidates_min" => RERANK_CANDIDATES_MIN.to_string(),
         "rerank_candidates_max" => RERANK_CANDIDATES_MAX.to_string(),
         "min_relevance_default" => MIN_RELEVANCE_DEFAULT.to_string(),
+        "bulk_load_documents" => BULK_LOAD_DOCUMENTS.to_string(),
         _ => return None,
     })
 }

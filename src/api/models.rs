@@ -62,6 +62,31 @@ fn local_models() -> Vec<(String, Option<i64>, Option<String>, Option<String>)> 
     models
 }
 
+/// The known-models table (`rag_embed::known_models`): what a collection made for each model gets by default.
+#[pg_extern(immutable, parallel_safe)]
+pub fn rag_known_models() -> TableIterator<
+    'static,
+    (
+        name!(model, String),
+        name!(document_prefix, String),
+        name!(query_prefix, String),
+        name!(pooling, String),
+        name!(window_tokens, i32),
+        name!(max_distance, Option<f64>),
+    ),
+> {
+    TableIterator::new(rag_embed::known_models::all().iter().map(|known| {
+        (
+            known.name.to_string(),
+            known.prefixes.document.to_string(),
+            known.prefixes.query.to_string(),
+            known.pooling.as_str().to_string(),
+            known.window_tokens as i32,
+            known.max_distance,
+        )
+    }))
+}
+
 #[pgrx::pg_schema]
 pub mod rag {
     use pgrx::prelude::*;
@@ -74,5 +99,17 @@ pub mod rag {
     ) -> TableIterator<'static, (name!(document_prefix, String), name!(query_prefix, String))> {
         let prefixes = rag_embed::known_models::prefixes_for(model);
         TableIterator::once((prefixes.document.to_string(), prefixes.query.to_string()))
+    }
+
+    /// The distance ceiling measured for a known model (NULL otherwise), for rag_create_collection.
+    #[pg_extern(immutable, parallel_safe, name = "_model_max_distance")]
+    pub fn model_max_distance(model: &str) -> Option<f64> {
+        rag_embed::known_models::default_max_distance(model)
+    }
+
+    /// The tokens a known model reads at most (NULL otherwise), for rag_create_collection.
+    #[pg_extern(immutable, parallel_safe, name = "_model_window")]
+    pub fn model_window(model: &str) -> Option<i32> {
+        rag_embed::known_models::known_model(model).map(|known| known.window_tokens as i32)
     }
 }

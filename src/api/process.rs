@@ -59,7 +59,7 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;
     while worked < max_items.max(0) {
-        match process_next(&Subtransactions, &mut providers, &mut rng) {
+        match process_next(&Subtransactions, &mut providers, &mut rng, 1) {
             Ok(Step::Worked) => worked += 1,
             Ok(Step::Idle(_)) | Ok(Step::Stopped) => break,
             Err(error) => Err::<(), _>(RagError::Internal(format!(

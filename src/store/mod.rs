@@ -309,6 +309,129 @@ pub fn pending_chunks(
     })
 }
 
+/// More small new documents of the claimed item's collection, claimed with it (`rag._claim_more`): their
+/// queue and document ids.
+pub fn claim_more(
+    worker_pid: i32,
+    queue_id: i64,
+    limit: i32,
+    max_bytes: i32,
+) -> Result<Vec<(i64, i64)>, RagError> {
+    let rows: Vec<(Option<i64>, Option<i64>)> = Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT queue_id, document_id FROM rag._claim_more($1, $2, $3, $4)",
+            None,
+            &[
+                worker_pid.into(),
+                queue_id.into(),
+                limit.into(),
+                max_bytes.into(),
+            ],
+        )?;
+        let mut claimed = Vec::new();
+        for row in rows {
+            claimed.push((row.get::<i64>(1)?, row.get::<i64>(2)?));
+        }
+        Ok::<_, SpiError>(claimed)
+    })?;
+    rows.into_iter()
+        .map(|(queue, document)| {
+            Ok((
+                not_null(queue, "queue.id")?,
+                not_null(document, "queue.document_id")?,
+            ))
+        })
+        .collect()
+}
+
+/// The texts of several documents at once, by id; deleted ones are missing from the answer.
+pub fn load_texts(document_ids: &[i64]) -> Result<Vec<(i64, DocumentText)>, SpiError> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT id, body, page_offsets FROM rag.documents WHERE id = ANY ($1)",
+            None,
+            &[document_ids.to_vec().into()],
+        )?;
+        let mut found = Vec::new();
+        for row in rows {
+            let Some(id) = row.get::<i64>(1)? else {
+                continue;
+            };
+            let body: Option<String> = row.get(2)?;
+            let offsets: Option<Vec<Option<i32>>> = row.get(3)?;
+            found.push((
+                id,
+                DocumentText {
+                    body: body.unwrap_or_default(),
+                    page_offsets: offsets
+                        .map(|list| list.into_iter().map(|o| o.unwrap_or(0)).collect()),
+                },
+            ));
+        }
+        Ok(found)
+    })
+}
+
+/// A small new document's chunks with their vectors, written at once (`rag._store_document`).
+pub struct WholeDocument {
+    pub chunks: Vec<NewChunk>,
+    pub vectors: Vec<String>,
+    pub dimensions: i32,
+    pub tokens: Option<i64>,
+    pub model: String,
+}
+
+/// What became of a whole document.
+pub enum StoredDocument {
+    /// Stored and ready.
+    Ready,
+    /// This path no longer applies (deleted, chunked meanwhile, the model changed): the regular path takes it.
+    NotApplicable,
+    /// The document must fail, for this reason.
+    Refused(String),
+}
+
+pub fn store_document(
+    queue_id: i64,
+    document_id: i64,
+    document: WholeDocument,
+) -> Result<StoredDocument, SpiError> {
+    let ChunkColumns {
+        contents,
+        starts,
+        ends,
+        tokens,
+        pages,
+    } = columns(document.chunks);
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT stored, refusal FROM rag._store_document($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            Some(1),
+            &[
+                queue_id.into(),
+                document_id.into(),
+                contents.into(),
+                starts.into(),
+                ends.into(),
+                tokens.into(),
+                pages.into(),
+                document.vectors.into(),
+                document.dimensions.into(),
+                document.tokens.into(),
+                document.model.into(),
+            ],
+        )?;
+        let row = rows.first();
+        let stored = row.get::<bool>(1)?.unwrap_or(false);
+        let refusal = row.get::<String>(2)?;
+        Ok(match (stored, refusal) {
+            (_, Some(reason)) => StoredDocument::Refused(reason),
+            (true, None) => StoredDocument::Ready,
+            (false, None) => StoredDocument::NotApplicable,
+        })
+    })
+}
+
 /// The vectors of one batch, and what made them.
 pub struct Embedded {
     pub chunk_ids: Vec<i64>,
@@ -318,6 +441,18 @@ pub struct Embedded {
     /// The model that made them: a batch whose space changed model meanwhile is not stored.
     pub model: String,
     pub shadow: bool,
+}
+
+/// Builds the collection's HNSW index if a bulk load of it just ended (`rag._index_after_bulk_load`).
+pub fn index_after_bulk_load(collection_id: i32) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._index_after_bulk_load($1)",
+            Some(1),
+            &[collection_id.into()],
+        )?;
+        Ok(())
+    })
 }
 
 /// Returns Some(reason) when the vectors cannot be stored and the document must fail.

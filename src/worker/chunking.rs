@@ -64,25 +64,29 @@ pub fn chunk_document(item: &WorkItem) -> Result<Chunked, RagError> {
     let Some(text) = store::load_text(item.document_id)? else {
         return Ok(Chunked::Gone);
     };
-    let config = match chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit) {
-        Ok(config) => config,
-        Err(reason) => return Ok(Chunked::Refused(reason)),
-    };
+    match chunks_of(item, text) {
+        Ok(chunks) => {
+            store::store_chunks(item.document_id, chunks)?;
+            Ok(Chunked::Stored)
+        }
+        Err(reason) => Ok(Chunked::Refused(reason)),
+    }
+}
+
+/// A document's chunks with its collection's settings, or the reason it cannot be chunked. The text is
+/// dropped before the chunks are returned: a large one should not sit beside them while they are stored.
+pub fn chunks_of(item: &WorkItem, text: store::DocumentText) -> Result<Vec<NewChunk>, String> {
+    let config = chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit)?;
     let offsets = text.page_offsets.unwrap_or_default();
-    let chunks = match chunk_body(
+    let chunks = chunk_body(
         &text.body,
         &config,
         &item.provider.kind,
         &item.model,
         &item.document_prefix,
-    ) {
-        Ok(chunks) => chunks,
-        Err(reason) => return Ok(Chunked::Refused(reason)),
-    };
-    let chunks: Vec<NewChunk> = chunks.into_iter().map(new_chunk(&offsets)).collect();
+    )?;
     drop(text.body);
-    store::store_chunks(item.document_id, chunks)?;
-    Ok(Chunked::Stored)
+    Ok(chunks.into_iter().map(new_chunk(&offsets)).collect())
 }
 
 /// 1-based page holding character `position`, from the offsets at which pages start.

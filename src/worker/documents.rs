@@ -5,7 +5,8 @@
 use crate::error::RagError;
 use crate::store::{self, WorkItem};
 use crate::worker::breaker::{breaker_key, Providers};
-use crate::worker::chunking::{chunk_document, Chunked};
+use crate::store::NewChunk;
+use crate::worker::chunking::{chunk_document, chunks_of, Chunked};
 use crate::worker::row_sync::sync_row;
 use crate::worker::steps::{Step, Steps};
 use rag_embed::{EmbedOutput, ProviderError, ProviderKind, RetryPolicy, SplitMix64};
@@ -22,10 +23,23 @@ thread_local! {
     static RECENTLY_SERVED: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Documents claimed together at most (`rag._claim_more`): small new documents of one collection share
+/// provider calls and transactions, which per document cost more than the work itself (BENCHMARKS.md §3).
+pub const GROUP_DOCUMENTS: usize = 32;
+/// Text of a document claimed beside another, at most: small enough that its chunks fit one provider call at
+/// the chunk sizes collections use. A larger one is claimed on its own and takes the regular path.
+const COMPANION_MAX_BYTES: i32 = 16 * 1024;
+
+/// Chunks of a document stored with their vectors in one go, at most: a larger one has its chunks stored
+/// first, so that `rag.status` shows its progress while it is embedded batch by batch.
+const WHOLE_DOCUMENT_MAX_CHUNKS: usize = 32;
+
+/// `max_documents`: how many small new documents one round may take together (1: one at a time).
 pub fn process_next(
     steps: &impl Steps,
     providers: &mut Providers,
     rng: &mut SplitMix64,
+    max_documents: usize,
 ) -> Result<Step, RagError> {
     let pid = crate::pg::my_pid();
     // Watched rows first: turning a changed row into chunks is cheap, and it feeds the embedding queue.
@@ -35,7 +49,30 @@ pub fn process_next(
     }
     let skip = providers.cooling_down();
     let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
-    let Some(item) = steps.run(|| store::claim_next(pid, skip, recent))? else {
+    let claimed = steps.run(|| -> Result<_, RagError> {
+        let Some(item) = store::claim_next(pid, skip, recent)? else {
+            return Ok(None);
+        };
+        let mut companions = Vec::new();
+        if is_new(&item) && max_documents > 1 {
+            let more = store::claim_more(
+                pid,
+                item.queue_id,
+                (max_documents - 1) as i32,
+                COMPANION_MAX_BYTES,
+            )?;
+            companions = more
+                .into_iter()
+                .map(|(queue_id, document_id)| WorkItem {
+                    queue_id,
+                    document_id,
+                    ..item.clone()
+                })
+                .collect();
+        }
+        Ok(Some((item, companions)))
+    })?;
+    let Some((item, companions)) = claimed else {
         return Ok(Step::Idle(providers.next_close()));
     };
     RECENTLY_SERVED.with(|served| {
@@ -43,7 +80,337 @@ pub fn process_next(
         served.retain(|&collection| collection != item.collection_id);
         served.push(item.collection_id);
     });
+    if is_new(&item) {
+        return Ok(work_on_new(steps, providers, rng, item, companions));
+    }
     Ok(work_on(steps, providers, rng, &item))
+}
+
+/// A document never tried and not yet chunked, for the collection's searched space: the whole-document path
+/// may take it.
+fn is_new(item: &WorkItem) -> bool {
+    item.needs_chunking && !item.shadow && item.attempts == 0
+}
+
+/// What chunking did to one document of a group.
+enum Prepared {
+    /// Its chunks fit one provider call: they are embedded and stored with their vectors at once.
+    Whole(Vec<NewChunk>),
+    /// Too many chunks for that: they are stored, and the regular path embeds them.
+    Chunked,
+    /// Deleted meanwhile.
+    Gone,
+    /// It cannot be chunked with its collection's settings.
+    Refused(String),
+}
+
+/// New documents (the claimed one first, then the ones claimed with it): each is chunked here, and those
+/// whose chunks fit one provider call are embedded together, as many per call as fit, and stored with their
+/// vectors in one transaction per call (`rag._store_document`): no chunk row is written twice and no
+/// document needs a transaction of its own. Whatever goes wrong for a group sends its documents down the
+/// regular path one by one, which tells the faulty one from the others.
+fn work_on_new(
+    steps: &impl Steps,
+    providers: &mut Providers,
+    rng: &mut SplitMix64,
+    head: WorkItem,
+    companions: Vec<WorkItem>,
+) -> Step {
+    let batch_size = crate::settings::BATCH_SIZE.get().max(1) as usize;
+    let group: Vec<WorkItem> = std::iter::once(head).chain(companions).collect();
+    let prepared = match steps.run(|| prepare(&group, batch_size)) {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            pgrx::log!(
+                "rag worker: chunking {} new documents together failed ({error}); taking them one by one",
+                group.len()
+            );
+            return each_alone(steps, providers, rng, &group);
+        }
+    };
+    let mut whole: Vec<(&WorkItem, Vec<NewChunk>)> = Vec::new();
+    let mut head_chunked = false;
+    for (index, (item, outcome)) in group.iter().zip(prepared).enumerate() {
+        match outcome {
+            Prepared::Whole(chunks) => whole.push((item, chunks)),
+            Prepared::Chunked => head_chunked |= index == 0,
+            Prepared::Gone => {}
+            Prepared::Refused(reason) => {
+                fail(steps, item, reason);
+            }
+        }
+    }
+    let client = match providers.client(&group[0].provider, &group[0].model) {
+        Ok(client) => client.clone(),
+        Err(reason) => {
+            for (item, _) in &whole {
+                fail(steps, item, reason.clone());
+            }
+            return Step::Worked;
+        }
+    };
+    let mut calls = pack_calls(whole, batch_size).into_iter();
+    while let Some(call) = calls.next() {
+        if steps.interrupted() {
+            for (item, _) in call.iter().chain(calls.flatten().collect::<Vec<_>>().iter()) {
+                release(steps, item);
+            }
+            if head_chunked {
+                release(steps, &group[0]);
+            }
+            return Step::Stopped;
+        }
+        match embed_whole(steps, providers, rng, &client, call) {
+            Call::Stored => {}
+            Call::Stopped(rest) => {
+                for (item, _) in rest.iter().chain(calls.flatten().collect::<Vec<_>>().iter()) {
+                    release(steps, item);
+                }
+                if head_chunked {
+                    release(steps, &group[0]);
+                }
+                return Step::Stopped;
+            }
+            Call::ProviderDown => {
+                // The breaker is open for this model now: the rest waits for it unclaimed, uncounted.
+                for (item, _) in calls.flatten() {
+                    release(steps, item);
+                }
+                if head_chunked {
+                    release(steps, &group[0]);
+                }
+                return Step::Worked;
+            }
+        }
+    }
+    if head_chunked {
+        // Its chunks are stored: the regular path goes on with it in this round.
+        let head = WorkItem {
+            needs_chunking: false,
+            ..group[0].clone()
+        };
+        return work_on(steps, providers, rng, &head);
+    }
+    Step::Worked
+}
+
+/// Chunks each document of a group, in the caller's step. A document with more chunks than one call takes (or
+/// than WHOLE_DOCUMENT_MAX_CHUNKS) has them stored; when it is not the group's first, its claim is handed back
+/// for the regular path.
+fn prepare(group: &[WorkItem], batch_size: usize) -> Result<Vec<Prepared>, RagError> {
+    let ids: Vec<i64> = group.iter().map(|item| item.document_id).collect();
+    let mut texts = store::load_texts(&ids)?;
+    let mut prepared = Vec::with_capacity(group.len());
+    for (index, item) in group.iter().enumerate() {
+        let Some(position) = texts.iter().position(|(id, _)| *id == item.document_id) else {
+            prepared.push(Prepared::Gone);
+            continue;
+        };
+        let (_, text) = texts.swap_remove(position);
+        let chunks = match chunks_of(item, text) {
+            Ok(chunks) => chunks,
+            Err(reason) => {
+                prepared.push(Prepared::Refused(reason));
+                continue;
+            }
+        };
+        // A document without chunks (only whitespace) has nothing to embed: the regular path finishes it.
+        if !chunks.is_empty() && chunks.len() <= batch_size.min(WHOLE_DOCUMENT_MAX_CHUNKS) {
+            prepared.push(Prepared::Whole(chunks));
+            continue;
+        }
+        store::store_chunks(item.document_id, chunks)?;
+        if index > 0 {
+            store::defer(item.queue_id, 0, None, false)?;
+        }
+        prepared.push(Prepared::Chunked);
+    }
+    Ok(prepared)
+}
+
+/// Documents packed into provider calls of at most `batch_size` texts, each document whole in one call.
+fn pack_calls(
+    documents: Vec<(&WorkItem, Vec<NewChunk>)>,
+    batch_size: usize,
+) -> Vec<Vec<(&WorkItem, Vec<NewChunk>)>> {
+    let mut calls: Vec<Vec<(&WorkItem, Vec<NewChunk>)>> = Vec::new();
+    let mut texts_in_last = 0;
+    for (item, chunks) in documents {
+        if calls.is_empty() || texts_in_last + chunks.len() > batch_size {
+            calls.push(Vec::new());
+            texts_in_last = 0;
+        }
+        texts_in_last += chunks.len();
+        if let Some(last) = calls.last_mut() {
+            last.push((item, chunks));
+        }
+    }
+    calls
+}
+
+/// How one provider call of a group ended.
+enum Call<'a> {
+    /// Its documents are stored, refused or handed back, each as it deserved.
+    Stored,
+    /// Shutdown: these documents of the call were not stored.
+    Stopped(Vec<(&'a WorkItem, Vec<NewChunk>)>),
+    /// A transient failure: the first document carries it (back-off, breaker); the others are released.
+    ProviderDown,
+}
+
+fn embed_whole<'a>(
+    steps: &impl Steps,
+    providers: &mut Providers,
+    rng: &mut SplitMix64,
+    client: &crate::provider::Embedder,
+    call: Vec<(&'a WorkItem, Vec<NewChunk>)>,
+) -> Call<'a> {
+    let first = call[0].0;
+    let texts: Vec<String> = call
+        .iter()
+        .flat_map(|(item, chunks)| {
+            chunks
+                .iter()
+                .map(|chunk| format!("{}{}", item.document_prefix, chunk.content))
+        })
+        .collect();
+    let mut interrupt = || steps.interrupted();
+    let dimensions = first
+        .dimensions
+        .filter(|_| first.provider.kind == crate::provider::Kind::Server(ProviderKind::OpenAi))
+        .map(|d| d as u32);
+    let output = match client.embed(&first.model, &texts, dimensions, &mut interrupt) {
+        Ok(output) if output.vectors.len() == texts.len() => output,
+        Ok(_) => {
+            each_alone(steps, providers, rng, &items_of(&call));
+            return Call::Stored;
+        }
+        Err(ProviderError::Interrupted) => return Call::Stopped(call),
+        Err(error @ ProviderError::Permanent { .. }) => {
+            if call.len() == 1 {
+                fail(
+                    steps,
+                    first,
+                    format!("embedding provider \"{}\": {error}", first.provider.name),
+                );
+            } else {
+                // One document's text may be what the provider refuses: the regular path finds which.
+                each_alone(steps, providers, rng, &items_of(&call));
+            }
+            return Call::Stored;
+        }
+        Err(error @ ProviderError::Transient { .. }) => {
+            back_off(steps, providers, rng, first, error);
+            for (item, _) in call.iter().skip(1) {
+                release(steps, item);
+            }
+            return Call::ProviderDown;
+        }
+    };
+    providers.reset(&breaker_key(&first.provider.name, &first.model));
+    let dimensions = output.vectors.first().map(|v| v.len()).unwrap_or(0) as i32;
+    let total_chars: usize = texts.iter().map(|text| text.len()).sum::<usize>().max(1);
+    let mut vectors = output.vectors.iter();
+    let mut texts = texts.iter();
+    let mut documents = Vec::with_capacity(call.len());
+    for (item, chunks) in &call {
+        let count = chunks.len();
+        let own: Vec<String> = vectors
+            .by_ref()
+            .take(count)
+            .map(|v| crate::api::query::vector_literal(v))
+            .collect();
+        let own_chars: usize = texts.by_ref().take(count).map(|text| text.len()).sum();
+        // A provider reports tokens per call: each document is charged its share by length.
+        let tokens = output
+            .prompt_tokens
+            .map(|total| (total as f64 * own_chars as f64 / total_chars as f64).round() as i64);
+        documents.push((
+            item.queue_id,
+            item.document_id,
+            store::WholeDocument {
+                chunks: chunks
+                    .iter()
+                    .map(|chunk| NewChunk {
+                        content: chunk.content.clone(),
+                        char_start: chunk.char_start,
+                        char_end: chunk.char_end,
+                        token_estimate: chunk.token_estimate,
+                        page: chunk.page,
+                    })
+                    .collect(),
+                vectors: own,
+                dimensions,
+                tokens,
+                model: item.model.clone(),
+            },
+        ));
+    }
+    let collection_id = first.collection_id;
+    let stored = steps.run(move || {
+        let mut outcomes = Vec::with_capacity(documents.len());
+        for (queue_id, document_id, document) in documents {
+            outcomes.push(store::store_document(queue_id, document_id, document)?);
+        }
+        store::index_after_bulk_load(collection_id)?;
+        Ok::<_, RagError>(outcomes)
+    });
+    match stored {
+        Ok(outcomes) => {
+            let mut elsewhere = Vec::new();
+            for ((item, _), outcome) in call.iter().zip(outcomes) {
+                match outcome {
+                    store::StoredDocument::Ready => {}
+                    // Taken on at once rather than released: released, it would come back to this path.
+                    store::StoredDocument::NotApplicable => elsewhere.push((*item).clone()),
+                    store::StoredDocument::Refused(reason) => {
+                        fail(steps, item, reason);
+                    }
+                }
+            }
+            if !elsewhere.is_empty() {
+                if let Step::Stopped = each_alone(steps, providers, rng, &elsewhere) {
+                    return Call::Stopped(Vec::new());
+                }
+            }
+        }
+        Err(error) => {
+            pgrx::log!(
+                "rag worker: storing {} new documents together failed ({error}); taking them one by one",
+                call.len()
+            );
+            each_alone(steps, providers, rng, &items_of(&call));
+        }
+    }
+    Call::Stored
+}
+
+fn items_of(call: &[(&WorkItem, Vec<NewChunk>)]) -> Vec<WorkItem> {
+    call.iter().map(|(item, _)| (*item).clone()).collect()
+}
+
+/// The regular path for each document, one after the other (their claims are this worker's).
+fn each_alone(
+    steps: &impl Steps,
+    providers: &mut Providers,
+    rng: &mut SplitMix64,
+    items: &[WorkItem],
+) -> Step {
+    for (index, item) in items.iter().enumerate() {
+        if steps.interrupted() {
+            for rest in &items[index..] {
+                release(steps, rest);
+            }
+            return Step::Stopped;
+        }
+        if let Step::Stopped = work_on(steps, providers, rng, item) {
+            for rest in &items[index + 1..] {
+                release(steps, rest);
+            }
+            return Step::Stopped;
+        }
+    }
+    Step::Worked
 }
 
 /// What to do after one batch of a document.

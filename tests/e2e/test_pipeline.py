@@ -6,7 +6,7 @@ import subprocess
 import time
 import unittest
 
-from support import fresh_database, provider_calls, psql, scalar, wait_for_server
+from support import fresh_database, provider_calls, psql, scalar, wait_for_server, wait_until
 
 DB = "rag_e2e"
 
@@ -90,6 +90,56 @@ class Pipeline(unittest.TestCase):
         answered = psql("SELECT outcome FROM rag_ask('refuse', 'How much notice must staff give before resigning?')")[0][0]
         self.assertEqual(answered, "answered")
         self.assertEqual(provider_calls(chat)[0], 1)
+
+    def test_f_first_load_is_indexed_once_at_the_end(self):
+        # A slow provider stretches the load so its middle can be looked at; 32 documents share each call.
+        model = "hash-384@slow250"
+        psql(f"SELECT rag_create_collection('bulk', embedding_model => '{model}')")
+        calls_before = provider_calls(model)[0]
+        psql("BEGIN;"
+             + "".join(f"SELECT rag_ingest('bulk', 'Note {i}', 'Bulk note {i} about topic {i % 17}. It has one more sentence.');"
+                       for i in range(600))
+             + "COMMIT;")
+        collection = "(SELECT id FROM rag.collections WHERE name = 'bulk')"
+        self.assertTrue(wait_until(f"SELECT count(*) > 0 FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'"))
+        # Mid-load: vectors are stored, the collection is searched exactly, and there is no HNSW index to keep up.
+        self.assertEqual(psql(f"SELECT dimensions, index_name IS NULL FROM rag.collections WHERE id = {collection}"),
+                         [["384", "t"]])
+        self.assertEqual(scalar(f"SELECT count(*) FROM pg_indexes WHERE schemaname = 'rag' AND indexdef LIKE '%hnsw%' AND indexdef LIKE '%collection_id = ' || {collection} || ')%'"), "0")
+        self.assertLess(int(scalar(f"SELECT count(*) FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'")), 600)
+        explain = "\n".join(row[0] for row in psql("SELECT * FROM rag_explain('bulk', 'bulk note topic')"))
+        self.assertIn("exact search", explain)
+        self.assertEqual(scalar("SELECT count(*) FROM rag_query('bulk', 'bulk note about topic 3', k => 5, max_distance => 2)"), "5")
+        self.assertEqual(scalar("SELECT rag_wait('bulk', '120 seconds')"), "t")
+        # The end of the load built the index once; every document is ready with exact counts.
+        index = scalar(f"SELECT index_name FROM rag.collections WHERE id = {collection}")
+        self.assertTrue(index)
+        self.assertEqual(scalar(f"SELECT to_regclass('rag.{index}') IS NOT NULL"), "t")
+        self.assertEqual(psql(f"SELECT count(*), sum(chunks_total), sum(chunks_embedded) FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'"),
+                         [["600", "600", "600"]])
+        self.assertEqual(scalar(f"SELECT count(*) FROM rag.chunks WHERE collection_id = {collection} AND embedding IS NULL"), "0")
+        explain = "\n".join(row[0] for row in psql("SELECT * FROM rag_explain('bulk', 'bulk note topic')"))
+        self.assertIn(index, explain)
+        self.assertNotIn("exact search", explain)
+        # Small new documents share provider calls: 600 documents took a few dozen calls, not 600.
+        self.assertLess(provider_calls(model)[0] - calls_before, 60)
+
+    def test_g_large_load_into_a_small_collection_rebuilds_its_index(self):
+        model = "hash-384@slow200"
+        psql(f"SELECT rag_create_collection('grow', embedding_model => '{model}')")
+        psql("SELECT rag_ingest('grow', 'Seed ' || g, 'Seed document ' || g || ' of a small collection.') FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('grow', '60 seconds')"), "t")
+        collection = "(SELECT id FROM rag.collections WHERE name = 'grow')"
+        index = scalar(f"SELECT index_name FROM rag.collections WHERE id = {collection}")
+        self.assertTrue(index)
+        psql("SELECT rag_ingest('grow', 'More ' || g, 'Another document ' || g || ' loaded in bulk.') FROM generate_series(1, 600) g")
+        # Far more waiting than indexed: the first batch drops the index; searches go on exactly.
+        self.assertTrue(wait_until(f"SELECT index_name IS NULL FROM rag.collections WHERE id = {collection}", seconds=60))
+        self.assertEqual(scalar(f"SELECT to_regclass('rag.{index}') IS NULL"), "t")
+        self.assertEqual(scalar("SELECT count(*) FROM rag_query('grow', 'seed document', k => 3, max_distance => 2)"), "3")
+        self.assertEqual(scalar("SELECT rag_wait('grow', '120 seconds')"), "t")
+        self.assertEqual(scalar(f"SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE id = {collection}"), "t")
+        self.assertEqual(scalar(f"SELECT count(*) FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'"), "603")
 
     def test_z_worker_killed_mid_batch_finishes_with_exact_counts(self):
         # Runs last: SIGKILL makes the postmaster reset every backend.

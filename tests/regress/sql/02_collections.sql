@@ -29,6 +29,23 @@ SELECT rag_create_collection('tokens', embedding_model => 'hash-384', chunk_size
 SELECT rag_create_collection('sized', embedding_model => 'hash-16', dimensions => 16) > 0 AS created;
 SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
 
+-- Per-model defaults (rag_known_models): a ceiling where one was measured, rag.max_distance when it is set,
+-- the caller's above both; an unknown model gets the setting's default and no prefix.
+SELECT model, document_prefix, query_prefix, pooling, window_tokens, max_distance FROM rag_known_models()
+ WHERE model IN ('all-minilm', 'bge-small-en-v1.5', 'nomic-embed-text', 'e5-base-v2', 'text-embedding-3-small')
+ ORDER BY model;
+SELECT rag_create_collection('ceil-bge', embedding_model => 'BAAI/bge-small-en-v1.5') > 0 AS created;
+SELECT rag_create_collection('ceil-unknown', embedding_model => 'hash-384') > 0 AS created;
+SET rag.max_distance = 0.5;
+SELECT rag_create_collection('ceil-set', embedding_model => 'bge-small-en-v1.5') > 0 AS created;
+RESET rag.max_distance;
+SELECT rag_create_collection('ceil-arg', embedding_model => 'bge-small-en-v1.5', max_distance => 0.7) > 0 AS created;
+SELECT name, max_distance, query_prefix FROM rag.collections WHERE name LIKE 'ceil-%' ORDER BY name;
+-- Chunks that can hold more tokens than a served model reads: a NOTICE with the size that fits.
+SELECT rag_create_collection('ceil-window', embedding_model => 'all-minilm', chunk_size => 2000, chunk_overlap => 100) > 0 AS created;
+SELECT rag_create_collection('ceil-fits', embedding_model => 'nomic-embed-text', chunk_size => 2000, chunk_overlap => 100) > 0 AS created;
+SELECT count(*) FILTER (WHERE rag_drop_collection(name)) AS dropped FROM rag.collections WHERE name LIKE 'ceil-%';
+
 SELECT rag_drop_collection('defaults'), rag_drop_collection('sized'), rag_drop_collection('never-existed');
 SELECT count(*) AS leftover_indexes FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
 SELECT name FROM rag.collections ORDER BY name;

@@ -55,3 +55,17 @@ SELECT count(*) AS rolled_back_rows FROM rag.documents WHERE title = 'Rolled bac
 -- Deleting a document removes its chunks and queue row in one transaction.
 SELECT rag_delete_document(:parking) AS deleted, rag_delete_document(:parking) AS deleted_again;
 SELECT count(*) AS parking_chunks FROM rag.chunks WHERE document_id = :parking;
+
+-- A bulk load starts at 200 documents waiting for a collection without an HNSW index or with fewer than 200 ready
+-- documents (inside one transaction, so the worker sees none of it): its vectors are then stored without the index.
+SELECT rag._limit('bulk_load_documents') AS bulk_load_documents;
+BEGIN;
+SELECT rag_create_collection('bulkcheck', embedding_model => 'hash-384') > 0 AS created;
+SELECT count(rag_ingest('bulkcheck', 'Doc ' || g, 'Bulk document number ' || g)) AS queued FROM generate_series(1, 199) g;
+SELECT rag._bulk_loading(id) AS bulk_at_199 FROM rag.collections WHERE name = 'bulkcheck';
+SELECT rag_ingest('bulkcheck', 'Doc 200', 'Bulk document number 200') > 0 AS queued_200th;
+SELECT rag._bulk_loading(id) AS bulk_at_200 FROM rag.collections WHERE name = 'bulkcheck';
+-- The end of a load builds nothing while it is still a bulk load, and nothing for a collection without vectors.
+SELECT rag._index_after_bulk_load(id) AS index_after_bulk_load FROM rag.collections WHERE name = 'bulkcheck';
+SELECT index_name IS NULL AS still_no_index FROM rag.collections WHERE name = 'bulkcheck';
+ROLLBACK;
