@@ -74,6 +74,16 @@ enum Rest {
     ShutDown,
 }
 
+/// Whether this worker is one more than rag.workers_per_database asks for its database.
+fn surplus(slot: usize) -> bool {
+    let wanted = crate::settings::WORKERS_PER_DATABASE.get().max(1) as usize;
+    registry::slots_of(registry::slot_database(slot))
+        .into_iter()
+        .filter(|&other| registry::slot_state(other) == SlotState::Running)
+        .position(|other| other == slot)
+        .is_some_and(|rank| rank >= wanted)
+}
+
 /// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,
 /// then sleep until the next item is due, the first provider cool-down ends or the naptime passes.
 fn rest(
@@ -82,6 +92,12 @@ fn rest(
     cool_down_ends: Option<Duration>,
     nap: Duration,
 ) -> Rest {
+    // rag.workers_per_database was lowered: the surplus workers of this database (those in its highest slots)
+    // leave when idle, and the launcher, which counts slots, starts none in their place.
+    if surplus(slot) {
+        registry::mark_stopped(slot, SlotState::Exited);
+        return Rest::Left;
+    }
     // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
     // wakes the launcher, which starts a worker again.
     if registry::workers_wanted_elsewhere() && steps.run(store::nothing_queued).unwrap_or(false) {

@@ -75,6 +75,34 @@ class DatabaseCommands(unittest.TestCase):
         psql("DROP DATABASE rag_e2e_copy", db="postgres")
         psql("DROP DATABASE rag_e2e_template", db="postgres")
 
+    def test_fewer_workers_per_database_after_a_reload(self):
+        # Lowering rag.workers_per_database takes effect without a restart: the surplus worker leaves when idle.
+        def workers(db):
+            return int(scalar(f"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                              f"AND datname = '{db}'", db="postgres"))
+
+        def until(predicate, seconds=60):
+            deadline = time.time() + seconds
+            while time.time() < deadline:
+                if predicate():
+                    return True
+                time.sleep(0.2)
+            return False
+
+        psql("ALTER SYSTEM SET rag.workers_per_database = 2;\nSELECT pg_reload_conf();", db="postgres")
+        try:
+            make_database("rag_e2e_fewer")
+            self.assertTrue(until(lambda: workers("rag_e2e_fewer") == 2), "the second worker never started")
+            psql("ALTER SYSTEM SET rag.workers_per_database = 1;\nSELECT pg_reload_conf();", db="postgres")
+            self.assertTrue(until(lambda: workers("rag_e2e_fewer") == 1), "two workers still run")
+            # It stays one, and that one still serves the database.
+            time.sleep(3)
+            self.assertEqual(workers("rag_e2e_fewer"), 1)
+            self.assertTrue(served("rag_e2e_fewer"))
+        finally:
+            psql("ALTER SYSTEM RESET rag.workers_per_database;\nSELECT pg_reload_conf();", db="postgres")
+            psql("DROP DATABASE IF EXISTS rag_e2e_fewer WITH (FORCE)", db="postgres")
+
     def test_drop_while_the_local_model_embeds_a_large_batch(self):
         # One batch of ~300 chunks takes the in-process model many seconds; the worker must stop between
         # forward passes, within PostgreSQL's 5-second wait, instead of finishing the batch first.
