@@ -3,9 +3,9 @@
 //! while a provider call is in flight, and only chunks still lacking a vector are sent, so a retry after a
 //! partial success pays only for what is missing.
 use crate::error::RagError;
+use crate::store::NewChunk;
 use crate::store::{self, WorkItem};
 use crate::worker::breaker::{breaker_key, Providers};
-use crate::store::NewChunk;
 use crate::worker::chunking::{chunk_document, chunks_of, Chunked};
 use crate::worker::row_sync::sync_row;
 use crate::worker::steps::{Step, Steps};
@@ -152,7 +152,10 @@ fn work_on_new(
     let mut calls = pack_calls(whole, batch_size).into_iter();
     while let Some(call) = calls.next() {
         if steps.interrupted() {
-            for (item, _) in call.iter().chain(calls.flatten().collect::<Vec<_>>().iter()) {
+            for (item, _) in call
+                .iter()
+                .chain(calls.flatten().collect::<Vec<_>>().iter())
+            {
                 release(steps, item);
             }
             if head_chunked {
@@ -163,7 +166,10 @@ fn work_on_new(
         match embed_whole(steps, providers, rng, &client, call) {
             Call::Stored => {}
             Call::Stopped(rest) => {
-                for (item, _) in rest.iter().chain(calls.flatten().collect::<Vec<_>>().iter()) {
+                for (item, _) in rest
+                    .iter()
+                    .chain(calls.flatten().collect::<Vec<_>>().iter())
+                {
                     release(steps, item);
                 }
                 if head_chunked {

@@ -182,7 +182,12 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
         let outcome = if steps.run(store::work_waiting).unwrap_or(true) {
-            process_next(&steps, &mut providers, &mut rng, crate::worker::documents::GROUP_DOCUMENTS)
+            process_next(
+                &steps,
+                &mut providers,
+                &mut rng,
+                crate::worker::documents::GROUP_DOCUMENTS,
+            )
         } else {
             Ok(Step::Idle(providers.next_close()))
         };

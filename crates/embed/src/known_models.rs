@@ -99,7 +99,13 @@ const KNOWN: &[KnownModel] = &[
     model("nomic-embed-text-v1.5", NOMIC, Pooling::Mean, 8192, None),
     model("mxbai-embed-large", INSTRUCTED, Pooling::Cls, 512, None),
     model("mxbai-embed-large-v1", INSTRUCTED, Pooling::Cls, 512, None),
-    model("snowflake-arctic-embed", INSTRUCTED, Pooling::Cls, 512, None),
+    model(
+        "snowflake-arctic-embed",
+        INSTRUCTED,
+        Pooling::Cls,
+        512,
+        None,
+    ),
     model(
         "snowflake-arctic-embed2",
         ModelPrefixes {
@@ -110,7 +116,13 @@ const KNOWN: &[KnownModel] = &[
         8192,
         None,
     ),
-    model("bge-small-en-v1.5", INSTRUCTED, Pooling::Cls, 512, Some(0.44)),
+    model(
+        "bge-small-en-v1.5",
+        INSTRUCTED,
+        Pooling::Cls,
+        512,
+        Some(0.44),
+    ),
     model("bge-base-en-v1.5", INSTRUCTED, Pooling::Cls, 512, None),
     model("bge-large-en-v1.5", INSTRUCTED, Pooling::Cls, 512, None),
     // bge-m3 takes no instruction.
@@ -129,9 +141,27 @@ const KNOWN: &[KnownModel] = &[
     model("gte-small", NONE, Pooling::Mean, 512, None),
     model("gte-base", NONE, Pooling::Mean, 512, None),
     model("gte-large", NONE, Pooling::Mean, 512, None),
-    model("text-embedding-3-small", NONE, Pooling::Undisclosed, 8191, None),
-    model("text-embedding-3-large", NONE, Pooling::Undisclosed, 8191, None),
-    model("text-embedding-ada-002", NONE, Pooling::Undisclosed, 8191, None),
+    model(
+        "text-embedding-3-small",
+        NONE,
+        Pooling::Undisclosed,
+        8191,
+        None,
+    ),
+    model(
+        "text-embedding-3-large",
+        NONE,
+        Pooling::Undisclosed,
+        8191,
+        None,
+    ),
+    model(
+        "text-embedding-ada-002",
+        NONE,
+        Pooling::Undisclosed,
+        8191,
+        None,
+    ),
 ];
 
 /// Every known model, in the table's order.
@@ -230,7 +260,10 @@ mod tests {
         assert_eq!((minilm.window_tokens, minilm.pooling), (256, Pooling::Mean));
         let bge = known_model("bge-small-en-v1.5").unwrap();
         assert_eq!((bge.window_tokens, bge.pooling), (512, Pooling::Cls));
-        assert_eq!(known_model("nomic-embed-text:v1.5").unwrap().window_tokens, 8192);
+        assert_eq!(
+            known_model("nomic-embed-text:v1.5").unwrap().window_tokens,
+            8192
+        );
         assert_eq!(
             known_model("text-embedding-3-small").unwrap().pooling,
             Pooling::Undisclosed
