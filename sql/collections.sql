@@ -364,20 +364,29 @@ BEGIN
     END;
 END $$;
 
--- The end of a bulk load: builds a collection's missing HNSW index once fewer than the bulk limit of its
--- documents are waiting. The worker calls it as it finishes each document; CREATE INDEX holds writes to
--- rag.chunks (not reads) while it runs. A build that fails (out of disk, say) must not fail the document being
--- finished, or the next one, forever: it is reported and left to the idle worker's repair.
-CREATE FUNCTION rag._index_after_bulk_load(p_collection_id integer) RETURNS void
+-- The one decision on a collection's HNSW index during loads, taken once per stored batch: a bulk load
+-- (rag._bulk_loading) that finds the index drops it (rag._suspend_index); a collection with vectors, no index and
+-- no bulk load (a first small load, or the end of a bulk one) gets it built. CREATE INDEX holds writes to
+-- rag.chunks (not reads) while it runs. A build that fails (out of disk, say) must not fail the batch, or the
+-- next one, forever: it is reported and left to the idle worker's repair.
+CREATE FUNCTION rag._fit_index_to_load(p_collection_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
 BEGIN
-    IF EXISTS (SELECT 1 FROM rag.collections c
-                WHERE c.id = p_collection_id AND c.index_name IS NULL AND c.dimensions BETWEEN 1 AND 2000)
-       AND NOT rag._bulk_loading(p_collection_id) THEN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 THEN
+        RETURN;
+    END IF;
+    IF rag._bulk_loading(c.id) THEN
+        IF c.index_name IS NOT NULL THEN
+            PERFORM rag._suspend_index(c.id);
+        END IF;
+    ELSIF c.index_name IS NULL THEN
         BEGIN
-            PERFORM rag._ensure_index(p_collection_id);
+            PERFORM rag._ensure_index(c.id);
         EXCEPTION WHEN OTHERS THEN
-            RAISE WARNING 'building the HNSW index of collection % after its bulk load failed: %', p_collection_id, SQLERRM
+            RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
                 USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
         END;
     END IF;

@@ -430,31 +430,37 @@ BEGIN
 END $$;
 
 -- Vectors of p_dimensions for the searched space of collection c (locked by the caller): NULL when they may be
--- stored, else the reason the document fails. The first vectors fix the collection's dimension and bring its
--- HNSW index, unless a bulk load is starting (rag._bulk_loading), which stores without the index and builds it
--- as it ends; a load that grows far beyond the index drops it the same way.
+-- stored, else the reason the document fails. The first vectors fix the collection's dimension; its index is
+-- the caller's rag._fit_index_to_load, once per batch.
 CREATE FUNCTION rag._accept_dimensions(c rag.collections, p_dimensions integer) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
     IF c.dimensions IS NULL THEN
         UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
-        IF NOT rag._bulk_loading(c.id) THEN
-            PERFORM rag._ensure_index(c.id);
-        END IF;
     ELSIF c.dimensions <> p_dimensions THEN
         RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
                       c.embedding_model, p_dimensions, c.name, c.dimensions);
-    ELSIF c.index_name IS NOT NULL AND rag._bulk_loading(c.id) THEN
-        PERFORM rag._suspend_index(c.id);
     END IF;
     RETURN NULL;
+END $$;
+
+-- A document ready in its searched space leaves the queue, or its item stays (released for the next claim)
+-- while a model change still needs its vectors in the other space.
+CREATE FUNCTION rag._dequeue(p_queue_id bigint, p_document_id bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF rag._needs_shadow(p_document_id) THEN
+        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+    ELSE
+        DELETE FROM rag.queue WHERE id = p_queue_id;
+    END IF;
 END $$;
 
 -- The worker's path for a small new document (its chunks fit one provider call): its chunks and their vectors
 -- are written together and the document is finished, in one call and with no row written twice. stored is
 -- false when this path does not apply any more (the document was deleted, chunked by another path, or its
 -- collection's model changed meanwhile): the caller then takes it down the regular path. refusal is the
--- reason the document fails, if it must. The caller ends its batch with rag._index_after_bulk_load.
+-- reason the document fails, if it must. The caller ends its batch with rag._fit_index_to_load.
 CREATE FUNCTION rag._store_document(p_queue_id bigint, p_document_id bigint, p_contents text[], p_starts integer[],
                                     p_ends integer[], p_tokens integer[], p_pages integer[], p_vectors text[],
                                     p_dimensions integer, p_embed_tokens bigint, p_model text,
@@ -493,12 +499,7 @@ BEGIN
            embed_calls = embed_calls + 1, embed_tokens = embed_tokens + coalesce(p_embed_tokens, 0),
            status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
      WHERE id = p_document_id;
-    IF rag._needs_shadow(p_document_id) THEN
-        -- A model change is going: searchable now, and the queue item stays for its vectors in the new space.
-        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
-    ELSE
-        DELETE FROM rag.queue WHERE id = p_queue_id;
-    END IF;
+    PERFORM rag._dequeue(p_queue_id, p_document_id);
     stored := true;
 END $$;
 
@@ -593,6 +594,9 @@ BEGIN
      WHERE id = p_document_id;
     -- Progress: the retry clock starts again at the next failure.
     UPDATE rag.queue SET attempts = 0, first_failure_at = NULL, last_error = NULL WHERE id = p_queue_id;
+    IF NOT p_shadow THEN
+        PERFORM rag._fit_index_to_load(c.id);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -613,12 +617,8 @@ BEGIN
     IF v_done IS NULL OR v_done THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
-        IF rag._needs_shadow(p_document_id) THEN
-            UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
-        ELSE
-            DELETE FROM rag.queue WHERE id = p_queue_id;
-            PERFORM rag._index_after_bulk_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
-        END IF;
+        PERFORM rag._dequeue(p_queue_id, p_document_id);
+        PERFORM rag._fit_index_to_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
         RETURN true;
     END IF;
     RETURN false;

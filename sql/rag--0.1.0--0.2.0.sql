@@ -383,106 +383,6 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
-	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
 	"question" TEXT /* & str */
@@ -494,12 +394,119 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_limit"(
 	"name" TEXT /* & str */
 ) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -831,16 +838,24 @@ BEGIN
     END;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._index_after_bulk_load(p_collection_id integer) RETURNS void
+CREATE OR REPLACE FUNCTION rag._fit_index_to_load(p_collection_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
 BEGIN
-    IF EXISTS (SELECT 1 FROM rag.collections c
-                WHERE c.id = p_collection_id AND c.index_name IS NULL AND c.dimensions BETWEEN 1 AND 2000)
-       AND NOT rag._bulk_loading(p_collection_id) THEN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 THEN
+        RETURN;
+    END IF;
+    IF rag._bulk_loading(c.id) THEN
+        IF c.index_name IS NOT NULL THEN
+            PERFORM rag._suspend_index(c.id);
+        END IF;
+    ELSIF c.index_name IS NULL THEN
         BEGIN
-            PERFORM rag._ensure_index(p_collection_id);
+            PERFORM rag._ensure_index(c.id);
         EXCEPTION WHEN OTHERS THEN
-            RAISE WARNING 'building the HNSW index of collection % after its bulk load failed: %', p_collection_id, SQLERRM
+            RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
                 USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
         END;
     END IF;
@@ -1096,11 +1111,6 @@ BEGIN
     END LOOP;
     RETURN v_steps;
 END $$;
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -1504,16 +1514,21 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF c.dimensions IS NULL THEN
         UPDATE rag.collections SET dimensions = p_dimensions WHERE id = c.id;
-        IF NOT rag._bulk_loading(c.id) THEN
-            PERFORM rag._ensure_index(c.id);
-        END IF;
     ELSIF c.dimensions <> p_dimensions THEN
         RETURN format('model "%s" returned %s-dimensional vectors but collection "%s" holds %s-dimensional ones; vectors of different sizes are never mixed',
                       c.embedding_model, p_dimensions, c.name, c.dimensions);
-    ELSIF c.index_name IS NOT NULL AND rag._bulk_loading(c.id) THEN
-        PERFORM rag._suspend_index(c.id);
     END IF;
     RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._dequeue(p_queue_id bigint, p_document_id bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF rag._needs_shadow(p_document_id) THEN
+        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
+    ELSE
+        DELETE FROM rag.queue WHERE id = p_queue_id;
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._store_document(p_queue_id bigint, p_document_id bigint, p_contents text[], p_starts integer[],
@@ -1554,12 +1569,7 @@ BEGIN
            embed_calls = embed_calls + 1, embed_tokens = embed_tokens + coalesce(p_embed_tokens, 0),
            status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
      WHERE id = p_document_id;
-    IF rag._needs_shadow(p_document_id) THEN
-        -- A model change is going: searchable now, and the queue item stays for its vectors in the new space.
-        UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
-    ELSE
-        DELETE FROM rag.queue WHERE id = p_queue_id;
-    END IF;
+    PERFORM rag._dequeue(p_queue_id, p_document_id);
     stored := true;
 END $$;
 
@@ -1645,6 +1655,9 @@ BEGIN
      WHERE id = p_document_id;
     -- Progress: the retry clock starts again at the next failure.
     UPDATE rag.queue SET attempts = 0, first_failure_at = NULL, last_error = NULL WHERE id = p_queue_id;
+    IF NOT p_shadow THEN
+        PERFORM rag._fit_index_to_load(c.id);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -1662,12 +1675,8 @@ BEGIN
     IF v_done IS NULL OR v_done THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
-        IF rag._needs_shadow(p_document_id) THEN
-            UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0 WHERE id = p_queue_id;
-        ELSE
-            DELETE FROM rag.queue WHERE id = p_queue_id;
-            PERFORM rag._index_after_bulk_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
-        END IF;
+        PERFORM rag._dequeue(p_queue_id, p_document_id);
+        PERFORM rag._fit_index_to_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
         RETURN true;
     END IF;
     RETURN false;
@@ -2194,22 +2203,20 @@ SELECT collection,
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
 
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

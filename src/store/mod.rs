@@ -443,11 +443,11 @@ pub struct Embedded {
     pub shadow: bool,
 }
 
-/// Builds the collection's HNSW index if a bulk load of it just ended (`rag._index_after_bulk_load`).
-pub fn index_after_bulk_load(collection_id: i32) -> Result<(), SpiError> {
+/// Drops or builds the collection's HNSW index as its load asks (`rag._fit_index_to_load`), once per batch.
+pub fn fit_index_to_load(collection_id: i32) -> Result<(), SpiError> {
     Spi::connect_mut(|client| {
         client.update(
-            "SELECT rag._index_after_bulk_load($1)",
+            "SELECT rag._fit_index_to_load($1)",
             Some(1),
             &[collection_id.into()],
         )?;

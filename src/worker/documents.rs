@@ -318,8 +318,10 @@ fn embed_whole<'a>(
     let total_chars: usize = texts.iter().map(|text| text.len()).sum::<usize>().max(1);
     let mut vectors = output.vectors.iter();
     let mut texts = texts.iter();
-    let mut documents = Vec::with_capacity(call.len());
-    for (item, chunks) in &call {
+    // The chunks move into what is stored; the documents stay for what comes after.
+    let (items, chunk_lists): (Vec<&WorkItem>, Vec<Vec<NewChunk>>) = call.into_iter().unzip();
+    let mut documents = Vec::with_capacity(items.len());
+    for (item, chunks) in items.iter().zip(chunk_lists) {
         let count = chunks.len();
         let own: Vec<String> = vectors
             .by_ref()
@@ -335,16 +337,7 @@ fn embed_whole<'a>(
             item.queue_id,
             item.document_id,
             store::WholeDocument {
-                chunks: chunks
-                    .iter()
-                    .map(|chunk| NewChunk {
-                        content: chunk.content.clone(),
-                        char_start: chunk.char_start,
-                        char_end: chunk.char_end,
-                        token_estimate: chunk.token_estimate,
-                        page: chunk.page,
-                    })
-                    .collect(),
+                chunks,
                 vectors: own,
                 dimensions,
                 tokens,
@@ -358,13 +351,13 @@ fn embed_whole<'a>(
         for (queue_id, document_id, document) in documents {
             outcomes.push(store::store_document(queue_id, document_id, document)?);
         }
-        store::index_after_bulk_load(collection_id)?;
+        store::fit_index_to_load(collection_id)?;
         Ok::<_, RagError>(outcomes)
     });
     match stored {
         Ok(outcomes) => {
             let mut elsewhere = Vec::new();
-            for ((item, _), outcome) in call.iter().zip(outcomes) {
+            for (item, outcome) in items.iter().zip(outcomes) {
                 match outcome {
                     store::StoredDocument::Ready => {}
                     // Taken on at once rather than released: released, it would come back to this path.
@@ -383,9 +376,10 @@ fn embed_whole<'a>(
         Err(error) => {
             pgrx::log!(
                 "rag worker: storing {} new documents together failed ({error}); taking them one by one",
-                call.len()
+                items.len()
             );
-            each_alone(steps, providers, rng, &items_of(&call));
+            let items: Vec<WorkItem> = items.into_iter().cloned().collect();
+            each_alone(steps, providers, rng, &items);
         }
     }
     Call::Stored

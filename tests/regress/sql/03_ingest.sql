@@ -66,6 +66,6 @@ SELECT rag._bulk_loading(id) AS bulk_at_199 FROM rag.collections WHERE name = 'b
 SELECT rag_ingest('bulkcheck', 'Doc 200', 'Bulk document number 200') > 0 AS queued_200th;
 SELECT rag._bulk_loading(id) AS bulk_at_200 FROM rag.collections WHERE name = 'bulkcheck';
 -- The end of a load builds nothing while it is still a bulk load, and nothing for a collection without vectors.
-SELECT rag._index_after_bulk_load(id) AS index_after_bulk_load FROM rag.collections WHERE name = 'bulkcheck';
+SELECT rag._fit_index_to_load(id) AS fit_index_to_load FROM rag.collections WHERE name = 'bulkcheck';
 SELECT index_name IS NULL AS still_no_index FROM rag.collections WHERE name = 'bulkcheck';
 ROLLBACK;
