@@ -8,6 +8,8 @@ use std::ops::ControlFlow;
 
 use unicode_segmentation::UnicodeSegmentation;
 
+use crate::sentences::sentence_bound_indices;
+
 /// A place between two chars of the original text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pos {
@@ -79,6 +81,99 @@ pub(crate) fn break_weight(c: char, next: Option<char>) -> usize {
     }
 }
 
+/// A run of whitespace chars holding at least one line break, as byte offsets into the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BreakRun {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    /// The run's [`break_weight`]s summed: two or more make it a paragraph break.
+    pub(crate) breaks: usize,
+}
+
+/// The first [`BreakRun`] whose first line break lies in bytes `from..until` of `text`; the run itself
+/// may reach past `until`. `floor`, at or before `from`, is a char boundary that does not lie inside a
+/// whitespace run: the run is looked for back to there.
+///
+/// Only bytes that can begin a line break are looked at one by one, so text between breaks costs a
+/// table lookup per byte instead of a char decode.
+pub(crate) fn next_break_run(
+    text: &str,
+    floor: usize,
+    from: usize,
+    until: usize,
+) -> Option<BreakRun> {
+    let bytes = text.as_bytes();
+    let until = until.min(bytes.len());
+    let mut at = from;
+    loop {
+        at = first_possible_break(bytes, at, until)?;
+        // `at` is a char boundary: every byte in the table is ASCII or a UTF-8 lead byte.
+        let c = text[at..].chars().next()?;
+        if !is_line_break(c) {
+            at += c.len_utf8();
+            continue;
+        }
+        // Most breaks are one LF between two visible ASCII chars (hard-wrapped lines): a run of one.
+        let visible = |byte: Option<&u8>| byte.is_some_and(|&b| b.is_ascii_graphic());
+        if c == '\n' && at > floor && visible(bytes.get(at - 1)) && visible(bytes.get(at + 1)) {
+            return Some(BreakRun {
+                start: at,
+                end: at + 1,
+                breaks: 1,
+            });
+        }
+        let start = floor + text[floor..at].trim_end_matches(char::is_whitespace).len();
+        let end = text.len() - text[at..].trim_start_matches(char::is_whitespace).len();
+        let mut breaks = 0;
+        let mut chars = text[start..end].chars().peekable();
+        while let Some(c) = chars.next() {
+            let next = chars.peek().copied().or_else(|| text[end..].chars().next());
+            breaks += break_weight(c, next);
+        }
+        return Some(BreakRun { start, end, breaks });
+    }
+}
+
+/// The first byte of `bytes[from..until]` that may begin a line break: a control byte up to CR, or a
+/// UTF-8 lead byte (U+0085, U+2028 and U+2029 are the non-ASCII line breaks).
+///
+/// Eight bytes are tested at a time, since line breaks are a byte in a hundred or fewer in prose:
+/// a word has such a byte when one of its bytes is below 0x0E or has its top bit set.
+fn first_possible_break(bytes: &[u8], from: usize, until: usize) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut at = from;
+    while at < until {
+        if let Some(eight) = bytes.get(at..at + 8).filter(|_| at + 8 <= until) {
+            let word = u64::from_ne_bytes(eight.try_into().expect("eight bytes"));
+            // A borrow can only mark bytes after one that really is below 0x0E: no false negatives.
+            let below_0x0e = word.wrapping_sub(ONES * 0x0E) & !word & HIGH_BITS;
+            if (below_0x0e | (word & HIGH_BITS)) == 0 {
+                at += 8;
+                continue;
+            }
+        }
+        if MAY_BEGIN_BREAK[usize::from(bytes[at])] {
+            return Some(at);
+        }
+        at += 1;
+    }
+    None
+}
+
+/// Bytes that begin a line break: \n \r VT FF, and the lead bytes of U+0085 (C2 85) and U+2028/U+2029
+/// (E2 80 A8/A9).
+const MAY_BEGIN_BREAK: [bool; 256] = {
+    let mut table = [false; 256];
+    table[0x0A] = true;
+    table[0x0B] = true;
+    table[0x0C] = true;
+    table[0x0D] = true;
+    table[0xC2] = true;
+    table[0xE2] = true;
+    table
+};
+
 /// A copy of `slice`, byte for byte the same length, in which line breaks that do not form a blank line
 /// are spaces.
 ///
@@ -86,42 +181,20 @@ pub(crate) fn break_weight(c: char, next: Option<char>) -> usize {
 /// and HTML extracts) into a "sentence". Replacing a break by as many spaces as it has bytes keeps every
 /// byte offset valid for the original, and non-whitespace chars stay where they were.
 pub(crate) fn soften_line_breaks(slice: &str) -> String {
-    fn push_run(out: &mut String, run: &str, breaks: usize) {
-        if breaks >= 2 {
-            out.push_str(run);
-            return;
-        }
-        for c in run.chars() {
-            if is_line_break(c) {
-                out.extend(std::iter::repeat_n(' ', c.len_utf8()));
-            } else {
-                out.push(c);
+    let mut out = slice.as_bytes().to_vec();
+    let mut from = 0;
+    while let Some(run) = next_break_run(slice, from, from, slice.len()) {
+        if run.breaks < 2 {
+            for (offset, c) in slice[run.start..run.end].char_indices() {
+                if is_line_break(c) {
+                    let at = run.start + offset;
+                    out[at..at + c.len_utf8()].fill(b' ');
+                }
             }
         }
+        from = run.end;
     }
-
-    let mut out = String::with_capacity(slice.len());
-    let mut run_start = None;
-    let mut breaks = 0;
-    let mut chars = slice.char_indices().peekable();
-    while let Some((offset, c)) = chars.next() {
-        if c.is_whitespace() {
-            if run_start.is_none() {
-                run_start = Some(offset);
-                breaks = 0;
-            }
-            breaks += break_weight(c, chars.peek().map(|&(_, next)| next));
-        } else {
-            if let Some(start) = run_start.take() {
-                push_run(&mut out, &slice[start..offset], breaks);
-            }
-            out.push(c);
-        }
-    }
-    if let Some(start) = run_start {
-        push_run(&mut out, &slice[start..], breaks);
-    }
-    out
+    String::from_utf8(out).expect("only whole chars were replaced, by ASCII spaces")
 }
 
 /// Kinds of place a chunk may start on, best first.
@@ -164,12 +237,26 @@ pub(crate) fn for_each_start(
     match tier {
         Tier::Sentence => {
             let softened = soften_line_breaks(slice);
-            for (offset, piece) in softened.split_sentence_bound_indices() {
+            for (offset, piece) in sentence_bound_indices(&softened) {
                 let blank_prefix = piece.len() - piece.trim_start().len();
                 if offset == 0 || blank_prefix == piece.len() {
                     continue;
                 }
                 if emit(offset + blank_prefix).is_break() {
+                    return;
+                }
+            }
+        }
+        Tier::WordAfterSpace if slice.is_ascii() => {
+            // In ASCII text every non-blank char after a blank one starts a UAX #29 word: no word rule
+            // joins whitespace to what follows it.
+            let bytes = slice.as_bytes();
+            for offset in 1..bytes.len() {
+                let after_space = char::from(bytes[offset - 1]).is_whitespace();
+                if after_space
+                    && !char::from(bytes[offset]).is_whitespace()
+                    && emit(offset).is_break()
+                {
                     return;
                 }
             }
@@ -214,12 +301,18 @@ pub(crate) fn resync_point(text: &str, span: Span, from_char: usize, tier: Tier)
     }
     let look_from = from_char - RESYNC_MARGIN_CHARS;
     let slice = span.slice(text);
-    let Some((offset, _)) = slice
-        .char_indices()
-        .rev()
-        .nth(span.end.char - 1 - look_from)
-    else {
-        return span.start;
+    let offset = if slice.len() == span.chars() {
+        // As many bytes as chars: ASCII, where chars are bytes.
+        look_from - span.start.char
+    } else {
+        let Some((offset, _)) = slice
+            .char_indices()
+            .rev()
+            .nth(span.end.char - 1 - look_from)
+        else {
+            return span.start;
+        };
+        offset
     };
     let mut before = slice[..offset].chars().next_back();
     let mut pos = Pos {

@@ -48,6 +48,7 @@ mod boundary;
 mod config;
 mod fit;
 mod pack;
+mod sentences;
 mod units;
 
 pub use fit::{chunk_text_within, FitError};
@@ -106,13 +107,18 @@ pub fn chunk_text_with_checkpoint(
 /// section heading, a Markdown `#` line, a table caption, "For example:".
 pub fn looks_like_heading(paragraph: &str) -> bool {
     const MAX_HEADING_CHARS: usize = 120;
-    let Some(last) = paragraph.chars().last() else {
+    // Cheapest tests first: the packer asks this of every paragraph, and most are long or end a
+    // sentence.
+    if paragraph.len() > MAX_HEADING_CHARS * 4 {
+        return false;
+    }
+    let Some(last) = paragraph.chars().next_back() else {
         return false;
     };
-    !paragraph.contains(['\n', '\r'])
-        && !matches!(last, '.' | ',' | ';')
-        && paragraph.chars().any(char::is_alphabetic)
+    !matches!(last, '.' | ',' | ';')
         && paragraph.chars().count() <= MAX_HEADING_CHARS
+        && !paragraph.contains(['\n', '\r'])
+        && paragraph.chars().any(char::is_alphabetic)
 }
 
 /// A crude token count: the number of chars divided by four, rounded up.

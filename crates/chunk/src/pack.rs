@@ -230,6 +230,12 @@ fn hard_cut(text: &str, start: Pos, new_from: Pos, max: usize) -> Pos {
         slice_end += 1;
     }
     let slice = &text[start.byte..slice_end];
+    if slice.is_ascii() {
+        if let Some(cut) = ascii_break_or_blank_cut(slice, start, new_from, window_end, search_from)
+        {
+            return cut;
+        }
+    }
 
     let mut line_break_cut = None;
     let mut blank_cut = None;
@@ -274,6 +280,38 @@ fn hard_cut(text: &str, start: Pos, new_from: Pos, max: usize) -> Pos {
         };
     }
     word_cut.or(grapheme_cut).unwrap_or(window_end)
+}
+
+/// [`hard_cut`]'s first two choices, the last line break and else the last whitespace in the searched
+/// part of the window, for ASCII text starting at `start`: there every char is a grapheme except CR LF,
+/// so a backward byte scan finds what segmenting the whole window into graphemes would.
+fn ascii_break_or_blank_cut(
+    slice: &str,
+    start: Pos,
+    new_from: Pos,
+    window_end: Pos,
+    search_from: usize,
+) -> Option<Pos> {
+    let bytes = slice.as_bytes();
+    // Cuts lie where a grapheme starts: after the chunk's new text begins, inside the window.
+    let lowest = (search_from.max(new_from.char + 1)).checked_sub(start.char)?;
+    let highest = (window_end.char - start.char).min(bytes.len().checked_sub(1)?);
+    let mut blank_cut = None;
+    for offset in (lowest..=highest).rev() {
+        let c = char::from(bytes[offset]);
+        if !c.is_whitespace() || (offset > 0 && bytes[offset - 1] == b'\r' && c == '\n') {
+            continue;
+        }
+        let cut = Pos {
+            byte: start.byte + offset,
+            char: start.char + offset,
+        };
+        if is_line_break(c) {
+            return Some(cut);
+        }
+        blank_cut.get_or_insert(cut);
+    }
+    blank_cut
 }
 
 /// Folds a too-small last chunk into the one before it, or rebalances the two.

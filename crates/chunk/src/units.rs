@@ -1,12 +1,10 @@
 //! Cutting the text into the units the packer places whole: paragraphs, or the sentences of a
 //! paragraph too large for one chunk.
 
-use std::iter::Peekable;
-use std::str::CharIndices;
-
 use unicode_segmentation::UnicodeSegmentation;
 
-use crate::boundary::{break_weight, soften_line_breaks, Pos, Span};
+use crate::boundary::{next_break_run, soften_line_breaks, Pos, Span};
+use crate::sentences::FastBreaks;
 
 /// Paragraphs (split on blank lines) that fit in `max_chars`, and the sentences of those that do not,
 /// in text order, each trimmed of surrounding whitespace and never empty.
@@ -15,19 +13,16 @@ use crate::boundary::{break_weight, soften_line_breaks, Pos, Span};
 /// Units are produced lazily so that a text of millions of one-line paragraphs costs no list of them.
 pub(crate) struct Units<'t, 'c> {
     text: &'t str,
-    /// Called every [`CHECKPOINT_CHARS`] chars of a paragraph scan, so one huge paragraph can be abandoned.
+    /// Called every [`CHECKPOINT_BYTES`] bytes of a paragraph scan, so one huge paragraph can be abandoned.
     checkpoint: Option<&'c dyn Fn()>,
     max_chars: usize,
-    chars: Peekable<CharIndices<'t>>,
-    char_index: usize,
-    paragraph_start: Option<Pos>,
-    content_end: Pos,
-    breaks_since_content: usize,
+    /// Where the scan for the next paragraph resumes: never inside a whitespace run.
+    cursor: Pos,
     oversized: Option<Sentences>,
 }
 
-/// How many chars a paragraph scan goes between two checkpoints: well under a millisecond.
-const CHECKPOINT_CHARS: usize = 1 << 16;
+/// How many bytes a paragraph scan goes between two checkpoints: well under a millisecond.
+const CHECKPOINT_BYTES: usize = 1 << 16;
 
 impl<'t, 'c> Units<'t, 'c> {
     #[cfg(test)]
@@ -44,52 +39,48 @@ impl<'t, 'c> Units<'t, 'c> {
             text,
             checkpoint,
             max_chars,
-            chars: text.char_indices().peekable(),
-            char_index: 0,
-            paragraph_start: None,
-            content_end: Pos::ORIGIN,
-            breaks_since_content: 0,
+            cursor: Pos::ORIGIN,
             oversized: None,
         }
     }
 
     fn next_paragraph(&mut self) -> Option<Span> {
-        while let Some((byte, c)) = self.chars.next() {
-            let index = self.char_index;
-            self.char_index += 1;
-            if index % CHECKPOINT_CHARS == 0 {
-                if let Some(checkpoint) = self.checkpoint {
-                    checkpoint();
+        let text = self.text;
+        let rest = &text[self.cursor.byte..];
+        let blank_prefix = rest.len() - rest.trim_start().len();
+        if blank_prefix == rest.len() {
+            self.cursor = self.cursor.advanced_to(text, text.len());
+            return None;
+        }
+        let start = self
+            .cursor
+            .advanced_to(text, self.cursor.byte + blank_prefix);
+        let mut floor = start.byte;
+        let mut scan_from = floor;
+        let (content_end, resume) = loop {
+            let until = scan_from.saturating_add(CHECKPOINT_BYTES).min(text.len());
+            match next_break_run(text, floor, scan_from, until) {
+                Some(run) if run.breaks >= 2 => break (run.start, run.end),
+                Some(run) => {
+                    floor = run.end;
+                    scan_from = run.end;
+                }
+                None if until == text.len() => break (text.trim_end().len(), text.len()),
+                None => {
+                    // `until` may fall inside a char; the next window starts at the char's start.
+                    scan_from = (0..=until)
+                        .rev()
+                        .find(|&byte| text.is_char_boundary(byte))
+                        .unwrap_or(until);
+                    if let Some(checkpoint) = self.checkpoint {
+                        checkpoint();
+                    }
                 }
             }
-            if c.is_whitespace() {
-                self.breaks_since_content +=
-                    break_weight(c, self.chars.peek().map(|&(_, next)| next));
-                continue;
-            }
-            let finished = if self.breaks_since_content >= 2 {
-                self.paragraph_start.take().map(|start| Span {
-                    start,
-                    end: self.content_end,
-                })
-            } else {
-                None
-            };
-            self.breaks_since_content = 0;
-            self.paragraph_start
-                .get_or_insert(Pos { byte, char: index });
-            self.content_end = Pos {
-                byte: byte + c.len_utf8(),
-                char: index + 1,
-            };
-            if finished.is_some() {
-                return finished;
-            }
-        }
-        self.paragraph_start.take().map(|start| Span {
-            start,
-            end: self.content_end,
-        })
+        };
+        let end = start.advanced_to(text, content_end);
+        self.cursor = end.advanced_to(text, resume);
+        Some(Span { start, end })
     }
 }
 
@@ -117,6 +108,8 @@ impl Iterator for Units<'_, '_> {
 struct Sentences {
     paragraph: Span,
     softened: String,
+    /// One pass when the fast segmenter covers the paragraph; `None` restarts the crate's segmenter at each boundary.
+    fast: Option<FastBreaks>,
     /// Bytes of `softened` already handed out.
     consumed: usize,
     cursor: Pos,
@@ -124,24 +117,40 @@ struct Sentences {
 
 impl Sentences {
     fn new(text: &str, paragraph: Span) -> Sentences {
+        let softened = soften_line_breaks(paragraph.slice(text));
+        let fast = FastBreaks::covers(&softened).then(|| {
+            let mut breaks = FastBreaks::new();
+            // The first boundary is the paragraph's start.
+            breaks.next_break(&softened);
+            breaks
+        });
         Sentences {
             paragraph,
-            softened: soften_line_breaks(paragraph.slice(text)),
+            softened,
+            fast,
             consumed: 0,
             cursor: paragraph.start,
         }
     }
 
-    fn next(&mut self, text: &str) -> Option<Span> {
-        loop {
+    /// The next piece between two boundaries, as a byte range of `softened`.
+    fn next_piece(&mut self) -> Option<(usize, usize)> {
+        let from = self.consumed;
+        let to = match &mut self.fast {
+            Some(breaks) => breaks.next_break(&self.softened)?,
             // Segmentation restarts at each boundary already found: a sentence boundary resets the
             // UAX #29 state, so this finds the same boundaries as one pass while owning no iterator
             // that borrows `softened`.
-            let piece = self.softened[self.consumed..]
-                .split_sentence_bounds()
-                .next()?;
-            let piece_offset = self.consumed;
-            self.consumed += piece.len();
+            None => from + self.softened[from..].split_sentence_bounds().next()?.len(),
+        };
+        self.consumed = to;
+        Some((from, to))
+    }
+
+    fn next(&mut self, text: &str) -> Option<Span> {
+        loop {
+            let (piece_offset, piece_end) = self.next_piece()?;
+            let piece = &self.softened[piece_offset..piece_end];
             let kept = piece.trim();
             if kept.is_empty() {
                 continue;
