@@ -399,8 +399,12 @@ LANGUAGE sql STABLE AS $$
     SELECT greatest(0, extract(epoch FROM min(not_before) - now()))::double precision FROM rag.queue
 $$;
 
-CREATE FUNCTION rag._store_chunks(p_document_id bigint, p_contents text[], p_starts integer[],
-                                  p_ends integer[], p_tokens integer[], p_pages integer[])
+-- A document's chunks arrive in batches, all in the worker's one transaction for the document, so that a
+-- large document never has all its chunk texts in memory at once. The first batch (p_first_ordinal 0) is
+-- stored only when the document has no chunks yet; its result tells the caller whether to go on: -1 the
+-- document is gone, -2 it was chunked before (an earlier attempt got that far), else the chunks stored so far.
+CREATE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],
+                                  p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[])
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -411,19 +415,24 @@ BEGIN
     IF NOT FOUND THEN
         RETURN -1;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
-        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
-                                tsv)
-        SELECT p_document_id, d.collection_id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
-               to_tsvector(c.text_search_config, t.content)
-          FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
-               WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
-               rag.collections c
-         WHERE c.id = d.collection_id;
+    IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
+        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+               chunks_embedded = rag._embedded_count(p_document_id),
+               updated_at = now()
+         WHERE id = p_document_id;
+        RETURN -2;
     END IF;
-    SELECT count(*) INTO v_count FROM rag.chunks WHERE document_id = p_document_id;
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
+                            tsv)
+    SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.tokens, t.page,
+           t.char_start, t.char_end, to_tsvector(c.text_search_config, t.content)
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
+           rag.collections c
+     WHERE c.id = d.collection_id;
+    v_count := p_first_ordinal + coalesce(cardinality(p_contents), 0);
     UPDATE rag.documents SET chunks_total = v_count,
-           chunks_embedded = rag._embedded_count(p_document_id),
+           chunks_embedded = CASE WHEN p_first_ordinal = 0 THEN 0 ELSE chunks_embedded END,
            updated_at = now()
      WHERE id = p_document_id;
     RETURN v_count;

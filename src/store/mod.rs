@@ -260,8 +260,22 @@ fn columns(chunks: Vec<NewChunk>) -> ChunkColumns {
     columns
 }
 
-/// Stores a document's chunks (nothing when it was deleted meanwhile: `rag._store_chunks` checks).
-pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiError> {
+/// What `rag._store_chunks` did with a batch.
+pub enum StoredChunks {
+    Stored,
+    /// The document was deleted meanwhile.
+    Gone,
+    /// The document had chunks already (an earlier attempt stored them): nothing was stored.
+    ChunkedBefore,
+}
+
+/// Stores one batch of a document's chunks, numbered from `first_ordinal`; the batches of one document go in
+/// one transaction, the first with `first_ordinal` 0.
+pub fn store_chunks(
+    document_id: i64,
+    first_ordinal: i32,
+    chunks: Vec<NewChunk>,
+) -> Result<StoredChunks, SpiError> {
     let ChunkColumns {
         contents,
         starts,
@@ -271,10 +285,11 @@ pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiEr
     } = columns(chunks);
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6)",
+            "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6, $7)",
             Some(1),
             &[
                 document_id.into(),
+                first_ordinal.into(),
                 contents.into(),
                 starts.into(),
                 ends.into(),
@@ -282,8 +297,11 @@ pub fn store_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiEr
                 pages.into(),
             ],
         )?;
-        rows.first().get_one::<i32>()?;
-        Ok(())
+        Ok(match rows.first().get_one::<i32>()? {
+            Some(-1) => StoredChunks::Gone,
+            Some(-2) => StoredChunks::ChunkedBefore,
+            _ => StoredChunks::Stored,
+        })
     })
 }
 

@@ -3,7 +3,7 @@
 use crate::error::RagError;
 use crate::provider::{self, Kind};
 use crate::store::{self, NewChunk, WorkItem};
-use rag_chunk::{Chunk, ChunkConfig, SizeUnit};
+use rag_chunk::{Chunk, ChunkBounds, ChunkConfig, SizeUnit};
 
 /// A collection's chunk settings, validated. An unknown unit is an error (the one parser, `SizeUnit`'s),
 /// as it is in `rag_chunk()`: never silently characters.
@@ -64,20 +64,89 @@ pub fn chunk_document(item: &WorkItem) -> Result<Chunked, RagError> {
     let Some(text) = store::load_text(item.document_id)? else {
         return Ok(Chunked::Gone);
     };
-    match chunks_of(item, text) {
-        Ok(chunks) => {
-            store::store_chunks(item.document_id, chunks)?;
-            Ok(Chunked::Stored)
-        }
+    match plan_chunks(item, text) {
+        Ok(plan) => store_plan(item.document_id, plan),
         Err(reason) => Ok(Chunked::Refused(reason)),
     }
 }
 
-/// A document's chunks with its collection's settings, or the reason it cannot be chunked. The text is
-/// dropped before the chunks are returned: a large one should not sit beside them while they are stored.
+/// Stores a document's chunks a batch at a time, in the caller's step (one transaction: a crash stores none).
+pub fn store_plan(document_id: i64, plan: ChunkPlan) -> Result<Chunked, RagError> {
+    let mut first_ordinal = 0;
+    for batch in plan.into_batches() {
+        let count = batch.len() as i32;
+        match store::store_chunks(document_id, first_ordinal, batch)? {
+            store::StoredChunks::Gone => return Ok(Chunked::Gone),
+            store::StoredChunks::ChunkedBefore => break,
+            store::StoredChunks::Stored => first_ordinal += count,
+        }
+    }
+    Ok(Chunked::Stored)
+}
+
+/// A document's chunks with its collection's settings, or the reason it cannot be chunked.
 pub fn chunks_of(item: &WorkItem, text: store::DocumentText) -> Result<Vec<NewChunk>, String> {
+    plan_chunks(item, text).map(|plan| plan.into_batches().flatten().collect())
+}
+
+/// How much chunk text one call of `rag._store_chunks` carries: the SQL side holds it two or three times over
+/// (the argument array, its unnest, the rows), so a 20 MB document stored in one call took about 100 MB.
+const STORE_BATCH_BYTES: usize = 1 << 20;
+
+/// A document's chunks, made into texts a batch at a time.
+pub struct ChunkPlan {
+    body: String,
+    page_offsets: Vec<i32>,
+    /// Where each chunk lies in `body` (server providers: the chunker's own cut).
+    bounds: std::vec::IntoIter<ChunkBounds>,
+    /// Chunks already made (a model run in-process measures every chunk's text with its tokenizer).
+    made: std::vec::IntoIter<Chunk>,
+}
+
+impl ChunkPlan {
+    pub fn len(&self) -> usize {
+        self.bounds.len() + self.made.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chunks in order, in batches of at most [`STORE_BATCH_BYTES`] of text (or one chunk when it is
+    /// bigger).
+    pub fn into_batches(mut self) -> impl Iterator<Item = Vec<NewChunk>> {
+        std::iter::from_fn(move || {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while bytes < STORE_BATCH_BYTES {
+                let chunk = match self.made.next() {
+                    Some(chunk) => chunk,
+                    None => match self.bounds.next() {
+                        Some(bounds) => bounds.chunk(&self.body),
+                        None => break,
+                    },
+                };
+                bytes += chunk.text.len();
+                batch.push(new_chunk(&self.page_offsets)(chunk));
+            }
+            (!batch.is_empty()).then_some(batch)
+        })
+    }
+}
+
+/// Cuts a document with its collection's settings, or says why it cannot be cut.
+pub fn plan_chunks(item: &WorkItem, text: store::DocumentText) -> Result<ChunkPlan, String> {
     let config = chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit)?;
-    let offsets = text.page_offsets.unwrap_or_default();
+    let page_offsets = text.page_offsets.unwrap_or_default();
+    if item.provider.kind != Kind::Local {
+        let bounds = rag_chunk::chunk_bounds_with_checkpoint(&text.body, &config, &mut || {});
+        return Ok(ChunkPlan {
+            body: text.body,
+            page_offsets,
+            bounds: bounds.into_iter(),
+            made: Vec::new().into_iter(),
+        });
+    }
     let chunks = chunk_body(
         &text.body,
         &config,
@@ -85,8 +154,12 @@ pub fn chunks_of(item: &WorkItem, text: store::DocumentText) -> Result<Vec<NewCh
         &item.model,
         &item.document_prefix,
     )?;
-    drop(text.body);
-    Ok(chunks.into_iter().map(new_chunk(&offsets)).collect())
+    Ok(ChunkPlan {
+        body: String::new(),
+        page_offsets,
+        bounds: Vec::new().into_iter(),
+        made: chunks.into_iter(),
+    })
 }
 
 /// 1-based page holding character `position`, from the offsets at which pages start.

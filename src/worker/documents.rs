@@ -6,7 +6,7 @@ use crate::error::RagError;
 use crate::store::NewChunk;
 use crate::store::{self, WorkItem};
 use crate::worker::breaker::{breaker_key, Providers};
-use crate::worker::chunking::{chunk_document, chunks_of, Chunked};
+use crate::worker::chunking::{chunk_document, plan_chunks, store_plan, Chunked};
 use crate::worker::row_sync::sync_row;
 use crate::worker::steps::{Step, Steps};
 use rag_embed::{EmbedOutput, ProviderError, ProviderKind, RetryPolicy, SplitMix64};
@@ -213,19 +213,20 @@ fn prepare(group: &[WorkItem], batch_size: usize) -> Result<Vec<Prepared>, RagEr
             continue;
         };
         let (_, text) = texts.swap_remove(position);
-        let chunks = match chunks_of(item, text) {
-            Ok(chunks) => chunks,
+        let plan = match plan_chunks(item, text) {
+            Ok(plan) => plan,
             Err(reason) => {
                 prepared.push(Prepared::Refused(reason));
                 continue;
             }
         };
         // A document without chunks (only whitespace) has nothing to embed: the regular path finishes it.
-        if !chunks.is_empty() && chunks.len() <= batch_size.min(WHOLE_DOCUMENT_MAX_CHUNKS) {
-            prepared.push(Prepared::Whole(chunks));
+        if !plan.is_empty() && plan.len() <= batch_size.min(WHOLE_DOCUMENT_MAX_CHUNKS) {
+            prepared.push(Prepared::Whole(plan.into_batches().flatten().collect()));
             continue;
         }
-        store::store_chunks(item.document_id, chunks)?;
+        // A document deleted meanwhile is left to the regular path, which finds it gone.
+        store_plan(item.document_id, plan)?;
         if index > 0 {
             store::defer(item.queue_id, 0, None, false)?;
         }

@@ -3,6 +3,7 @@ running, provider test server answering)."""
 import os
 import signal
 import subprocess
+import threading
 import time
 import unittest
 
@@ -61,23 +62,46 @@ class Pipeline(unittest.TestCase):
         paragraph = sentence * 40
         body = "\\n\\n".join([paragraph] * (20 * 1024 * 1024 // (len(paragraph) + 2)))
         self.assertGreater(len(body), 19 * 1024 * 1024)
-        copy = "CREATE TEMP TABLE incoming (body text);\nCOPY incoming FROM STDIN;\n" + body + "\n\\.\n"
-        copy += "SELECT rag_ingest('big', 'Big', body) FROM incoming;\n"
-        psql(copy)
-        self.assertEqual(scalar("SELECT rag_wait('big', '180 seconds')"), "t")
+        pid = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = 'rag_e2e' LIMIT 1",
+                     db="postgres")
+        self.assertTrue(pid, "no worker serves the test database")
+        # The worker's own memory (RssAnon: what it allocates, not the shared buffers it touches nor the library
+        # it maps), sampled while it takes the document in.
+        peak = {"RssAnon": 0, "VmRSS": 0}
+        sampling = threading.Event()
+
+        def sample():
+            while not sampling.is_set():
+                with open(f"/proc/{pid}/status") as status:
+                    for line in status:
+                        key = line.split(":")[0]
+                        if key in peak:
+                            peak[key] = max(peak[key], int(line.split()[1]))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            copy = "CREATE TEMP TABLE incoming (body text);\nCOPY incoming FROM STDIN;\n" + body + "\n\\.\n"
+            copy += "SELECT rag_ingest('big', 'Big', body) FROM incoming;\n"
+            psql(copy)
+            self.assertEqual(scalar("SELECT rag_wait('big', '180 seconds')"), "t")
+        finally:
+            sampling.set()
+            sampler.join()
         row = psql("SELECT status, chunks_total, chunks_embedded, octet_length(body) FROM rag.documents d "
                    "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'big'")[0]
         self.assertEqual(row[0], "ready")
         self.assertEqual(row[1], row[2])
         self.assertGreater(int(row[1]), 2000)
         self.assertGreater(int(row[3]), 19 * 1024 * 1024)
-        pid = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = 'rag_e2e' LIMIT 1",
-                     db="postgres")
-        if pid:
-            with open(f"/proc/{pid}/status") as status:
-                peak = [line for line in status if line.startswith("VmHWM")]
-            print(f"\n  worker peak RSS after the 20 MB document: {peak[0].split(':')[1].strip()}", end=" ")
-            self.assertLess(int(peak[0].split()[1]), 1024 * 1024, "worker peak RSS should stay under 1 GiB")
+        with open(f"/proc/{pid}/status") as status:
+            high_water = [line.split(":")[1].strip() for line in status if line.startswith("VmHWM")][0]
+        print(f"\n  worker during the 20 MB document: peak RssAnon {peak['RssAnon'] // 1024} MB, peak VmRSS "
+              f"{peak['VmRSS'] // 1024} MB; VmHWM {high_water}", end=" ")
+        # The text itself is 20 MB; its chunks are made and stored 1 MB at a time. Storing them in one call
+        # took 162 MB.
+        self.assertLess(peak["RssAnon"], 64 * 1024, "the worker held the document's chunks all at once")
 
     def test_e_refusal_by_distance_makes_no_chat_call(self):
         chat = "chat-test@slow2"

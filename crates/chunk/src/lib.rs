@@ -90,14 +90,53 @@ pub fn chunk_text_with_checkpoint(
     config: &ChunkConfig,
     checkpoint: &mut dyn FnMut(),
 ) -> Vec<Chunk> {
+    chunk_bounds_with_checkpoint(text, config, checkpoint)
+        .into_iter()
+        .map(|bounds| bounds.chunk(text))
+        .collect()
+}
+
+/// Where one chunk of [`chunk_text`] lies in the text, without its own copy of the text: a caller with a
+/// large document makes the chunks' texts a few at a time ([`ChunkBounds::chunk`]) instead of holding a
+/// second copy of the whole document at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkBounds {
+    /// Byte offset of the chunk's first byte in the text.
+    pub byte_start: usize,
+    /// Byte offset just past the chunk's last byte.
+    pub byte_end: usize,
+    /// Offset of the chunk's first char, counted in chars from 0.
+    pub char_start: usize,
+    /// Offset just past the chunk's last char, counted in chars.
+    pub char_end: usize,
+}
+
+impl ChunkBounds {
+    /// The chunk these bounds delimit in `text`, which must be the text they were found in.
+    pub fn chunk(&self, text: &str) -> Chunk {
+        Chunk {
+            text: text[self.byte_start..self.byte_end].to_owned(),
+            char_start: self.char_start,
+            char_end: self.char_end,
+            token_estimate: (self.char_end - self.char_start).div_ceil(CHARS_PER_TOKEN),
+        }
+    }
+}
+
+/// The bounds of [`chunk_text_with_checkpoint`]'s chunks, in the same order.
+pub fn chunk_bounds_with_checkpoint(
+    text: &str,
+    config: &ChunkConfig,
+    checkpoint: &mut dyn FnMut(),
+) -> Vec<ChunkBounds> {
     let limits = pack::Limits::new(config.max_chars(), config.overlap_chars());
     pack::chunk_spans_with_checkpoint(text, limits, checkpoint)
         .into_iter()
-        .map(|span| Chunk {
-            text: span.slice(text).to_owned(),
+        .map(|span| ChunkBounds {
+            byte_start: span.start.byte,
+            byte_end: span.end.byte,
             char_start: span.start.char,
             char_end: span.end.char,
-            token_estimate: span.chars().div_ceil(CHARS_PER_TOKEN),
         })
         .collect()
 }

@@ -49,3 +49,14 @@ fn unwinding_out_of_the_checkpoint_stops_chunking() {
     assert!(stopped.is_err());
     assert_eq!(calls, 3, "no checkpoint ran after the one that unwound");
 }
+
+#[test]
+fn bounds_delimit_exactly_the_chunks() {
+    let text =
+        "Ünïcode first paragraph. It has two sentences.\n\nA second one, shorter.\n\n".repeat(40);
+    let chunks = chunk_text(&text, &config());
+    let bounds = rag_chunk::chunk_bounds_with_checkpoint(&text, &config(), &mut || {});
+    assert!(chunks.len() > 5);
+    let rebuilt: Vec<_> = bounds.iter().map(|b| b.chunk(&text)).collect();
+    assert_eq!(rebuilt, chunks);
+}
