@@ -50,6 +50,10 @@ ALTER TABLE rag.watches ALTER COLUMN source TYPE regclass USING source::regclass
 
 -- Failures in a row of a watched table back off (30 s, 1 min, ... up to an hour).
 ALTER TABLE rag.row_queue ADD COLUMN attempts integer NOT NULL DEFAULT 0;
+-- A watched table's trigger keeps a one-column key's values as the text of an array (rag._spread_batches).
+ALTER TABLE rag.row_batches ALTER COLUMN keys DROP NOT NULL,
+    ADD COLUMN key_values text,
+    ADD CONSTRAINT row_batches_keys_check CHECK ((keys IS NULL) <> (key_values IS NULL));
 
 -- The worker takes turns between collections; the queue carries each document's collection for that.
 ALTER TABLE rag.queue ADD COLUMN collection_id integer;
@@ -384,12 +388,56 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
@@ -408,13 +456,20 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"role" oid, /* pg_sys :: Oid */
@@ -425,69 +480,18 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -506,23 +510,12 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -1837,10 +1830,11 @@ BEGIN
     IF cardinality(v_referenced) = 1 THEN
         v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
     END IF;
-    -- A single-column key is kept as a plain array of values (cheap to build for 100,000 rows); the worker
-    -- turns each value back into {"column": value} when it spreads the batch.
-    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('to_jsonb(array_agg(r.%I))', w.key_columns[1])
-                        ELSE format('jsonb_agg(%s)', v_key) END;
+    -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
+    -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
+    -- back into {"column": value} when it spreads the batch.
+    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
+                        ELSE format('jsonb_agg(%s), NULL::text', v_key) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
@@ -1850,14 +1844,16 @@ BEGIN
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_keys jsonb;
+            v_key_values text;
         BEGIN
             IF TG_OP = 'INSERT' THEN
-                SELECT %3$s INTO v_keys FROM new_rows r WHERE %4$s;
+                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
             ELSE
-                SELECT %3$s INTO v_keys FROM old_rows r;
+                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
             END IF;
-            IF v_keys IS NOT NULL THEN
-                INSERT INTO rag.row_batches (watch_id, keys, not_before) VALUES (%2$s, v_keys, clock_timestamp() + v_delay);
+            IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
+                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
+                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
@@ -1901,10 +1897,31 @@ CREATE OR REPLACE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RET
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
+    v_batch record;
 BEGIN
+    -- Values of a one-column key, as a trigger left them, become a jsonb array of the column's own type (a
+    -- number stays a number), as rag.row_queue's keys and the UPDATE trigger's have them. A key column whose
+    -- type changed meanwhile so that the values no longer cast keeps them as strings.
+    FOR v_batch IN
+        SELECT b.id, format_type(a.atttypid, a.atttypmod) AS key_type
+          FROM rag.row_batches b
+          JOIN rag.watches w ON w.id = b.watch_id
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = w.key_columns[1]
+         WHERE b.key_values IS NOT NULL
+         ORDER BY b.id LIMIT p_limit
+           FOR UPDATE OF b SKIP LOCKED
+    LOOP
+        BEGIN
+            EXECUTE format('UPDATE rag.row_batches SET keys = to_jsonb(key_values::%s[]), key_values = NULL WHERE id = $1',
+                           v_batch.key_type) USING v_batch.id;
+        EXCEPTION WHEN data_exception OR syntax_error_or_access_rule_violation THEN
+            UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+        END;
+    END LOOP;
     WITH taken AS (
+        -- A batch written since the loop above waits for the next round.
         DELETE FROM rag.row_batches WHERE id IN (
-            SELECT id FROM rag.row_batches ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
+            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING watch_id, keys, not_before
     ), keys AS (
         SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
@@ -2254,7 +2271,8 @@ SELECT w.source_name AS source,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
        (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
-         + (SELECT coalesce(sum(jsonb_array_length(b.keys)), 0) FROM rag.row_batches b WHERE b.watch_id = w.id)
+         + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
+              FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
        coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
                 (SELECT d.failure_reason FROM rag.documents d
@@ -2290,6 +2308,17 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean) RETURNS text

@@ -147,8 +147,13 @@ CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
 CREATE TABLE rag.row_batches (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     watch_id   integer NOT NULL,
-    keys       jsonb NOT NULL,
-    not_before timestamptz NOT NULL DEFAULT now()
+    -- One {"column": value} object per key (keys of several columns) ...
+    keys       jsonb,
+    -- ... or, for a key of one column, its values as the text of an array of the column's type: the cheapest
+    -- thing a trigger can make of 100,000 keys (array_agg(key)::text). The worker makes them jsonb.
+    key_values text,
+    not_before timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT row_batches_keys_check CHECK ((keys IS NULL) <> (key_values IS NULL))
 );
 
 CREATE TABLE rag.documents (

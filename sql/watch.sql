@@ -129,10 +129,11 @@ BEGIN
     IF cardinality(v_referenced) = 1 THEN
         v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
     END IF;
-    -- A single-column key is kept as a plain array of values (cheap to build for 100,000 rows); the worker
-    -- turns each value back into {"column": value} when it spreads the batch.
-    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('to_jsonb(array_agg(r.%I))', w.key_columns[1])
-                        ELSE format('jsonb_agg(%s)', v_key) END;
+    -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
+    -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
+    -- back into {"column": value} when it spreads the batch.
+    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
+                        ELSE format('jsonb_agg(%s), NULL::text', v_key) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
@@ -142,14 +143,16 @@ BEGIN
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
             v_keys jsonb;
+            v_key_values text;
         BEGIN
             IF TG_OP = 'INSERT' THEN
-                SELECT %3$s INTO v_keys FROM new_rows r WHERE %4$s;
+                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
             ELSE
-                SELECT %3$s INTO v_keys FROM old_rows r;
+                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
             END IF;
-            IF v_keys IS NOT NULL THEN
-                INSERT INTO rag.row_batches (watch_id, keys, not_before) VALUES (%2$s, v_keys, clock_timestamp() + v_delay);
+            IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
+                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
+                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
@@ -195,10 +198,31 @@ CREATE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
+    v_batch record;
 BEGIN
+    -- Values of a one-column key, as a trigger left them, become a jsonb array of the column's own type (a
+    -- number stays a number), as rag.row_queue's keys and the UPDATE trigger's have them. A key column whose
+    -- type changed meanwhile so that the values no longer cast keeps them as strings.
+    FOR v_batch IN
+        SELECT b.id, format_type(a.atttypid, a.atttypmod) AS key_type
+          FROM rag.row_batches b
+          JOIN rag.watches w ON w.id = b.watch_id
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = w.key_columns[1]
+         WHERE b.key_values IS NOT NULL
+         ORDER BY b.id LIMIT p_limit
+           FOR UPDATE OF b SKIP LOCKED
+    LOOP
+        BEGIN
+            EXECUTE format('UPDATE rag.row_batches SET keys = to_jsonb(key_values::%s[]), key_values = NULL WHERE id = $1',
+                           v_batch.key_type) USING v_batch.id;
+        EXCEPTION WHEN data_exception OR syntax_error_or_access_rule_violation THEN
+            UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+        END;
+    END LOOP;
     WITH taken AS (
+        -- A batch written since the loop above waits for the next round.
         DELETE FROM rag.row_batches WHERE id IN (
-            SELECT id FROM rag.row_batches ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
+            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING watch_id, keys, not_before
     ), keys AS (
         SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
@@ -564,7 +588,8 @@ SELECT w.source_name AS source,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
        (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
-         + (SELECT coalesce(sum(jsonb_array_length(b.keys)), 0) FROM rag.row_batches b WHERE b.watch_id = w.id)
+         + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
+              FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
        coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
                 (SELECT d.failure_reason FROM rag.documents d

@@ -75,6 +75,21 @@ UPDATE pages SET content = 'Welcome back to site b.' WHERE site = 'b';
 SELECT pg_temp.settle();
 SELECT source_key, body FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
 
+-- A one-column key of a statement's rows travels as the text of an array of the column's type; awkward text
+-- values come back intact, and an UPDATE of one (a row trigger, which makes its key as jsonb) lands on the same
+-- document.
+CREATE TABLE slugs (slug text PRIMARY KEY, content text);
+SELECT rag_watch('slugs', 'site', content => 'content') > 0 AS watching;
+INSERT INTO slugs VALUES ('plain', 'A plain slug.'), ('with "quotes", {braces} and \back', 'An awkward slug.'),
+                         ('NULL', 'A slug spelled NULL.'), ('  spaced  ', 'A slug with spaces.'), ('', 'An empty slug.');
+SELECT pg_temp.settle();
+SELECT source_key, body FROM rag.documents WHERE source = 'slugs' ORDER BY source_key;
+UPDATE slugs SET content = 'The awkward slug, updated.' WHERE slug LIKE 'with%';
+SELECT pg_temp.settle();
+SELECT count(*) AS documents, count(*) FILTER (WHERE body = 'The awkward slug, updated.') AS updated
+  FROM rag.documents WHERE source = 'slugs';
+DROP TABLE slugs;
+
 -- Hostile or broken definitions are refused when the watch is made.
 CREATE TABLE notes (id int PRIMARY KEY, txt text);
 SELECT rag_watch('notes', 'site', content => 'txt); DROP TABLE articles; --');
