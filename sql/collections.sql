@@ -385,6 +385,8 @@ BEGIN
     ELSIF c.index_name IS NULL THEN
         BEGIN
             PERFORM rag._ensure_index(c.id);
+            -- A load has ended: the idle worker measures the collection's lexemes again without waiting.
+            DELETE FROM rag.lexeme_measures WHERE collection_id = c.id;
         EXCEPTION WHEN OTHERS THEN
             RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
                 USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';

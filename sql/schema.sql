@@ -214,6 +214,22 @@ CREATE TABLE rag.chunks (
 -- The worker's question, "what is still to embed for this document?", must not scan the whole table.
 CREATE INDEX chunks_pending ON rag.chunks (document_id, ordinal) WHERE embedding IS NULL;
 
+-- How common a collection's lexemes are, for the full-text side (rag._keyword_query): the share of its chunks
+-- holding each lexeme found in more than rag._limit('lexeme_share_floor') of them, measured on a sample by the
+-- idle worker (rag._measure_lexemes). Derived data, so not dumped: a restored database measures again.
+CREATE TABLE rag.lexeme_shares (
+    collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    lexeme        text NOT NULL,
+    share         real NOT NULL,
+    PRIMARY KEY (collection_id, lexeme)
+);
+-- When each collection's lexemes were last measured, and how many chunks it had then.
+CREATE TABLE rag.lexeme_measures (
+    collection_id integer PRIMARY KEY REFERENCES rag.collections (id) ON DELETE CASCADE,
+    chunks        bigint NOT NULL,
+    measured_at   timestamptz NOT NULL
+);
+
 -- The dedicated queue. A row is a document still to chunk and embed; it goes away when the document is
 -- ready or has failed for good.
 CREATE TABLE rag.queue (
@@ -297,7 +313,8 @@ DO $$
 DECLARE
     v_table text;
 BEGIN
-    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations',
+                                   'lexeme_shares', 'lexeme_measures'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
         -- The scalar subquery runs once per query (an InitPlan), not once per row.
         EXECUTE format($p$CREATE POLICY readable ON rag.%I FOR SELECT

@@ -42,7 +42,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA rag FROM PUBLIC;
 -- SECURITY DEFINER functions, which validate them.
 -- Row-level security (schema.sql, answer.sql) narrows every one of these to the collections the role may read.
 GRANT SELECT ON rag.collections, rag.collection_grants, rag.documents, rag.chunks, rag.status, rag.providers,
-                rag.prices TO rag_reader;
+                rag.prices, rag.lexeme_shares, rag.lexeme_measures TO rag_reader;
 -- The ledger and conversations hold people's questions: each role sees its own rows, and the admins of a
 -- collection see all of its rows (policies in answer.sql).
 GRANT SELECT ON rag.queries, rag.conversations, rag.messages TO rag_reader;

@@ -37,6 +37,17 @@ pub const RRF_K: i32 = 60;
 /// (BENCHMARKS.md §5) among 0.5/0.7/1.0 and 0.1/0.2/0.3 without tuning further, to leave room for other corpora.
 pub const KEYWORD_WEIGHT: &str = "0.5";
 pub const KEYWORD_MAX_SHARE: &str = "0.25";
+/// How many matches of one question word rag._keyword_query counts at most (each is a row read and rechecked).
+/// A collection small enough that its max share is within this count is judged exactly; in a larger one a word
+/// found more often is judged by its measured share (rag.lexeme_shares).
+pub const KEYWORD_COUNT_CAP: i32 = 200;
+/// rag._measure_lexemes keeps the share of every lexeme found in more than this share of the sampled chunks.
+pub const LEXEME_SHARE_FLOOR: &str = "0.05";
+/// At most this many chunks of a collection are read to measure its lexemes (a sample of its documents).
+pub const LEXEME_SAMPLE_CHUNKS: i32 = 20_000;
+/// A collection's lexemes are measured again when the last measure is this old and its size has changed by a
+/// tenth (a bulk load's end asks for a measure at once).
+pub const LEXEME_MEASURE_INTERVAL: &str = "10 minutes";
 
 /// The model of the `local` provider when a collection or `rag_embed` names none.
 pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
@@ -78,6 +89,10 @@ fn for_sql(name: &str) -> Option<String> {
         "rrf_k" => RRF_K.to_string(),
         "keyword_weight" => KEYWORD_WEIGHT.to_string(),
         "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
+        "keyword_count_cap" => KEYWORD_COUNT_CAP.to_string(),
+        "lexeme_share_floor" => LEXEME_SHARE_FLOOR.to_string(),
+        "lexeme_sample_chunks" => LEXEME_SAMPLE_CHUNKS.to_string(),
+        "lexeme_measure_interval" => LEXEME_MEASURE_INTERVAL.to_string(),
         "reranker_default" => RERANKER_DEFAULT.to_string(),
         "rerank_candidates_default" => RERANK_CANDIDATES_DEFAULT.to_string(),
         "rerank_candidates_min" => RERANK_CANDIDATES_MIN.to_string(),

@@ -157,6 +157,11 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._repair_indexes()")
 }
 
+/// Measures the lexemes of one collection that is due (rag._measure_lexemes), for the full-text side.
+pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
+    Spi::get_one::<i32>("SELECT rag._measure_lexemes()")
+}
+
 /// Takes the due steps of model changes (switching a complete one, clearing a column left behind); returns how
 /// many.
 pub fn advance_migrations() -> Result<Option<i32>, SpiError> {

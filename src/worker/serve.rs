@@ -118,6 +118,10 @@ fn rest(
     if let Err(error) = steps.run(store::advance_migrations) {
         pgrx::log!("rag worker: advancing model changes: {error}");
     }
+    // How common each collection's words are, for the full-text side of its searches.
+    if let Err(error) = steps.run(store::measure_lexemes) {
+        pgrx::log!("rag worker: measuring lexemes: {error}");
+    }
     let due = steps.run(store::seconds_until_due).ok().flatten();
     let until_due = due
         .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))

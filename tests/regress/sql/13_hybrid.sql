@@ -84,6 +84,44 @@ SELECT rag_set_search('hybrid', search_mode => 'fuzzy');
 SELECT rag_set_search('hybrid', search_mode => 'vector', ef_search => 0);
 SELECT search_mode, ef_search FROM rag.collections WHERE name = 'hybrid';
 RESET hnsw.ef_search;
+-- A larger collection: each word's matches are counted only up to rag._limit('keyword_count_cap'), and a word
+-- found more often is judged by its share of the collection, measured on a sample (rag._measure_lexemes).
+-- 1,200 chunks: "zebra" in all of them, "yak" in a third, "walrus" in a fifth (more than the cap, less than the
+-- max share), "quokka" in one in a hundred, "narwhal" in none.
+SELECT rag_create_collection('wide', embedding_model => 'hash-384') IS NOT NULL AS created;
+WITH d AS (
+  INSERT INTO rag.documents (collection_id, title, body, content_sha256, status, chunks_total)
+  SELECT c.id, n::text, 'x', sha256(('wide ' || n)::bytea), 'ready', 1
+    FROM rag.collections c, generate_series(1, 1200) n WHERE c.name = 'wide'
+  RETURNING id, collection_id, title::integer AS n)
+INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, tsv)
+SELECT d.id, d.collection_id, 0, t.content, 10, 0, length(t.content), to_tsvector('english', t.content)
+  FROM d CROSS JOIN LATERAL (SELECT concat_ws(' ', 'zebra', CASE WHEN d.n % 3 = 0 THEN 'yak' END,
+                                              CASE WHEN d.n % 5 = 0 THEN 'walrus' END,
+                                              CASE WHEN d.n % 100 = 0 THEN 'quokka' END) AS content) t;
+SELECT rag._ensure_index(id) IS NULL AS done, to_regclass('rag.' || rag._keyword_index_name(id)) IS NOT NULL AS gin_index
+  FROM rag.collections WHERE name = 'wide';
+SELECT rag._measure_lexemes(id) = id AS measured FROM rag.collections WHERE name = 'wide';
+SELECT s.lexeme, round(s.share::numeric, 2) AS share, m.chunks
+  FROM rag.lexeme_shares s JOIN rag.lexeme_measures m USING (collection_id)
+  JOIN rag.collections c ON c.id = s.collection_id WHERE c.name = 'wide' ORDER BY s.lexeme;
+SELECT rag._keyword_query(c, 'zebra yak walrus quokka narwhal') FROM rag.collections c WHERE c.name = 'wide';
+-- Until it is measured (a new collection, a restored database), a word found more often than the cap is kept.
+DELETE FROM rag.lexeme_shares WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'wide');
+SELECT rag._keyword_query(c, 'zebra yak narwhal') FROM rag.collections c WHERE c.name = 'wide';
+-- Readers see the shares of the collections they may read only.
+CREATE ROLE wide_reader LOGIN IN ROLE rag_reader;
+SELECT rag._measure_lexemes(id) = id AS measured_again FROM rag.collections WHERE name = 'wide';
+SET ROLE wide_reader;
+SELECT count(*) AS shares_seen_without_read FROM rag.lexeme_shares;
+RESET ROLE;
+SELECT rag_grant('wide', 'wide_reader', 'read');
+SET ROLE wide_reader;
+SELECT count(*) AS shares_seen_with_read FROM rag.lexeme_shares;
+RESET ROLE;
+SELECT rag_drop_collection('wide');
+SELECT count(*) AS shares_left FROM rag.lexeme_shares;
+DROP ROLE wide_reader;
 CREATE ROLE hybrid_reader LOGIN IN ROLE rag_reader;
 SELECT rag_grant('hybrid', 'hybrid_reader', 'read');
 SET ROLE hybrid_reader;
