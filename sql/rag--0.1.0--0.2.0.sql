@@ -413,58 +413,6 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
-	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
 	"question" TEXT /* & str */
@@ -476,6 +424,22 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
 	"question" TEXT /* & str */
@@ -484,14 +448,10 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_expression"(
 	"expression" TEXT, /* Option < & str > */
@@ -510,6 +470,23 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
 ) RETURNS bool /* bool */
@@ -523,6 +500,32 @@ CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -1728,15 +1731,6 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -1863,11 +1857,17 @@ BEGIN
     RETURN rag._any_lexeme(v_kept);
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._lexemes_due() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
+     WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
+     ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
+$$;
+
 CREATE OR REPLACE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id integer := p_collection_id;
-    v_interval interval := rag._limit('lexeme_measure_interval')::interval;
     v_exact_chunks integer := floor(rag._limit('keyword_count_cap')::integer
                                     / rag._limit('keyword_max_share')::double precision)::integer;
     v_sample integer := rag._limit('lexeme_sample_chunks')::integer;
@@ -1877,9 +1877,7 @@ DECLARE
     v_sampled bigint;
 BEGIN
     IF v_id IS NULL THEN
-        SELECT c.id INTO v_id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
-         WHERE m.collection_id IS NULL OR m.measured_at < now() - v_interval
-         ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1;
+        v_id := rag._lexemes_due();
         IF v_id IS NULL THEN
             RETURN NULL;
         END IF;
@@ -2299,14 +2297,6 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2897,6 +2887,20 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
 
 DO $$
 BEGIN

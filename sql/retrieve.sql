@@ -163,6 +163,16 @@ BEGIN
     RETURN rag._any_lexeme(v_kept);
 END $$;
 
+-- The collection whose lexemes rag._measure_lexemes measures next: never measured, or measured over
+-- rag._limit('lexeme_measure_interval') ago (the longest ago first); NULL when none is due. The idle worker asks
+-- this, read-only, before it calls rag._measure_lexemes.
+CREATE FUNCTION rag._lexemes_due() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
+     WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
+     ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
+$$;
+
 -- Measures how common the lexemes of one collection are (rag.lexeme_shares): p_collection_id's, or else the
 -- first that is due, never measured or measured over rag._limit('lexeme_measure_interval') ago. A collection whose
 -- size changed by less than a tenth since only has its measure's time renewed; one small enough for
@@ -172,7 +182,6 @@ CREATE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETUR
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id integer := p_collection_id;
-    v_interval interval := rag._limit('lexeme_measure_interval')::interval;
     v_exact_chunks integer := floor(rag._limit('keyword_count_cap')::integer
                                     / rag._limit('keyword_max_share')::double precision)::integer;
     v_sample integer := rag._limit('lexeme_sample_chunks')::integer;
@@ -182,9 +191,7 @@ DECLARE
     v_sampled bigint;
 BEGIN
     IF v_id IS NULL THEN
-        SELECT c.id INTO v_id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
-         WHERE m.collection_id IS NULL OR m.measured_at < now() - v_interval
-         ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1;
+        v_id := rag._lexemes_due();
         IF v_id IS NULL THEN
             RETURN NULL;
         END IF;

@@ -159,6 +159,9 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
 
 /// Measures the lexemes of one collection that is due (rag._measure_lexemes), for the full-text side.
 pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
+    if idle_read::<i32>("SELECT rag._lexemes_due()")?.is_none() {
+        return Ok(None);
+    }
     Spi::get_one::<i32>("SELECT rag._measure_lexemes()")
 }
 

@@ -19,6 +19,14 @@ use std::time::{Duration, Instant};
 /// hundreds of databases does not fork hundreds of processes at once.
 const PROBES_PER_ROUND: usize = 4;
 
+/// A database created while the launcher runs is probed only once it has existed this long, unless a backend
+/// there asks first (`CREATE EXTENSION rag`, an ingest). A probe is a connection with a snapshot in that
+/// database: made while its creator loads it and runs VACUUM (as PostgreSQL's own regression suite does at its
+/// start), it can keep VACUUM from marking the new rows all-visible. A database that does not use rag should not
+/// see us at all while it is being set up. Databases there when the launcher starts are probed at once, so a
+/// restarted server serves its databases without delay.
+const NEW_DATABASE_GRACE: Duration = Duration::from_secs(30);
+
 pub fn register() {
     BackgroundWorkerBuilder::new("rag launcher")
         .set_type("rag launcher")
@@ -50,6 +58,8 @@ struct Launcher {
     last_request: HashMap<pg_sys::Oid, Instant>,
     /// The connectable databases, as last listed.
     databases: Vec<pg_sys::Oid>,
+    /// When each database was first listed; None until the first listing (its databases count as old).
+    first_listed: Option<HashMap<pg_sys::Oid, Instant>>,
 }
 
 #[pg_guard]
@@ -99,7 +109,21 @@ impl Launcher {
     /// round: an empty list would look like a cluster without databases, and no worker would be started.
     fn refresh_databases(&mut self) {
         match crate::worker::transaction::run(list_databases) {
-            Ok(Ok(listed)) => self.databases = listed,
+            Ok(Ok(listed)) => {
+                let now = Instant::now();
+                let long_ago = now.checked_sub(NEW_DATABASE_GRACE).unwrap_or(now);
+                let first_listing = self.first_listed.is_none();
+                let first_listed = self.first_listed.get_or_insert_with(HashMap::new);
+                first_listed.retain(|database, _| listed.contains(database));
+                for database in &listed {
+                    first_listed.entry(*database).or_insert(if first_listing {
+                        long_ago
+                    } else {
+                        now
+                    });
+                }
+                self.databases = listed;
+            }
             Ok(Err(error)) => {
                 pgrx::warning!(
                     "rag launcher: could not list databases, using the last list: {error}"
@@ -139,7 +163,7 @@ impl Launcher {
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
             let wanted = if self.served.contains(&database) {
                 settings::WORKERS_PER_DATABASE.get().max(1) as usize
-            } else if slots.is_empty() && probes_left > 0 {
+            } else if slots.is_empty() && probes_left > 0 && self.may_probe(database, asked) {
                 probes_left -= 1;
                 1
             } else {
@@ -159,6 +183,19 @@ impl Launcher {
             }
         }
         waiting_for_a_slot
+    }
+}
+
+impl Launcher {
+    /// Whether a database of unknown status may be probed now (see NEW_DATABASE_GRACE).
+    fn may_probe(&self, database: pg_sys::Oid, asked: &[pg_sys::Oid]) -> bool {
+        asked.contains(&database)
+            || self.last_request.contains_key(&database)
+            || self
+                .first_listed
+                .as_ref()
+                .and_then(|first_listed| first_listed.get(&database))
+                .is_none_or(|listed| listed.elapsed() >= NEW_DATABASE_GRACE)
     }
 }
 
