@@ -119,8 +119,9 @@ $$;
 -- The cost is bounded whatever the collection's size: its size is counted only up to the point where the share
 -- bound passes rag._limit('keyword_count_cap'), and each lexeme's matches (the GIN index finds them; each is a row
 -- read and rechecked) only up to that cap. Below that size every judgement is exact. Above it, a lexeme with more
--- matches than the cap is judged by its share measured on a sample (rag.lexeme_shares); one not measured yet is
--- kept. Counting every match cost 0.25 to 0.7 s per question at 113,000 chunks.
+-- matches than the cap is judged by its share measured on a sample (rag.lexeme_shares). A collection not measured
+-- since it outgrew that size is judged exactly, at the old cost: counting every match up to a quarter of the
+-- collection cost 0.25 to 0.7 s per question at 113,000 chunks.
 CREATE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -134,16 +135,28 @@ DECLARE
     v_lexeme text;
     v_found bigint;
     v_share real;
+    v_measured_chunks bigint;
+    v_exact boolean;
 BEGIN
     SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
       FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id LIMIT v_exact_chunks + 1) s;
-    IF v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks THEN
+    v_exact := v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks;
+    IF NOT v_exact THEN
+        SELECT m.chunks INTO v_measured_chunks FROM rag.lexeme_measures m WHERE m.collection_id = c.id;
+        IF coalesce(v_measured_chunks, 0) <= v_exact_chunks THEN
+            -- Not measured since it outgrew the exact size: every word is counted up to its bound, as exactly (and
+            -- as slowly) as before shares existed, until the idle worker measures it (within a minute).
+            SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = c.id;
+            v_exact := true;
+        END IF;
+    END IF;
+    IF v_exact THEN
         v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
     END IF;
     FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
                        c.id)
-            INTO v_found USING rag._lexeme_query(v_lexeme), least(v_bound, v_cap) + 1;
+            INTO v_found USING rag._lexeme_query(v_lexeme), coalesce(v_bound, v_cap) + 1;
         IF v_found = 0 THEN
             CONTINUE;
         END IF;
@@ -164,12 +177,18 @@ BEGIN
 END $$;
 
 -- The collection whose lexemes rag._measure_lexemes measures next: never measured, or measured over
--- rag._limit('lexeme_measure_interval') ago (the longest ago first); NULL when none is due. The idle worker asks
+-- rag._limit('lexeme_measure_interval') ago, or over rag._limit('lexeme_small_measure_interval') ago while it was
+-- small (the longest ago first); NULL when none is due. The idle worker asks
 -- this, read-only, before it calls rag._measure_lexemes.
 CREATE FUNCTION rag._lexemes_due() RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
      WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
+           -- Measured while small enough to judge exactly: it may have outgrown that since, and until it is
+           -- measured again its searches count every match.
+           OR (m.chunks <= floor(rag._limit('keyword_count_cap')::integer
+                                 / rag._limit('keyword_max_share')::double precision)
+               AND m.measured_at < now() - rag._limit('lexeme_small_measure_interval')::interval)
      ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
 $$;
 
@@ -192,9 +211,12 @@ DECLARE
 BEGIN
     IF v_id IS NULL THEN
         v_id := rag._lexemes_due();
-        IF v_id IS NULL THEN
+        -- Another worker of the database measuring the same collection has it: this one does something else.
+        IF v_id IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id) THEN
             RETURN NULL;
         END IF;
+    ELSE
+        PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
     END IF;
     SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
     IF p_collection_id IS NULL AND EXISTS (

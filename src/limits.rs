@@ -48,6 +48,9 @@ pub const LEXEME_SAMPLE_CHUNKS: i32 = 20_000;
 /// A collection's lexemes are measured again when the last measure is this old and its size has changed by a
 /// tenth (a bulk load's end asks for a measure at once).
 pub const LEXEME_MEASURE_INTERVAL: &str = "10 minutes";
+/// A collection last measured while small enough to be judged exactly is looked at again this often: it may
+/// have outgrown that, and until it is measured its searches count every match.
+pub const LEXEME_SMALL_MEASURE_INTERVAL: &str = "1 minute";
 
 /// The model of the `local` provider when a collection or `rag_embed` names none.
 pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
@@ -93,6 +96,7 @@ fn for_sql(name: &str) -> Option<String> {
         "lexeme_share_floor" => LEXEME_SHARE_FLOOR.to_string(),
         "lexeme_sample_chunks" => LEXEME_SAMPLE_CHUNKS.to_string(),
         "lexeme_measure_interval" => LEXEME_MEASURE_INTERVAL.to_string(),
+        "lexeme_small_measure_interval" => LEXEME_SMALL_MEASURE_INTERVAL.to_string(),
         "reranker_default" => RERANKER_DEFAULT.to_string(),
         "rerank_candidates_default" => RERANK_CANDIDATES_DEFAULT.to_string(),
         "rerank_candidates_min" => RERANK_CANDIDATES_MIN.to_string(),

@@ -84,11 +84,6 @@ pub fn store_plan(document_id: i64, plan: ChunkPlan) -> Result<Chunked, RagError
     Ok(Chunked::Stored)
 }
 
-/// A document's chunks with its collection's settings, or the reason it cannot be chunked.
-pub fn chunks_of(item: &WorkItem, text: store::DocumentText) -> Result<Vec<NewChunk>, String> {
-    plan_chunks(item, text).map(|plan| plan.into_batches().flatten().collect())
-}
-
 /// How much chunk text one call of `rag._store_chunks` carries: the SQL side holds it two or three times over
 /// (the argument array, its unnest, the rows), so a 20 MB document stored in one call took about 100 MB.
 const STORE_BATCH_BYTES: usize = 1 << 20;
