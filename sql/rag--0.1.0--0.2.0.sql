@@ -401,12 +401,81 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
 	"model" TEXT /* & str */
@@ -425,44 +494,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_rerank"(
 	"collection_id" INT, /* i32 */
@@ -473,13 +510,6 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rerank_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
 	"model" TEXT /* & str */
 ) RETURNS bool /* bool */
@@ -487,51 +517,12 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
-) RETURNS INT /* i32 */
+) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
 RETURNS void
@@ -1737,604 +1728,6 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
-CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
-                ELSE format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, r.%I', c, c), ', ') FROM unnest(p_columns) c))
-           END
-$$;
-
-CREATE OR REPLACE FUNCTION rag._watch_exprs(w rag.watches, OUT content text, OUT title text, OUT filter text, OUT metadata text)
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format(E'(%s\n)::text', w.content_expr),
-           format(E'(%s\n)::text', coalesce(w.title_expr, 'NULL')),
-           format(E'coalesce((%s\n)::boolean, false)', coalesce(w.filter_expr, 'true')),
-           rag._columns_object(w.metadata_columns)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._watch_owner(w rag.watches) RETURNS oid
-LANGUAGE sql STABLE AS $$
-    SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
-$$;
-
-CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
-        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
-$$;
-
-ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
-
-CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
-    WITH CHECK (rag._may_queue_batch(watch_id, current_user));
-
-CREATE OR REPLACE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT array_agg(a.attname::text ORDER BY a.attnum)
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
-            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
-            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'))
-$$;
-
-CREATE OR REPLACE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
-LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
-DECLARE
-    w rag.watches;
-    v_caller oid;
-    v_super boolean;
-    v_column text;
-    v_keys text;
-BEGIN
-    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
-    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
-    IF NOT FOUND OR v_super THEN
-        RETURN true;
-    END IF;
-    IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN
-        FOREACH v_column IN ARRAY rag._watch_columns(w) LOOP
-            IF NOT pg_catalog.has_column_privilege(v_caller, w.source, v_column, 'SELECT') THEN
-                RETURN false;
-            END IF;
-        END LOOP;
-    END IF;
-    v_keys := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k);
-    RETURN EXISTS (
-        SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)',
-                   w.source::regclass, v_keys, v_keys, w.source::regclass),
-            p_key));
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_trigger name;
-BEGIN
-    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgname LIKE 'rag\_watch\_%' LOOP
-        EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    w rag.watches;
-    e record;
-    v_owner name;
-    v_key text;
-    v_key_new text;
-    v_key_old text;
-    v_changed text;
-    v_function text;
-    v_referenced text[];
-    v_row_function text;
-    v_aggregate text;
-BEGIN
-    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
-    SELECT * INTO e FROM rag._watch_exprs(w);
-    SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
-    v_key := rag._columns_object(w.key_columns);
-    v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
-    v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
-    -- An UPDATE that changes none of the columns the index depends on cannot change what is indexed, and is
-    -- recognised without evaluating any expression.
-    v_referenced := rag._watch_columns(w);
-    v_changed := format('(%s) IS DISTINCT FROM (%s)',
-                        (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
-                        (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
-    IF cardinality(v_referenced) = 1 THEN
-        v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
-    END IF;
-    -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
-    -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
-    -- back into {"column": value} when it spreads the batch.
-    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
-                        ELSE format('jsonb_agg(%s), NULL::text', v_key) END;
-    v_function := format('rag.%I', '_watch_' || w.id);
-    v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
-        DECLARE
-            -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
-            v_keys jsonb;
-            v_key_values text;
-        BEGIN
-            IF TG_OP = 'INSERT' THEN
-                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
-            ELSE
-                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
-            END IF;
-            IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
-                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
-                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
-                PERFORM rag._wake_worker();
-            END IF;
-            RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
-    -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
-    -- columns never calls a function and captures no transition table, which a statement-level trigger
-    -- cannot avoid (PostgreSQL captures every updated row for it first).
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp AS $body$
-        DECLARE
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
-            v_new jsonb := %3$s;
-            v_old jsonb := %4$s;
-        BEGIN
-            INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%2$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
-                    clock_timestamp() + v_delay);
-            PERFORM rag._wake_worker();
-            RETURN NULL;
-        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
-    -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
-    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
-    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
-    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
-    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
-    PERFORM rag._drop_watch_triggers(w.source);
-    EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_changed, v_row_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
-                   w.source::regclass);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_count bigint;
-    v_batch record;
-BEGIN
-    -- Values of a one-column key, as a trigger left them, become a jsonb array of the column's own type (a
-    -- number stays a number), as rag.row_queue's keys and the UPDATE trigger's have them. A key column whose
-    -- type changed meanwhile so that the values no longer cast keeps them as strings.
-    FOR v_batch IN
-        SELECT b.id, format_type(a.atttypid, a.atttypmod) AS key_type
-          FROM rag.row_batches b
-          JOIN rag.watches w ON w.id = b.watch_id
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = w.key_columns[1]
-         WHERE b.key_values IS NOT NULL
-         ORDER BY b.id LIMIT p_limit
-           FOR UPDATE OF b SKIP LOCKED
-    LOOP
-        BEGIN
-            EXECUTE format('UPDATE rag.row_batches SET keys = to_jsonb(key_values::%s[]), key_values = NULL WHERE id = $1',
-                           v_batch.key_type) USING v_batch.id;
-        EXCEPTION WHEN data_exception OR syntax_error_or_access_rule_violation THEN
-            UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
-        END;
-    END LOOP;
-    WITH taken AS (
-        -- A batch written since the loop above waits for the next round.
-        DELETE FROM rag.row_batches WHERE id IN (
-            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING watch_id, keys, not_before
-    ), keys AS (
-        SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
-          FROM taken t
-          JOIN rag.watches w ON w.id = t.watch_id
-          CROSS JOIN LATERAL jsonb_array_elements(t.keys) AS k(element)
-          CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(k.element) = 'object' THEN k.element
-                                          ELSE jsonb_build_object(w.key_columns[1], k.element) END) AS o(key)
-         ORDER BY t.watch_id, key, t.not_before DESC
-    )
-    INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
-    SELECT watch_id, key, not_before FROM keys
-    ON CONFLICT (watch_id, key) DO UPDATE
-       SET version = q.version + 1, attempts = 0,
-           -- A failed row waiting out its back-off is tried again as soon as it is written to again.
-           not_before = CASE WHEN q.attempts > 0 THEN EXCLUDED.not_before
-                             ELSE greatest(q.not_before, EXCLUDED.not_before) END;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void
-LANGUAGE sql AS $$
-    DELETE FROM rag.row_batches WHERE watch_id = p_watch_id;
-    DELETE FROM rag.row_queue WHERE watch_id = p_watch_id;
-$$;
-
-CREATE OR REPLACE FUNCTION rag._watch_truncated() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-    PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
-    DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_watch(
-    source     regclass,
-    collection text,
-    content    text,
-    title      text DEFAULT NULL,
-    key        text[] DEFAULT NULL,
-    filter     text DEFAULT NULL,
-    metadata   text[] DEFAULT NULL,
-    format     text DEFAULT 'text'
-) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
-    v_key text[] := key;
-    v_column text;
-    v_id integer;
-    v_caller name := rag._calling_role();
-    v_watch rag.watches;
-    v_exprs record;
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
-            HINT = 'rag_watch keeps an ordinary table indexed.';
-    END IF;
-    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
-        RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
-            HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
-    END IF;
-    IF format NOT IN ('text', 'html', 'markdown') THEN
-        RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
-        RAISE EXCEPTION '% is already watched', source USING ERRCODE = 'duplicate_object',
-            HINT = 'rag_unwatch it first to change how it is indexed.';
-    END IF;
-    IF v_key IS NULL THEN
-        SELECT array_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum)) INTO v_key
-          FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-         WHERE i.indrelid = source AND i.indisprimary;
-        IF v_key IS NULL THEN
-            RAISE EXCEPTION '% has no primary key', source USING ERRCODE = 'invalid_table_definition',
-                HINT = 'Add one, or name the key columns with key => ARRAY[...].';
-        END IF;
-    END IF;
-    FOREACH v_column IN ARRAY v_key || coalesce(metadata, '{}') LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = source AND attname = v_column AND attnum > 0 AND NOT attisdropped) THEN
-            RAISE EXCEPTION 'column "%" does not exist in %', v_column, source USING ERRCODE = 'undefined_column',
-                HINT = 'key and metadata name columns of the table.';
-        END IF;
-    END LOOP;
-    -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
-    -- expression, and together they must evaluate over the table's row as its owner, with the owner's rights
-    -- only (a security-restricted operation, as for index expressions).
-    PERFORM rag._check_expression(content, 'content');
-    PERFORM rag._check_expression(title, 'title');
-    PERFORM rag._check_expression(filter, 'filter');
-    INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
-                             metadata_columns, format)
-    VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
-    RETURNING * INTO v_watch;
-    v_id := v_watch.id;
-    SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
-    BEGIN
-        PERFORM rag._query_as(rag._watch_owner(v_watch),
-                              format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
-                                     v_exprs.content, v_exprs.title, v_exprs.filter, source));
-    EXCEPTION WHEN OTHERS THEN
-        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
-    END;
-    PERFORM rag._watch_install(v_id);
-    PERFORM rag._reindex_watch(v_id);
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._reindex_watch(p_watch_id integer) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    w rag.watches;
-    e record;
-    v_count bigint;
-    v_gone bigint;
-BEGIN
-    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
-    SELECT * INTO e FROM rag._watch_exprs(w);
-    -- The filter runs as the table's owner; only the keys come back to be queued.
-    INSERT INTO rag.row_queue AS q (watch_id, key)
-    SELECT w.id, k.key
-      FROM rag._query_as(rag._watch_owner(w),
-                         format('SELECT %s FROM ONLY %s AS r WHERE %s',
-                                rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
-    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    INSERT INTO rag.row_queue AS q (watch_id, key)
-    SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
-    ON CONFLICT (watch_id, key) DO NOTHING;
-    GET DIAGNOSTICS v_gone = ROW_COUNT;
-    PERFORM rag._wake_worker();
-    RETURN v_count + v_gone;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
-        PERFORM rag._require_privilege(w.collection_id, 'admin');
-    END IF;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_reindex(source regclass) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id integer;
-BEGIN
-    SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
-    IF v_id IS NULL THEN
-        RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
-            HINT = 'Watch it with rag_watch first.';
-    END IF;
-    PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
-    RETURN rag._reindex_watch(v_id);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    w rag.watches;
-BEGIN
-    SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM rag._require_watch_control(w);
-    PERFORM rag._drop_watch_triggers(source);
-    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
-    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
-    PERFORM rag._forget_queued_rows(w.id);
-    IF drop_documents THEN
-        DELETE FROM rag.documents WHERE watch_id = w.id;
-    END IF;
-    DELETE FROM rag.watches WHERE id = w.id;
-    RETURN true;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._on_sql_drop() RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    w rag.watches;
-BEGIN
-    FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
-              WHERE o.object_type = 'table' LOOP
-        PERFORM rag._forget_queued_rows(w.id);
-        DELETE FROM rag.documents WHERE watch_id = w.id;
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
-        DELETE FROM rag.watches WHERE id = w.id;
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._claim_row(p_worker integer)
-RETURNS TABLE (row_queue_id bigint, version bigint, watch_id integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    q rag.row_queue;
-BEGIN
-    SELECT * INTO q FROM rag.row_queue rq
-     WHERE rq.not_before <= now()
-       AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
-            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
-     ORDER BY rq.not_before, rq.id
-     LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
-    RETURN QUERY SELECT q.id, q.version, q.watch_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._sync_row(p_row_queue_id bigint,
-    OUT action text, OUT document_id bigint, OUT body text,
-    OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
-    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    q rag.row_queue;
-    w rag.watches;
-    c rag.collections;
-    e record;
-    v_found boolean := false;
-    v_content text;
-    v_title text;
-    v_pass boolean;
-    v_metadata jsonb;
-    v_sha bytea;
-    d rag.documents;
-BEGIN
-    SELECT * INTO q FROM rag.row_queue WHERE id = p_row_queue_id;
-    SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
-    SELECT * INTO c FROM rag.collections WHERE id = w.collection_id;
-    SELECT * INTO e FROM rag._watch_exprs(w);
-    chunk_size := c.chunk_size; chunk_overlap := c.chunk_overlap; chunk_unit := c.chunk_unit;
-    -- A local model's tokenizer measures the chunks, so the worker needs to know which model embeds them.
-    SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
-    embedding_model := c.embedding_model; document_prefix := c.document_prefix;
-    -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
-    -- they cannot change role), under rag.expression_timeout.
-    SELECT true, x->>'content', x->>'title', (x->>'pass')::boolean, x->'metadata'
-      INTO v_found, v_content, v_title, v_pass, v_metadata
-      FROM rag._query_as(rag._watch_owner(w),
-             format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
-                         FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass,
-                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                    w.source::regclass),
-             q.key) AS x;
-    v_content := rag._to_text(v_content, w.format);
-
-    SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
-    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
-        -- Gone, unpublished or empty: it leaves the index.
-        IF d.id IS NOT NULL THEN
-            DELETE FROM rag.documents WHERE id = d.id;
-            action := 'deleted';
-        ELSE
-            action := 'nothing';
-        END IF;
-        document_id := d.id;
-        RETURN;
-    END IF;
-    v_sha := sha256(convert_to(v_content, 'UTF8'));
-    v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
-    IF d.id IS NOT NULL AND d.content_sha256 = v_sha THEN
-        IF d.title IS DISTINCT FROM coalesce(v_title, '') OR d.metadata IS DISTINCT FROM v_metadata THEN
-            UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, updated_at = now() WHERE id = d.id;
-            action := 'relabelled';
-        ELSE
-            action := 'unchanged';
-        END IF;
-        document_id := d.id;
-        RETURN;
-    END IF;
-    IF d.id IS NULL THEN
-        INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
-        VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
-        RETURNING id INTO document_id;
-    ELSE
-        UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
-               content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
-         WHERE id = d.id;
-        document_id := d.id;
-    END IF;
-    action := 'chunk';
-    body := v_content;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
-                                    p_tokens integer[]) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_collection integer;
-    v_missing integer;
-BEGIN
-    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
-    -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
-    -- fills it.
-    WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
-    ), kept AS (
-        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
-         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
-         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
-    )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
-                            embedding_alt, tsv)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
-           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
-      JOIN rag.collections c ON c.id = v_collection
-      LEFT JOIN kept k ON k.content = t.content;
-    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
-    UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
-           chunks_embedded = rag._embedded_count(p_document_id),
-           status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
-           ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
-     WHERE id = p_document_id;
-    IF v_missing > 0 OR rag._needs_shadow(p_document_id) THEN
-        INSERT INTO rag.queue (document_id, collection_id) VALUES (p_document_id, v_collection)
-        ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
-    END IF;
-    RETURN v_missing;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
-LANGUAGE sql AS $$
-    DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
-    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
-           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE attempts + 1 END,
-           not_before = CASE WHEN p_error IS NULL THEN not_before
-                             ELSE now() + least(interval '30 seconds' * power(2, least(attempts, 7)), interval '1 hour') END
-     WHERE id = p_row_queue_id;
-$$;
-
-CREATE OR REPLACE VIEW rag.watch_status AS
-SELECT w.source_name AS source,
-       c.name AS collection,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
-       (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
-       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
-         + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
-              FROM rag.row_batches b WHERE b.watch_id = w.id)
-         + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
-       coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
-                (SELECT d.failure_reason FROM rag.documents d
-                  WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
-  FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id
- WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
-
-CREATE OR REPLACE FUNCTION rag_watch_status()
-RETURNS TABLE (source text, collection text, rows_watched bigint, rows_indexed bigint, rows_ready bigint,
-               rows_failed bigint, chunks bigint, pending bigint, last_error text)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    s record;
-    w rag.watches;
-BEGIN
-    -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
-    FOR s IN SELECT * FROM rag.watch_status ws
-              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c
-                                          WHERE c.id = ANY (rag._collections_with(rag._calling_role(), 'read')))
-              ORDER BY 1 LOOP
-        SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
-        source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
-        rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
-        -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
-        -- and shown only to callers who may read the table themselves.
-        rows_watched := NULL;
-        IF pg_catalog.has_table_privilege(rag._calling_role()::name, w.source, 'SELECT') THEN
-            SELECT x::text::bigint INTO rows_watched
-              FROM rag._query_as(rag._watch_owner(w),
-                                 format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
-                                        (SELECT filter FROM rag._watch_exprs(w)))) AS x;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -2436,7 +1829,8 @@ DECLARE
     v_exact boolean;
 BEGIN
     SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
-      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id LIMIT v_exact_chunks + 1) s;
+      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0
+             LIMIT v_exact_chunks + 1) s;
     v_exact := v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks;
     IF NOT v_exact THEN
         SELECT m.chunks INTO v_measured_chunks FROM rag.lexeme_measures m WHERE m.collection_id = c.id;
@@ -2516,9 +1910,17 @@ BEGIN
     DELETE FROM rag.lexeme_shares WHERE collection_id = v_id;
     IF v_chunks > v_exact_chunks THEN
         v_step := greatest(ceil(v_chunks::double precision / v_sample)::bigint, 1);
+        -- Documents by a hash of their id, so that no pattern of ids empties or skews the sample; when a few
+        -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
         v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                          'WHERE d.collection_id = %s AND d.id %% %s = 0 AND ch.tsv IS NOT NULL', v_id, v_step);
+                          'WHERE d.collection_id = %s AND hashint8(d.id) %% %s = 0 AND ch.tsv IS NOT NULL', v_id, v_step);
         EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
+        IF v_sampled = 0 THEN
+            v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
+                              'WHERE d.collection_id = %s AND hashint8(ch.id) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              v_id, v_step);
+            EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
+        END IF;
         IF v_sampled > 0 THEN
             INSERT INTO rag.lexeme_shares (collection_id, lexeme, share)
             SELECT v_id, t.word, t.ndoc::real / v_sampled FROM ts_stat(v_query) t
@@ -2921,6 +2323,637 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
+                ELSE format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, r.%I', c, c), ', ') FROM unnest(p_columns) c))
+           END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_exprs(w rag.watches, OUT content text, OUT title text, OUT filter text, OUT metadata text)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format(E'(%s\n)::text', w.content_expr),
+           format(E'(%s\n)::text', coalesce(w.title_expr, 'NULL')),
+           format(E'coalesce((%s\n)::boolean, false)', coalesce(w.filter_expr, 'true')),
+           rag._columns_object(w.metadata_columns)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_owner(w rag.watches) RETURNS oid
+LANGUAGE sql STABLE AS $$
+    SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
+$$;
+
+CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+$$;
+
+ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
+    WITH CHECK (rag._may_queue_batch(watch_id, current_user));
+
+CREATE OR REPLACE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY a.attnum)
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
+            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
+            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+    v_caller oid;
+    v_super boolean;
+    v_column text;
+    v_keys text;
+BEGIN
+    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    IF NOT FOUND OR v_super THEN
+        RETURN true;
+    END IF;
+    IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN
+        FOREACH v_column IN ARRAY rag._watch_columns(w) LOOP
+            IF NOT pg_catalog.has_column_privilege(v_caller, w.source, v_column, 'SELECT') THEN
+                RETURN false;
+            END IF;
+        END LOOP;
+    END IF;
+    v_keys := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k);
+    RETURN EXISTS (
+        SELECT 1 FROM rag._query_as(v_caller,
+            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)',
+                   w.source::regclass, v_keys, v_keys, w.source::regclass),
+            p_key));
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_trigger name;
+BEGIN
+    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgname LIKE 'rag\_watch\_%' LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._plain_key_kind(p_source regclass, p_column name) RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE base(type_oid, depth) AS (
+        SELECT a.atttypid, 0 FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = p_source AND a.attname = p_column AND NOT a.attisdropped
+        UNION ALL
+        SELECT t.typbasetype, b.depth + 1 FROM base b JOIN pg_catalog.pg_type t ON t.oid = b.type_oid
+         WHERE t.typtype = 'd' AND b.depth < 32
+    )
+    SELECT CASE WHEN b.type_oid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'numeric'::regtype) THEN 'number'
+                WHEN b.type_oid IN ('text'::regtype, 'varchar'::regtype, 'uuid'::regtype) THEN 'string' END
+      FROM base b ORDER BY b.depth DESC LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    w rag.watches;
+    e record;
+    v_owner name;
+    v_key text;
+    v_key_new text;
+    v_key_old text;
+    v_changed text;
+    v_function text;
+    v_referenced text[];
+    v_row_function text;
+    v_aggregate text;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
+    v_key := rag._columns_object(w.key_columns);
+    v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
+    v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
+    -- An UPDATE that changes none of the columns the index depends on cannot change what is indexed, and is
+    -- recognised without evaluating any expression.
+    v_referenced := rag._watch_columns(w);
+    v_changed := format('(%s) IS DISTINCT FROM (%s)',
+                        (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
+                        (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
+    IF cardinality(v_referenced) = 1 THEN
+        v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
+    END IF;
+    -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
+    -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
+    -- back into {"column": value} when it spreads the batch.
+    v_aggregate := CASE WHEN cardinality(w.key_columns) > 1 THEN format('jsonb_agg(%s), NULL::text', v_key)
+                        WHEN rag._plain_key_kind(w.source, w.key_columns[1]) IS NOT NULL
+                        THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
+                        ELSE format('to_jsonb(array_agg(r.%I)), NULL::text', w.key_columns[1]) END;
+    v_function := format('rag.%I', '_watch_' || w.id);
+    v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
+        DECLARE
+            -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
+            v_keys jsonb;
+            v_key_values text;
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
+            ELSE
+                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
+            END IF;
+            IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
+                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
+                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
+                PERFORM rag._wake_worker();
+            END IF;
+            RETURN NULL;
+        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+    -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
+    -- columns never calls a function and captures no transition table, which a statement-level trigger
+    -- cannot avoid (PostgreSQL captures every updated row for it first).
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $body$
+        DECLARE
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
+            v_new jsonb := %3$s;
+            v_old jsonb := %4$s;
+        BEGIN
+            INSERT INTO rag.row_batches (watch_id, keys, not_before)
+            VALUES (%2$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
+                    clock_timestamp() + v_delay);
+            PERFORM rag._wake_worker();
+            RETURN NULL;
+        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+    -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
+    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
+    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
+    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
+    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
+    PERFORM rag._drop_watch_triggers(w.source);
+    EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_changed, v_row_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   w.source::regclass, v_function);
+    EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
+                   w.source::regclass);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count bigint;
+    v_batch record;
+BEGIN
+    -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
+    -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
+    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings.
+    FOR v_batch IN
+        SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
+          FROM rag.row_batches b
+          JOIN rag.watches w ON w.id = b.watch_id
+         WHERE b.key_values IS NOT NULL
+         ORDER BY b.id LIMIT p_limit
+           FOR UPDATE OF b SKIP LOCKED
+    LOOP
+        BEGIN
+            IF v_batch.kind = 'number' THEN
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::numeric[]), key_values = NULL WHERE id = v_batch.id;
+            ELSE
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            BEGIN
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+            EXCEPTION WHEN OTHERS THEN
+                -- Not an array's text at all: nothing can be made of it, and it must not stop every other watch.
+                RAISE WARNING 'rag: dropping batch % of watched keys, which cannot be read: %', v_batch.id, SQLERRM;
+                DELETE FROM rag.row_batches WHERE id = v_batch.id;
+            END;
+        END;
+    END LOOP;
+    WITH taken AS (
+        -- A batch written since the loop above waits for the next round.
+        DELETE FROM rag.row_batches WHERE id IN (
+            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING watch_id, keys, not_before
+    ), keys AS (
+        SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
+          FROM taken t
+          JOIN rag.watches w ON w.id = t.watch_id
+          CROSS JOIN LATERAL jsonb_array_elements(t.keys) AS k(element)
+          CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(k.element) = 'object' THEN k.element
+                                          ELSE jsonb_build_object(w.key_columns[1], k.element) END) AS o(key)
+         ORDER BY t.watch_id, key, t.not_before DESC
+    )
+    INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
+    SELECT watch_id, key, not_before FROM keys
+    ON CONFLICT (watch_id, key) DO UPDATE
+       SET version = q.version + 1, attempts = 0,
+           -- A failed row waiting out its back-off is tried again as soon as it is written to again.
+           not_before = CASE WHEN q.attempts > 0 THEN EXCLUDED.not_before
+                             ELSE greatest(q.not_before, EXCLUDED.not_before) END;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.row_batches WHERE watch_id = p_watch_id;
+    DELETE FROM rag.row_queue WHERE watch_id = p_watch_id;
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_truncated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
+    DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_watch(
+    source     regclass,
+    collection text,
+    content    text,
+    title      text DEFAULT NULL,
+    key        text[] DEFAULT NULL,
+    filter     text DEFAULT NULL,
+    metadata   text[] DEFAULT NULL,
+    format     text DEFAULT 'text'
+) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+    v_key text[] := key;
+    v_column text;
+    v_id integer;
+    v_caller name := rag._calling_role();
+    v_watch rag.watches;
+    v_exprs record;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
+            HINT = 'rag_watch keeps an ordinary table indexed.';
+    END IF;
+    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
+        RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
+    END IF;
+    IF format NOT IN ('text', 'html', 'markdown') THEN
+        RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
+        RAISE EXCEPTION '% is already watched', source USING ERRCODE = 'duplicate_object',
+            HINT = 'rag_unwatch it first to change how it is indexed.';
+    END IF;
+    IF v_key IS NULL THEN
+        SELECT array_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum)) INTO v_key
+          FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+         WHERE i.indrelid = source AND i.indisprimary;
+        IF v_key IS NULL THEN
+            RAISE EXCEPTION '% has no primary key', source USING ERRCODE = 'invalid_table_definition',
+                HINT = 'Add one, or name the key columns with key => ARRAY[...].';
+        END IF;
+    END IF;
+    FOREACH v_column IN ARRAY v_key || coalesce(metadata, '{}') LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = source AND attname = v_column AND attnum > 0 AND NOT attisdropped) THEN
+            RAISE EXCEPTION 'column "%" does not exist in %', v_column, source USING ERRCODE = 'undefined_column',
+                HINT = 'key and metadata name columns of the table.';
+        END IF;
+    END LOOP;
+    -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
+    -- expression, and together they must evaluate over the table's row as its owner, with the owner's rights
+    -- only (a security-restricted operation, as for index expressions).
+    PERFORM rag._check_expression(content, 'content');
+    PERFORM rag._check_expression(title, 'title');
+    PERFORM rag._check_expression(filter, 'filter');
+    INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
+                             metadata_columns, format)
+    VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
+    RETURNING * INTO v_watch;
+    v_id := v_watch.id;
+    SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
+    BEGIN
+        PERFORM rag._query_as(rag._watch_owner(v_watch),
+                              format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
+                                     v_exprs.content, v_exprs.title, v_exprs.filter, source));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
+    END;
+    PERFORM rag._watch_install(v_id);
+    PERFORM rag._reindex_watch(v_id);
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._reindex_watch(p_watch_id integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    w rag.watches;
+    e record;
+    v_count bigint;
+    v_gone bigint;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    -- The filter runs as the table's owner; only the keys come back to be queued.
+    INSERT INTO rag.row_queue AS q (watch_id, key)
+    SELECT w.id, k.key
+      FROM rag._query_as(rag._watch_owner(w),
+                         format('SELECT %s FROM ONLY %s AS r WHERE %s',
+                                rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
+    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    INSERT INTO rag.row_queue AS q (watch_id, key)
+    SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
+    ON CONFLICT (watch_id, key) DO NOTHING;
+    GET DIAGNOSTICS v_gone = ROW_COUNT;
+    PERFORM rag._wake_worker();
+    RETURN v_count + v_gone;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+        PERFORM rag._require_privilege(w.collection_id, 'admin');
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_reindex(source regclass) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id integer;
+BEGIN
+    SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
+            HINT = 'Watch it with rag_watch first.';
+    END IF;
+    PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
+    RETURN rag._reindex_watch(v_id);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+BEGIN
+    SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM rag._require_watch_control(w);
+    PERFORM rag._drop_watch_triggers(source);
+    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
+    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+    PERFORM rag._forget_queued_rows(w.id);
+    IF drop_documents THEN
+        DELETE FROM rag.documents WHERE watch_id = w.id;
+    END IF;
+    DELETE FROM rag.watches WHERE id = w.id;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._on_sql_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+BEGIN
+    FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
+              WHERE o.object_type = 'table' LOOP
+        PERFORM rag._forget_queued_rows(w.id);
+        DELETE FROM rag.documents WHERE watch_id = w.id;
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+        DELETE FROM rag.watches WHERE id = w.id;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._claim_row(p_worker integer)
+RETURNS TABLE (row_queue_id bigint, version bigint, watch_id integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q rag.row_queue;
+BEGIN
+    SELECT * INTO q FROM rag.row_queue rq
+     WHERE rq.not_before <= now()
+       AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
+            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
+     ORDER BY rq.not_before, rq.id
+     LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
+    RETURN QUERY SELECT q.id, q.version, q.watch_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._sync_row(p_row_queue_id bigint,
+    OUT action text, OUT document_id bigint, OUT body text,
+    OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q rag.row_queue;
+    w rag.watches;
+    c rag.collections;
+    e record;
+    v_found boolean := false;
+    v_content text;
+    v_title text;
+    v_pass boolean;
+    v_metadata jsonb;
+    v_sha bytea;
+    d rag.documents;
+BEGIN
+    SELECT * INTO q FROM rag.row_queue WHERE id = p_row_queue_id;
+    SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
+    SELECT * INTO c FROM rag.collections WHERE id = w.collection_id;
+    SELECT * INTO e FROM rag._watch_exprs(w);
+    chunk_size := c.chunk_size; chunk_overlap := c.chunk_overlap; chunk_unit := c.chunk_unit;
+    -- A local model's tokenizer measures the chunks, so the worker needs to know which model embeds them.
+    SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
+    embedding_model := c.embedding_model; document_prefix := c.document_prefix;
+    -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
+    -- they cannot change role), under rag.expression_timeout.
+    SELECT true, x->>'content', x->>'title', (x->>'pass')::boolean, x->'metadata'
+      INTO v_found, v_content, v_title, v_pass, v_metadata
+      FROM rag._query_as(rag._watch_owner(w),
+             format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
+                         FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
+                    e.content, e.title, e.filter, e.metadata, w.source::regclass,
+                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
+                    w.source::regclass),
+             q.key) AS x;
+    v_content := rag._to_text(v_content, w.format);
+
+    SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
+    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
+        -- Gone, unpublished or empty: it leaves the index.
+        IF d.id IS NOT NULL THEN
+            DELETE FROM rag.documents WHERE id = d.id;
+            action := 'deleted';
+        ELSE
+            action := 'nothing';
+        END IF;
+        document_id := d.id;
+        RETURN;
+    END IF;
+    v_sha := sha256(convert_to(v_content, 'UTF8'));
+    v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
+    IF d.id IS NOT NULL AND d.content_sha256 = v_sha THEN
+        IF d.title IS DISTINCT FROM coalesce(v_title, '') OR d.metadata IS DISTINCT FROM v_metadata THEN
+            UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, updated_at = now() WHERE id = d.id;
+            action := 'relabelled';
+        ELSE
+            action := 'unchanged';
+        END IF;
+        document_id := d.id;
+        RETURN;
+    END IF;
+    IF d.id IS NULL THEN
+        INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
+        VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
+        RETURNING id INTO document_id;
+    ELSE
+        UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
+               content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
+         WHERE id = d.id;
+        document_id := d.id;
+    END IF;
+    action := 'chunk';
+    body := v_content;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
+                                    p_tokens integer[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_missing integer;
+BEGIN
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
+    -- fills it.
+    WITH old AS (
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
+    ), kept AS (
+        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
+         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
+         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
+    )
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
+                            embedding_alt, tsv)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
+           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+      JOIN rag.collections c ON c.id = v_collection
+      LEFT JOIN kept k ON k.content = t.content;
+    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
+    UPDATE rag.documents SET
+           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_embedded = rag._embedded_count(p_document_id),
+           status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
+           ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
+     WHERE id = p_document_id;
+    IF v_missing > 0 OR rag._needs_shadow(p_document_id) THEN
+        INSERT INTO rag.queue (document_id, collection_id) VALUES (p_document_id, v_collection)
+        ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    END IF;
+    RETURN v_missing;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
+           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE attempts + 1 END,
+           not_before = CASE WHEN p_error IS NULL THEN not_before
+                             ELSE now() + least(interval '30 seconds' * power(2, least(attempts, 7)), interval '1 hour') END
+     WHERE id = p_row_queue_id;
+$$;
+
+CREATE OR REPLACE VIEW rag.watch_status AS
+SELECT w.source_name AS source,
+       c.name AS collection,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
+       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
+       (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
+       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
+         + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
+              FROM rag.row_batches b WHERE b.watch_id = w.id)
+         + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
+       coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
+                (SELECT d.failure_reason FROM rag.documents d
+                  WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
+  FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id
+ WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
+
+CREATE OR REPLACE FUNCTION rag_watch_status()
+RETURNS TABLE (source text, collection text, rows_watched bigint, rows_indexed bigint, rows_ready bigint,
+               rows_failed bigint, chunks bigint, pending bigint, last_error text)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    s record;
+    w rag.watches;
+BEGIN
+    -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
+    FOR s IN SELECT * FROM rag.watch_status ws
+              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c
+                                          WHERE c.id = ANY (rag._collections_with(rag._calling_role(), 'read')))
+              ORDER BY 1 LOOP
+        SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
+        source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
+        rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
+        -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
+        -- and shown only to callers who may read the table themselves.
+        rows_watched := NULL;
+        IF pg_catalog.has_table_privilege(rag._calling_role()::name, w.source, 'SELECT') THEN
+            SELECT x::text::bigint INTO rows_watched
+              FROM rag._query_as(rag._watch_owner(w),
+                                 format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
+                                        (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
 
 DO $$
 BEGIN

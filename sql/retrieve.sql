@@ -139,7 +139,8 @@ DECLARE
     v_exact boolean;
 BEGIN
     SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
-      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id LIMIT v_exact_chunks + 1) s;
+      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0
+             LIMIT v_exact_chunks + 1) s;
     v_exact := v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks;
     IF NOT v_exact THEN
         SELECT m.chunks INTO v_measured_chunks FROM rag.lexeme_measures m WHERE m.collection_id = c.id;
@@ -228,9 +229,17 @@ BEGIN
     DELETE FROM rag.lexeme_shares WHERE collection_id = v_id;
     IF v_chunks > v_exact_chunks THEN
         v_step := greatest(ceil(v_chunks::double precision / v_sample)::bigint, 1);
+        -- Documents by a hash of their id, so that no pattern of ids empties or skews the sample; when a few
+        -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
         v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                          'WHERE d.collection_id = %s AND d.id %% %s = 0 AND ch.tsv IS NOT NULL', v_id, v_step);
+                          'WHERE d.collection_id = %s AND hashint8(d.id) %% %s = 0 AND ch.tsv IS NOT NULL', v_id, v_step);
         EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
+        IF v_sampled = 0 THEN
+            v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
+                              'WHERE d.collection_id = %s AND hashint8(ch.id) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              v_id, v_step);
+            EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
+        END IF;
         IF v_sampled > 0 THEN
             INSERT INTO rag.lexeme_shares (collection_id, lexeme, share)
             SELECT v_id, t.word, t.ndoc::real / v_sampled FROM ts_stat(v_query) t

@@ -99,6 +99,25 @@ END $$;
 -- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
 -- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
 -- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
+-- How a statement trigger may pass a one-column key's values as array text, by the column's base type (a domain's
+-- own type does not count): 'number' (int2/int4/int8/numeric) or 'string' (text/varchar/uuid), whose text forms
+-- no session setting changes; NULL for any other type, whose keys go as jsonb. The worker turns the text back
+-- with a cast to numeric[] or text[] only: never to the table owner's own types, whose input functions, domain
+-- checks or casts it would otherwise run with its own rights.
+CREATE FUNCTION rag._plain_key_kind(p_source regclass, p_column name) RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE base(type_oid, depth) AS (
+        SELECT a.atttypid, 0 FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = p_source AND a.attname = p_column AND NOT a.attisdropped
+        UNION ALL
+        SELECT t.typbasetype, b.depth + 1 FROM base b JOIN pg_catalog.pg_type t ON t.oid = b.type_oid
+         WHERE t.typtype = 'd' AND b.depth < 32
+    )
+    SELECT CASE WHEN b.type_oid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'numeric'::regtype) THEN 'number'
+                WHEN b.type_oid IN ('text'::regtype, 'varchar'::regtype, 'uuid'::regtype) THEN 'string' END
+      FROM base b ORDER BY b.depth DESC LIMIT 1
+$$;
+
 CREATE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,8 +151,10 @@ BEGIN
     -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
     -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
     -- back into {"column": value} when it spreads the batch.
-    v_aggregate := CASE WHEN cardinality(w.key_columns) = 1 THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
-                        ELSE format('jsonb_agg(%s), NULL::text', v_key) END;
+    v_aggregate := CASE WHEN cardinality(w.key_columns) > 1 THEN format('jsonb_agg(%s), NULL::text', v_key)
+                        WHEN rag._plain_key_kind(w.source, w.key_columns[1]) IS NOT NULL
+                        THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
+                        ELSE format('to_jsonb(array_agg(r.%I)), NULL::text', w.key_columns[1]) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     EXECUTE format($f$
@@ -200,23 +221,31 @@ DECLARE
     v_count bigint;
     v_batch record;
 BEGIN
-    -- Values of a one-column key, as a trigger left them, become a jsonb array of the column's own type (a
-    -- number stays a number), as rag.row_queue's keys and the UPDATE trigger's have them. A key column whose
-    -- type changed meanwhile so that the values no longer cast keeps them as strings.
+    -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
+    -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
+    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings.
     FOR v_batch IN
-        SELECT b.id, format_type(a.atttypid, a.atttypmod) AS key_type
+        SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
           JOIN rag.watches w ON w.id = b.watch_id
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = w.key_columns[1]
          WHERE b.key_values IS NOT NULL
          ORDER BY b.id LIMIT p_limit
            FOR UPDATE OF b SKIP LOCKED
     LOOP
         BEGIN
-            EXECUTE format('UPDATE rag.row_batches SET keys = to_jsonb(key_values::%s[]), key_values = NULL WHERE id = $1',
-                           v_batch.key_type) USING v_batch.id;
-        EXCEPTION WHEN data_exception OR syntax_error_or_access_rule_violation THEN
-            UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+            IF v_batch.kind = 'number' THEN
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::numeric[]), key_values = NULL WHERE id = v_batch.id;
+            ELSE
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            BEGIN
+                UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
+            EXCEPTION WHEN OTHERS THEN
+                -- Not an array's text at all: nothing can be made of it, and it must not stop every other watch.
+                RAISE WARNING 'rag: dropping batch % of watched keys, which cannot be read: %', v_batch.id, SQLERRM;
+                DELETE FROM rag.row_batches WHERE id = v_batch.id;
+            END;
         END;
     END LOOP;
     WITH taken AS (

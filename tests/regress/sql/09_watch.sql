@@ -89,6 +89,28 @@ SELECT pg_temp.settle();
 SELECT count(*) AS documents, count(*) FILTER (WHERE body = 'The awkward slug, updated.') AS updated
   FROM rag.documents WHERE source = 'slugs';
 DROP TABLE slugs;
+-- A key of a domain over an integer travels as array text too and comes back a number: the worker casts the text
+-- to numeric, never to the owner's domain. A date key, whose text DateStyle changes, travels as jsonb.
+CREATE DOMAIN ticket_no AS integer CHECK (VALUE > 0);
+CREATE TABLE tickets (id ticket_no PRIMARY KEY, content text);
+CREATE TABLE days (day date PRIMARY KEY, content text);
+SELECT rag_watch('tickets', 'site', content => 'content') > 0 AS watching_tickets,
+       rag_watch('days', 'site', content => 'content') > 0 AS watching_days;
+SELECT rag._plain_key_kind('tickets', 'id') AS ticket_key, rag._plain_key_kind('days', 'day') AS day_key,
+       rag._plain_key_kind('days', 'no_such_column') AS missing;
+INSERT INTO tickets VALUES (7, 'Ticket seven.'), (8, 'Ticket eight.');
+SET DateStyle = 'SQL, DMY';
+INSERT INTO days VALUES ('01/02/2024', 'The first of February.');
+RESET DateStyle;
+SELECT pg_temp.settle();
+SELECT source, source_key, body FROM rag.documents WHERE source IN ('tickets', 'days') ORDER BY source, source_key::text;
+UPDATE tickets SET content = 'Ticket seven, updated.' WHERE id = 7;
+SELECT pg_temp.settle();
+SELECT count(*) AS ticket_documents, count(*) FILTER (WHERE body = 'Ticket seven, updated.') AS updated
+  FROM rag.documents WHERE source = 'tickets';
+DROP TABLE tickets;
+DROP TABLE days;
+DROP DOMAIN ticket_no;
 
 -- Hostile or broken definitions are refused when the watch is made.
 CREATE TABLE notes (id int PRIMARY KEY, txt text);
