@@ -49,6 +49,31 @@ SELECT pg_temp.wait_for($$SELECT NOT EXISTS (SELECT 1 FROM rag.row_queue q JOIN 
                                               WHERE w.source_name = 'sec_attacker.notes' AND q.last_error IS NULL)$$) AS worker_done;
 SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
 
+-- 1b. Nor through the type of a watched key: the domain's check promotes the attacker whenever it runs as a
+-- superuser. The worker reads back the keys a statement trigger wrote as numbers, never through the domain.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.escalate_key(k integer) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        EXECUTE 'ALTER ROLE sec_attacker SUPERUSER';
+    END IF;
+    RETURN true;
+END $f$;
+CREATE DOMAIN sec_attacker.note_no AS integer CHECK (sec_attacker.escalate_key(VALUE));
+CREATE TABLE sec_attacker.keyed (id sec_attacker.note_no PRIMARY KEY, body text);
+SELECT rag_watch('sec_attacker.keyed', 'attacker-notes', content => 'body') > 0 AS watching;
+INSERT INTO sec_attacker.keyed VALUES (1, 'a keyed note'), (2, 'another keyed note');
+DELETE FROM sec_attacker.keyed WHERE id = 2;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT NOT EXISTS (SELECT 1 FROM rag.row_batches)
+                           AND NOT EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
+                                            WHERE w.source_name = 'sec_attacker.keyed')$$) AS worker_done;
+SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
+SELECT source_key, body FROM rag.documents WHERE source = 'sec_attacker.keyed' ORDER BY source_key::text;
+SET ROLE sec_attacker;
+SELECT rag_unwatch('sec_attacker.keyed', drop_documents => true);
+RESET ROLE;
+
 -- 2. An expression cannot leave the owner's rights: set_config('role', ...) and SET ROLE fail inside it, so
 -- nothing it reads with more rights reaches the collection.
 SET ROLE sec_attacker;
