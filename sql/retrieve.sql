@@ -127,7 +127,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_max_share double precision := rag._limit('keyword_max_share')::double precision;
     v_cap integer := rag._limit('keyword_count_cap')::integer;
-    v_exact_chunks integer := floor(v_cap / v_max_share)::integer;
+    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
     v_documents bigint;
     v_chunks bigint;
     v_bound bigint;
@@ -187,8 +187,7 @@ LANGUAGE sql STABLE AS $$
      WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
            -- Measured while small enough to judge exactly: it may have outgrown that since, and until it is
            -- measured again its searches count every match.
-           OR (m.chunks <= floor(rag._limit('keyword_count_cap')::integer
-                                 / rag._limit('keyword_max_share')::double precision)
+           OR (m.chunks <= rag._limit('keyword_exact_chunks')::integer
                AND m.measured_at < now() - rag._limit('lexeme_small_measure_interval')::interval)
      ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
 $$;
@@ -202,13 +201,13 @@ CREATE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETUR
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id integer := p_collection_id;
-    v_exact_chunks integer := floor(rag._limit('keyword_count_cap')::integer
-                                    / rag._limit('keyword_max_share')::double precision)::integer;
+    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
     v_sample integer := rag._limit('lexeme_sample_chunks')::integer;
     v_chunks bigint;
     v_step bigint;
     v_query text;
     v_sampled bigint;
+    v_sampled_by text;
 BEGIN
     IF v_id IS NULL THEN
         v_id := rag._lexemes_due();
@@ -231,15 +230,13 @@ BEGIN
         v_step := greatest(ceil(v_chunks::double precision / v_sample)::bigint, 1);
         -- Documents by a hash of their id, so that no pattern of ids empties or skews the sample; when a few
         -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
-        v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                          'WHERE d.collection_id = %s AND hashint8(d.id) %% %s = 0 AND ch.tsv IS NOT NULL', v_id, v_step);
-        EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
-        IF v_sampled = 0 THEN
+        FOREACH v_sampled_by IN ARRAY ARRAY['d.id', 'ch.id'] LOOP
             v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                              'WHERE d.collection_id = %s AND hashint8(ch.id) %% %s = 0 AND ch.tsv IS NOT NULL',
-                              v_id, v_step);
+                              'WHERE d.collection_id = %s AND hashint8(%s) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              v_id, v_sampled_by, v_step);
             EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
-        END IF;
+            EXIT WHEN v_sampled > 0;
+        END LOOP;
         IF v_sampled > 0 THEN
             INSERT INTO rag.lexeme_shares (collection_id, lexeme, share)
             SELECT v_id, t.word, t.ndoc::real / v_sampled FROM ts_stat(v_query) t

@@ -41,6 +41,14 @@ pub const KEYWORD_MAX_SHARE: &str = "0.25";
 /// A collection small enough that its max share is within this count is judged exactly; in a larger one a word
 /// found more often is judged by its measured share (rag.lexeme_shares).
 pub const KEYWORD_COUNT_CAP: i32 = 200;
+/// The largest collection whose max share is within the cap, so that rag._keyword_query judges it exactly:
+/// KEYWORD_COUNT_CAP / KEYWORD_MAX_SHARE.
+fn keyword_exact_chunks() -> i64 {
+    let share: f64 = KEYWORD_MAX_SHARE
+        .parse()
+        .expect("KEYWORD_MAX_SHARE is a number");
+    (f64::from(KEYWORD_COUNT_CAP) / share).floor() as i64
+}
 /// rag._measure_lexemes keeps the share of every lexeme found in more than this share of the sampled chunks.
 pub const LEXEME_SHARE_FLOOR: &str = "0.05";
 /// At most this many chunks of a collection are read to measure its lexemes (a sample of its documents).
@@ -93,6 +101,7 @@ fn for_sql(name: &str) -> Option<String> {
         "keyword_weight" => KEYWORD_WEIGHT.to_string(),
         "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
         "keyword_count_cap" => KEYWORD_COUNT_CAP.to_string(),
+        "keyword_exact_chunks" => keyword_exact_chunks().to_string(),
         "lexeme_share_floor" => LEXEME_SHARE_FLOOR.to_string(),
         "lexeme_sample_chunks" => LEXEME_SAMPLE_CHUNKS.to_string(),
         "lexeme_measure_interval" => LEXEME_MEASURE_INTERVAL.to_string(),

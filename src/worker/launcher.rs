@@ -163,7 +163,7 @@ impl Launcher {
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
             let wanted = if self.served.contains(&database) {
                 settings::WORKERS_PER_DATABASE.get().max(1) as usize
-            } else if slots.is_empty() && probes_left > 0 && self.may_probe(database, asked) {
+            } else if slots.is_empty() && probes_left > 0 && self.may_probe(database) {
                 probes_left -= 1;
                 1
             } else {
@@ -188,9 +188,9 @@ impl Launcher {
 
 impl Launcher {
     /// Whether a database of unknown status may be probed now (see NEW_DATABASE_GRACE).
-    fn may_probe(&self, database: pg_sys::Oid, asked: &[pg_sys::Oid]) -> bool {
-        asked.contains(&database)
-            || self.last_request.contains_key(&database)
+    /// take_requests records every database that asked in last_request, this round's included.
+    fn may_probe(&self, database: pg_sys::Oid) -> bool {
+        self.last_request.contains_key(&database)
             || self
                 .first_listed
                 .as_ref()
