@@ -102,7 +102,7 @@ RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer,
 LANGUAGE sql AS $$
     WITH anchors AS MATERIALIZED (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
-               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
+               rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
           FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
          WHERE c.id = p_collection_id),
     wanted AS (

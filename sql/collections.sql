@@ -17,7 +17,8 @@ ALTER TABLE rag.collections
 -- The reranker arguments of rag_create_collection and rag_set_reranker, checked in one place. A local reranker
 -- must load here (so a typo fails now, not at the first question); a server's is not called until a question
 -- needs it, as an embedding model is not; the candidates are within src/limits.rs's range.
-CREATE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
+CREATE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
+                                       p_min_lead real)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -45,6 +46,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = format('It is a threshold on the reranker''s logit; the default, %s, is calibrated in the README.',
                                 rag._limit('min_relevance_default'));
+    END IF;
+    IF p_min_lead IS NULL OR p_min_lead = 'NaN'::real OR p_min_lead NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'min_lead must be a number between 0 and 100, not %', coalesce(p_min_lead::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('It is how many logits the reranker''s first chunk must lead the second by to pass below '
+                                'min_relevance (0: never); the default is %s.', rag._limit('min_lead_default'));
     END IF;
     IF p_reranker IS NOT NULL AND v_kind = 'local' THEN
         PERFORM rag._check_reranker(p_reranker);
@@ -78,6 +85,7 @@ CREATE FUNCTION rag_create_collection(
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
+    v_min_lead real;
     v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
     v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
     v_window integer;
@@ -166,6 +174,7 @@ BEGIN
     -- 'none' turns it off. Without the default model installed the collection is made without it, and says so.
     rerank_candidates := coalesce(rerank_candidates, rag._limit('rerank_candidates_default')::integer);
     min_relevance := coalesce(min_relevance, rag._limit('min_relevance_default')::real);
+    v_min_lead := rag._limit('min_lead_default')::real;
     IF reranker = 'none' THEN
         reranker := NULL;
     ELSIF reranker IS NULL AND reranker_provider = 'local'
@@ -177,7 +186,8 @@ BEGIN
             reranker := NULL;
         END IF;
     END IF;
-    PERFORM rag._validate_reranker(coalesce(reranker_provider, 'local'), reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(coalesce(reranker_provider, 'local'), reranker, rerank_candidates, min_relevance,
+                                   v_min_lead);
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
@@ -186,14 +196,14 @@ BEGIN
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
                                  chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
                                  search_mode, text_search_config, reranker, rerank_candidates, min_relevance,
-                                 reranker_provider)
+                                 min_lead, reranker_provider)
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
             rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
-            min_relevance, coalesce(reranker_provider, 'local'))
+            min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
@@ -497,10 +507,12 @@ BEGIN
 END $$;
 
 -- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads, its refusal
--- threshold and where it runs ('local', or an OpenAI-compatible provider with /rerank); the last three keep
--- their current values when NULL.
+-- threshold, the lead that lets a standout first chunk pass a little below it (0: never) and where it runs
+-- ('local', or an OpenAI-compatible provider with /rerank); all but the reranker keep their current values
+-- when NULL.
 CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
-                                 min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL)
+                                 min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL,
+                                 min_lead real DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -509,12 +521,13 @@ BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
     min_relevance := coalesce(min_relevance, c.min_relevance);
+    min_lead := coalesce(min_lead, c.min_lead);
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
-    PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
     UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
            rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance,
-           reranker_provider = rag_set_reranker.reranker_provider
+           min_lead = rag_set_reranker.min_lead, reranker_provider = rag_set_reranker.reranker_provider
      WHERE u.id = c.id;
 END $$;
 
@@ -522,7 +535,8 @@ END $$;
 -- with the new model into the column the collection does not search, queries keep using the old model and its
 -- vectors meanwhile, and one transaction switches when all are there (rag._advance_migrations). Vectors of two
 -- models are never mixed in a search. A collection with nothing embedded yet just takes the new model. Returns
--- the documents queued. Prefixes become the new model's own (or the settings', when set).
+-- the documents queued. Prefixes become the new model's own (or the settings', when set), and so does the
+-- distance ceiling when it was the old model's default.
 CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
                                         embedding_provider text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -531,6 +545,7 @@ DECLARE
     v_provider text;
     v_document_prefix text;
     v_query_prefix text;
+    v_max_distance double precision;
     v_count bigint;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
@@ -552,13 +567,19 @@ BEGIN
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO v_document_prefix, v_query_prefix
       FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
+    -- rag_known_models()); one chosen by argument or setting is kept.
+    IF c.max_distance = rag._default_max_distance(c.embedding_model) THEN
+        v_max_distance := rag._default_max_distance(rag_set_embedding_model.embedding_model);
+    END IF;
     -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
     DELETE FROM rag.migrations WHERE collection_id = c.id;
     IF c.dimensions IS NULL THEN
         -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
         UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
                embedding_provider = v_provider, dimensions = rag_set_embedding_model.dimensions,
-               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL
+               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL,
+               max_distance = coalesce(v_max_distance, c.max_distance)
          WHERE u.id = c.id;
         IF rag_set_embedding_model.dimensions IS NOT NULL THEN
             PERFORM rag._ensure_index(c.id);
@@ -569,9 +590,9 @@ BEGIN
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
     PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
     INSERT INTO rag.migrations (collection_id, embedding_provider, embedding_model, dimensions, document_prefix,
-                                query_prefix)
+                                query_prefix, max_distance)
     VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
-            v_document_prefix, v_query_prefix);
+            v_document_prefix, v_query_prefix, v_max_distance);
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT d.id, d.collection_id FROM rag.documents d
      WHERE d.collection_id = c.id AND d.status <> 'failed'
@@ -664,7 +685,8 @@ BEGIN
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
                    embedding_provider = m.embedding_provider, dimensions = m.dimensions,
-                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index
+                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index,
+                   max_distance = coalesce(m.max_distance, c.max_distance)
              WHERE u.id = c.id;
             -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
             UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;

@@ -98,9 +98,11 @@ ALTER TABLE rag.collections
     ADD COLUMN reranker text CHECK (reranker <> ''),
     ADD COLUMN reranker_provider text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     ADD COLUMN rerank_candidates integer NOT NULL DEFAULT 20,
-    ADD COLUMN min_relevance real NOT NULL DEFAULT 0;
+    ADD COLUMN min_relevance real NOT NULL DEFAULT 0,
+    ADD COLUMN min_lead real NOT NULL DEFAULT 3 CHECK (min_lead BETWEEN 0 AND 100);
 ALTER TABLE rag.collections ALTER COLUMN rerank_candidates DROP DEFAULT,
-                            ALTER COLUMN min_relevance DROP DEFAULT;
+                            ALTER COLUMN min_relevance DROP DEFAULT,
+                            ALTER COLUMN min_lead DROP DEFAULT;
 ALTER TABLE rag.queries ADD COLUMN best_relevance real;
 
 -- Model changes without downtime: each chunk gets a second vector column, each collection says which of the two
@@ -116,6 +118,9 @@ CREATE TABLE rag.migrations (
     dimensions         integer CHECK (dimensions BETWEEN 1 AND 16000),
     document_prefix    text NOT NULL DEFAULT '',
     query_prefix       text NOT NULL DEFAULT '',
+    -- The distance ceiling the collection takes when it switches: the new model's default when the collection
+    -- had the old model's; NULL when its ceiling was chosen otherwise (by argument or setting), which it keeps.
+    max_distance       double precision CHECK (max_distance > 0 AND max_distance <= 2),
     started_at         timestamptz NOT NULL DEFAULT now(),
     failure_reason     text
 );
@@ -401,76 +406,19 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_model_window"(
 	"model" TEXT /* & str */
 ) RETURNS INT /* Option < i32 > */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
@@ -482,12 +430,75 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
+) RETURNS INT /* i32 */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
@@ -496,7 +507,47 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
-CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real)
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
+                                       p_min_lead real)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -524,6 +575,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = format('It is a threshold on the reranker''s logit; the default, %s, is calibrated in the README.',
                                 rag._limit('min_relevance_default'));
+    END IF;
+    IF p_min_lead IS NULL OR p_min_lead = 'NaN'::real OR p_min_lead NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'min_lead must be a number between 0 and 100, not %', coalesce(p_min_lead::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('It is how many logits the reranker''s first chunk must lead the second by to pass below '
+                                'min_relevance (0: never); the default is %s.', rag._limit('min_lead_default'));
     END IF;
     IF p_reranker IS NOT NULL AND v_kind = 'local' THEN
         PERFORM rag._check_reranker(p_reranker);
@@ -557,6 +614,7 @@ CREATE OR REPLACE FUNCTION rag_create_collection(
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
+    v_min_lead real;
     v_size integer := coalesce(chunk_size, rag._setting('rag.chunk_size')::integer);
     v_overlap integer := coalesce(chunk_overlap, rag._setting('rag.chunk_overlap')::integer);
     v_window integer;
@@ -645,6 +703,7 @@ BEGIN
     -- 'none' turns it off. Without the default model installed the collection is made without it, and says so.
     rerank_candidates := coalesce(rerank_candidates, rag._limit('rerank_candidates_default')::integer);
     min_relevance := coalesce(min_relevance, rag._limit('min_relevance_default')::real);
+    v_min_lead := rag._limit('min_lead_default')::real;
     IF reranker = 'none' THEN
         reranker := NULL;
     ELSIF reranker IS NULL AND reranker_provider = 'local'
@@ -656,7 +715,8 @@ BEGIN
             reranker := NULL;
         END IF;
     END IF;
-    PERFORM rag._validate_reranker(coalesce(reranker_provider, 'local'), reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(coalesce(reranker_provider, 'local'), reranker, rerank_candidates, min_relevance,
+                                   v_min_lead);
     IF EXISTS (SELECT 1 FROM rag.collections c WHERE c.name = rag_create_collection.name) THEN
         RAISE EXCEPTION 'collection "%" already exists', name
             USING ERRCODE = 'duplicate_object', HINT = 'Drop it with rag_drop_collection, or pick another name.';
@@ -665,14 +725,14 @@ BEGIN
                                  query_prefix, chunk_size, chunk_overlap, chunk_unit, max_distance, retry_deadline,
                                  chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens, owner,
                                  search_mode, text_search_config, reranker, rerank_candidates, min_relevance,
-                                 reranker_provider)
+                                 min_lead, reranker_provider)
     VALUES (name, embedding_provider,
             embedding_model, dimensions, document_prefix, query_prefix,
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
             rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
-            min_relevance, coalesce(reranker_provider, 'local'))
+            min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
@@ -943,7 +1003,8 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
-                                 min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL)
+                                 min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL,
+                                 min_lead real DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -952,12 +1013,13 @@ BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
     min_relevance := coalesce(min_relevance, c.min_relevance);
+    min_lead := coalesce(min_lead, c.min_lead);
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
-    PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance);
+    PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
     UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
            rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance,
-           reranker_provider = rag_set_reranker.reranker_provider
+           min_lead = rag_set_reranker.min_lead, reranker_provider = rag_set_reranker.reranker_provider
      WHERE u.id = c.id;
 END $$;
 
@@ -969,6 +1031,7 @@ DECLARE
     v_provider text;
     v_document_prefix text;
     v_query_prefix text;
+    v_max_distance double precision;
     v_count bigint;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
@@ -990,13 +1053,19 @@ BEGIN
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO v_document_prefix, v_query_prefix
       FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
+    -- rag_known_models()); one chosen by argument or setting is kept.
+    IF c.max_distance = rag._default_max_distance(c.embedding_model) THEN
+        v_max_distance := rag._default_max_distance(rag_set_embedding_model.embedding_model);
+    END IF;
     -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
     DELETE FROM rag.migrations WHERE collection_id = c.id;
     IF c.dimensions IS NULL THEN
         -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
         UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
                embedding_provider = v_provider, dimensions = rag_set_embedding_model.dimensions,
-               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL
+               document_prefix = v_document_prefix, query_prefix = v_query_prefix, index_name = NULL,
+               max_distance = coalesce(v_max_distance, c.max_distance)
          WHERE u.id = c.id;
         IF rag_set_embedding_model.dimensions IS NOT NULL THEN
             PERFORM rag._ensure_index(c.id);
@@ -1007,9 +1076,9 @@ BEGIN
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
     PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
     INSERT INTO rag.migrations (collection_id, embedding_provider, embedding_model, dimensions, document_prefix,
-                                query_prefix)
+                                query_prefix, max_distance)
     VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
-            v_document_prefix, v_query_prefix);
+            v_document_prefix, v_query_prefix, v_max_distance);
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT d.id, d.collection_id FROM rag.documents d
      WHERE d.collection_id = c.id AND d.status <> 'failed'
@@ -1092,7 +1161,8 @@ BEGIN
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
                    embedding_provider = m.embedding_provider, dimensions = m.dimensions,
-                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index
+                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index,
+                   max_distance = coalesce(m.max_distance, c.max_distance)
              WHERE u.id = c.id;
             -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
             UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
@@ -1700,34 +1770,6 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
@@ -1932,7 +1974,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
                             p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
 RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
-               relevance real)
+               relevance real, lead real)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_mode text := coalesce(p_mode, c.search_mode);
@@ -1966,7 +2008,7 @@ BEGIN
     END IF;
     v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
     IF NOT v_rerank THEN
-        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
+        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -1991,19 +2033,25 @@ BEGIN
                             ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
     RETURN QUERY
-    SELECT u.id, ch.document_id, ch.ordinal, u.distance,
-           (row_number() OVER (ORDER BY u.score DESC, u.n))::integer, u.score
-      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)
-      JOIN rag.chunks ch ON ch.id = u.id
-     ORDER BY u.score DESC, u.n
+    SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
+           CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.score - r.runner_up END
+      FROM (SELECT u.id, u.distance, u.score, u.n,
+                   row_number() OVER (ORDER BY u.score DESC, u.n) AS place,
+                   lead(u.score) OVER (ORDER BY u.score DESC, u.n) AS runner_up,
+                   min(u.distance) OVER () AS nearest
+              FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) r
+      JOIN rag.chunks ch ON ch.id = r.id
+     ORDER BY r.place
      LIMIT p_k;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real,
+CREATE OR REPLACE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real, p_lead real,
                                   p_max_distance double precision) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
-                THEN p_relevance >= c.min_relevance AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
+                THEN (p_relevance >= c.min_relevance
+                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
+                     AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;
 
@@ -2055,7 +2103,7 @@ BEGIN
                array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
                array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
           INTO v_nearest, v_best, v_ids, v_distances, v_relevances
-          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, max_distance) AS close
+          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, s.lead, max_distance) AS close
                   FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
         RETURN QUERY
         SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
@@ -2211,7 +2259,7 @@ RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer,
 LANGUAGE sql AS $$
     WITH anchors AS MATERIALIZED (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
-               rag._close_enough(c, s.distance, s.relevance, p_max_distance) AS close
+               rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
           FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
          WHERE c.id = p_collection_id),
     wanted AS (
@@ -2320,23 +2368,6 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

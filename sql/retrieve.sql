@@ -250,11 +250,14 @@ END $$;
 
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
 -- A collection with a reranker has its best rerank_candidates (at least p_k) rescored by it (rag._rerank) and
--- ordered by that relevance instead; p_rerank => false skips that (the evaluation compares both).
+-- ordered by that relevance instead; p_rerank => false skips that (the evaluation compares both). The
+-- reranker's first chunk carries its lead: how far its relevance is above the second candidate's, when it is
+-- also the nearest of all candidates by vector distance (two models agree on it); NULL for every other chunk,
+-- and when there is no second candidate or no distance. rag._close_enough reads it.
 CREATE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
                             p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
 RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
-               relevance real)
+               relevance real, lead real)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_mode text := coalesce(p_mode, c.search_mode);
@@ -288,7 +291,7 @@ BEGIN
     END IF;
     v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
     IF NOT v_rerank THEN
-        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
+        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -313,23 +316,33 @@ BEGIN
                             ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
     RETURN QUERY
-    SELECT u.id, ch.document_id, ch.ordinal, u.distance,
-           (row_number() OVER (ORDER BY u.score DESC, u.n))::integer, u.score
-      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)
-      JOIN rag.chunks ch ON ch.id = u.id
-     ORDER BY u.score DESC, u.n
+    SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
+           CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.score - r.runner_up END
+      FROM (SELECT u.id, u.distance, u.score, u.n,
+                   row_number() OVER (ORDER BY u.score DESC, u.n) AS place,
+                   lead(u.score) OVER (ORDER BY u.score DESC, u.n) AS runner_up,
+                   min(u.distance) OVER () AS nearest
+              FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) r
+      JOIN rag.chunks ch ON ch.id = r.id
+     ORDER BY r.place
      LIMIT p_k;
 END $$;
 
 -- Whether a found chunk is close enough to be returned or answered from: the refusal threshold, decided here
 -- only. A reranked chunk passes on its relevance (the cross-encoder's logit, comparable across questions,
--- which one distance is not for a bi-encoder); the caller's max_distance, when given, applies as well. A chunk
--- that was not reranked passes on its distance, under the caller's ceiling or else the collection's.
-CREATE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real,
+-- which one distance is not for a bi-encoder), or, as the reranker's first, on its lead (rag._search): ahead of
+-- the second candidate by at least the collection's min_lead and no more than that below min_relevance. A
+-- question about nothing in the collection scores every candidate alike at the model's floor, so a chunk that
+-- stands out of its candidates and is also the bi-encoder's nearest is what a paraphrase looks like
+-- (BENCHMARKS.md §5). The caller's max_distance, when given, applies as well. A chunk that was not reranked
+-- passes on its distance, under the caller's ceiling or else the collection's.
+CREATE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real, p_lead real,
                                   p_max_distance double precision) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
-                THEN p_relevance >= c.min_relevance AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
+                THEN (p_relevance >= c.min_relevance
+                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
+                     AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;
 
@@ -381,7 +394,7 @@ BEGIN
                array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
                array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
           INTO v_nearest, v_best, v_ids, v_distances, v_relevances
-          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, max_distance) AS close
+          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, s.lead, max_distance) AS close
                   FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
         RETURN QUERY
         SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,

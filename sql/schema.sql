@@ -67,11 +67,14 @@ CREATE TABLE rag.collections (
     -- when its relevance is at least min_relevance, which then replaces the distance ceiling as the refusal
     -- threshold. The reranker is a model directory under rag.model_path (reranker_provider 'local'), or a model
     -- of an OpenAI-compatible server with /rerank. NULL: no reranking. The range of rerank_candidates is
-    -- src/limits.rs's (checked in collections.sql).
+    -- src/limits.rs's (checked in collections.sql). The reranker's first candidate also passes below
+    -- min_relevance, by at most min_lead, when it leads the second candidate by min_lead or more and is the
+    -- vector side's nearest too (rag._close_enough; 0: the threshold alone).
     reranker           text CHECK (reranker <> ''),
     reranker_provider  text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     rerank_candidates  integer NOT NULL,
     min_relevance      real NOT NULL,
+    min_lead           real NOT NULL CHECK (min_lead BETWEEN 0 AND 100),
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- The role that created it: it, its members and superusers hold every privilege on it.
     owner              regrole NOT NULL
@@ -91,6 +94,9 @@ CREATE TABLE rag.migrations (
     dimensions         integer CHECK (dimensions BETWEEN 1 AND 16000),
     document_prefix    text NOT NULL DEFAULT '',
     query_prefix       text NOT NULL DEFAULT '',
+    -- The distance ceiling the collection takes when it switches: the new model's default when the collection
+    -- had the old model's; NULL when its ceiling was chosen otherwise (by argument or setting), which it keeps.
+    max_distance       double precision CHECK (max_distance > 0 AND max_distance <= 2),
     started_at         timestamptz NOT NULL DEFAULT now(),
     failure_reason     text
 );

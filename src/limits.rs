@@ -74,6 +74,14 @@ pub const RERANK_CANDIDATES_DEFAULT: i32 = 20;
 pub const RERANK_CANDIDATES_MIN: i32 = 1;
 pub const RERANK_CANDIDATES_MAX: i32 = 200;
 pub const MIN_RELEVANCE_DEFAULT: &str = "-5";
+/// A reranker's first candidate below the threshold still passes when it stands out: it leads the second
+/// candidate by at least this many logits, is also the vector side's nearest candidate, and is no further than
+/// this below the threshold. Off-domain questions put every candidate at the model's floor (-10 to -11, leads
+/// under 2.5), while a paraphrase of a short passage often scores -5 to -8 with a lead of 3 to 9: on
+/// scripts/eval's handbook (BENCHMARKS.md §5) 3 logits answer 9 of 12 paraphrases where the threshold alone
+/// answers 6 (5 of 10 house rules where it answers 4), and still refuse all 20 off-domain questions. 0 turns
+/// the lead off.
+pub const MIN_LEAD_DEFAULT: &str = "3";
 
 /// A collection with at least this many documents queued and no HNSW index or fewer than this many ready
 /// documents (a first load, a rag_reindex, a large load into a small collection) is loaded in bulk: its vectors are stored
@@ -111,6 +119,7 @@ fn for_sql(name: &str) -> Option<String> {
         "rerank_candidates_min" => RERANK_CANDIDATES_MIN.to_string(),
         "rerank_candidates_max" => RERANK_CANDIDATES_MAX.to_string(),
         "min_relevance_default" => MIN_RELEVANCE_DEFAULT.to_string(),
+        "min_lead_default" => MIN_LEAD_DEFAULT.to_string(),
         "bulk_load_documents" => BULK_LOAD_DOCUMENTS.to_string(),
         _ => return None,
     })

@@ -72,7 +72,7 @@ CATALOG = (
 )
 
 CHAT_MODES = ("insufficient", "cite9", "citeonly9", "prose", "length")
-BODY_FAULTS = ("badjson", "wrongshape", "countmismatch", "nan")
+BODY_FAULTS = ("badjson", "wrongshape", "countmismatch", "nan", "reversed")
 
 OLLAMA = "ollama"
 OPENAI = "openai"
@@ -1114,6 +1114,9 @@ class ProviderHandler(BaseHTTPRequestHandler):
             return
         asked = embed_text(query, spec.dimension)
         scores = [10.0 * sum(a * b for a, b in zip(asked, embed_text(d, spec.dimension))) - 5.0 for d in documents]
+        if "reversed" in spec.body_faults:
+            # A reranker that disagrees with the embeddings: it puts the farthest document first.
+            scores = [-score for score in scores]
         ranked = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
         if "countmismatch" in spec.body_faults:
             ranked = ranked[:-1]

@@ -649,6 +649,16 @@ class RerankTests(ServerTestCase):
         short = self.post("/v1/rerank", {"model": "rerank@countmismatch", "query": "q", "documents": ["a", "b"]})
         self.assertEqual(len(short.json()["results"]), 1)
 
+    def test_reversed_puts_the_farthest_first(self):
+        documents = ["the cat sat on the mat", "stock prices fell"]
+        plain = self.post("/v1/rerank", {"model": "rerank", "query": "cat on the mat", "documents": documents}).json()
+        turned = self.post("/v1/rerank", {"model": "rerank@reversed", "query": "cat on the mat",
+                                          "documents": documents}).json()
+        self.assertEqual([r["index"] for r in plain["results"]], [0, 1])
+        self.assertEqual([r["index"] for r in turned["results"]], [1, 0])
+        self.assertEqual({r["index"]: -r["relevance_score"] for r in plain["results"]},
+                         {r["index"]: r["relevance_score"] for r in turned["results"]})
+
 
 class AuthTests(ServerTestCase):
     require_key = "sk-test-secret-value"

@@ -74,6 +74,33 @@ HANDBOOK = [
 ]
 
 
+# A second set of the same kind, written as a check on the first: house rules of a block of flats, asked about in
+# other words. The reranker's lead (rag._close_enough) was chosen on the handbook above; this set was written
+# before it was, and is reported beside it (BENCHMARKS.md §5).
+HOUSE_RULES = [
+    ("Quiet hours", "Residents must keep noise down between ten at night and seven in the morning.",
+     "Until what time can I play loud music in the evening?"),
+    ("Rubbish", "Household waste goes in the grey bins in the courtyard; glass is collected separately on Tuesdays.",
+     "Where do I throw away my trash?"),
+    ("Pets", "Cats and small dogs are welcome, but tenants must register each animal with the landlord.",
+     "Can I bring my puppy when I move in?"),
+    ("Rent", "The monthly payment is due on the first day of the month and is late after the fifth.",
+     "By which date do I need to send the money for my flat?"),
+    ("Bicycles", "Bikes must be stored in the basement room next to the laundry, never in the stairwell.",
+     "Is it ok to leave my cycle in the hallway?"),
+    ("Heating", "Radiators are switched on from October to April; report cold rooms to the caretaker.",
+     "My apartment is freezing in winter, who do I tell?"),
+    ("Keys", "Replacement keys cost forty euros and take a week to cut.",
+     "What happens if I lose the thing that opens my front door?"),
+    ("Smoking", "Lighting cigarettes is forbidden in all shared areas, including balconies facing the garden.",
+     "May I have a smoke on the terrace?"),
+    ("Subletting", "Renting your flat to someone else requires written permission from the owner.",
+     "Can I let a friend live in my place while I travel for a year?"),
+    ("Laundry", "The washing machines may be booked for two hours at a time using the sheet on the door.",
+     "How do I reserve the washers downstairs?"),
+]
+
+
 def sections():
     """(number, question, answer) for every question of the FAQ, in order."""
     with gzip.open(FAQ, "rt", encoding="utf-8") as f:

@@ -19,7 +19,7 @@ import time
 
 import psycopg
 
-from corpus import HANDBOOK, IN_DOMAIN_UNANSWERABLE, OFF_DOMAIN, sections
+from corpus import HANDBOOK, HOUSE_RULES, IN_DOMAIN_UNANSWERABLE, OFF_DOMAIN, sections
 
 COLLECTION = os.environ.get("RAG_EVAL_COLLECTION", "faq")
 MODEL = os.environ.get("RAG_EVAL_MODEL", "all-MiniLM-L6-v2")
@@ -121,26 +121,29 @@ def refusal(conn, pairs, mode):
     }
 
 
-def handbook(conn):
-    """The paraphrase set: per mode, how many questions are answered from the right passage, and how many of the
-    off-domain questions asked of the same small collection are refused."""
-    name = COLLECTION + "-handbook"
+def paraphrases(conn, label, passages):
+    """A paraphrase set: per way of refusing, how many questions are answered from the right passage, and how
+    many of the off-domain questions asked of the same small collection are refused."""
+    name = COLLECTION + "-paraphrases"
     conn.execute("SELECT rag_drop_collection(%s)", (name,))
     conn.execute("SELECT rag_create_collection(%s, embedding_provider => 'local', embedding_model => %s)", (name, MODEL))
-    for title, passage, _question in HANDBOOK:
+    for title, passage, _question in passages:
         conn.execute("SELECT rag_ingest(%s, %s, %s)", (name, title, passage))
     if not conn.execute("SELECT rag_wait(%s, '300 seconds')", (name,)).fetchone()[0]:
-        sys.exit("the handbook was not embedded within 300 s")
+        sys.exit(f"the {label} was not embedded within 300 s")
     rows = []
-    for label, reranked in (("hybrid, distance ceiling", False), ("hybrid+rerank, relevance threshold", True)):
-        conn.execute("SELECT rag_set_reranker(%s, %s)", (name, RERANKER if reranked else None))
+    for search, reranked, min_lead in (("hybrid, distance ceiling", False, None),
+                                       ("hybrid+rerank, relevance threshold alone", True, 0),
+                                       ("hybrid+rerank, threshold and lead (the default)", True, None)):
+        conn.execute("SELECT rag_set_reranker(%s, %s, min_lead => coalesce(%s::real, rag._limit('min_lead_default')::real))",
+                     (name, RERANKER if reranked else None, min_lead))
         right = 0
-        for title, _passage, question in HANDBOOK:
+        for title, _passage, question in passages:
             outcome, citations = conn.execute("SELECT outcome, citations FROM rag_ask(%s, %s)", (name, question)).fetchone()
             right += outcome == "answered" and bool(citations) and citations[0].get("title") == title
         refused = sum(conn.execute("SELECT outcome FROM rag_ask(%s, %s)", (name, q)).fetchone()[0] != "answered"
                       for q in OFF_DOMAIN)
-        rows.append((label, right, refused))
+        rows.append((label, search, right, len(passages), refused))
     conn.execute("SELECT rag_drop_collection(%s)", (name,))
     return rows
 
@@ -170,7 +173,8 @@ def main():
             conn.execute("SELECT rag_set_reranker(%s, %s, min_relevance => %s::real)",
                          (COLLECTION, RERANKER if reranked else None, min_relevance))
             results[label].update(refusal(conn, pairs, mode))
-        paraphrases = handbook(conn)
+        paraphrased = (paraphrases(conn, "handbook", HANDBOOK)
+                       + paraphrases(conn, "house rules", HOUSE_RULES))
         chat_calls = conn.execute("SELECT coalesce(sum(chat_calls), 0) FROM rag.queries").fetchone()[0] - chat_calls_before
 
     lines = [
@@ -207,10 +211,12 @@ def main():
         lines.append(f"| {threshold} | {share(reranked['best_answerable'], True):.2f} | "
                      f"{share(reranked['best_off_domain'], False):.2f} | "
                      f"{share(reranked['best_unanswerable'], False):.2f} |")
-    lines += ["", f"Paraphrases ({len(HANDBOOK)} short handbook passages, each asked about in other words; then the "
-              f"{len(OFF_DOMAIN)} off-domain questions asked of that collection):", "",
-              "| search | answered from the right passage | off-domain refused |", "|---|---|---|"]
-    lines += [f"| {label} | {right} of {len(HANDBOOK)} | {refused} of {len(OFF_DOMAIN)} |" for label, right, refused in paraphrases]
+    lines += ["", f"Paraphrases (short passages, each asked about in other words: a {len(HANDBOOK)}-passage staff "
+              f"handbook and {len(HOUSE_RULES)} house rules; then the {len(OFF_DOMAIN)} off-domain questions asked of "
+              "each collection):", "",
+              "| set | search | answered from the right passage | off-domain refused |", "|---|---|---|---|"]
+    lines += [f"| {label} | {search} | {right} of {total} | {refused} of {len(OFF_DOMAIN)} |"
+              for label, search, right, total, refused in paraphrased]
     lines += ["", f"Chat calls made by all of the above: {chat_calls} (no chat model: answers are extractive)."]
     vector = results.get("vector")
     lines += [] if vector is None else [

@@ -4,7 +4,8 @@
 -- On by default for collections on the local provider; off for collections on a server's model.
 SELECT rag_create_collection('rr', embedding_provider => 'local') > 0 AS created;
 SELECT rag_create_collection('rr-remote', embedding_model => 'hash-384') > 0 AS created;
-SELECT name, reranker, rerank_candidates, min_relevance = rag._limit('min_relevance_default')::real AS default_threshold
+SELECT name, reranker, rerank_candidates, min_relevance = rag._limit('min_relevance_default')::real AS default_threshold,
+       min_lead = rag._limit('min_lead_default')::real AS default_lead
   FROM rag.collections WHERE name IN ('rr', 'rr-remote') ORDER BY name;
 SELECT rag_create_collection('rr-off', embedding_provider => 'local', reranker => 'none') > 0 AS created;
 SELECT reranker IS NULL AS off FROM rag.collections WHERE name = 'rr-off';
@@ -56,16 +57,68 @@ SELECT kind, outcome, reason, chat_calls, nearest_distance IS NOT NULL AS has_ne
 SELECT outcome, citations->0->>'title' AS cited, best_relevance >= 0 AS confident
   FROM rag_ask('rr', 'How far in advance must I tell my manager that I quit?');
 
--- The threshold's edge: a chunk whose relevance equals min_relevance passes; a hair above it, it does not.
+-- The threshold's edge: a chunk whose relevance equals min_relevance passes; a hair above it, it does not (the
+-- lead turned off, or the chunk would pass on it: see below).
 SELECT relevance AS edge FROM rag_query('rr', 'Where can I park my car at work?', 1) \gset
-SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => :edge);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => :edge, min_lead => 0);
 SELECT count(*) AS at_the_edge FROM rag_query('rr', 'Where can I park my car at work?', 1);
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => :edge + 0.001);
 SELECT count(*) AS above_the_edge FROM rag_query('rr', 'Where can I park my car at work?', 1);
+-- With its lead, the same chunk passes a hair above the threshold: it is far ahead of the next candidate.
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => rag._limit('min_lead_default')::real);
+SELECT count(*) AS above_the_edge_with_its_lead FROM rag_query('rr', 'Where can I park my car at work?', 1);
 -- The caller's max_distance still applies on top of the relevance.
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
 SELECT count(*) AS within_a_tiny_ceiling FROM rag_query('rr', 'Where can I park my car at work?', 5, max_distance => 0.01);
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._limit('min_relevance_default')::real);
+
+-- The lead (rag._close_enough): the reranker's first chunk passes below min_relevance, by up to min_lead, when it
+-- leads the second candidate by min_lead or more. Both edges are inclusive; a chunk with no lead (not the first,
+-- or not also the nearest by distance) has only the threshold; the caller's ceiling still applies.
+SELECT rag._close_enough(c, 0.5, -8, 3, NULL) AS at_both_edges,
+       rag._close_enough(c, 0.5, -8.01, 3, NULL) AS below_the_floor,
+       rag._close_enough(c, 0.5, -6, 2.99, NULL) AS lead_too_short,
+       rag._close_enough(c, 0.5, -6, NULL, NULL) AS without_a_lead,
+       rag._close_enough(c, 0.5, -5, NULL, NULL) AS at_the_threshold,
+       rag._close_enough(c, 0.5, -6, 5, 0.4) AS beyond_the_callers_ceiling
+  FROM rag.collections c WHERE c.name = 'rr';
+-- rag._search gives the lead to the first chunk only: its relevance less the second candidate's.
+SELECT count(s.lead) AS with_a_lead, bool_and(s.lead IS NULL OR s.rank = 1) AS only_the_first,
+       bool_and(s.lead IS NULL OR abs(s.lead - (s.relevance - (SELECT t.relevance FROM rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') t WHERE t.rank = 2))) < 1e-4) AS ahead_of_the_second
+  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') s
+ WHERE c.name = 'rr';
+-- Paraphrases the reranker scores below the threshold but far ahead of every other passage are answered;
+-- off-domain questions, whose candidates all score alike, are still refused. Without the lead the paraphrases
+-- are refused too.
+SELECT rag_create_collection('rr-lead', embedding_provider => 'local') > 0 AS created;
+SELECT count(*) FILTER (WHERE rag_ingest('rr-lead', t.title, t.body) > 0) AS ingested
+  FROM (VALUES ('Leave', 'Employees receive twenty-five days of paid vacation every year. Unused days may be carried over until March.'),
+               ('Parking', 'Staff may leave their cars in the garage behind the building free of charge.'),
+               ('Payroll', 'Salaries are paid on the last working day of each month by bank transfer.'),
+               ('Remote work', 'Team members may work from home up to three days a week after agreeing it with their lead.'),
+               ('Sick days', 'If you are ill, call your supervisor before nine o''clock and send a doctor''s note after three days.'),
+               ('Equipment', 'Laptops and phones issued by the IT desk remain company property and must be returned on the last day.'),
+               ('Training', 'Each employee has a budget of 1,500 euros a year for courses and conferences related to their role.'),
+               ('Security badge', 'A lost access card must be reported to reception immediately so that it can be blocked.')) t(title, body);
+SELECT rag_wait('rr-lead', '120 seconds') AS ready;
+CREATE TABLE rr_lead_questions (n int, question text, answerable boolean);
+INSERT INTO rr_lead_questions VALUES
+    (1, 'What should I do when I wake up with a fever and cannot come in?', true),
+    (2, 'Can I keep my work computer when my contract ends?', true),
+    (3, 'I misplaced the card that opens the doors, what now?', true),
+    (4, 'How long should I boil an egg?', false),
+    (5, 'How many players are on a football team?', false),
+    (6, 'Who painted the Mona Lisa?', false);
+SELECT q.question, a.outcome, a.citations->0->>'title' AS cited, a.best_relevance < c.min_relevance AS below_threshold
+  FROM rr_lead_questions q CROSS JOIN LATERAL rag_ask('rr-lead', q.question) a
+  JOIN rag.collections c ON c.name = 'rr-lead'
+ ORDER BY q.n;
+SELECT count(*) AS asked, sum(chat_calls) AS chat_calls FROM rag.queries WHERE collection = 'rr-lead';
+SELECT rag_set_reranker('rr-lead', 'ms-marco-MiniLM-L-12-v2', min_lead => 0);
+SELECT q.question, a.outcome
+  FROM rr_lead_questions q CROSS JOIN LATERAL rag_ask('rr-lead', q.question) a
+ WHERE q.answerable ORDER BY q.n;
+DROP TABLE rr_lead_questions;
 
 -- rag_explain says that the plan's candidates are reranked, and by what.
 SELECT line FROM rag_explain('rr', 'parking', 3) AS line WHERE line ~ '^Rerank';
@@ -99,8 +152,10 @@ END $$;
 SELECT rag_set_reranker('rr', '../etc');
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', rerank_candidates => 0);
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => 'NaN');
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => -1);
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => 'NaN');
 SELECT rag_create_collection('rr-bad', embedding_provider => 'local', rerank_candidates => 1000);
-SELECT reranker, rerank_candidates FROM rag.collections WHERE name = 'rr';
+SELECT reranker, rerank_candidates, min_lead FROM rag.collections WHERE name = 'rr';
 SELECT count(*) AS not_created FROM rag.collections WHERE name = 'rr-bad';
 -- The table's own check holds the same range.
 DO $$
@@ -140,6 +195,23 @@ SELECT line FROM rag_explain('rr-http', 'notice', 3) AS line WHERE line ~ '^Rera
 -- Only what reaches the threshold on the server's scale comes back.
 SELECT rag_set_reranker('rr-http', 'rerank-test', min_relevance => 0);
 SELECT title FROM rag_query('rr-http', 'Staff give thirty days notice in writing before leaving.', 3, max_distance => 2);
+-- Above every score, only the lead lets the first through: the server's first is also the nearest (its score is
+-- the embeddings' cosine), far ahead of the second.
+SELECT rag_set_reranker('rr-http', 'rerank-test', min_relevance => 6, min_lead => 3);
+SELECT title, relevance < 6 AS below_threshold
+  FROM rag_query('rr-http', 'Staff give thirty days notice in writing before leaving.', 3, max_distance => 2);
+-- A reranker that disagrees with the vectors gives no lead. Reversed, the server puts first the passage farthest
+-- from a question that repeats the other two: far ahead of the second, but not the nearest, so nothing passes.
+\set both 'Staff give thirty days notice in writing before leaving. The garage behind the building is free for staff.'
+SELECT rag_set_reranker('rr-http', 'rerank-test@reversed', min_relevance => 6, min_lead => 3);
+SELECT count(*) AS returned FROM rag_query('rr-http', :'both', 3, max_distance => 2);
+SELECT s.rank, d.title, s.relevance > 3 AS within_the_lead_of_the_threshold, s.lead IS NULL AS no_lead,
+       s.relevance - lead(s.relevance) OVER (ORDER BY s.rank) > 3 AS far_ahead_of_the_next,
+       s.distance = max(s.distance) OVER () AS farthest
+  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, :'both'), 3, NULL, :'both') s
+  JOIN rag.documents d ON d.id = s.document_id
+ WHERE c.name = 'rr-http' ORDER BY s.rank;
+SELECT rag_set_reranker('rr-http', 'rerank-test', min_relevance => 0, min_lead => rag._limit('min_lead_default')::real);
 -- A server that fails, or answers what cannot be paired with the candidates, is an error naming it, not a
 -- silently unranked list.
 SELECT rag_set_reranker('rr-http', 'rerank-test@503');
@@ -152,6 +224,6 @@ SELECT rag_set_reranker('rr-http', 'rerank-test', reranker_provider => 'nowhere'
 SELECT reranker, reranker_provider FROM rag.collections WHERE name = 'rr-http';
 
 SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_collection('rr-off'),
-       rag_drop_collection('rr-http');
+       rag_drop_collection('rr-http'), rag_drop_collection('rr-lead');
 SELECT rag_drop_provider('rerank-server');
 DROP ROLE rr_reader, rr_other_admin;

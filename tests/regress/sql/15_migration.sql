@@ -89,6 +89,22 @@ SELECT rag_set_embedding_model('mig-empty', 'hash-768', dimensions => 768) AS qu
 SELECT embedding_model, dimensions, (SELECT count(*) FROM rag.migrations m WHERE m.collection_id = c.id) AS changes
   FROM rag.collections c WHERE name = 'mig-empty';
 
+-- The distance ceiling follows the model when it was the old model's default (all-minilm 0.6, bge-small-en-v1.5
+-- 0.44: rag_known_models()), at the switch or at once for a collection without vectors; a ceiling chosen by
+-- argument is kept.
+SELECT rag_create_collection('mig-ceiling', embedding_model => 'all-minilm') > 0 AS created,
+       rag_create_collection('mig-ceiling-own', embedding_model => 'all-minilm', max_distance => 0.9) > 0 AS created,
+       rag_create_collection('mig-ceiling-empty', embedding_model => 'all-minilm') > 0 AS created;
+SELECT rag_ingest('mig-ceiling', 'Notice', 'Staff must give thirty days notice in writing before leaving.') > 0,
+       rag_ingest('mig-ceiling-own', 'Notice', 'Staff must give thirty days notice in writing before leaving.') > 0;
+SELECT rag_wait('mig-ceiling', '60 seconds') AS ready, rag_wait('mig-ceiling-own', '60 seconds') AS ready;
+SELECT rag_set_embedding_model('mig-ceiling', 'bge-small-en-v1.5') AS queued,
+       rag_set_embedding_model('mig-ceiling-own', 'bge-small-en-v1.5') AS queued,
+       rag_set_embedding_model('mig-ceiling-empty', 'bge-small-en-v1.5') AS queued;
+SELECT rag_wait('mig-ceiling', '60 seconds') AS switched, rag_wait('mig-ceiling-own', '60 seconds') AS switched;
+SELECT name, embedding_model, max_distance FROM rag.collections WHERE name LIKE 'mig-ceiling%' ORDER BY name;
+SELECT rag_drop_collection('mig-ceiling'), rag_drop_collection('mig-ceiling-own'), rag_drop_collection('mig-ceiling-empty');
+
 -- Only an admin of the collection changes its model or cancels a change.
 CREATE ROLE mig_reader LOGIN IN ROLE rag_reader;
 SELECT rag_grant('mig', 'mig_reader', 'read');
