@@ -15,9 +15,35 @@ pub fn chunk_config(size: i32, overlap: i32, unit: &str) -> Result<ChunkConfig, 
         .map_err(|error| format!("collection chunk settings are invalid: {error}"))
 }
 
-/// Splits a document's text into chunks. For a model run in-process the window is known exactly, so every
-/// chunk is measured with the model's own tokenizer, document prefix included as it will be embedded, and a
-/// chunk over the window is split further here rather than failing at embedding time.
+/// Where a document's chunks lie in its text. For a model run in-process the window is known exactly, so
+/// every chunk is measured with the model's own tokenizer, document prefix included as it will be embedded,
+/// and a chunk over the window is split further here rather than failing at embedding time.
+pub fn chunk_bounds(
+    body: &str,
+    config: &ChunkConfig,
+    provider_kind: &Kind,
+    model_name: &str,
+    document_prefix: &str,
+) -> Result<Vec<ChunkBounds>, String> {
+    if *provider_kind != Kind::Local {
+        return Ok(rag_chunk::chunk_bounds_with_checkpoint(
+            body,
+            config,
+            &mut || {},
+        ));
+    }
+    let model = provider::local_model(model_name)?;
+    let mut prefixed = String::new();
+    rag_chunk::chunk_bounds_within(body, config, model.max_tokens(), |chunk| {
+        prefixed.clear();
+        prefixed.push_str(document_prefix);
+        prefixed.push_str(chunk);
+        model.count_tokens(&prefixed)
+    })
+    .map_err(|error| format!("chunking for local model \"{model_name}\": {error}"))
+}
+
+/// Splits a document's text into chunks ([`chunk_bounds`], with each chunk's text).
 pub fn chunk_body(
     body: &str,
     config: &ChunkConfig,
@@ -25,18 +51,11 @@ pub fn chunk_body(
     model_name: &str,
     document_prefix: &str,
 ) -> Result<Vec<Chunk>, String> {
-    if *provider_kind != Kind::Local {
-        return Ok(rag_chunk::chunk_text(body, config));
-    }
-    let model = provider::local_model(model_name)?;
-    let mut prefixed = String::new();
-    rag_chunk::chunk_text_within(body, config, model.max_tokens(), |chunk| {
-        prefixed.clear();
-        prefixed.push_str(document_prefix);
-        prefixed.push_str(chunk);
-        model.count_tokens(&prefixed)
-    })
-    .map_err(|error| format!("chunking for local model \"{model_name}\": {error}"))
+    let bounds = chunk_bounds(body, config, provider_kind, model_name, document_prefix)?;
+    Ok(bounds
+        .into_iter()
+        .map(|bounds| bounds.chunk(body))
+        .collect())
 }
 
 pub fn new_chunk(page_offsets: &[i32]) -> impl Fn(Chunk) -> NewChunk + '_ {
@@ -92,15 +111,13 @@ const STORE_BATCH_BYTES: usize = 1 << 20;
 pub struct ChunkPlan {
     body: String,
     page_offsets: Vec<i32>,
-    /// Where each chunk lies in `body` (server providers: the chunker's own cut).
+    /// Where each chunk lies in `body` ([`chunk_bounds`]).
     bounds: std::vec::IntoIter<ChunkBounds>,
-    /// Chunks already made (a model run in-process measures every chunk's text with its tokenizer).
-    made: std::vec::IntoIter<Chunk>,
 }
 
 impl ChunkPlan {
     pub fn len(&self) -> usize {
-        self.bounds.len() + self.made.len()
+        self.bounds.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,13 +131,10 @@ impl ChunkPlan {
             let mut batch = Vec::new();
             let mut bytes = 0;
             while bytes < STORE_BATCH_BYTES {
-                let chunk = match self.made.next() {
-                    Some(chunk) => chunk,
-                    None => match self.bounds.next() {
-                        Some(bounds) => bounds.chunk(&self.body),
-                        None => break,
-                    },
+                let Some(bounds) = self.bounds.next() else {
+                    break;
                 };
+                let chunk = bounds.chunk(&self.body);
                 bytes += chunk.text.len();
                 batch.push(new_chunk(&self.page_offsets)(chunk));
             }
@@ -129,20 +143,12 @@ impl ChunkPlan {
     }
 }
 
-/// Cuts a document with its collection's settings, or says why it cannot be cut.
+/// Cuts a document with its collection's settings, or says why it cannot be cut. Only bounds are kept, for
+/// every provider: the texts are made a batch at a time as they are stored, so a large document is never
+/// held twice.
 pub fn plan_chunks(item: &WorkItem, text: store::DocumentText) -> Result<ChunkPlan, String> {
     let config = chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit)?;
-    let page_offsets = text.page_offsets.unwrap_or_default();
-    if item.provider.kind != Kind::Local {
-        let bounds = rag_chunk::chunk_bounds_with_checkpoint(&text.body, &config, &mut || {});
-        return Ok(ChunkPlan {
-            body: text.body,
-            page_offsets,
-            bounds: bounds.into_iter(),
-            made: Vec::new().into_iter(),
-        });
-    }
-    let chunks = chunk_body(
+    let bounds = chunk_bounds(
         &text.body,
         &config,
         &item.provider.kind,
@@ -150,10 +156,9 @@ pub fn plan_chunks(item: &WorkItem, text: store::DocumentText) -> Result<ChunkPl
         &item.document_prefix,
     )?;
     Ok(ChunkPlan {
-        body: String::new(),
-        page_offsets,
-        bounds: Vec::new().into_iter(),
-        made: chunks.into_iter(),
+        body: text.body,
+        page_offsets: text.page_offsets.unwrap_or_default(),
+        bounds: bounds.into_iter(),
     })
 }
 

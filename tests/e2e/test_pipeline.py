@@ -12,6 +12,59 @@ from support import fresh_database, provider_calls, psql, scalar, wait_for_serve
 DB = "rag_e2e"
 
 
+def twenty_megabytes():
+    sentence = "Large documents are chunked and embedded without exhausting memory. "
+    paragraph = sentence * 40
+    # Paragraphs joined by COPY's escaped newlines: the whole text is one row.
+    body = "\\n\\n".join([paragraph] * (20 * 1024 * 1024 // (len(paragraph) + 2)))
+    assert len(body) > 19 * 1024 * 1024
+    return body
+
+
+def ingest_copied(collection, body, db=DB):
+    """rag_ingest of a text too large for a command line, sent through COPY."""
+    psql("CREATE TEMP TABLE incoming (body text);\nCOPY incoming FROM STDIN;\n" + body + "\n\\.\n"
+         f"SELECT rag_ingest('{collection}', 'Big', body) FROM incoming;\n", db=db)
+
+
+class WorkerMemory:
+    """A database's worker's own memory (RssAnon: what it allocates, not the shared buffers it touches nor the
+    library and model files it maps), sampled every 10 ms while the block runs."""
+
+    def __init__(self, db=DB):
+        self.db = db
+
+    def __enter__(self):
+        serving = f"SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{self.db}' LIMIT 1"
+        assert wait_until(f"SELECT EXISTS ({serving})", db="postgres", seconds=60), f"no worker serves {self.db}"
+        self.pid = scalar(serving, db="postgres")
+        self.peak = {"RssAnon": 0, "VmRSS": 0}
+        self.stopping = threading.Event()
+        self.sampler = threading.Thread(target=self._sample)
+        self.sampler.start()
+        return self
+
+    def _sample(self):
+        while not self.stopping.is_set():
+            with open(f"/proc/{self.pid}/status") as status:
+                for line in status:
+                    key = line.split(":")[0]
+                    if key in self.peak:
+                        self.peak[key] = max(self.peak[key], int(line.split()[1]))
+            time.sleep(0.01)
+
+    def __exit__(self, *_exc):
+        self.stopping.set()
+        self.sampler.join()
+        with open(f"/proc/{self.pid}/status") as status:
+            self.high_water = [line.split(":")[1].strip() for line in status if line.startswith("VmHWM")][0]
+        return False
+
+    def report(self):
+        return (f"peak RssAnon {self.peak['RssAnon'] // 1024} MB, peak VmRSS {self.peak['VmRSS'] // 1024} MB; "
+                f"VmHWM {self.high_water}")
+
+
 class Pipeline(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -58,50 +111,41 @@ class Pipeline(unittest.TestCase):
 
     def test_d_twenty_megabyte_text(self):
         psql("SELECT rag_create_collection('big', embedding_model => 'hash-384', chunk_size => 10000, chunk_overlap => 0)")
-        sentence = "Large documents are chunked and embedded without exhausting memory. "
-        paragraph = sentence * 40
-        body = "\\n\\n".join([paragraph] * (20 * 1024 * 1024 // (len(paragraph) + 2)))
-        self.assertGreater(len(body), 19 * 1024 * 1024)
-        pid = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = 'rag_e2e' LIMIT 1",
-                     db="postgres")
-        self.assertTrue(pid, "no worker serves the test database")
-        # The worker's own memory (RssAnon: what it allocates, not the shared buffers it touches nor the library
-        # it maps), sampled while it takes the document in.
-        peak = {"RssAnon": 0, "VmRSS": 0}
-        sampling = threading.Event()
-
-        def sample():
-            while not sampling.is_set():
-                with open(f"/proc/{pid}/status") as status:
-                    for line in status:
-                        key = line.split(":")[0]
-                        if key in peak:
-                            peak[key] = max(peak[key], int(line.split()[1]))
-                time.sleep(0.01)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        try:
-            copy = "CREATE TEMP TABLE incoming (body text);\nCOPY incoming FROM STDIN;\n" + body + "\n\\.\n"
-            copy += "SELECT rag_ingest('big', 'Big', body) FROM incoming;\n"
-            psql(copy)
+        body = twenty_megabytes()
+        with WorkerMemory() as memory:
+            ingest_copied('big', body)
             self.assertEqual(scalar("SELECT rag_wait('big', '180 seconds')"), "t")
-        finally:
-            sampling.set()
-            sampler.join()
         row = psql("SELECT status, chunks_total, chunks_embedded, octet_length(body) FROM rag.documents d "
                    "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'big'")[0]
         self.assertEqual(row[0], "ready")
         self.assertEqual(row[1], row[2])
         self.assertGreater(int(row[1]), 2000)
         self.assertGreater(int(row[3]), 19 * 1024 * 1024)
-        with open(f"/proc/{pid}/status") as status:
-            high_water = [line.split(":")[1].strip() for line in status if line.startswith("VmHWM")][0]
-        print(f"\n  worker during the 20 MB document: peak RssAnon {peak['RssAnon'] // 1024} MB, peak VmRSS "
-              f"{peak['VmRSS'] // 1024} MB; VmHWM {high_water}", end=" ")
+        print(f"\n  worker during the 20 MB document: {memory.report()}", end=" ")
         # The text itself is 20 MB; its chunks are made and stored 1 MB at a time. Storing them in one call
         # took 162 MB.
-        self.assertLess(peak["RssAnon"], 64 * 1024, "the worker held the document's chunks all at once")
+        self.assertLess(memory.peak["RssAnon"], 64 * 1024, "the worker held the document's chunks all at once")
+
+    def test_d_twenty_megabyte_text_on_the_local_model(self):
+        # In process, every chunk is measured with the model's tokenizer before it is stored, and embedding runs
+        # in the worker too. Measured up to the first embedded batches (the whole document takes minutes), in a
+        # database of its own: a fresh worker, whose memory is this document's alone.
+        db = "rag_e2e_local_memory"
+        fresh_database(db)
+        try:
+            psql("SELECT rag_create_collection('big-local', embedding_provider => 'local')", db=db)
+            body = twenty_megabytes()
+            with WorkerMemory(db) as memory:
+                ingest_copied("big-local", body, db=db)
+                embedded = "SELECT coalesce(sum(chunks_embedded), 0) >= 64 FROM rag.documents"
+                self.assertTrue(wait_until(embedded, db=db, seconds=240), "the local model embedded nothing in 240 s")
+            chunks = int(scalar("SELECT chunks_total FROM rag.documents", db=db))
+        finally:
+            psql(f"DROP DATABASE {db} WITH (FORCE)", db="postgres")
+        self.assertGreater(chunks, 20000)
+        print(f"\n  worker during the 20 MB document on the local model ({chunks} chunks): {memory.report()}", end=" ")
+        # Holding every chunk's text while the tokenizer measured them took 84 MB; bounds alone, 61 MB.
+        self.assertLess(memory.peak["RssAnon"], 72 * 1024, "the worker held the document's chunks all at once")
 
     def test_e_refusal_by_distance_makes_no_chat_call(self):
         chat = "chat-test@slow2"

@@ -8,7 +8,9 @@
 
 use std::fmt;
 
-use crate::{chunk_text, Chunk, ChunkConfig, SizeUnit, MIN_CHUNK_CHARS};
+use crate::{
+    chunk_bounds_with_checkpoint, Chunk, ChunkBounds, ChunkConfig, SizeUnit, MIN_CHUNK_CHARS,
+};
 
 /// Why [`chunk_text_within`] could not produce chunks that fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,22 +59,38 @@ pub fn chunk_text_within<E>(
     text: &str,
     config: &ChunkConfig,
     limit: usize,
-    mut measure: impl FnMut(&str) -> Result<usize, E>,
+    measure: impl FnMut(&str) -> Result<usize, E>,
 ) -> Result<Vec<Chunk>, FitError<E>> {
+    Ok(chunk_bounds_within(text, config, limit, measure)?
+        .into_iter()
+        .map(|bounds| bounds.chunk(text))
+        .collect())
+}
+
+/// The bounds of [`chunk_text_within`]'s chunks, in the same order: each chunk is measured on a slice of
+/// `text`, so a large document is never held twice (a caller makes the texts a few at a time).
+pub fn chunk_bounds_within<E>(
+    text: &str,
+    config: &ChunkConfig,
+    limit: usize,
+    mut measure: impl FnMut(&str) -> Result<usize, E>,
+) -> Result<Vec<ChunkBounds>, FitError<E>> {
     let mut fitted = Vec::new();
-    for chunk in chunk_text(text, config) {
-        fit_chunk(chunk, limit, &mut measure, &mut fitted)?;
+    for bounds in chunk_bounds_with_checkpoint(text, config, &mut || {}) {
+        fit_chunk(text, bounds, limit, &mut measure, &mut fitted)?;
     }
     Ok(fitted)
 }
 
 fn fit_chunk<E>(
-    chunk: Chunk,
+    text: &str,
+    chunk: ChunkBounds,
     limit: usize,
     measure: &mut impl FnMut(&str) -> Result<usize, E>,
-    fitted: &mut Vec<Chunk>,
+    fitted: &mut Vec<ChunkBounds>,
 ) -> Result<(), FitError<E>> {
-    let measured = measure(&chunk.text).map_err(FitError::Measure)?;
+    let piece_text = &text[chunk.byte_start..chunk.byte_end];
+    let measured = measure(piece_text).map_err(FitError::Measure)?;
     if measured <= limit {
         fitted.push(chunk);
         return Ok(());
@@ -92,14 +110,15 @@ fn fit_chunk<E>(
     let size = proportional.min(chars * 3 / 4).max(MIN_CHUNK_CHARS);
     let config = ChunkConfig::new(size, 0, SizeUnit::Characters)
         .expect("a size within MIN_CHUNK_CHARS..chars with no overlap is valid");
-    // Every piece is at most `size` < `chars` long (chunk_text's bound), so the recursion ends.
-    for piece in chunk_text(&chunk.text, &config) {
-        let piece = Chunk {
+    // Every piece is at most `size` < `chars` long (the chunker's bound), so the recursion ends.
+    for piece in chunk_bounds_with_checkpoint(piece_text, &config, &mut || {}) {
+        let piece = ChunkBounds {
+            byte_start: chunk.byte_start + piece.byte_start,
+            byte_end: chunk.byte_start + piece.byte_end,
             char_start: chunk.char_start + piece.char_start,
             char_end: chunk.char_start + piece.char_end,
-            ..piece
         };
-        fit_chunk(piece, limit, measure, fitted)?;
+        fit_chunk(text, piece, limit, measure, fitted)?;
     }
     Ok(())
 }
@@ -107,6 +126,7 @@ fn fit_chunk<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk_text;
 
     /// Counts words, a stand-in tokenizer whose ratio to characters varies with word length.
     fn words(text: &str) -> Result<usize, String> {
@@ -207,5 +227,40 @@ mod tests {
         let error =
             chunk_text_within("Some text.", &config, 10, |_| Err("tokenizer broke")).unwrap_err();
         assert_eq!(error, FitError::Measure("tokenizer broke"));
+    }
+
+    #[test]
+    fn split_pieces_keep_byte_and_char_offsets_in_step() {
+        // Multi-byte letters and dense one-letter words, so chunks are split and every byte offset differs
+        // from its char offset.
+        let dense: String = (0..900)
+            .map(|i| match i % 30 {
+                0 => "Ünïcödé ",
+                29 => "é. ",
+                _ => "ß ",
+            })
+            .collect();
+        let text = format!("Intro paragraph ending here.\n\n{dense}\n\n日本語の段落です。");
+        let config = ChunkConfig::new(1000, 100, SizeUnit::Characters).unwrap();
+        let bounds = chunk_bounds_within(&text, &config, 120, words).unwrap();
+        assert!(bounds.len() > chunk_bounds_with_checkpoint(&text, &config, &mut || {}).len());
+        for b in &bounds {
+            let by_chars: String = text
+                .chars()
+                .skip(b.char_start)
+                .take(b.char_end - b.char_start)
+                .collect();
+            assert_eq!(&text[b.byte_start..b.byte_end], by_chars);
+            assert!(words(&by_chars).unwrap() <= 120);
+        }
+        let chunks = chunk_text_within(&text, &config, 120, words).unwrap();
+        assert_eq!(chunks.len(), bounds.len());
+        assert!(
+            chunks
+                .iter()
+                .zip(&bounds)
+                .all(|(c, b)| c.char_start == b.char_start
+                    && c.text == text[b.byte_start..b.byte_end])
+        );
     }
 }

@@ -51,7 +51,7 @@ mod pack;
 mod sentences;
 mod units;
 
-pub use fit::{chunk_text_within, FitError};
+pub use fit::{chunk_bounds_within, chunk_text_within, FitError};
 
 pub use config::{
     ChunkConfig, ChunkConfigError, SizeUnit, CHARS_PER_TOKEN, MAX_CHUNK_CHARS, MAX_OVERLAP_CHARS,
