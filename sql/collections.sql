@@ -296,6 +296,21 @@ LANGUAGE sql STABLE AS $$
                 ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
 $$;
 
+-- The statement that builds the HNSW index of one of a collection's vector spaces, with the collection's build
+-- parameters (rag_set_search); every HNSW index of the extension is made from it.
+CREATE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops)%s '
+                  'WHERE collection_id = %s',
+                  p_index, p_column, p_dimensions,
+                  CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
+                       THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
+                                                           'ef_construction = ' || c.hnsw_ef_construction))
+                       ELSE '' END,
+                  c.id)
+$$;
+
 -- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
 -- indexes only fixed-dimension vectors, and collections of different models share one table.
 CREATE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
@@ -325,8 +340,7 @@ BEGIN
         RETURN NULL;
     END IF;
     v_index := 'chunks_' || c.vector_column || '_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.vector_column, c.dimensions, c.id);
+    EXECUTE rag._hnsw_index_sql(c, v_index, c.vector_column, c.dimensions);
     UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
     RETURN v_index;
 END $$;
@@ -481,14 +495,22 @@ BEGIN
     RETURN v_count;
 END $$;
 
--- How a collection is searched: its search mode and pgvector's hnsw.ef_search for it (0: the server's setting
--- again); NULL keeps a value as it is.
-CREATE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL)
+-- How a collection is searched: its search mode, pgvector's hnsw.ef_search for it (0: the server's setting
+-- again), and the build parameters of its HNSW index, m and ef_construction (0: pgvector's defaults again); NULL
+-- keeps a value as it is. New build parameters drop the collection's index (waiting at most a second for the
+-- lock: searches of every collection pass through rag.chunks) and the worker builds it again with them when idle;
+-- meanwhile the collection is searched exactly (rag_explain says so).
+CREATE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
+                               m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
+    c rag.collections;
+    v_m integer;
+    v_ef_construction integer;
+    v_lock_timeout text;
 BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
             USING ERRCODE = 'invalid_parameter_value',
@@ -499,11 +521,37 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'It is how many candidates the HNSW scan keeps: more is slower and finds more; pgvector''s default is 40.';
     END IF;
+    v_m := CASE WHEN m IS NULL THEN c.hnsw_m ELSE nullif(m, 0) END;
+    v_ef_construction := CASE WHEN ef_construction IS NULL THEN c.hnsw_ef_construction ELSE nullif(ef_construction, 0) END;
+    IF v_m NOT BETWEEN 2 AND 100 OR v_ef_construction NOT BETWEEN 4 AND 1000
+       OR coalesce(v_ef_construction, 64) < 2 * coalesce(v_m, 16) THEN
+        RAISE EXCEPTION 'HNSW build parameters m % and ef_construction % are out of range',
+                        coalesce(v_m::text, 'default (16)'), coalesce(v_ef_construction::text, 'default (64)')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'm is 2 to 100, ef_construction 4 to 1000 and at least twice m (pgvector''s rules); 0 puts pgvector''s default back.';
+    END IF;
     UPDATE rag.collections u
        SET search_mode = coalesce(rag_set_search.search_mode, u.search_mode),
            ef_search = CASE WHEN rag_set_search.ef_search IS NULL THEN u.ef_search
-                            ELSE nullif(rag_set_search.ef_search, 0) END
-     WHERE u.id = v_collection;
+                            ELSE nullif(rag_set_search.ef_search, 0) END,
+           hnsw_m = v_m, hnsw_ef_construction = v_ef_construction
+     WHERE u.id = c.id;
+    IF v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
+        IF c.index_name IS NOT NULL AND to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '1s', true);
+            BEGIN
+                EXECUTE format('DROP INDEX rag.%I', c.index_name);
+            EXCEPTION WHEN lock_not_available THEN
+                RAISE EXCEPTION 'the index of collection "%" is in use: its build parameters were not changed', c.name
+                    USING ERRCODE = 'lock_not_available',
+                          HINT = 'Long searches or writes on rag.chunks hold it; try again when they are over.';
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        END IF;
+        UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
+        PERFORM rag._wake_worker();
+    END IF;
 END $$;
 
 -- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads, its refusal
@@ -680,8 +728,7 @@ BEGIN
             v_index := NULL;
             IF m.dimensions BETWEEN 1 AND 2000 THEN
                 v_index := 'chunks_' || v_new_column || '_c' || c.id;
-                EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                               v_index, v_new_column, m.dimensions, c.id);
+                EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
                    embedding_provider = m.embedding_provider, dimensions = m.dimensions,

@@ -95,6 +95,8 @@ UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config, ch.content)
 -- is added in part 3; the defaults come from rag_create_collection, as for a fresh install.
 ALTER TABLE rag.collections
     ADD COLUMN ef_search integer CHECK (ef_search BETWEEN 1 AND 1000),
+    ADD COLUMN hnsw_m integer CHECK (hnsw_m BETWEEN 2 AND 100),
+    ADD COLUMN hnsw_ef_construction integer CHECK (hnsw_ef_construction BETWEEN 4 AND 1000),
     ADD COLUMN reranker text CHECK (reranker <> ''),
     ADD COLUMN reranker_provider text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     ADD COLUMN rerank_candidates integer NOT NULL DEFAULT 20,
@@ -406,60 +408,6 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
-	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -469,28 +417,16 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_rerank"(
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -516,16 +452,27 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_setting"(
 	"name" TEXT /* & str */
@@ -539,12 +486,45 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_limit"(
 	"name" TEXT /* & str */
 ) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
                                        p_min_lead real)
@@ -818,6 +798,19 @@ LANGUAGE sql STABLE AS $$
                 ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
 $$;
 
+CREATE OR REPLACE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops)%s '
+                  'WHERE collection_id = %s',
+                  p_index, p_column, p_dimensions,
+                  CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
+                       THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
+                                                           'ef_construction = ' || c.hnsw_ef_construction))
+                       ELSE '' END,
+                  c.id)
+$$;
+
 CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -845,8 +838,7 @@ BEGIN
         RETURN NULL;
     END IF;
     v_index := 'chunks_' || c.vector_column || '_c' || c.id;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                   v_index, c.vector_column, c.dimensions, c.id);
+    EXECUTE rag._hnsw_index_sql(c, v_index, c.vector_column, c.dimensions);
     UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
     RETURN v_index;
 END $$;
@@ -979,12 +971,17 @@ BEGIN
     RETURN v_count;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
+                               m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_collection integer := rag._collection_id(collection, 'admin');
+    c rag.collections;
+    v_m integer;
+    v_ef_construction integer;
+    v_lock_timeout text;
 BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
     IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
             USING ERRCODE = 'invalid_parameter_value',
@@ -995,11 +992,37 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'It is how many candidates the HNSW scan keeps: more is slower and finds more; pgvector''s default is 40.';
     END IF;
+    v_m := CASE WHEN m IS NULL THEN c.hnsw_m ELSE nullif(m, 0) END;
+    v_ef_construction := CASE WHEN ef_construction IS NULL THEN c.hnsw_ef_construction ELSE nullif(ef_construction, 0) END;
+    IF v_m NOT BETWEEN 2 AND 100 OR v_ef_construction NOT BETWEEN 4 AND 1000
+       OR coalesce(v_ef_construction, 64) < 2 * coalesce(v_m, 16) THEN
+        RAISE EXCEPTION 'HNSW build parameters m % and ef_construction % are out of range',
+                        coalesce(v_m::text, 'default (16)'), coalesce(v_ef_construction::text, 'default (64)')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'm is 2 to 100, ef_construction 4 to 1000 and at least twice m (pgvector''s rules); 0 puts pgvector''s default back.';
+    END IF;
     UPDATE rag.collections u
        SET search_mode = coalesce(rag_set_search.search_mode, u.search_mode),
            ef_search = CASE WHEN rag_set_search.ef_search IS NULL THEN u.ef_search
-                            ELSE nullif(rag_set_search.ef_search, 0) END
-     WHERE u.id = v_collection;
+                            ELSE nullif(rag_set_search.ef_search, 0) END,
+           hnsw_m = v_m, hnsw_ef_construction = v_ef_construction
+     WHERE u.id = c.id;
+    IF v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
+        IF c.index_name IS NOT NULL AND to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '1s', true);
+            BEGIN
+                EXECUTE format('DROP INDEX rag.%I', c.index_name);
+            EXCEPTION WHEN lock_not_available THEN
+                RAISE EXCEPTION 'the index of collection "%" is in use: its build parameters were not changed', c.name
+                    USING ERRCODE = 'lock_not_available',
+                          HINT = 'Long searches or writes on rag.chunks hold it; try again when they are over.';
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        END IF;
+        UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
+        PERFORM rag._wake_worker();
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
@@ -1156,8 +1179,7 @@ BEGIN
             v_index := NULL;
             IF m.dimensions BETWEEN 1 AND 2000 THEN
                 v_index := 'chunks_' || v_new_column || '_c' || c.id;
-                EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops) WHERE collection_id = %s',
-                               v_index, v_new_column, m.dimensions, c.id);
+                EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
                    embedding_provider = m.embedding_provider, dimensions = m.dimensions,
@@ -2368,6 +2390,28 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

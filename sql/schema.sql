@@ -63,6 +63,11 @@ CREATE TABLE rag.collections (
     -- pgvector's hnsw.ef_search for this collection's searches (candidates the HNSW scan keeps: recall against
     -- latency); NULL: the server's setting.
     ef_search          integer CHECK (ef_search BETWEEN 1 AND 1000),
+    -- pgvector's HNSW build parameters for this collection's index (m: links per vector, ef_construction:
+    -- candidates kept while building; a better graph, so better recall at the same ef_search, against build time
+    -- and size); NULL: pgvector's defaults (16 and 64).
+    hnsw_m               integer CHECK (hnsw_m BETWEEN 2 AND 100),
+    hnsw_ef_construction integer CHECK (hnsw_ef_construction BETWEEN 4 AND 1000),
     -- Reranking: a cross-encoder rescores the search's best rerank_candidates chunks; a reranked chunk is used
     -- when its relevance is at least min_relevance, which then replaces the distance ceiling as the refusal
     -- threshold. The reranker is a model directory under rag.model_path (reranker_provider 'local'), or a model

@@ -84,6 +84,40 @@ SELECT rag_set_search('hybrid', search_mode => 'fuzzy');
 SELECT rag_set_search('hybrid', search_mode => 'vector', ef_search => 0);
 SELECT search_mode, ef_search FROM rag.collections WHERE name = 'hybrid';
 RESET hnsw.ef_search;
+-- The HNSW index's build parameters: set, the index is dropped at once (searches go on, exactly) and the idle
+-- worker builds it again with them; 0 puts pgvector's default back. pgvector's own bounds are checked,
+-- ef_construction at least twice m included, and nothing changes then.
+CREATE FUNCTION pg_temp.rebuilt_index(p_collection text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_def text;
+BEGIN
+    FOR i IN 1..600 LOOP
+        SELECT x.indexdef INTO v_def FROM rag.collections c JOIN pg_indexes x ON x.schemaname = 'rag' AND x.indexname = c.index_name
+         WHERE c.name = p_collection;
+        IF v_def IS NOT NULL THEN
+            RETURN substring(v_def FROM 'vector_cosine_ops\)(.*) WHERE');
+        END IF;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    RETURN 'not rebuilt';
+END $$;
+SELECT rag_set_search('hybrid', m => 8, ef_construction => 40);
+SELECT hnsw_m, hnsw_ef_construction FROM rag.collections WHERE name = 'hybrid';
+SELECT pg_temp.rebuilt_index('hybrid') AS built_with;
+SELECT count(*) > 0 AS found FROM rag_query('hybrid', 'disk full', 3, mode => 'vector');
+SELECT rag_set_search('hybrid', m => 64, ef_construction => 100);
+SELECT rag_set_search('hybrid', m => 1);
+SELECT rag_set_search('hybrid', ef_construction => 1001);
+SELECT hnsw_m, hnsw_ef_construction FROM rag.collections WHERE name = 'hybrid';
+SELECT rag_set_search('hybrid', m => 0);
+SELECT pg_temp.rebuilt_index('hybrid') AS built_with;
+SELECT rag_set_search('hybrid', ef_construction => 0);
+SELECT pg_temp.rebuilt_index('hybrid') = '' AS pgvector_defaults;
+-- The same settings keep the index as it is.
+SELECT x.oid AS kept_index FROM pg_class x JOIN rag.collections c ON x.relname = c.index_name WHERE c.name = 'hybrid' \gset
+SELECT rag_set_search('hybrid', m => 0, ef_construction => 0, ef_search => 0);
+SELECT x.oid = :kept_index AS same_index FROM pg_class x JOIN rag.collections c ON x.relname = c.index_name WHERE c.name = 'hybrid';
 -- A larger collection: each word's matches are counted only up to rag._limit('keyword_count_cap'), and a word
 -- found more often is judged by its share of the collection, measured on a sample (rag._measure_lexemes).
 -- 1,200 chunks: "zebra" in all of them, "yak" in a third, "walrus" in a fifth (more than the cap, less than the
@@ -130,6 +164,7 @@ CREATE ROLE hybrid_reader LOGIN IN ROLE rag_reader;
 SELECT rag_grant('hybrid', 'hybrid_reader', 'read');
 SET ROLE hybrid_reader;
 SELECT rag_set_search('hybrid', ef_search => 5);
+SELECT rag_set_search('hybrid', m => 4);
 RESET ROLE;
 SELECT rag_drop_collection('hybrid');
 DROP ROLE hybrid_reader;
