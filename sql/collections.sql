@@ -318,6 +318,8 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_index text;
+    v_m integer;
+    v_ef_construction integer;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
     IF NOT FOUND THEN
@@ -341,7 +343,18 @@ BEGIN
     END IF;
     v_index := 'chunks_' || c.vector_column || '_c' || c.id;
     EXECUTE rag._hnsw_index_sql(c, v_index, c.vector_column, c.dimensions);
-    UPDATE rag.collections SET index_name = v_index WHERE id = c.id;
+    -- A build takes minutes at a million chunks, without a lock on the collection's row; rag_set_search may
+    -- change the build parameters meanwhile, and it drops only an index it can see. The row as it is now decides
+    -- (this UPDATE waits for such a change to commit, and one that comes after it finds the index and drops it):
+    -- an index built with parameters no longer wanted is dropped again here and the idle worker builds the
+    -- right one.
+    UPDATE rag.collections u SET index_name = v_index WHERE u.id = c.id
+    RETURNING u.hnsw_m, u.hnsw_ef_construction INTO v_m, v_ef_construction;
+    IF v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
+        EXECUTE format('DROP INDEX rag.%I', v_index);
+        UPDATE rag.collections SET index_name = NULL WHERE id = c.id;
+        RETURN NULL;
+    END IF;
     RETURN v_index;
 END $$;
 

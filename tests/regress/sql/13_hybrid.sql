@@ -166,6 +166,13 @@ SET ROLE hybrid_reader;
 SELECT rag_set_search('hybrid', ef_search => 5);
 SELECT rag_set_search('hybrid', m => 4);
 RESET ROLE;
+-- An admin of other collections may not change this one's index (nor drop it by doing so).
+CREATE ROLE hybrid_other_admin LOGIN IN ROLE rag_admin;
+SET ROLE hybrid_other_admin;
+SELECT rag_set_search('hybrid', m => 4);
+RESET ROLE;
+SELECT hnsw_m, index_name IS NOT NULL AS index_kept FROM rag.collections WHERE name = 'hybrid';
+DROP ROLE hybrid_other_admin;
 SELECT rag_drop_collection('hybrid');
 DROP ROLE hybrid_reader;
 SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
