@@ -96,9 +96,6 @@ BEGIN
     END LOOP;
 END $$;
 
--- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
--- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
--- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
 -- How a statement trigger may pass a one-column key's values as array text, by the column's base type (a domain's
 -- own type does not count): 'number' (int2/int4/int8/numeric) or 'string' (text/varchar/uuid), whose text forms
 -- no session setting changes; NULL for any other type, whose keys go as jsonb. The worker turns the text back
@@ -118,6 +115,9 @@ LANGUAGE sql STABLE AS $$
       FROM base b ORDER BY b.depth DESC LIMIT 1
 $$;
 
+-- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
+-- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
+-- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
 CREATE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -65,8 +65,13 @@ def provider_calls(model):
     return (entry or {}).get("calls", 0), (entry or {}).get("inputs", 0)
 
 
-def fresh_database(name):
+def drop_database(name):
+    """Drops a scenario's own database, with any worker connected to it (its slot is free for the next one)."""
     psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", db="postgres")
+
+
+def fresh_database(name):
+    drop_database(name)
     psql(f"CREATE DATABASE {name}", db="postgres")
     psql("CREATE EXTENSION rag CASCADE", db=name)
 

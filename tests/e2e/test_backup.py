@@ -6,7 +6,7 @@ import os
 import subprocess
 import unittest
 
-from support import fresh_database, psql, scalar, wait_until
+from support import drop_database, fresh_database, psql, scalar, wait_until
 
 SOURCE = "rag_e2e_backup"
 
@@ -38,7 +38,7 @@ def run(command):
 
 
 def drop(db):
-    psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", db="postgres")
+    drop_database(db)
 
 
 class Backup(unittest.TestCase):

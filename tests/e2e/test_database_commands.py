@@ -4,7 +4,7 @@ databases all the time; an extension's worker must not make that fail with "bein
 import time
 import unittest
 
-from support import psql, scalar
+from support import drop_database, psql, scalar
 
 
 def worker_connected(db, seconds=30):
@@ -24,7 +24,7 @@ def served(db, seconds=60):
 
 
 def make_database(name):
-    psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", db="postgres")
+    drop_database(name)
     psql(f"CREATE DATABASE {name}", db="postgres")
     psql("CREATE EXTENSION rag CASCADE; SELECT rag_create_collection('c', embedding_model => 'hash-384');", db=name)
     if not served(name):

@@ -5,7 +5,7 @@ import unittest
 
 from functools import partial
 
-from support import fresh_database, psql, scalar
+from support import drop_database, fresh_database, psql, scalar
 from support import wait_until as wait_until_in
 
 DB = "rag_e2e_isolation"
@@ -20,7 +20,7 @@ class Isolation(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         # Its worker would otherwise hold one of rag.max_workers' slots for the scenarios after this one.
-        psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", db="postgres")
+        drop_database(DB)
 
     def test_slow_watch_expression_times_out_and_other_collections_go_ahead(self):
         psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf();", db="postgres")

@@ -2,7 +2,7 @@
 every database's documents get embedded; a database whose worker left gets one back when work arrives."""
 import unittest
 
-from support import fresh_database, psql, wait_until
+from support import drop_database, fresh_database, psql, wait_until
 
 DATABASES = [f"rag_e2e_many_{n}" for n in range(5)]
 
@@ -17,7 +17,7 @@ class ManyDatabases(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         for db in DATABASES:
-            psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", db="postgres")
+            drop_database(db)
 
     def test_every_database_is_served_in_turn(self):
         for round_number in range(2):

@@ -7,7 +7,7 @@ import threading
 import time
 import unittest
 
-from support import fresh_database, provider_calls, psql, scalar, wait_for_server, wait_until
+from support import drop_database, fresh_database, provider_calls, psql, scalar, wait_for_server, wait_until
 
 DB = "rag_e2e"
 
@@ -150,7 +150,7 @@ class Pipeline(unittest.TestCase):
                 self.assertTrue(wait_until(embedded, db=db, seconds=240), "the local model embedded nothing in 240 s")
             chunks = int(scalar("SELECT chunks_total FROM rag.documents", db=db))
         finally:
-            psql(f"DROP DATABASE {db} WITH (FORCE)", db="postgres")
+            drop_database(db)
         self.assertGreater(chunks, 20000)
         print(f"\n  worker during the 20 MB document on the local model ({chunks} chunks): {memory.report()}", end=" ")
         # Holding every chunk's text while the tokenizer measured them took 84 MB; bounds alone, 61 to 65 MB.

@@ -8,7 +8,7 @@ import subprocess
 import time
 import unittest
 
-from support import as_postgres, fresh_database, free_port, psql, scalar, wait_until
+from support import as_postgres, drop_database, free_port, fresh_database, psql, scalar, wait_until
 
 DB = "rag_e2e_standby"
 PG_BIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
@@ -62,7 +62,7 @@ class Standby(unittest.TestCase):
     def tearDownClass(cls):
         as_postgres(f"{PG_BIN}/pg_ctl", "-D", os.path.join(cls.dir, "data"), "-m", "immediate", "-w", "stop")
         shutil.rmtree(cls.dir, ignore_errors=True)
-        psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", db="postgres")
+        drop_database(DB)
 
     def on_standby(self, sql, check=True):
         return psql(sql, db=DB, port=self.port, check=check)
