@@ -401,18 +401,32 @@ BEGIN
     END;
 END $$;
 
--- The one decision on a collection's HNSW index during loads, taken once per stored batch: a bulk load
--- (rag._bulk_loading) that finds the index drops it (rag._suspend_index); a collection with vectors, no index and
--- no bulk load (a first small load, or the end of a bulk one) gets it built. CREATE INDEX holds writes to
--- rag.chunks (not reads) while it runs. A build that fails (out of disk, say) must not fail the batch, or the
--- next one, forever: it is reported and left to the idle worker's repair.
+-- The one decision on a collection's HNSW index during loads, taken at the end of each stored batch: a bulk
+-- load (rag._bulk_loading) that finds the index drops it (rag._suspend_index); a collection with vectors, no
+-- index and no bulk load (a first small load, or the end of a bulk one) gets it built, in the transaction that
+-- makes the batch's documents ready, so that with one worker they are ready with their index. CREATE INDEX
+-- holds writes to rag.chunks (not reads) while it runs. The decision needs the collection's row to itself
+-- (FOR NO KEY UPDATE: an ingest's foreign key check does not stand in its way). While another store shares the
+-- row (rag._lock_for_store: a second worker, or rag_process_queue), this one leaves the decision to that
+-- store's batch; waiting for it instead would deadlock, each store holding the row the other needs. So with
+-- several workers a load's last documents can be ready a moment before the index that no batch built, which
+-- the idle worker's repair then builds (rag._repair_indexes; rag_process_queue runs it when the queue is
+-- empty). A drop that was skipped is tried again by the next batch. A build that fails (out of disk, say) must
+-- not fail the batch, or the next one, forever: it is reported and left to that repair.
 CREATE FUNCTION rag._fit_index_to_load(p_collection_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
-    IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 THEN
+    IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000
+       -- Nothing to change (a bulk load without the index, or the index without a bulk load), which is most
+       -- batches: then the row is not locked, or the next store of another worker would wait for this one.
+       OR rag._bulk_loading(c.id) = (c.index_name IS NULL) THEN
+        RETURN;
+    END IF;
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN;
     END IF;
     IF rag._bulk_loading(c.id) THEN
@@ -452,7 +466,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_missing integer[];
     v_id integer;
+    v_lock_timeout text;
 BEGIN
+    -- Put back at the end: rag_process_queue runs this inside its caller's transaction.
+    v_lock_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
     v_missing := rag._collections_missing_indexes();
@@ -460,6 +477,7 @@ BEGIN
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);
     END LOOP;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
     RETURN cardinality(v_missing);
 END $$;
 

@@ -438,6 +438,42 @@ BEGIN
     RETURN v_count;
 END $$;
 
+-- The collection and the document that vectors are stored for, locked in that order and before the document's
+-- chunks: the order in which rag_drop_collection and deleting a document (its cascade to rag.chunks) take them,
+-- so that either waits here instead of deadlocking. The collection's row is only shared, so that workers store
+-- into one collection side by side while whatever changes the collection (its model, dropping it) waits for
+-- them all. It is taken exclusively while the collection has no dimension yet, because the first vectors set it
+-- (rag._accept_dimensions) and two stores sharing the row could not both upgrade their lock without a deadlock.
+-- A dimension found set before the lock and gone after it (a model change switched to the same model before any
+-- vector of it was stored) is the one case left to an upgrade. All NULL when the document is gone.
+CREATE FUNCTION rag._lock_for_store(p_document_id bigint) RETURNS rag.collections
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_collection integer;
+    v_first boolean;
+BEGIN
+    SELECT d.collection_id, col.dimensions IS NULL INTO v_collection, v_first
+      FROM rag.documents d JOIN rag.collections col ON col.id = d.collection_id
+     WHERE d.id = p_document_id;
+    IF v_collection IS NULL THEN
+        RETURN NULL;
+    ELSIF v_first THEN
+        SELECT * INTO c FROM rag.collections WHERE id = v_collection FOR UPDATE;
+    ELSE
+        SELECT * INTO c FROM rag.collections WHERE id = v_collection FOR SHARE;
+        IF c.dimensions IS NULL THEN
+            SELECT * INTO c FROM rag.collections WHERE id = v_collection FOR UPDATE;
+        END IF;
+    END IF;
+    -- A document never moves to another collection, so the one looked up above is still its own.
+    PERFORM 1 FROM rag.documents WHERE id = p_document_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN c;
+END $$;
+
 -- Vectors of p_dimensions for the searched space of collection c (locked by the caller): NULL when they may be
 -- stored, else the reason the document fails. The first vectors fix the collection's dimension; its index is
 -- the caller's rag._fit_index_to_load, once per batch.
@@ -479,11 +515,8 @@ DECLARE
     c rag.collections;
 BEGIN
     stored := false;
-    -- Locks in the order of rag._store_embeddings: collection and document before chunks.
-    SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
-     WHERE d.id = p_document_id
-       FOR UPDATE OF col, d;
-    IF NOT FOUND OR c.embedding_model <> p_model
+    c := rag._lock_for_store(p_document_id);
+    IF c.id IS NULL OR c.embedding_model <> p_model
        OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id) THEN
         -- Deleted, the model changed, or chunked meanwhile: the regular path takes it.
         RETURN;
@@ -515,28 +548,43 @@ END $$;
 -- More small new documents of the collection of the queue item the worker just claimed (p_queue_id), claimed
 -- with it so that their chunks share provider calls and transactions: due, unclaimed, never tried, not yet
 -- chunked, at most p_max_bytes of text, and no model change going. Oldest first, as rag._claim_next would.
-CREATE FUNCTION rag._claim_more(p_worker integer, p_queue_id bigint, p_limit integer, p_max_bytes integer)
+-- p_budget_bytes (NULL: none) bounds the text of the whole group, the first item's included: what the
+-- worker's provider embeds in about a slice of time, so that a slow provider's documents are spread over
+-- the workers instead of all taken by the first to claim.
+CREATE FUNCTION rag._claim_more(p_worker integer, p_queue_id bigint, p_limit integer, p_max_bytes integer,
+                                p_budget_bytes integer DEFAULT NULL)
 RETURNS TABLE (queue_id bigint, document_id bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer;
+    v_budget bigint;
 BEGIN
-    SELECT qu.collection_id INTO v_collection FROM rag.queue qu WHERE qu.id = p_queue_id;
-    IF v_collection IS NULL OR p_limit < 1
+    SELECT qu.collection_id, p_budget_bytes - octet_length(d.body) INTO v_collection, v_budget
+      FROM rag.queue qu JOIN rag.documents d ON d.id = qu.document_id
+     WHERE qu.id = p_queue_id;
+    IF v_collection IS NULL OR p_limit < 1 OR v_budget < 1
        OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection) THEN
         RETURN;
     END IF;
     RETURN QUERY
-    WITH taken AS (
-        SELECT qu.id, qu.document_id FROM rag.queue qu
+    WITH candidates AS (
+        -- Read without locks, so that the running total of text can be taken in claim order (a window may not
+        -- go with FOR UPDATE); what another worker claims meanwhile is skipped below and only makes the group
+        -- smaller.
+        SELECT qu.id, sum(octet_length(d.body)) OVER (ORDER BY qu.collection_id, qu.not_before, qu.id) AS running
+          FROM rag.queue qu JOIN rag.documents d ON d.id = qu.document_id
          -- The same range as rag._claim_next's, for the same reason.
          WHERE (qu.collection_id, qu.not_before) > (v_collection, '-infinity'::timestamptz)
            AND (qu.collection_id, qu.not_before) <= (v_collection, now())
            AND qu.id <> p_queue_id AND qu.claimed_by IS NULL AND qu.attempts = 0 AND qu.unfinished_claims = 0
-           AND EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = qu.document_id AND octet_length(d.body) <= p_max_bytes)
+           AND octet_length(d.body) <= p_max_bytes
            AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = qu.document_id)
          ORDER BY qu.collection_id, qu.not_before, qu.id
          LIMIT p_limit
+    ), taken AS (
+        SELECT qu.id, qu.document_id FROM rag.queue qu JOIN candidates ca ON ca.id = qu.id
+         WHERE (v_budget IS NULL OR ca.running <= v_budget)
+           AND qu.claimed_by IS NULL AND qu.attempts = 0 AND qu.unfinished_claims = 0
            FOR UPDATE OF qu SKIP LOCKED
     )
     UPDATE rag.queue q SET claimed_by = p_worker, claimed_at = now(), unfinished_claims = q.unfinished_claims + 1
@@ -561,16 +609,18 @@ DECLARE
     v_column text;
     v_refusal text;
 BEGIN
-    -- The document is locked before its chunks, the order in which deleting a document (its cascade to
-    -- rag.chunks) takes them, so a concurrent delete waits here instead of deadlocking.
-    SELECT col.* INTO c FROM rag.collections col JOIN rag.documents d ON d.collection_id = col.id
-     WHERE d.id = p_document_id
-       FOR UPDATE OF col, d;
-    IF NOT FOUND THEN
+    c := rag._lock_for_store(p_document_id);
+    IF c.id IS NULL THEN
         RETURN NULL;  -- deleted meanwhile: nothing to store
     END IF;
     IF p_shadow THEN
-        SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR UPDATE;
+        -- Shared like the collection's row (rag._lock_for_store), and for the same reason exclusive only until
+        -- the change's first vectors set its dimension.
+        IF (SELECT mi.dimensions IS NULL FROM rag.migrations mi WHERE mi.collection_id = c.id) THEN
+            SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR UPDATE;
+        ELSE
+            SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR SHARE;
+        END IF;
         IF NOT FOUND OR m.embedding_model <> p_model THEN
             RETURN NULL;
         END IF;

@@ -61,7 +61,15 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     while worked < max_items.max(0) {
         match process_next(&Subtransactions, &mut providers, &mut rng, 1) {
             Ok(Step::Worked) => worked += 1,
-            Ok(Step::Idle(_)) | Ok(Step::Stopped) => break,
+            Ok(Step::Idle(_)) => {
+                // The queue is empty: what a worker's idle moment does for indexes (a load whose index a
+                // concurrent store kept this session from building). A failure here loses nothing.
+                if let Err(error) = Subtransactions.run(crate::store::repair_indexes_after_writes) {
+                    pgrx::debug1!("rag_process_queue: repairing indexes: {error}");
+                }
+                break;
+            }
+            Ok(Step::Stopped) => break,
             Err(error) => Err::<(), _>(RagError::Internal(format!(
                 "processing the queue failed: {error}"
             )))

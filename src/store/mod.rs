@@ -157,6 +157,12 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._repair_indexes()")
 }
 
+/// The same repair from a session that has written in its transaction (rag_process_queue), where the idle
+/// worker's read-only look could miss the chunks it stored.
+pub fn repair_indexes_after_writes() -> Result<Option<i32>, SpiError> {
+    Spi::get_one::<i32>("SELECT rag._repair_indexes()")
+}
+
 /// Measures the lexemes of one collection that is due (rag._measure_lexemes), for the full-text side.
 pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
     if idle_read::<i32>("SELECT rag._lexemes_due()")?.is_none() {
@@ -336,22 +342,24 @@ pub fn pending_chunks(
 }
 
 /// More small new documents of the claimed item's collection, claimed with it (`rag._claim_more`): their
-/// queue and document ids.
+/// queue and document ids. `budget_bytes` bounds the text of the whole group, the claimed item's included.
 pub fn claim_more(
     worker_pid: i32,
     queue_id: i64,
     limit: i32,
     max_bytes: i32,
+    budget_bytes: Option<i32>,
 ) -> Result<Vec<(i64, i64)>, RagError> {
     let rows: Vec<(Option<i64>, Option<i64>)> = Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT queue_id, document_id FROM rag._claim_more($1, $2, $3, $4)",
+            "SELECT queue_id, document_id FROM rag._claim_more($1, $2, $3, $4, $5)",
             None,
             &[
                 worker_pid.into(),
                 queue_id.into(),
                 limit.into(),
                 max_bytes.into(),
+                budget_bytes.into(),
             ],
         )?;
         let mut claimed = Vec::new();

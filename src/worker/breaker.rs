@@ -5,7 +5,7 @@
 //! every collection behind it; keyed by model as well, a model change to a model that keeps failing does not
 //! stall the collection's own documents on the same server.
 use crate::provider::{self, Embedder, ProviderRow};
-use rag_embed::RetryPolicy;
+use rag_embed::{Pace, RetryPolicy};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,8 @@ pub struct Providers {
     key: Option<(ProviderRow, String, Duration)>,
     client: Option<Embedder>,
     open_until: HashMap<String, (Instant, u32)>,
+    /// How fast each provider/model embeds, as this worker has seen it: how much to claim at once.
+    paces: HashMap<String, Pace>,
 }
 
 impl Providers {
@@ -48,6 +50,23 @@ impl Providers {
         let cool_down = RetryPolicy::default().ceiling(failures).max(delay);
         self.open_until
             .insert(provider.to_string(), (Instant::now() + cool_down, failures));
+    }
+
+    /// A call to the provider/model `key` embedded `bytes` of text in `elapsed`.
+    pub fn note_call(&mut self, key: &str, bytes: usize, elapsed: Duration) {
+        self.paces
+            .entry(key.to_string())
+            .or_default()
+            .record(bytes, elapsed);
+    }
+
+    /// Per provider/model key, the text that embeds in about `slice` at the pace seen so far; keys whose pace
+    /// is unknown, or too fast to matter, are absent.
+    pub fn claim_budgets(&self, slice: Duration) -> HashMap<String, i32> {
+        self.paces
+            .iter()
+            .filter_map(|(key, pace)| Some((key.clone(), pace.bytes_within(slice)?)))
+            .collect()
     }
 
     pub fn reset(&mut self, provider: &str) {

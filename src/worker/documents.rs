@@ -49,17 +49,24 @@ pub fn process_next(
     }
     let skip = providers.cooling_down();
     let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
+    let budgets = providers.claim_budgets(SLICE);
     let claimed = steps.run(|| -> Result<_, RagError> {
         let Some(item) = store::claim_next(pid, skip, recent)? else {
             return Ok(None);
         };
         let mut companions = Vec::new();
         if is_new(&item) && max_documents > 1 {
+            // A group embeds in about one slice at the provider's pace, so that with a slow provider the
+            // other workers find documents to claim too.
+            let budget = budgets
+                .get(&breaker_key(&item.provider.name, &item.model))
+                .copied();
             let more = store::claim_more(
                 pid,
                 item.queue_id,
                 (max_documents - 1) as i32,
                 COMPANION_MAX_BYTES,
+                budget,
             )?;
             companions = more
                 .into_iter()
@@ -146,45 +153,55 @@ fn work_on_new(
             for (item, _) in &whole {
                 fail(steps, item, reason.clone());
             }
+            if head_chunked {
+                fail(steps, &group[0], reason);
+            }
             return Step::Worked;
         }
     };
+    // Claims handed back unworked: the documents of these calls, and the group's first when its chunks were
+    // stored for the regular path.
+    let unworked = |rest: Vec<(&WorkItem, Vec<NewChunk>)>| -> Vec<WorkItem> {
+        rest.into_iter()
+            .map(|(item, _)| item.clone())
+            .chain(head_chunked.then(|| group[0].clone()))
+            .collect()
+    };
+    let slice_started = Instant::now();
     let mut calls = pack_calls(whole, batch_size).into_iter();
+    let mut first_call = true;
     while let Some(call) = calls.next() {
         if steps.interrupted() {
-            for (item, _) in call
-                .iter()
-                .chain(calls.flatten().collect::<Vec<_>>().iter())
-            {
-                release(steps, item);
-            }
-            if head_chunked {
-                release(steps, &group[0]);
-            }
+            release_all(
+                steps,
+                &unworked(std::iter::once(call).chain(calls).flatten().collect()),
+            );
             return Step::Stopped;
+        }
+        // After at least one call, so that every round gets somewhere.
+        if !std::mem::take(&mut first_call) && slice_started.elapsed() >= SLICE {
+            // A slow provider (the local model, say): the rest goes back to the queue, where the next claim,
+            // this worker's or another's, takes it. Workers then share the group's documents instead of one
+            // of them holding them all, and other collections get their turn.
+            release_all(
+                steps,
+                &unworked(std::iter::once(call).chain(calls).flatten().collect()),
+            );
+            crate::worker::registry::wake_workers_of_current_database();
+            return Step::Worked;
         }
         match embed_whole(steps, providers, rng, &client, call) {
             Call::Stored => {}
             Call::Stopped(rest) => {
-                for (item, _) in rest
-                    .iter()
-                    .chain(calls.flatten().collect::<Vec<_>>().iter())
-                {
-                    release(steps, item);
-                }
-                if head_chunked {
-                    release(steps, &group[0]);
-                }
+                release_all(
+                    steps,
+                    &unworked(rest.into_iter().chain(calls.flatten()).collect()),
+                );
                 return Step::Stopped;
             }
             Call::ProviderDown => {
                 // The breaker is open for this model now: the rest waits for it unclaimed, uncounted.
-                for (item, _) in calls.flatten() {
-                    release(steps, item);
-                }
-                if head_chunked {
-                    release(steps, &group[0]);
-                }
+                release_all(steps, &unworked(calls.flatten().collect()));
                 return Step::Worked;
             }
         }
@@ -286,7 +303,17 @@ fn embed_whole<'a>(
         .dimensions
         .filter(|_| first.provider.kind == crate::provider::Kind::Server(ProviderKind::OpenAi))
         .map(|d| d as u32);
-    let output = match client.embed(&first.model, &texts, dimensions, &mut interrupt) {
+    let started = Instant::now();
+    let embedded = client.embed(&first.model, &texts, dimensions, &mut interrupt);
+    if embedded.is_ok() {
+        let bytes = texts.iter().map(String::len).sum();
+        providers.note_call(
+            &breaker_key(&first.provider.name, &first.model),
+            bytes,
+            started.elapsed(),
+        );
+    }
+    let output = match embedded {
         Ok(output) if output.vectors.len() == texts.len() => output,
         Ok(_) => {
             each_alone(steps, providers, rng, &items_of(&call));
@@ -494,9 +521,12 @@ fn embed_batch(
         .dimensions
         .filter(|_| item.provider.kind == crate::provider::Kind::Server(ProviderKind::OpenAi))
         .map(|d| d as u32);
+    let started = Instant::now();
     match client.embed(&item.model, &texts, dimensions, &mut interrupt) {
         Ok(output) => {
-            providers.reset(&breaker_key(&item.provider.name, &item.model));
+            let key = breaker_key(&item.provider.name, &item.model);
+            providers.note_call(&key, texts.iter().map(String::len).sum(), started.elapsed());
+            providers.reset(&key);
             match store_batch(steps, item, ids, output) {
                 Ok(None) => Batch::Stored,
                 Ok(Some(reason)) => Batch::Done(fail(steps, item, reason)),
@@ -612,11 +642,22 @@ fn fail(steps: &impl Steps, item: &WorkItem, reason: String) -> Step {
 
 /// Gives the claim back untouched so the next worker starts on it at once.
 fn release(steps: &impl Steps, item: &WorkItem) {
-    if let Err(error) = steps.run(|| store::defer(item.queue_id, 0, None, false)) {
-        // The claim dies with this process anyway (claims of gone processes are free to take).
-        pgrx::log!(
-            "rag worker: could not release document {}: {error}",
-            item.document_id
-        );
+    release_all(steps, std::slice::from_ref(item));
+}
+
+/// Gives claims back untouched, in one step.
+fn release_all(steps: &impl Steps, items: &[WorkItem]) {
+    if items.is_empty() {
+        return;
+    }
+    let released = steps.run(|| {
+        items
+            .iter()
+            .try_for_each(|item| store::defer(item.queue_id, 0, None, false))
+    });
+    if let Err(error) = released {
+        // The claims die with this process anyway (claims of gone processes are free to take).
+        let documents: Vec<i64> = items.iter().map(|item| item.document_id).collect();
+        pgrx::log!("rag worker: could not release documents {documents:?}: {error}");
     }
 }

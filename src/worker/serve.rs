@@ -98,6 +98,13 @@ fn rest(
         registry::mark_stopped(slot, SlotState::Exited);
         return Rest::Left;
     }
+    // An idle moment is when a restored database gets its indexes back, and a load that two workers ended gets
+    // the index neither of them could build (rag._fit_index_to_load); before leaving, so that one is never
+    // left behind. A restore still loading the chunks makes it give up at once (lock_timeout) and try again
+    // next time.
+    if let Err(error) = steps.run(store::repair_indexes) {
+        pgrx::debug1!("rag worker: repairing indexes: {error}");
+    }
     // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
     // wakes the launcher, which starts a worker again.
     if registry::workers_wanted_elsewhere() && steps.run(store::nothing_queued).unwrap_or(false) {
@@ -108,11 +115,6 @@ fn rest(
             return Rest::Left;
         }
         registry::mark_running(slot);
-    }
-    // An idle moment is when a restored database gets its indexes back; a restore still loading the chunks
-    // makes it give up at once (lock_timeout) and try again next time.
-    if let Err(error) = steps.run(store::repair_indexes) {
-        pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
     // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do.
     if let Err(error) = steps.run(store::advance_migrations) {

@@ -1,10 +1,9 @@
 """A collection's HNSW build parameters changed while its index is being built: the build that started with the
 old ones must not stay behind as the collection's index (rag._ensure_index checks the row after the build)."""
-import os
-import subprocess
 import unittest
 from functools import partial
 
+from support import background_psql as background_psql_in
 from support import drop_database, fresh_database
 from support import psql as psql_in
 from support import scalar as scalar_in
@@ -13,16 +12,8 @@ from support import wait_until as wait_until_in
 DB = "rag_e2e_index_parameters"
 psql = partial(psql_in, db=DB)
 scalar = partial(scalar_in, db=DB)
+background_psql = partial(background_psql_in, db=DB)
 wait_until = partial(wait_until_in, db=DB, seconds=30)
-
-
-def background_psql(sql):
-    """A psql session running `sql`; it reads more from its standard input until that is closed."""
-    process = subprocess.Popen(["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", DB], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    process.stdin.write(sql + "\n")
-    process.stdin.flush()
-    return process
 
 
 class BuildParametersChangedDuringABuild(unittest.TestCase):

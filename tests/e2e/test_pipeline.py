@@ -146,15 +146,23 @@ class Pipeline(unittest.TestCase):
             body = twenty_megabytes()
             with WorkerMemory(db) as memory:
                 ingest_copied("big-local", body, db=db)
+                # The document's chunks are made, measured and stored in one transaction: they show all at once.
+                self.assertTrue(wait_until("SELECT chunks_total > 0 FROM rag.documents", db=db, seconds=240),
+                                "the document was not chunked in 240 s")
+                chunking = memory.peak["RssAnon"]
                 embedded = "SELECT coalesce(sum(chunks_embedded), 0) >= 64 FROM rag.documents"
                 self.assertTrue(wait_until(embedded, db=db, seconds=240), "the local model embedded nothing in 240 s")
             chunks = int(scalar("SELECT chunks_total FROM rag.documents", db=db))
         finally:
             drop_database(db)
         self.assertGreater(chunks, 20000)
-        print(f"\n  worker during the 20 MB document on the local model ({chunks} chunks): {memory.report()}", end=" ")
-        # Holding every chunk's text while the tokenizer measured them took 84 MB; bounds alone, 61 to 65 MB.
-        self.assertLess(memory.peak["RssAnon"], 75 * 1024, "the worker held the document's chunks all at once")
+        print(f"\n  worker during the 20 MB document on the local model ({chunks} chunks): chunking: peak RssAnon "
+              f"{chunking // 1024} MB; then embedding: {memory.report()}", end=" ")
+        # Holding every chunk's text while the tokenizer measured them took 84 MB; bounds alone, 49 MB while
+        # chunking (four runs alike). Embedding then adds the model's activations for a batch, 61 to 75 MB in all
+        # across runs (how much of them the sampler catches varies), within issue 15's 100 MB.
+        self.assertLess(chunking, 65 * 1024, "the worker held the document's chunks all at once")
+        self.assertLess(memory.peak["RssAnon"], 100 * 1024, "the worker took more than 100 MB of its own")
 
     def test_e_refusal_by_distance_makes_no_chat_call(self):
         chat = "chat-test@slow2"

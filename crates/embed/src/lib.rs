@@ -22,6 +22,7 @@ mod http;
 pub mod known_models;
 mod ollama;
 mod openai;
+mod pace;
 mod retry;
 mod time;
 mod validate;
@@ -33,6 +34,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use error::{classify_status, ProviderError, StatusClass};
+pub use pace::Pace;
 pub use retry::{RetryPolicy, RngLike, SplitMix64};
 
 use http::{CallContext, Method, Outgoing};

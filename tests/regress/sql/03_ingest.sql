@@ -69,3 +69,35 @@ SELECT rag._bulk_loading(id) AS bulk_at_200 FROM rag.collections WHERE name = 'b
 SELECT rag._fit_index_to_load(id) AS fit_index_to_load FROM rag.collections WHERE name = 'bulkcheck';
 SELECT index_name IS NULL AS still_no_index FROM rag.collections WHERE name = 'bulkcheck';
 ROLLBACK;
+
+-- Small new documents claimed together (rag._claim_more): oldest first, and with a budget (what the worker's
+-- provider embeds in about a second) no more text in the whole group than that, its first document included.
+-- Inside one transaction, so the worker sees none of it; bodies of 100, 200, 300, 400 and 500 bytes.
+BEGIN;
+SELECT rag_create_collection('claimcheck', embedding_model => 'hash-384') > 0 AS created;
+SELECT count(rag_ingest('claimcheck', 'Doc ' || g, rpad('Document ' || g || ' ', 100 * g, 'x'))) AS queued
+  FROM generate_series(1, 5) g;
+CREATE FUNCTION pg_temp.claimed(p_budget integer, p_limit integer DEFAULT 31, p_max_bytes integer DEFAULT 16384)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_titles text;
+BEGIN
+    -- Each call looks at the claims as they were before it: they are handed back afterwards.
+    SELECT coalesce(string_agg(d.title, ', ' ORDER BY d.title), '-') INTO v_titles
+      FROM rag._claim_more(pg_backend_pid(),
+                           (SELECT q.id FROM rag.queue q JOIN rag.documents d ON d.id = q.document_id
+                              JOIN rag.collections c ON c.id = d.collection_id
+                             WHERE c.name = 'claimcheck' AND d.title = 'Doc 1'),
+                           p_limit, p_max_bytes, p_budget) c
+      JOIN rag.documents d ON d.id = c.document_id;
+    UPDATE rag.queue q SET claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
+      FROM rag.collections c WHERE c.id = q.collection_id AND c.name = 'claimcheck';
+    RETURN v_titles;
+END $$;
+SELECT pg_temp.claimed(NULL) AS no_budget,
+       pg_temp.claimed(600) AS within_600_bytes,
+       pg_temp.claimed(599) AS within_599_bytes,
+       pg_temp.claimed(100) AS only_the_first,
+       pg_temp.claimed(NULL, 2) AS two_at_most,
+       pg_temp.claimed(NULL, 31, 350) AS none_over_350_bytes;
+ROLLBACK;

@@ -1,0 +1,121 @@
+"""Workers that store into one collection side by side: a store shares the collection's row instead of locking it
+(rag._lock_for_store), the index decision is skipped while another store holds the row and left to the idle
+worker's repair (rag._fit_index_to_load), and a slow provider's documents are claimed in groups of about a
+slice's work, so a second worker finds some to take."""
+import unittest
+from functools import partial
+
+from support import background_psql as background_psql_in
+from support import drop_database, fresh_database
+from support import psql as psql_in
+from support import scalar as scalar_in
+from support import wait_until as wait_until_in
+
+DB = "rag_e2e_concurrent_stores"
+psql = partial(psql_in, db=DB)
+scalar = partial(scalar_in, db=DB)
+background_psql = partial(background_psql_in, db=DB)
+wait_until = partial(wait_until_in, db=DB)
+
+
+class ConcurrentStores(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        drop_database(DB)
+
+    def test_a_a_store_goes_ahead_while_another_shares_the_collection(self):
+        # The dimension is set up front: a collection's first vectors take its row alone, to set it. The index
+        # rag_create_collection built is dropped (no chunks yet) and the parameters recorded for the next build.
+        psql("SELECT rag_create_collection('shared', embedding_model => 'hash-384', dimensions => 384, "
+             "chunk_size => 200, chunk_overlap => 0); "
+             "SELECT rag_set_search('shared', m => 8, ef_construction => 40)")
+        self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'shared'"), "t")
+        # What another worker's store holds while it writes (rag._lock_for_store): the collection's row, shared.
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'shared' FOR SHARE;")
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            # Small documents (the whole-document path, rag._store_document) and one of more chunks than one
+            # call takes (the regular path: rag._store_chunks, rag._store_embeddings, rag._finish).
+            psql("SELECT rag_ingest('shared', 'Note ' || g, 'Shared note ' || g || ' about topic ' || g % 7 || '.') "
+                 "FROM generate_series(1, 20) g")
+            psql("SELECT rag_ingest('shared', 'Long', string_agg('Paragraph ' || g || ' of the long document, "
+                 "which the regular path embeds batch by batch.', E'\\n\\n')) FROM generate_series(1, 100) g")
+            self.assertEqual(scalar("SELECT rag_wait('shared', '30 seconds')"), "t",
+                             "the worker's stores waited for another holder of the collection's row")
+            self.assertEqual(psql("SELECT count(*), sum(chunks_embedded) = sum(chunks_total) FROM rag.documents d "
+                                  "JOIN rag.collections c ON c.id = d.collection_id "
+                                  "WHERE c.name = 'shared' AND d.status = 'ready'"), [["21", "t"]])
+            self.assertGreater(int(scalar("SELECT chunks_total FROM rag.documents WHERE title = 'Long'")), 32,
+                               "the long document should have taken the regular path")
+            # The index decision needs the row alone: it was left for later, and searches are exact meanwhile.
+            self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'shared'"), "t")
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('shared', 'shared note about topic 3', k => 3, "
+                                    "max_distance => 2)"), "3")
+        finally:
+            out, err = holder.communicate(input="COMMIT;\n", timeout=60)
+        self.assertEqual(holder.returncode, 0, err)
+        # Once the row is free, the idle worker's repair builds the index with the collection's parameters.
+        self.assertTrue(wait_until("SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections "
+                                   "WHERE name = 'shared'", seconds=60), "the index was never built")
+        self.assertIn("m='8', ef_construction='40'",
+                      scalar("SELECT indexdef FROM pg_indexes i JOIN rag.collections c ON i.indexname = c.index_name "
+                             "WHERE c.name = 'shared'"))
+
+    def test_b_a_slow_providers_documents_are_spread_over_the_workers(self):
+        # 32 documents of 12 chunks, two to a provider call at 290 ms a call: 4.6 s of work, all of which one
+        # claim could take at once (up to 32 documents). Claimed that way, nothing is left for a second worker,
+        # and the group holds one worker for seconds. A group is given back after a slice (one second), and
+        # later claims take about a slice's work at the pace the worker has seen, so documents wait unclaimed
+        # while others are worked on and both workers claim some.
+        psql("ALTER SYSTEM SET rag.workers_per_database = 2;\nSELECT pg_reload_conf();", db="postgres")
+        try:
+            self.assertTrue(wait_until_in(f"SELECT count(*) = 2 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                          f"AND datname = '{DB}'", db="postgres", seconds=60),
+                            "the second worker never started")
+            # A model name of its own: the test server counts calls per model name, and other scenarios count theirs.
+            model = "hash-384@slow290"
+            psql(f"SELECT rag_create_collection('paced', embedding_model => '{model}', dimensions => 384, "
+                 "chunk_size => 100, chunk_overlap => 0)")
+            # Paragraphs of about 90 characters: one to a chunk of at most 100.
+            psql("SELECT rag_ingest('paced', 'Doc ' || d, string_agg('Doc ' || d || ' paragraph ' || p || ' is long "
+                 "enough for the chunker to keep it in a chunk of its own.', E'\\n\\n')) "
+                 "FROM generate_series(1, 32) d, generate_series(1, 12) p GROUP BY d")
+            # Watched from inside the server every 10 ms (a new snapshot each statement) until the queue is
+            # empty: who holds claims, and whether documents wait unclaimed beside claimed ones.
+            observed = psql("""
+                CREATE TEMP TABLE observed (claimers integer[], unclaimed bigint);
+                DO $$
+                BEGIN
+                    FOR i IN 1..6000 LOOP
+                        INSERT INTO observed
+                        SELECT array_agg(DISTINCT q.claimed_by) FILTER (WHERE q.claimed_by IS NOT NULL),
+                               count(*) FILTER (WHERE q.claimed_by IS NULL)
+                          FROM rag.queue q JOIN rag.collections c ON c.id = q.collection_id WHERE c.name = 'paced'
+                        HAVING count(*) > 0;
+                        EXIT WHEN NOT FOUND;
+                        PERFORM pg_sleep(0.01);
+                    END LOOP;
+                END $$;
+                SELECT (SELECT count(DISTINCT claimer) FROM observed, unnest(claimers) claimer),
+                       (SELECT count(*) FROM observed WHERE cardinality(claimers) > 0 AND unclaimed > 0);""")[0]
+            self.assertEqual(scalar("SELECT rag_wait('paced', '60 seconds')"), "t")
+            self.assertEqual(psql("SELECT count(*), sum(chunks_total), sum(chunks_embedded) FROM rag.documents d "
+                                  "JOIN rag.collections c ON c.id = d.collection_id "
+                                  "WHERE c.name = 'paced' AND d.status = 'ready'"), [["32", "384", "384"]],
+                             "32 documents of 12 chunks, all ready")
+            claimers, waiting_beside_claimed = (int(value) for value in observed)
+            self.assertGreater(waiting_beside_claimed, 0, "every document was claimed at once and held until stored")
+            self.assertEqual(claimers, 2, "one worker claimed every document")
+        finally:
+            psql("ALTER SYSTEM RESET rag.workers_per_database;\nSELECT pg_reload_conf();", db="postgres")
+            # The surplus worker of every database leaves when idle; later scenarios expect one per database.
+            wait_until_in("SELECT count(*) = 0 FROM (SELECT datname FROM pg_stat_activity WHERE backend_type = "
+                          "'rag worker' GROUP BY datname HAVING count(*) > 1) s", db="postgres", seconds=60)
+
+
+if __name__ == "__main__":
+    unittest.main()
