@@ -361,19 +361,29 @@ END $$;
 -- Whether a collection is in a bulk load: at least rag._limit('bulk_load_documents') of its documents are
 -- queued while it has no HNSW index or fewer ready documents than that (a first load, a rag_reindex, a large
 -- load into a small collection). Its vectors are then stored without the index, whose per-row upkeep costs more
--- than the rest of the pipeline, and the index is built once as the load ends. Both counts stop at the limit,
--- so the answer costs the same at a million documents.
+-- than the rest of the pipeline, and the index is built once as the load ends. A load under way (no index, and
+-- that many documents ready already) ends only when fewer than rag._limit('bulk_load_tail_documents') wait, so
+-- that its last documents are not stored through the index either. The counts stop at their limits, so the
+-- answer costs the same at a million documents.
 CREATE FUNCTION rag._bulk_loading(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_limit integer := rag._limit('bulk_load_documents')::integer;
+    v_tail integer := rag._limit('bulk_load_tail_documents')::integer;
+    v_indexed boolean;
+    v_ready_to_limit boolean;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1) THEN
+    IF NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_tail - 1) THEN
         RETURN false;
     END IF;
-    RETURN (SELECT c.index_name IS NULL FROM rag.collections c WHERE c.id = p_collection_id)
-        OR NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id AND d.status = 'ready'
-                        OFFSET v_limit - 1);
+    SELECT c.index_name IS NOT NULL INTO v_indexed FROM rag.collections c WHERE c.id = p_collection_id;
+    v_ready_to_limit := EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id
+                                   AND d.status = 'ready' OFFSET v_limit - 1);
+    IF NOT v_indexed AND v_ready_to_limit THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1)
+       AND (NOT v_indexed OR NOT v_ready_to_limit);
 END $$;
 
 -- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs rag.chunks to itself

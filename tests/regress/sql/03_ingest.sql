@@ -68,6 +68,19 @@ SELECT rag._bulk_loading(id) AS bulk_at_200 FROM rag.collections WHERE name = 'b
 -- The end of a load builds nothing while it is still a bulk load, and nothing for a collection without vectors.
 SELECT rag._fit_index_to_load(id) AS fit_index_to_load FROM rag.collections WHERE name = 'bulkcheck';
 SELECT index_name IS NULL AS still_no_index FROM rag.collections WHERE name = 'bulkcheck';
+-- A load under way (its first 200 documents ready, still no index) stays in bulk until fewer than
+-- rag._limit('bulk_load_tail_documents') of its documents wait, not 200: its last documents are stored without
+-- the index's per-row upkeep too.
+SELECT rag._limit('bulk_load_tail_documents') AS bulk_load_tail_documents;
+SELECT count(rag_ingest('bulkcheck', 'More ' || g, 'More bulk document number ' || g)) AS queued_more
+  FROM generate_series(1, 20) g;
+WITH done AS (
+    UPDATE rag.documents d SET status = 'ready' FROM rag.collections c
+     WHERE c.id = d.collection_id AND c.name = 'bulkcheck' AND d.title LIKE 'Doc %' RETURNING d.id)
+DELETE FROM rag.queue q USING done WHERE q.document_id = done.id;
+SELECT rag._bulk_loading(id) AS bulk_with_200_ready_20_waiting FROM rag.collections WHERE name = 'bulkcheck';
+DELETE FROM rag.queue q USING rag.documents d WHERE d.id = q.document_id AND d.title = 'More 20';
+SELECT rag._bulk_loading(id) AS bulk_with_200_ready_19_waiting FROM rag.collections WHERE name = 'bulkcheck';
 ROLLBACK;
 
 -- Small new documents claimed together (rag._claim_more): oldest first, and with a budget (what the worker's
