@@ -22,11 +22,14 @@ def psql(sql, db="rag_e2e", check=True, port=None, timeout=120):
     return rows if check else (result.returncode, rows, result.stderr)
 
 
-def background_psql(sql, db="rag_e2e"):
+def background_psql(sql, db="rag_e2e", port=None):
     """A psql session running `sql`, left open: it reads more from its standard input until that is closed
     (communicate(input=...) ends it), so a test can hold a lock or a transaction while it looks elsewhere."""
+    env = dict(os.environ)
+    if port is not None:
+        env["PGPORT"] = str(port)
     process = subprocess.Popen(["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-d", db], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     process.stdin.write(sql + "\n")
     process.stdin.flush()
     return process

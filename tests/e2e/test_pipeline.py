@@ -7,7 +7,8 @@ import threading
 import time
 import unittest
 
-from support import drop_database, fresh_database, provider_calls, psql, scalar, wait_for_server, wait_until
+from support import (background_psql, drop_database, fresh_database, provider_calls, psql, scalar,
+                     wait_for_server, wait_until)
 
 DB = "rag_e2e"
 
@@ -294,6 +295,30 @@ class WithoutPreload(unittest.TestCase):
             self.assertEqual(rows, [["Bad", "failed"], ["Good", "ready"]])
             hit = scalar("SELECT title FROM rag_query('manual', 'processed by hand without a worker', 1)", db="postgres", port=port)
             self.assertEqual(hit, "Good")
+            # No worker means no idle repair: an index build that a concurrent store made this session skip
+            # (rag._fit_index_to_load) is done by rag_process_queue itself once the queue is empty. The dimension
+            # is set up front (stores then share the collection's row), and rag_set_search drops the index that
+            # rag_create_collection built.
+            psql("SELECT rag_create_collection('manual-held', embedding_model => 'hash-384', dimensions => 384); "
+                 "SELECT rag_set_search('manual-held', m => 8, ef_construction => 40); "
+                 "SELECT rag_ingest('manual-held', 'Held', 'Stored while another store shares the collection.')",
+                 db="postgres", port=port)
+            index = "SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE name = 'manual-held'"
+            holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'manual-held' FOR SHARE;",
+                                     db="postgres", port=port)
+            try:
+                self.assertEqual(holder.stdout.readline().strip(), "held")
+                self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "1")
+                self.assertEqual(scalar(index, db="postgres", port=port), "f", "built while another store held the row")
+            finally:
+                _, err = holder.communicate(input="COMMIT;\n", timeout=60)
+            self.assertEqual(holder.returncode, 0, err)
+            self.assertEqual(scalar("SELECT status FROM rag.documents WHERE title = 'Held'", db="postgres", port=port), "ready")
+            self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "0")
+            self.assertEqual(scalar(index, db="postgres", port=port), "t", "rag_process_queue left the index unbuilt")
+            self.assertIn("m='8', ef_construction='40'",
+                          scalar("SELECT indexdef FROM pg_indexes i JOIN rag.collections c ON i.indexname = c.index_name "
+                                 "WHERE c.name = 'manual-held'", db="postgres", port=port))
         finally:
             subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {data}"])
 
