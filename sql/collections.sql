@@ -370,20 +370,18 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_limit integer := rag._limit('bulk_load_documents')::integer;
     v_tail integer := rag._limit('bulk_load_tail_documents')::integer;
-    v_indexed boolean;
-    v_ready_to_limit boolean;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_tail - 1) THEN
-        RETURN false;
+    IF (SELECT c.index_name IS NOT NULL FROM rag.collections c WHERE c.id = p_collection_id) THEN
+        -- A large load into a small collection.
+        RETURN EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1)
+           AND NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id
+                              AND d.status = 'ready' OFFSET v_limit - 1);
     END IF;
-    SELECT c.index_name IS NOT NULL INTO v_indexed FROM rag.collections c WHERE c.id = p_collection_id;
-    v_ready_to_limit := EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id
-                                   AND d.status = 'ready' OFFSET v_limit - 1);
-    IF NOT v_indexed AND v_ready_to_limit THEN
-        RETURN true;
-    END IF;
+    -- No index: a load starts with that many documents waiting, and one under way ends below the tail.
     RETURN EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1)
-       AND (NOT v_indexed OR NOT v_ready_to_limit);
+        OR (EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_tail - 1)
+            AND EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id
+                           AND d.status = 'ready' OFFSET v_limit - 1));
 END $$;
 
 -- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs rag.chunks to itself

@@ -154,7 +154,7 @@ pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
     if missing != Some(true) {
         return Ok(Some(0));
     }
-    Spi::get_one::<i32>("SELECT rag._repair_indexes()")
+    repair_indexes_after_writes()
 }
 
 /// The same repair from a session that has written in its transaction (rag_process_queue), where the idle

@@ -303,16 +303,7 @@ fn embed_whole<'a>(
         .dimensions
         .filter(|_| first.provider.kind == crate::provider::Kind::Server(ProviderKind::OpenAi))
         .map(|d| d as u32);
-    let started = Instant::now();
-    let embedded = client.embed(&first.model, &texts, dimensions, &mut interrupt);
-    if embedded.is_ok() {
-        let bytes = texts.iter().map(String::len).sum();
-        providers.note_call(
-            &breaker_key(&first.provider.name, &first.model),
-            bytes,
-            started.elapsed(),
-        );
-    }
+    let embedded = embed_timed(providers, client, first, &texts, dimensions, &mut interrupt);
     let output = match embedded {
         Ok(output) if output.vectors.len() == texts.len() => output,
         Ok(_) => {
@@ -521,12 +512,9 @@ fn embed_batch(
         .dimensions
         .filter(|_| item.provider.kind == crate::provider::Kind::Server(ProviderKind::OpenAi))
         .map(|d| d as u32);
-    let started = Instant::now();
-    match client.embed(&item.model, &texts, dimensions, &mut interrupt) {
+    match embed_timed(providers, client, item, &texts, dimensions, &mut interrupt) {
         Ok(output) => {
-            let key = breaker_key(&item.provider.name, &item.model);
-            providers.note_call(&key, texts.iter().map(String::len).sum(), started.elapsed());
-            providers.reset(&key);
+            providers.reset(&breaker_key(&item.provider.name, &item.model));
             match store_batch(steps, item, ids, output) {
                 Ok(None) => Batch::Stored,
                 Ok(Some(reason)) => Batch::Done(fail(steps, item, reason)),
@@ -550,6 +538,28 @@ fn embed_batch(
             Batch::Done(back_off(steps, providers, rng, item, error))
         }
     }
+}
+
+/// One provider call for `item`'s provider and model, whose pace (text per second) is noted when it succeeds:
+/// the claims that follow are sized by it (`Providers::claim_budgets`).
+fn embed_timed(
+    providers: &mut Providers,
+    client: &crate::provider::Embedder,
+    item: &WorkItem,
+    texts: &[String],
+    dimensions: Option<u32>,
+    interrupt: &mut dyn FnMut() -> bool,
+) -> Result<EmbedOutput, ProviderError> {
+    let started = Instant::now();
+    let embedded = client.embed(&item.model, texts, dimensions, interrupt);
+    if embedded.is_ok() {
+        providers.note_call(
+            &breaker_key(&item.provider.name, &item.model),
+            texts.iter().map(String::len).sum(),
+            started.elapsed(),
+        );
+    }
+    embedded
 }
 
 /// Stores a batch's vectors; Some(reason) when the document must fail (a vector of another dimension).

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import time
+import unittest
 import urllib.request
 
 
@@ -100,3 +101,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class InItsOwnDatabase(unittest.TestCase):
+    """Scenarios in a database of their own, the class's DB: made fresh before them and dropped after, so that
+    its worker does not hold one of rag.max_workers' slots for the scenarios that follow."""
+    DB = None
+
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(cls.DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        drop_database(cls.DB)

@@ -6,7 +6,7 @@ import unittest
 from functools import partial
 
 from support import background_psql as background_psql_in
-from support import drop_database, fresh_database
+from support import InItsOwnDatabase
 from support import psql as psql_in
 from support import scalar as scalar_in
 from support import wait_until as wait_until_in
@@ -18,14 +18,8 @@ background_psql = partial(background_psql_in, db=DB)
 wait_until = partial(wait_until_in, db=DB)
 
 
-class ConcurrentStores(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        fresh_database(DB)
-
-    @classmethod
-    def tearDownClass(cls):
-        drop_database(DB)
+class ConcurrentStores(InItsOwnDatabase):
+    DB = DB
 
     def test_a_a_store_goes_ahead_while_another_shares_the_collection(self):
         # The dimension is set up front: a collection's first vectors take its row alone, to set it. The index

@@ -4,7 +4,7 @@ import unittest
 from functools import partial
 
 from support import background_psql as background_psql_in
-from support import drop_database, fresh_database
+from support import InItsOwnDatabase
 from support import psql as psql_in
 from support import scalar as scalar_in
 from support import wait_until as wait_until_in
@@ -16,14 +16,8 @@ background_psql = partial(background_psql_in, db=DB)
 wait_until = partial(wait_until_in, db=DB, seconds=30)
 
 
-class BuildParametersChangedDuringABuild(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        fresh_database(DB)
-
-    @classmethod
-    def tearDownClass(cls):
-        drop_database(DB)
+class BuildParametersChangedDuringABuild(InItsOwnDatabase):
+    DB = DB
 
     def test_the_build_with_the_old_parameters_is_dropped(self):
         # No chunks: the idle worker leaves the collection's index alone, so only this test builds it. rag_set_search

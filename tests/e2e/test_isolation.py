@@ -5,22 +5,15 @@ import unittest
 
 from functools import partial
 
-from support import drop_database, fresh_database, psql, scalar
+from support import InItsOwnDatabase, psql, scalar
 from support import wait_until as wait_until_in
 
 DB = "rag_e2e_isolation"
 wait_until = partial(wait_until_in, db=DB)
 
 
-class Isolation(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        fresh_database(DB)
-
-    @classmethod
-    def tearDownClass(cls):
-        # Its worker would otherwise hold one of rag.max_workers' slots for the scenarios after this one.
-        drop_database(DB)
+class Isolation(InItsOwnDatabase):
+    DB = DB
 
     def test_slow_watch_expression_times_out_and_other_collections_go_ahead(self):
         psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf();", db="postgres")

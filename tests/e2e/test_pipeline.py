@@ -86,7 +86,7 @@ class Pipeline(unittest.TestCase):
         before = provider_calls(model)
         # While the ingesting transaction is open, the document is invisible to the worker: if anything was
         # embedded, ingest itself called the provider.
-        rows = psql(f"""
+        psql(f"""
             BEGIN;
             SELECT rag_ingest('early', 'Doc', 'Ingest must not wait for the embedding provider.');
             SELECT pg_sleep(0.5);
