@@ -362,9 +362,10 @@ END $$;
 -- queued while it has no HNSW index or fewer ready documents than that (a first load, a rag_reindex, a large
 -- load into a small collection). Its vectors are then stored without the index, whose per-row upkeep costs more
 -- than the rest of the pipeline, and the index is built once as the load ends. A load under way (no index, and
--- that many documents ready already) ends only when fewer than rag._limit('bulk_load_tail_documents') wait, so
--- that its last documents are not stored through the index either. The counts stop at their limits, so the
--- answer costs the same at a million documents.
+-- that many documents ready or waiting) ends only when fewer than rag._limit('bulk_load_tail_documents')
+-- documents are due (waiting and not in a retry's back-off), so that its last documents are not stored through
+-- the index either, nor wait for its build. The counts stop at their limits, so the answer costs the same at a
+-- million documents.
 CREATE FUNCTION rag._bulk_loading(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -379,9 +380,10 @@ BEGIN
     END IF;
     -- No index: a load starts with that many documents waiting, and one under way ends below the tail.
     RETURN EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_limit - 1)
-        OR (EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id OFFSET v_tail - 1)
+        OR (EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id AND q.not_before <= now()
+                     OFFSET v_tail - 1)
             AND EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection_id
-                           AND d.status = 'ready' OFFSET v_limit - 1));
+                           AND d.status <> 'failed' OFFSET v_limit - 1));
 END $$;
 
 -- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs rag.chunks to itself
@@ -410,17 +412,18 @@ BEGIN
 END $$;
 
 -- The one decision on a collection's HNSW index during loads, taken at the end of each stored batch: a bulk
--- load (rag._bulk_loading) that finds the index drops it (rag._suspend_index); a collection with vectors, no
--- index and no bulk load (a first small load, or the end of a bulk one) gets it built, in the transaction that
--- makes the batch's documents ready, so that with one worker they are ready with their index. CREATE INDEX
--- holds writes to rag.chunks (not reads) while it runs. The decision needs the collection's row to itself
--- (FOR NO KEY UPDATE: an ingest's foreign key check does not stand in its way). While another store shares the
--- row (rag._lock_for_store: a second worker, or rag_process_queue), this one leaves the decision to that
--- store's batch; waiting for it instead would deadlock, each store holding the row the other needs. So with
--- several workers a load's last documents can be ready a moment before the index that no batch built, which
--- the idle worker's repair then builds (rag._repair_indexes; rag_process_queue runs it when the queue is
--- empty). A drop that was skipped is tried again by the next batch. A build that fails (out of disk, say) must
--- not fail the batch, or the next one, forever: it is reported and left to that repair.
+-- load (rag._bulk_loading) that finds the index drops it (rag._suspend_index); a small collection with vectors,
+-- no index and no bulk load (a first small load) gets it built in the transaction that makes the batch's
+-- documents ready, so that with one worker they are ready with their index. One with at least
+-- rag._limit('bulk_load_documents') ready documents (the end of a bulk load) gets it after the batch, in a
+-- transaction of its own (rag._build_index_after_load): the load's last documents do not wait for a build that
+-- takes seconds at 10,000 chunks and minutes at a million, and the collection is searched exactly meanwhile. The decision needs the
+-- collection's row to itself (FOR NO KEY UPDATE: an ingest's foreign key check does not stand in its way). While
+-- another store shares the row (rag._lock_for_store: a second worker, or rag_process_queue), this one leaves
+-- the decision to that store's batch; waiting for it instead would deadlock, each store holding the row the
+-- other needs. A drop that was skipped is tried again by the next batch, a build by the next batch or the idle
+-- worker's repair (rag._repair_indexes; rag_process_queue runs it when the queue is empty). A build that fails
+-- (out of disk, say) must not fail the batch, or the next one, forever: it is reported and left to that repair.
 CREATE FUNCTION rag._fit_index_to_load(p_collection_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -431,6 +434,12 @@ BEGIN
        -- Nothing to change (a bulk load without the index, or the index without a bulk load), which is most
        -- batches: then the row is not locked, or the next store of another worker would wait for this one.
        OR rag._bulk_loading(c.id) = (c.index_name IS NULL) THEN
+        RETURN;
+    END IF;
+    -- A large collection without its index: built after this batch commits.
+    IF c.index_name IS NULL AND EXISTS (
+           SELECT 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.status = 'ready'
+            OFFSET rag._limit('bulk_load_documents')::integer - 1) THEN
         RETURN;
     END IF;
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -451,6 +460,44 @@ BEGIN
                 USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
         END;
     END IF;
+END $$;
+
+-- The build at the end of a bulk load, in a transaction of its own after the load's last documents are ready
+-- (the worker calls it after every stored batch; rag._fit_index_to_load leaves it here): when the collection has
+-- vectors, no HNSW index and no bulk load under way. It waits at most a second for the writers of rag.chunks
+-- (CREATE INDEX holds writes, not reads, while it runs, and a build waiting for a long transaction would make
+-- every store queue behind it), and skips a collection whose row another store shares; the next batch or the
+-- idle repair tries again. Returns whether it built the index.
+CREATE FUNCTION rag._build_index_after_load(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 OR c.index_name IS NOT NULL
+       OR rag._bulk_loading(c.id) THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND OR c.index_name IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '1s', true);
+        PERFORM rag._ensure_index(c.id);
+        -- A load has ended: the idle worker measures the collection's lexemes again without waiting.
+        DELETE FROM rag.lexeme_measures WHERE collection_id = c.id;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The subtransaction's rollback restored lock_timeout as well.
+        RETURN false;
+    WHEN OTHERS THEN
+        RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
+            USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
+        RETURN false;
+    END;
+    RETURN (SELECT u.index_name IS NOT NULL FROM rag.collections u WHERE u.id = c.id);
 END $$;
 
 -- Collections with chunks whose HNSW index (when their dimension allows one) or GIN index is missing: the one

@@ -90,12 +90,18 @@ pub const MIN_LEAD_DEFAULT: &str = "3";
 /// collection is due any more. Below it, the index stays and every document is searchable through it at once.
 pub const BULK_LOAD_DOCUMENTS: i32 = 200;
 
-/// A bulk load under way (no HNSW index, and at least BULK_LOAD_DOCUMENTS documents ready) goes on without the
-/// index until fewer than this many documents wait: ending it at BULK_LOAD_DOCUMENTS put the load's last 200
-/// documents (about 600 chunks in scripts/bench) through the per-row index upkeep the bulk path avoids, a
-/// tenth of the load's time. Not zero, so that a few documents stuck in retries do not keep a large collection
-/// without its index for the hour they may take.
-pub const BULK_LOAD_TAIL_DOCUMENTS: i32 = 20;
+/// A bulk load under way (no HNSW index, and at least BULK_LOAD_DOCUMENTS documents ready or waiting) goes on
+/// without the index until fewer than this many of its documents are due (queued and not in a retry's
+/// back-off): ending it at BULK_LOAD_DOCUMENTS put the load's last 200 documents (about 600 chunks in
+/// scripts/bench) through the per-row index upkeep the bulk path avoids, a tenth of the load's time (and ended
+/// a load of 300 documents after its first 100), and ending it at 20 made the last 19 wait for the build.
+/// Documents in back-off do not count, so a few stuck in retries do not keep a large collection without its
+/// index for the hour they may take.
+pub const BULK_LOAD_TAIL_DOCUMENTS: i32 = 1;
+
+/// Queue items past the group's size that `rag._claim_more` looks at for small new documents to claim together:
+/// large or already chunked ones are passed over, and a queue full of them must not make every claim walk it.
+pub const CLAIM_MORE_LOOKAHEAD: i32 = 64;
 
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
@@ -129,6 +135,7 @@ fn for_sql(name: &str) -> Option<String> {
         "min_lead_default" => MIN_LEAD_DEFAULT.to_string(),
         "bulk_load_documents" => BULK_LOAD_DOCUMENTS.to_string(),
         "bulk_load_tail_documents" => BULK_LOAD_TAIL_DOCUMENTS.to_string(),
+        "claim_more_lookahead" => CLAIM_MORE_LOOKAHEAD.to_string(),
         _ => return None,
     })
 }

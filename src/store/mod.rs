@@ -489,6 +489,31 @@ pub fn fit_index_to_load(collection_id: i32) -> Result<(), SpiError> {
     })
 }
 
+/// Builds the collection's HNSW index when a bulk load of it has just ended (`rag._build_index_after_load`), in
+/// a transaction of its own after the batch that made the load's last documents ready. Looked at read-only
+/// first: after most batches there is nothing to build, and a look needs no transaction id.
+pub fn build_index_after_load(collection_id: i32) -> Result<bool, SpiError> {
+    let due = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT c.dimensions BETWEEN 1 AND 2000 AND c.index_name IS NULL AND NOT rag._bulk_loading(c.id)
+                   FROM rag.collections c WHERE c.id = $1",
+                Some(1),
+                &[collection_id.into()],
+            )?
+            .first()
+            .get_one::<bool>()
+    })?;
+    if due != Some(true) {
+        return Ok(false);
+    }
+    Ok(Spi::get_one_with_args::<bool>(
+        "SELECT rag._build_index_after_load($1)",
+        &[collection_id.into()],
+    )?
+    .unwrap_or(false))
+}
+
 /// Returns Some(reason) when the vectors cannot be stored and the document must fail.
 pub fn store_embeddings(
     queue_id: i64,

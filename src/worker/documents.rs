@@ -87,10 +87,19 @@ pub fn process_next(
         served.retain(|&collection| collection != item.collection_id);
         served.push(item.collection_id);
     });
-    if is_new(&item) {
-        return Ok(work_on_new(steps, providers, rng, item, companions));
+    let collection_id = item.collection_id;
+    let step = if is_new(&item) {
+        work_on_new(steps, providers, rng, item, companions)
+    } else {
+        work_on(steps, providers, rng, &item)
+    };
+    // The end of a bulk load is built once its last documents are ready, not in their transaction.
+    if !matches!(step, Step::Stopped) {
+        if let Err(error) = steps.run(|| store::build_index_after_load(collection_id)) {
+            pgrx::log!("rag: building the HNSW index of collection {collection_id} after its load: {error}");
+        }
     }
-    Ok(work_on(steps, providers, rng, &item))
+    Ok(step)
 }
 
 /// A document never tried and not yet chunked, for the collection's searched space: the whole-document path

@@ -197,7 +197,9 @@ class Pipeline(unittest.TestCase):
         self.assertIn("exact search", explain)
         self.assertEqual(scalar("SELECT count(*) FROM rag_query('bulk', 'bulk note about topic 3', k => 5, max_distance => 2)"), "5")
         self.assertEqual(scalar("SELECT rag_wait('bulk', '120 seconds')"), "t")
-        # The end of the load built the index once; every document is ready with exact counts.
+        # The end of the load built the index once, right after its last documents were ready (test_g2); every
+        # document is ready with exact counts.
+        self.assertTrue(wait_until(f"SELECT index_name IS NOT NULL FROM rag.collections WHERE id = {collection}"))
         index = scalar(f"SELECT index_name FROM rag.collections WHERE id = {collection}")
         self.assertTrue(index)
         self.assertEqual(scalar(f"SELECT to_regclass('rag.{index}') IS NOT NULL"), "t")
@@ -224,8 +226,34 @@ class Pipeline(unittest.TestCase):
         self.assertEqual(scalar(f"SELECT to_regclass('rag.{index}') IS NULL"), "t")
         self.assertEqual(scalar("SELECT count(*) FROM rag_query('grow', 'seed document', k => 3, max_distance => 2)"), "3")
         self.assertEqual(scalar("SELECT rag_wait('grow', '120 seconds')"), "t")
-        self.assertEqual(scalar(f"SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE id = {collection}"), "t")
+        self.assertTrue(wait_until(f"SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE id = {collection}"))
         self.assertEqual(scalar(f"SELECT count(*) FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'"), "603")
+
+    def test_g2_a_bulk_loads_documents_are_ready_before_its_index_is_built(self):
+        # A session that has written to rag.chunks (here: holds the lock such a write takes) keeps CREATE INDEX
+        # from starting, not the stores. The load's documents must all be ready meanwhile, searched exactly:
+        # the build comes after them, in a transaction of its own, and gives up waiting after a second.
+        psql("SELECT rag_create_collection('ready-first', embedding_model => 'hash-384')")
+        collection = "(SELECT id FROM rag.collections WHERE name = 'ready-first')"
+        holder = background_psql("BEGIN; LOCK TABLE rag.chunks IN ROW EXCLUSIVE MODE; SELECT 'held';")
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            psql("SELECT rag_ingest('ready-first', 'Note ' || g, 'Ready first note ' || g || ' about topic ' || g % 13 || '.') "
+                 "FROM generate_series(1, 300) g")
+            self.assertEqual(scalar("SELECT rag_wait('ready-first', '120 seconds')"), "t")
+            self.assertEqual(psql(f"SELECT count(*), sum(chunks_embedded) FROM rag.documents WHERE collection_id = {collection} AND status = 'ready'"),
+                             [["300", "300"]])
+            self.assertEqual(scalar(f"SELECT index_name IS NULL FROM rag.collections WHERE id = {collection}"), "t")
+            explain = "\n".join(row[0] for row in psql("SELECT * FROM rag_explain('ready-first', 'ready first note')"))
+            self.assertIn("exact search", explain)
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('ready-first', 'ready first note about topic 4', k => 5, max_distance => 2)"), "5")
+        finally:
+            _, err = holder.communicate(input="COMMIT;\n", timeout=60)
+        self.assertEqual(holder.returncode, 0, err)
+        # Released: the worker's next try builds it.
+        self.assertTrue(wait_until(f"SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE id = {collection}"))
+        explain = "\n".join(row[0] for row in psql("SELECT * FROM rag_explain('ready-first', 'ready first note')"))
+        self.assertNotIn("exact search", explain)
 
     def test_z_worker_killed_mid_batch_finishes_with_exact_counts(self):
         # Runs last: SIGKILL makes the postmaster reset every backend.
