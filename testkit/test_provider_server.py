@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import provider_server  # noqa: E402  (path set up above)
-from provider_server import ProviderServer, embed_text  # noqa: E402
+from provider_server import EncodedEmbeddings, ProviderServer, embed_text, word_count  # noqa: E402
 
 SCRIPT = os.path.join(HERE, "provider_server.py")
 
@@ -178,6 +178,30 @@ class OllamaEmbedTests(ServerTestCase):
         self.assertEqual(payload["prompt_eval_count"], 3)
         self.assertIsInstance(payload["total_duration"], int)
         self.assertIsInstance(payload["load_duration"], int)
+
+    def test_a_text_seen_before_gets_the_same_bytes(self):
+        # Vectors are encoded once per text (EncodedEmbeddings): a repeated call, and a text embedded alone
+        # before, must answer byte for byte what json.dumps of the computed vectors gives.
+        texts = ["Résumé of the notice period, résumé.", "alpha beta", "x" * 50]
+        first = self.post("/api/embed", {"model": "hash-384", "input": texts})
+        second = self.post("/api/embed", {"model": "hash-384", "input": texts})
+        self.assertEqual(first.body, second.body)
+        tokens = sum(word_count(text) for text in texts)
+        expected = json.dumps({"model": "hash-384", "embeddings": [embed_text(text, 384) for text in texts],
+                               "total_duration": 1_000_000 + 1_000 * tokens, "load_duration": 500_000,
+                               "prompt_eval_count": tokens}, ensure_ascii=False, allow_nan=False).encode() + b"\n"
+        self.assertEqual(first.body, expected)
+
+    def test_encoded_vectors_are_bounded_by_size(self):
+        cache = EncodedEmbeddings(max_bytes=1000)
+        for i in range(20):
+            vector, count = cache.get(f"text number {i}", 16)
+            self.assertEqual(json.loads(vector), embed_text(f"text number {i}", 16))
+            self.assertEqual(count, 3)
+        self.assertLessEqual(cache._bytes, 1000)
+        self.assertLess(len(cache._entries), 20)
+        self.assertIn(("text number 19", 16), cache._entries)
+        self.assertNotIn(("text number 0", 16), cache._entries)
 
     def test_string_input_and_default_dimension(self):
         vectors = self.embed("nomic-embed-text", "hello world")
