@@ -501,22 +501,32 @@ BEGIN
 END $$;
 
 -- Collections with chunks whose HNSW index (when their dimension allows one) or GIN index is missing: the one
--- test of it, for the idle worker's read-only look (src/store) and for rag._repair_indexes.
-CREATE FUNCTION rag._collections_missing_indexes() RETURNS integer[]
+-- test of it, for the worker's read-only look (src/store) and for rag._repair_indexes. A bulk load builds its
+-- index when it ends, not while another worker looks meanwhile. p_idle: the caller has nothing it may claim (an
+-- idle worker, rag_process_queue at the end of the queue); then a collection whose load has fewer than
+-- rag._limit('bulk_load_documents') documents left, none of them in a worker's hands, counts as ended: what
+-- keeps them due is an open breaker (a provider down), and a few documents held back must not keep a large
+-- collection without its index for the outage.
+CREATE FUNCTION rag._collections_missing_indexes(p_idle boolean DEFAULT false) RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
      WHERE ((c.dimensions BETWEEN 1 AND 2000
              AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-             -- A bulk load builds its index when it ends, not while another worker is idle meanwhile.
-             AND NOT rag._bulk_loading(c.id))
+             AND (NOT rag._bulk_loading(c.id)
+                  OR (p_idle
+                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                       OFFSET rag._limit('bulk_load_documents')::integer - 1)
+                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                         AND q.claimed_by IS NOT NULL))))
             OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
 $$;
 
--- Creates the HNSW and GIN indexes of every collection that should have one and has not (pg_dump leaves these indexes
--- out, so a restored database gets them back here), one at a time; the worker calls it when idle. It gives up
--- at once when a restore still holds the chunks table, and tries again later.
-CREATE FUNCTION rag._repair_indexes() RETURNS integer
+-- Creates the HNSW and GIN indexes of every collection that should have one and has not (pg_dump leaves these
+-- indexes out, so a restored database gets them back here; a build after a load that could not wait for the
+-- writers of rag.chunks is done here too), one at a time; a worker calls it when idle (p_idle) and every few
+-- seconds while busy. It gives up at once when a restore still holds the chunks table, and tries again later.
+CREATE FUNCTION rag._repair_indexes(p_idle boolean DEFAULT false) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_missing integer[];
@@ -527,7 +537,7 @@ BEGIN
     v_lock_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    v_missing := rag._collections_missing_indexes();
+    v_missing := rag._collections_missing_indexes(p_idle);
     FOREACH v_id IN ARRAY v_missing LOOP
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);

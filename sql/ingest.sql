@@ -572,7 +572,7 @@ BEGIN
     SELECT qu.collection_id, p_budget_bytes - octet_length(d.body) INTO v_collection, v_budget
       FROM rag.queue qu JOIN rag.documents d ON d.id = qu.document_id
      WHERE qu.id = p_queue_id;
-    IF v_collection IS NULL OR p_limit < 1 OR v_budget < 1
+    IF v_collection IS NULL OR p_limit IS NULL OR p_limit < 1 OR p_max_bytes IS NULL OR v_budget < 1
        OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection) THEN
         RETURN;
     END IF;

@@ -408,6 +408,23 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -417,30 +434,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
 	"question" TEXT /* & str */
@@ -448,17 +441,6 @@ CREATE OR REPLACE FUNCTION rag."_embed_query"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
@@ -476,12 +458,29 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_window"(
 	"model" TEXT /* & str */
@@ -489,6 +488,13 @@ CREATE OR REPLACE FUNCTION rag."_model_window"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
@@ -499,6 +505,15 @@ CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -513,6 +528,25 @@ CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
                                        p_min_lead real)
@@ -956,18 +990,22 @@ BEGIN
     RETURN (SELECT u.index_name IS NOT NULL FROM rag.collections u WHERE u.id = c.id);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._collections_missing_indexes() RETURNS integer[]
+CREATE OR REPLACE FUNCTION rag._collections_missing_indexes(p_idle boolean DEFAULT false) RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
      WHERE ((c.dimensions BETWEEN 1 AND 2000
              AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-             -- A bulk load builds its index when it ends, not while another worker is idle meanwhile.
-             AND NOT rag._bulk_loading(c.id))
+             AND (NOT rag._bulk_loading(c.id)
+                  OR (p_idle
+                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                       OFFSET rag._limit('bulk_load_documents')::integer - 1)
+                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                         AND q.claimed_by IS NOT NULL))))
             OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
        AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
 $$;
 
-CREATE OR REPLACE FUNCTION rag._repair_indexes() RETURNS integer
+CREATE OR REPLACE FUNCTION rag._repair_indexes(p_idle boolean DEFAULT false) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_missing integer[];
@@ -978,7 +1016,7 @@ BEGIN
     v_lock_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    v_missing := rag._collections_missing_indexes();
+    v_missing := rag._collections_missing_indexes(p_idle);
     FOREACH v_id IN ARRAY v_missing LOOP
         UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);
@@ -1757,7 +1795,7 @@ BEGIN
     SELECT qu.collection_id, p_budget_bytes - octet_length(d.body) INTO v_collection, v_budget
       FROM rag.queue qu JOIN rag.documents d ON d.id = qu.document_id
      WHERE qu.id = p_queue_id;
-    IF v_collection IS NULL OR p_limit < 1 OR v_budget < 1
+    IF v_collection IS NULL OR p_limit IS NULL OR p_limit < 1 OR p_max_bytes IS NULL OR v_budget < 1
        OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection) THEN
         RETURN;
     END IF;
@@ -1896,15 +1934,6 @@ LANGUAGE sql AS $$
        AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean) RETURNS text
@@ -2286,7 +2315,7 @@ BEGIN
     IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
-                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, or a restore, the idle worker builds it)',
+                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, or a restore, the idle worker builds it)',
                                      rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
@@ -2505,31 +2534,6 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

@@ -95,8 +95,9 @@ pub const BULK_LOAD_DOCUMENTS: i32 = 200;
 /// back-off): ending it at BULK_LOAD_DOCUMENTS put the load's last 200 documents (about 600 chunks in
 /// scripts/bench) through the per-row index upkeep the bulk path avoids, a tenth of the load's time (and ended
 /// a load of 300 documents after its first 100), and ending it at 20 made the last 19 wait for the build.
-/// Documents in back-off do not count, so a few stuck in retries do not keep a large collection without its
-/// index for the hour they may take.
+/// Documents in back-off do not count, and an idle worker does not wait for documents that an open breaker
+/// holds back (`rag._collections_missing_indexes`), so a few stuck ones do not keep a large collection without
+/// its index for the hour they may take.
 pub const BULK_LOAD_TAIL_DOCUMENTS: i32 = 1;
 
 /// Queue items past the group's size that `rag._claim_more` looks at for small new documents to claim together:

@@ -148,19 +148,25 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
     Spi::connect(|client| client.select(query, Some(1), &[])?.first().get_one::<T>())
 }
 
-/// Rebuilds missing per-collection HNSW indexes (after a restore); returns how many.
-pub fn repair_indexes() -> Result<Option<i32>, SpiError> {
-    let missing = idle_read::<bool>("SELECT cardinality(rag._collections_missing_indexes()) > 0")?;
-    if missing != Some(true) {
+/// Builds the HNSW and GIN indexes collections are missing (after a restore, or a build after a load that could
+/// not wait for rag.chunks's writers); returns how many. `idle`: the caller has nothing it may claim
+/// (`rag._collections_missing_indexes`).
+pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
+    let look = if idle {
+        "SELECT cardinality(rag._collections_missing_indexes(true)) > 0"
+    } else {
+        "SELECT cardinality(rag._collections_missing_indexes(false)) > 0"
+    };
+    if idle_read::<bool>(look)? != Some(true) {
         return Ok(Some(0));
     }
-    repair_indexes_after_writes()
+    repair_indexes_after_writes(idle)
 }
 
 /// The same repair from a session that has written in its transaction (rag_process_queue), where the idle
 /// worker's read-only look could miss the chunks it stored.
-pub fn repair_indexes_after_writes() -> Result<Option<i32>, SpiError> {
-    Spi::get_one::<i32>("SELECT rag._repair_indexes()")
+pub fn repair_indexes_after_writes(idle: bool) -> Result<Option<i32>, SpiError> {
+    Spi::get_one_with_args::<i32>("SELECT rag._repair_indexes($1)", &[idle.into()])
 }
 
 /// Measures the lexemes of one collection that is due (rag._measure_lexemes), for the full-text side.
@@ -490,23 +496,9 @@ pub fn fit_index_to_load(collection_id: i32) -> Result<(), SpiError> {
 }
 
 /// Builds the collection's HNSW index when a bulk load of it has just ended (`rag._build_index_after_load`), in
-/// a transaction of its own after the batch that made the load's last documents ready. Looked at read-only
-/// first: after most batches there is nothing to build, and a look needs no transaction id.
+/// a transaction of its own after the batch that made the load's last documents ready. Not a read-only look
+/// first: in rag_process_queue's subtransactions that would see the queue as the call began.
 pub fn build_index_after_load(collection_id: i32) -> Result<bool, SpiError> {
-    let due = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT c.dimensions BETWEEN 1 AND 2000 AND c.index_name IS NULL AND NOT rag._bulk_loading(c.id)
-                   FROM rag.collections c WHERE c.id = $1",
-                Some(1),
-                &[collection_id.into()],
-            )?
-            .first()
-            .get_one::<bool>()
-    })?;
-    if due != Some(true) {
-        return Ok(false);
-    }
     Ok(Spi::get_one_with_args::<bool>(
         "SELECT rag._build_index_after_load($1)",
         &[collection_id.into()],

@@ -64,18 +64,24 @@ fn extension_present(steps: &WorkerTransactions) -> bool {
     matches!(steps.run(store::installed_version), Ok(Some(_)))
 }
 
-/// How often a busy worker has its cached plans made again. PL/pgSQL keeps a plan per statement for the life of
-/// the process, and the plans made while rag.chunks was empty (the first batches of a first load, or the first
-/// after a VACUUM of a table whose collections were dropped) scan it whole to look up one document's chunks:
-/// cheap at that moment, 0.5 ms a lookup 9,000 chunks later, until autovacuum's ANALYZE happens to invalidate
-/// them. A first load of 3,000 documents took 7.9 s instead of about 4.5 s (scripts/bench, pg_stat_statements).
-const PLAN_REFRESH: Duration = Duration::from_secs(2);
+/// How often a busy worker does its upkeep (`upkeep_while_busy`).
+const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 
-/// Marks every cached plan of this process for planning again at its next use, with the tables as they are now.
-fn refresh_plans() {
+/// What a busy worker does every BUSY_UPKEEP between steps. Its cached plans are made again: PL/pgSQL keeps a
+/// plan per statement for the life of the process, and the plans made while rag.chunks was empty (the first
+/// batches of a first load, or the first after a VACUUM of a table whose collections were dropped) scan it
+/// whole to look up one document's chunks: cheap at that moment, 0.5 ms a lookup 9,000 chunks later, until
+/// autovacuum's ANALYZE happens to invalidate them (a first load of 3,000 documents took 7.9 s instead of about
+/// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
+/// at most a second for rag.chunks's writers) are built, rather than when this worker is next idle, which
+/// work for other collections can put off for hours.
+fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.
     unsafe { pg_sys::ResetPlanCache() };
+    if let Err(error) = steps.run(|| store::repair_indexes(false)) {
+        pgrx::debug1!("rag worker: repairing indexes: {error}");
+    }
 }
 
 /// What an idle worker did with its moment.
@@ -112,11 +118,11 @@ fn rest(
         registry::mark_stopped(slot, SlotState::Exited);
         return Rest::Left;
     }
-    // An idle moment is when a restored database gets its indexes back, and a load that two workers ended gets
-    // the index neither of them could build (rag._fit_index_to_load); before leaving, so that one is never
-    // left behind. A restore still loading the chunks makes it give up at once (lock_timeout) and try again
-    // next time.
-    if let Err(error) = steps.run(store::repair_indexes) {
+    // An idle moment is when a restored database gets its indexes back, and a load gets the index its last
+    // batch could not build (rag._build_index_after_load) or whose last documents an open breaker holds back;
+    // before leaving, so that one is never left behind. A restore still loading the chunks makes it give up at
+    // once (lock_timeout) and try again next time.
+    if let Err(error) = steps.run(|| store::repair_indexes(true)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
     // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
@@ -191,7 +197,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     }
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
-    let mut plans_made = Instant::now();
+    let mut last_upkeep = Instant::now();
     loop {
         if shutdown_requested() {
             break;
@@ -214,9 +220,9 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         };
         match outcome {
             Ok(Step::Worked) => {
-                if plans_made.elapsed() >= PLAN_REFRESH {
-                    refresh_plans();
-                    plans_made = Instant::now();
+                if last_upkeep.elapsed() >= BUSY_UPKEEP {
+                    upkeep_while_busy(&steps);
+                    last_upkeep = Instant::now();
                 }
             }
             Ok(Step::Stopped) => break,

@@ -255,6 +255,30 @@ class Pipeline(unittest.TestCase):
         explain = "\n".join(row[0] for row in psql("SELECT * FROM rag_explain('ready-first', 'ready first note')"))
         self.assertNotIn("exact search", explain)
 
+    def test_h_a_provider_that_cannot_be_reached_fails_a_whole_group(self):
+        # The provider's key is wanted from rag.secrets_file, which this cluster does not set: no client can be
+        # made for it. A group of new documents whose first is large (its chunks stored for the regular path)
+        # and the rest small must all fail with the reason; none may keep its claim and stay processing.
+        psql("SELECT rag_create_provider('keyless-file', 'openai', 'http://127.0.0.1:9/v1', 'file:absent')")
+        psql("SELECT rag_create_collection('unreachable', embedding_provider => 'keyless-file', "
+             "embedding_model => 'hash-384', chunk_size => 300, chunk_overlap => 0)")
+        large = " ".join(f"Paragraph {i} of the large first document has words enough to fill a chunk of its own."
+                         for i in range(120))
+        psql("BEGIN; "
+             f"SELECT rag_ingest('unreachable', 'Large', '{large}'); "
+             + "".join(f"SELECT rag_ingest('unreachable', 'Small {i}', 'Small document {i} of the group.'); " for i in range(5))
+             + "COMMIT;")
+        self.assertEqual(scalar("SELECT rag_wait('unreachable', '60 seconds')"), "t")
+        rows = psql("SELECT d.title, d.status, d.failure_reason FROM rag.documents d JOIN rag.collections c "
+                    "ON c.id = d.collection_id WHERE c.name = 'unreachable' ORDER BY d.id")
+        self.assertEqual([row[:2] for row in rows], [["Large", "failed"]] + [[f"Small {i}", "failed"] for i in range(5)])
+        for row in rows:
+            self.assertIn("rag.secrets_file is not set", row[2])
+        self.assertGreater(int(scalar("SELECT count(*) FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id "
+                                      "WHERE c.name = 'unreachable'")), 32, "the large document was not chunked first")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queue q JOIN rag.collections c ON c.id = q.collection_id "
+                                "WHERE c.name = 'unreachable'"), "0")
+
     def test_z_worker_killed_mid_batch_finishes_with_exact_counts(self):
         # Runs last: SIGKILL makes the postmaster reset every backend.
         model = "hash-384@slow300"
@@ -347,6 +371,19 @@ class WithoutPreload(unittest.TestCase):
             self.assertIn("m='8', ef_construction='40'",
                           scalar("SELECT indexdef FROM pg_indexes i JOIN rag.collections c ON i.indexname = c.index_name "
                                  "WHERE c.name = 'manual-held'", db="postgres", port=port))
+            # A bulk load processed by hand: the call that stores its last document builds the index after it,
+            # though it stops at max_items before finding the queue empty (its look at the queue must see the
+            # writes of its own transaction).
+            psql("SELECT rag_create_collection('manual-bulk', embedding_model => 'hash-384'); "
+                 "SELECT count(rag_ingest('manual-bulk', 'Note ' || g, 'Bulk note ' || g || ' stored by hand.')) "
+                 "FROM generate_series(1, 210) g", db="postgres", port=port)
+            self.assertEqual(scalar("SELECT rag_process_queue(200)", db="postgres", port=port), "200")
+            self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'manual-bulk'",
+                                    db="postgres", port=port), "t", "built in the middle of the bulk load")
+            self.assertEqual(scalar("SELECT rag_process_queue(10)", db="postgres", port=port), "10")
+            self.assertEqual(scalar("SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections "
+                                    "WHERE name = 'manual-bulk'", db="postgres", port=port), "t",
+                             "the load's index was not built after its last document")
         finally:
             subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {data}"])
 

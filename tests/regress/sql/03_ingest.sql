@@ -87,12 +87,24 @@ DELETE FROM rag.queue q USING done WHERE q.document_id = done.id;
 SELECT rag._bulk_loading(id) AS bulk_with_200_ready_2_due FROM rag.collections WHERE name = 'bulkcheck';
 DELETE FROM rag.queue q USING rag.documents d WHERE d.id = q.document_id AND d.title = 'More 2';
 SELECT rag._bulk_loading(id) AS bulk_with_200_ready_1_due FROM rag.collections WHERE name = 'bulkcheck';
+-- Its index is not repaired meanwhile by a busy worker; an idle one (nothing it may claim: an open breaker holds
+-- the last document back) builds it, unless a worker has that document in hand. Vectors set the dimension.
+UPDATE rag.collections SET dimensions = 384 WHERE name = 'bulkcheck';
+INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end)
+SELECT d.id, d.collection_id, 0, d.body, 4, 0, char_length(d.body) FROM rag.documents d
+  JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'bulkcheck' AND d.title = 'Doc 1';
+SELECT id = ANY (rag._collections_missing_indexes(false)) AS repaired_while_busy,
+       id = ANY (rag._collections_missing_indexes(true)) AS repaired_when_idle
+  FROM rag.collections WHERE name = 'bulkcheck';
+UPDATE rag.queue q SET claimed_by = pg_backend_pid() FROM rag.documents d WHERE d.id = q.document_id AND d.title = 'More 1';
+SELECT id = ANY (rag._collections_missing_indexes(true)) AS repaired_when_idle_while_claimed
+  FROM rag.collections WHERE name = 'bulkcheck';
+UPDATE rag.queue q SET claimed_by = NULL FROM rag.documents d WHERE d.id = q.document_id AND d.title = 'More 1';
 UPDATE rag.queue q SET not_before = now() + interval '1 minute', attempts = 1
   FROM rag.documents d WHERE d.id = q.document_id AND d.title = 'More 1';
 SELECT rag._bulk_loading(id) AS bulk_with_200_ready_1_backing_off FROM rag.collections WHERE name = 'bulkcheck';
 -- Such a collection's index is not built in the store's transaction (rag._fit_index_to_load leaves it to the
--- worker's next transaction, rag._build_index_after_load): its dimension is set as the first vectors set it.
-UPDATE rag.collections SET dimensions = 384 WHERE name = 'bulkcheck';
+-- worker's next transaction, rag._build_index_after_load).
 SELECT rag._fit_index_to_load(id) AS fit_index_to_load_at_the_end FROM rag.collections WHERE name = 'bulkcheck';
 SELECT index_name IS NULL AS not_built_with_the_batch FROM rag.collections WHERE name = 'bulkcheck';
 SELECT rag._build_index_after_load(id) AS built_after_the_load FROM rag.collections WHERE name = 'bulkcheck';
