@@ -218,6 +218,14 @@ BEGIN
     ELSE
         PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
     END IF;
+    -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
+    -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
+    -- check of rag.lexeme_measures for a drop that held the row deadlocked with it, right after a load (whose end
+    -- asks for a measure). KEY SHARE is what that check takes; a drop or another change under way is skipped.
+    PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
     SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
     IF p_collection_id IS NULL AND EXISTS (
            SELECT 1 FROM rag.lexeme_measures m

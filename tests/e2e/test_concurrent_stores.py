@@ -1,7 +1,8 @@
 """Workers that store into one collection side by side: a store shares the collection's row instead of locking it
 (rag._lock_for_store), the index decision is skipped while another store holds the row and left to the idle
 worker's repair (rag._fit_index_to_load), and a slow provider's documents are claimed in groups of about a
-slice's work, so a second worker finds some to take."""
+slice's work, so a second worker finds some to take. And the lexeme measure a load's end asks for steps aside
+for a drop of the collection (the lock order: the collection's row before rag.chunks)."""
 import unittest
 from functools import partial
 
@@ -110,6 +111,29 @@ class ConcurrentStores(InItsOwnDatabase):
             wait_until_in("SELECT count(*) = 0 FROM (SELECT datname FROM pg_stat_activity WHERE backend_type = "
                           "'rag worker' GROUP BY datname HAVING count(*) > 1) s", db="postgres", seconds=60)
 
+    def test_c_measuring_lexemes_steps_aside_for_a_drop(self):
+        # rag_drop_collection locks the collection's row, then drops its indexes (which locks rag.chunks). The
+        # lexeme measure the end of a load asks for read rag.chunks and then waited at a foreign key check for
+        # that row: a deadlock, which failed the user's drop. The measure now takes the row first, and skips a
+        # collection whose row a drop holds.
+        psql("SELECT rag_create_collection('dropped-soon', embedding_model => 'hash-384')")
+        psql("SELECT rag_ingest('dropped-soon', 'Note ' || g, 'Note ' || g || ' about lexemes and drops.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('dropped-soon', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'dropped-soon'")
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'dropped-soon' FOR UPDATE;")
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            # Due again (the idle worker measures too, and must step aside as well while the row is held).
+            psql(f"DELETE FROM rag.lexeme_measures WHERE collection_id = {collection}")
+            # Without the fix this waits for the holder (a timeout here); with it, it returns at once.
+            self.assertEqual(scalar(f"SET statement_timeout = '10s'; SELECT rag._measure_lexemes({collection}) IS NULL"), "t")
+            self.assertEqual(scalar(f"SELECT count(*) FROM rag.lexeme_measures WHERE collection_id = {collection}"), "0")
+        finally:
+            _, err = holder.communicate(input="ROLLBACK;\n", timeout=60)
+        self.assertEqual(holder.returncode, 0, err)
+        self.assertEqual(scalar(f"SELECT rag._measure_lexemes({collection}) = {collection}"), "t")
+        self.assertEqual(scalar("SELECT rag_drop_collection('dropped-soon')"), "t")
 
 if __name__ == "__main__":
     unittest.main()
