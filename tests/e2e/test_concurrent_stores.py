@@ -1,6 +1,6 @@
 """Workers that store into one collection side by side: a store shares the collection's row instead of locking it
-(rag._lock_for_store), the index decision is skipped while another store holds the row and left to the idle
-worker's repair (rag._fit_index_to_load), and a slow provider's documents are claimed in groups of about a
+(rag._lock_for_store), the index decision is skipped while another store holds the row and left to a
+worker's repair (rag._fit_index_to_load, rag._repair_indexes), and a slow provider's documents are claimed in groups of about a
 slice's work, so a second worker finds some to take. And the lexeme measure a load's end asks for steps aside
 for a drop of the collection (the lock order: the collection's row before rag.chunks)."""
 import unittest
