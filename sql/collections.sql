@@ -277,6 +277,8 @@ BEGIN
     EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
     -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
     DELETE FROM rag.collections WHERE id = c.id;
+    -- The ledger keeps its rows, without the id (no foreign key there: see rag.queries).
+    UPDATE rag.queries SET collection_id = NULL WHERE collection_id = c.id;
     RETURN true;
 END $$;
 

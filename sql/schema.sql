@@ -356,7 +356,10 @@ CREATE TABLE rag.conversations (
 CREATE TABLE rag.queries (
     id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     created_at         timestamptz NOT NULL DEFAULT now(),
-    collection_id      integer REFERENCES rag.collections (id) ON DELETE SET NULL,
+    -- No foreign key: its check would lock the collection's row at the end of rag_query and rag_ask, after their
+    -- search holds rag.chunks, the opposite order to rag_drop_collection (the row, then the collection's indexes),
+    -- and a drop that came in between deadlocked with the query. rag_drop_collection sets it NULL instead.
+    collection_id      integer,
     collection         text NOT NULL,
     kind               text NOT NULL CHECK (kind IN ('query', 'ask')),
     question           text NOT NULL,

@@ -3,6 +3,7 @@
 worker's repair (rag._fit_index_to_load, rag._repair_indexes), and a slow provider's documents are claimed in groups of about a
 slice's work, so a second worker finds some to take. And the lexeme measure a load's end asks for steps aside
 for a drop of the collection (the lock order: the collection's row before rag.chunks)."""
+import time
 import unittest
 from functools import partial
 
@@ -134,6 +135,32 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(holder.returncode, 0, err)
         self.assertEqual(scalar(f"SELECT rag._measure_lexemes({collection}) = {collection}"), "t")
         self.assertEqual(scalar("SELECT rag_drop_collection('dropped-soon')"), "t")
+
+    def test_d_a_drop_waits_for_a_query_under_way_without_a_deadlock(self):
+        # rag_query searches (rag.chunks and its indexes), reranks, then writes its ledger row. A drop that came
+        # in between locked the collection's row and waited for the query to leave rag.chunks, while the ledger
+        # row's foreign key check waited for that row: PostgreSQL aborted the query with "deadlock detected".
+        # The ledger keeps the collection's id without a foreign key now, so the query ends and the drop follows.
+        psql("SELECT rag_create_provider('slow-rerank', 'openai', base_url => current_setting('rag.ollama_url') || '/v1'); "
+             "SELECT rag_create_collection('queried-then-dropped', embedding_model => 'hash-384', "
+             "reranker => 'rerank-test@slow3000', reranker_provider => 'slow-rerank', min_relevance => -10)")
+        psql("SELECT rag_ingest('queried-then-dropped', 'Notice', 'Staff give thirty days notice in writing.')")
+        self.assertEqual(scalar("SELECT rag_wait('queried-then-dropped', '60 seconds')"), "t")
+        query = background_psql("SELECT count(*) FROM rag_query('queried-then-dropped', 'notice in writing', 1, max_distance => 2);")
+        try:
+            # The query is reranking (3 s at the server) and holds rag.chunks meanwhile.
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE '%rag_query(''queried-then-dropped''%' "
+                                       "AND state = 'active' AND pid <> pg_backend_pid())", seconds=10))
+            time.sleep(0.5)
+            self.assertEqual(scalar("SET statement_timeout = '60s'; SELECT rag_drop_collection('queried-then-dropped')"), "t")
+        finally:
+            out, err = query.communicate(input="", timeout=60)
+        self.assertEqual(query.returncode, 0, err)
+        self.assertEqual(out.strip(), "1")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.collections WHERE name = 'queried-then-dropped'"), "0")
+        # Its ledger row stays, without the collection's id, as the foreign key's ON DELETE SET NULL left it.
+        self.assertEqual(psql("SELECT collection_id IS NULL, kind FROM rag.queries WHERE collection = 'queried-then-dropped'"),
+                         [["t", "query"]])
 
 if __name__ == "__main__":
     unittest.main()
