@@ -453,20 +453,14 @@ BEGIN
             PERFORM rag._suspend_index(c.id);
         END IF;
     ELSIF c.index_name IS NULL THEN
-        BEGIN
-            PERFORM rag._ensure_index(c.id);
-            -- A load has ended: the idle worker measures the collection's lexemes again without waiting.
-            DELETE FROM rag.lexeme_measures WHERE collection_id = c.id;
-        EXCEPTION WHEN OTHERS THEN
-            RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
-                USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
-        END;
+        PERFORM rag._build_index_after_load(c.id);
     END IF;
 END $$;
 
 -- The build at the end of a bulk load, in a transaction of its own after the load's last documents are ready
--- (the worker calls it after every stored batch; rag._fit_index_to_load leaves it here): when the collection has
--- vectors, no HNSW index and no bulk load under way. It waits at most a second for the writers of rag.chunks
+-- (the worker calls it after every stored batch; rag._fit_index_to_load leaves it here), and a small
+-- collection's build inside its store's transaction (rag._fit_index_to_load): when the collection has vectors,
+-- no HNSW index and no bulk load under way. It waits at most a second for the writers of rag.chunks
 -- (CREATE INDEX holds writes, not reads, while it runs, and a build waiting for a long transaction would make
 -- every store queue behind it), and skips a collection whose row another store shares; the next batch or the
 -- idle repair tries again. Returns whether it built the index.

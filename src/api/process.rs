@@ -64,7 +64,9 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
             Ok(Step::Idle(_)) => {
                 // The queue is empty: what a worker's idle moment does for indexes (a load whose index a
                 // concurrent store kept this session from building). A failure here loses nothing.
-                if let Err(error) = Subtransactions.run(|| crate::store::repair_indexes_after_writes(true)) {
+                if let Err(error) =
+                    Subtransactions.run(|| crate::store::repair_indexes_after_writes(true))
+                {
                     pgrx::debug1!("rag_process_queue: repairing indexes: {error}");
                 }
                 break;

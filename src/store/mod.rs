@@ -152,12 +152,8 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 /// not wait for rag.chunks's writers); returns how many. `idle`: the caller has nothing it may claim
 /// (`rag._collections_missing_indexes`).
 pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
-    let look = if idle {
-        "SELECT cardinality(rag._collections_missing_indexes(true)) > 0"
-    } else {
-        "SELECT cardinality(rag._collections_missing_indexes(false)) > 0"
-    };
-    if idle_read::<bool>(look)? != Some(true) {
+    let look = format!("SELECT cardinality(rag._collections_missing_indexes({idle})) > 0");
+    if idle_read::<bool>(&look)? != Some(true) {
         return Ok(Some(0));
     }
     repair_indexes_after_writes(idle)
