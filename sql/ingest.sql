@@ -501,48 +501,85 @@ BEGIN
     END IF;
 END $$;
 
--- The worker's path for a small new document (its chunks fit one provider call): its chunks and their vectors
--- are written together and the document is finished, in one call and with no row written twice. stored is
--- false when this path does not apply any more (the document was deleted, chunked by another path, or its
--- collection's model changed meanwhile): the caller then takes it down the regular path. refusal is the
--- reason the document fails, if it must. The caller ends its batch with rag._fit_index_to_load.
-CREATE FUNCTION rag._store_document(p_queue_id bigint, p_document_id bigint, p_contents text[], p_starts integer[],
-                                    p_ends integer[], p_tokens integer[], p_pages integer[], p_vectors text[],
-                                    p_dimensions integer, p_embed_tokens bigint, p_model text,
-                                    OUT stored boolean, OUT refusal text)
+-- The worker's path for small new documents of one collection whose chunks were embedded in one provider call:
+-- their chunks and vectors are written and the documents finished in one call, set-based, so that the statements
+-- per call do not grow with its documents, and with no row written twice. Chunk i belongs to p_chunk_documents[i]
+-- (in document order), is its p_ordinals[i]-th, and its vector is p_vectors[(i-1)*p_dimensions+1 :
+-- i*p_dimensions] (one flat array: no text to format and parse per number). One row per document: stored is
+-- false when this path does not apply any more (deleted, chunked by another path, moved elsewhere, or the
+-- collection's model changed meanwhile): the caller then takes it down the regular path. refusal is the reason the
+-- document fails, if it must. The caller ends its batch with rag._fit_index_to_load.
+CREATE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
+                                     p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
+                                     p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
+                                     p_vectors real[], p_dimensions integer, p_model text)
+RETURNS TABLE (document_id bigint, stored boolean, refusal text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
+    v_refusal text;
+    v_chunks integer := coalesce(cardinality(p_contents), 0);
+    v_ready bigint[];
 BEGIN
-    stored := false;
-    c := rag._lock_for_store(p_document_id);
-    IF c.id IS NULL OR c.embedding_model <> p_model
-       OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id) THEN
-        -- Deleted, the model changed, or chunked meanwhile: the regular path takes it.
+    IF cardinality(p_queue_ids) IS DISTINCT FROM cardinality(p_document_ids)
+       OR cardinality(p_embed_tokens) IS DISTINCT FROM cardinality(p_document_ids)
+       OR cardinality(p_chunk_documents) IS DISTINCT FROM v_chunks OR cardinality(p_ordinals) IS DISTINCT FROM v_chunks
+       OR cardinality(p_starts) IS DISTINCT FROM v_chunks OR cardinality(p_ends) IS DISTINCT FROM v_chunks
+       OR cardinality(p_tokens) IS DISTINCT FROM v_chunks OR cardinality(p_pages) IS DISTINCT FROM v_chunks THEN
+        RAISE EXCEPTION 'rag._store_documents: arrays of unequal length' USING ERRCODE = 'internal_error';
+    END IF;
+    -- The group's documents share the collection of its first (rag._claim_more claims no other): the first
+    -- still there decides which, and locks it and itself in rag._lock_for_store's order.
+    SELECT l.* INTO c
+      FROM (SELECT d.id FROM rag.documents d WHERE d.id = ANY (p_document_ids) ORDER BY d.id LIMIT 1) first_one,
+           LATERAL rag._lock_for_store(first_one.id) l;
+    IF c.id IS NULL OR c.embedding_model <> p_model THEN
+        RETURN QUERY SELECT t.id, false, NULL::text FROM unnest(p_document_ids) t(id);
         RETURN;
     END IF;
-    IF cardinality(p_vectors) <> cardinality(p_contents) THEN
-        refusal := format('%s vectors for %s chunks', cardinality(p_vectors), cardinality(p_contents));
+    IF cardinality(p_vectors) IS DISTINCT FROM v_chunks::bigint * p_dimensions THEN
+        v_refusal := format('%s numbers for %s chunks of %s dimensions', coalesce(cardinality(p_vectors), 0), v_chunks,
+                            p_dimensions);
+    ELSE
+        v_refusal := rag._accept_dimensions(c, p_dimensions);
+    END IF;
+    IF v_refusal IS NOT NULL THEN
+        RETURN QUERY SELECT t.id, false, v_refusal FROM unnest(p_document_ids) t(id);
         RETURN;
     END IF;
-    refusal := rag._accept_dimensions(c, p_dimensions);
-    IF refusal IS NOT NULL THEN
-        RETURN;
-    END IF;
+    -- The others in id order (the order any other multi-document writer takes): those still in this collection
+    -- and not chunked meanwhile are this call's.
+    SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO v_ready
+      FROM (SELECT d.id FROM rag.documents d
+             WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
+             ORDER BY d.id FOR UPDATE) d
+     WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
                             tsv, embedding, embedding_alt)
-    SELECT p_document_id, c.id, t.ordinal - 1, t.content, t.tokens, t.page, t.char_start, t.char_end,
+    SELECT t.document_id, c.id, t.ordinal, t.content, t.tokens, t.page, t.char_start, t.char_end,
            to_tsvector(c.text_search_config, t.content),
-           CASE c.vector_column WHEN 'embedding' THEN t.vec::vector END,
-           CASE c.vector_column WHEN 'embedding_alt' THEN t.vec::vector END
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_vectors)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, vec, ordinal);
-    UPDATE rag.documents SET chunks_total = cardinality(p_contents), chunks_embedded = cardinality(p_contents),
-           embed_calls = embed_calls + 1, embed_tokens = embed_tokens + coalesce(p_embed_tokens, 0),
+           CASE c.vector_column WHEN 'embedding' THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
+           CASE c.vector_column WHEN 'embedding_alt' THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
+      FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages)
+           WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, n)
+     WHERE t.document_id = ANY (v_ready);
+    UPDATE rag.documents d SET chunks_total = counted.chunks, chunks_embedded = counted.chunks,
+           embed_calls = d.embed_calls + 1, embed_tokens = d.embed_tokens + coalesce(counted.embed_tokens, 0),
            status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
-     WHERE id = p_document_id;
-    PERFORM rag._dequeue(p_queue_id, p_document_id);
-    stored := true;
+      FROM (SELECT t.id, t.embed_tokens,
+                   (SELECT count(*) FROM unnest(p_chunk_documents) cd(id) WHERE cd.id = t.id)::integer AS chunks
+              FROM unnest(p_document_ids, p_embed_tokens) t(id, embed_tokens)) counted
+     WHERE d.id = counted.id AND d.id = ANY (v_ready);
+    IF EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = c.id AND m.state = 'embedding') THEN
+        -- A model change began after the claim: each document's item stays while the new space needs it.
+        PERFORM rag._dequeue(t.queue_id, t.id)
+           FROM unnest(p_queue_ids, p_document_ids) t(queue_id, id) WHERE t.id = ANY (v_ready);
+    ELSE
+        DELETE FROM rag.queue qu
+         USING unnest(p_queue_ids, p_document_ids) t(queue_id, id)
+         WHERE qu.id = t.queue_id AND t.id = ANY (v_ready);
+    END IF;
+    RETURN QUERY SELECT t.id, t.id = ANY (v_ready), NULL::text FROM unnest(p_document_ids) t(id);
 END $$;
 
 -- More small new documents of the collection of the queue item the worker just claimed (p_queue_id), claimed
@@ -607,14 +644,14 @@ BEGIN
     RETURNING q.id, q.document_id;
 END $$;
 
--- Writes one batch of vectors. Returns NULL on success, or the reason the document must fail (a vector of
--- another dimension than the collection's). Counters are recomputed from the table, never incremented, so
+-- Writes one batch of vectors (chunk i's are p_vectors[(i-1)*p_dimensions+1 : i*p_dimensions]). Returns NULL
+-- on success, or the reason the document must fail (a vector of another dimension than the collection's). Counters are recomputed from the table, never incremented, so
 -- a batch written twice or a worker killed half-way leaves them exact.
 -- p_model is the model that made the vectors and p_shadow the space they were made for: a batch made for a
 -- space that has changed model meanwhile (a model change switched, was cancelled or replaced) is dropped, and its
 -- chunks are embedded again with the model now in force.
 CREATE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
-                                      p_vectors text[], p_dimensions integer, p_tokens bigint, p_model text,
+                                      p_vectors real[], p_dimensions integer, p_tokens bigint, p_model text,
                                       p_shadow boolean)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -624,6 +661,10 @@ DECLARE
     v_column text;
     v_refusal text;
 BEGIN
+    IF cardinality(p_vectors) IS DISTINCT FROM cardinality(p_chunk_ids)::bigint * p_dimensions THEN
+        RAISE EXCEPTION 'rag._store_embeddings: % numbers for % chunks of % dimensions',
+                        cardinality(p_vectors), cardinality(p_chunk_ids), p_dimensions USING ERRCODE = 'internal_error';
+    END IF;
     c := rag._lock_for_store(p_document_id);
     IF c.id IS NULL THEN
         RETURN NULL;  -- deleted meanwhile: nothing to store
@@ -657,7 +698,8 @@ BEGIN
     UPDATE rag.chunks ch
        SET embedding = CASE v_column WHEN 'embedding' THEN v.vec::vector ELSE ch.embedding END,
            embedding_alt = CASE v_column WHEN 'embedding_alt' THEN v.vec::vector ELSE ch.embedding_alt END
-      FROM unnest(p_chunk_ids, p_vectors) AS v(id, vec)
+      FROM (SELECT u.id, p_vectors[(u.n - 1) * p_dimensions + 1 : u.n * p_dimensions]::vector AS vec
+              FROM unnest(p_chunk_ids) WITH ORDINALITY AS u(id, n)) v
      WHERE ch.id = v.id AND ch.document_id = p_document_id
        AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL;
     UPDATE rag.documents SET

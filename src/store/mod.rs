@@ -408,13 +408,15 @@ pub fn load_texts(document_ids: &[i64]) -> Result<Vec<(i64, DocumentText)>, SpiE
     })
 }
 
-/// A small new document's chunks with their vectors, written at once (`rag._store_document`).
+/// A small new document's chunks with their vectors, written at once with the others of its provider call
+/// (`rag._store_documents`).
 pub struct WholeDocument {
+    pub queue_id: i64,
+    pub document_id: i64,
     pub chunks: Vec<NewChunk>,
-    pub vectors: Vec<String>,
-    pub dimensions: i32,
+    /// One per chunk, each of the call's dimension.
+    pub vectors: Vec<Vec<f32>>,
     pub tokens: Option<i64>,
-    pub model: String,
 }
 
 /// What became of a whole document.
@@ -427,51 +429,98 @@ pub enum StoredDocument {
     Refused(String),
 }
 
-pub fn store_document(
-    queue_id: i64,
-    document_id: i64,
-    document: WholeDocument,
-) -> Result<StoredDocument, SpiError> {
+/// Stores the documents of one provider call in one statement; the outcomes come back in the documents' order.
+/// `model` made the vectors, which all have `dimensions` numbers.
+pub fn store_documents(
+    documents: Vec<WholeDocument>,
+    dimensions: i32,
+    model: &str,
+) -> Result<Vec<StoredDocument>, SpiError> {
+    let chunk_count: usize = documents.iter().map(|d| d.chunks.len()).sum();
+    let mut queue_ids = Vec::with_capacity(documents.len());
+    let mut document_ids = Vec::with_capacity(documents.len());
+    let mut embed_tokens = Vec::with_capacity(documents.len());
+    let mut chunk_documents = Vec::with_capacity(chunk_count);
+    let mut ordinals = Vec::with_capacity(chunk_count);
+    let mut vectors = Vec::with_capacity(chunk_count * dimensions.max(0) as usize);
+    let mut chunks = Vec::with_capacity(chunk_count);
+    for document in documents {
+        queue_ids.push(document.queue_id);
+        document_ids.push(document.document_id);
+        embed_tokens.push(document.tokens);
+        for (ordinal, (chunk, vector)) in document
+            .chunks
+            .into_iter()
+            .zip(document.vectors)
+            .enumerate()
+        {
+            chunk_documents.push(document.document_id);
+            ordinals.push(ordinal as i32);
+            vectors.extend(vector);
+            chunks.push(chunk);
+        }
+    }
     let ChunkColumns {
         contents,
         starts,
         ends,
         tokens,
         pages,
-    } = columns(document.chunks);
+    } = columns(chunks);
+    let order = document_ids.clone();
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT stored, refusal FROM rag._store_document($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            Some(1),
+            "SELECT document_id, stored, refusal \
+               FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            None,
             &[
-                queue_id.into(),
-                document_id.into(),
+                queue_ids.into(),
+                document_ids.into(),
+                embed_tokens.into(),
+                chunk_documents.into(),
+                ordinals.into(),
                 contents.into(),
                 starts.into(),
                 ends.into(),
                 tokens.into(),
                 pages.into(),
-                document.vectors.into(),
-                document.dimensions.into(),
-                document.tokens.into(),
-                document.model.into(),
+                vectors.into(),
+                dimensions.into(),
+                model.into(),
             ],
         )?;
-        let row = rows.first();
-        let stored = row.get::<bool>(1)?.unwrap_or(false);
-        let refusal = row.get::<String>(2)?;
-        Ok(match (stored, refusal) {
-            (_, Some(reason)) => StoredDocument::Refused(reason),
-            (true, None) => StoredDocument::Ready,
-            (false, None) => StoredDocument::NotApplicable,
-        })
+        let mut outcomes: Vec<(i64, StoredDocument)> = Vec::with_capacity(order.len());
+        for row in rows {
+            let Some(id) = row.get::<i64>(1)? else {
+                continue;
+            };
+            let stored = row.get::<bool>(2)?.unwrap_or(false);
+            let outcome = match (stored, row.get::<String>(3)?) {
+                (_, Some(reason)) => StoredDocument::Refused(reason),
+                (true, None) => StoredDocument::Ready,
+                (false, None) => StoredDocument::NotApplicable,
+            };
+            outcomes.push((id, outcome));
+        }
+        // Each document once, in the caller's order; one missing from the answer is left to the regular path.
+        Ok(order
+            .iter()
+            .map(|id| {
+                outcomes
+                    .iter()
+                    .position(|(found, _)| found == id)
+                    .map(|at| outcomes.swap_remove(at).1)
+                    .unwrap_or(StoredDocument::NotApplicable)
+            })
+            .collect())
     })
 }
 
 /// The vectors of one batch, and what made them.
 pub struct Embedded {
     pub chunk_ids: Vec<i64>,
-    pub vectors: Vec<String>,
+    /// The chunks' vectors one after the other, `dimensions` numbers each.
+    pub vectors: Vec<f32>,
     pub dimensions: i32,
     pub tokens: Option<i64>,
     /// The model that made them: a batch whose space changed model meanwhile is not stored.

@@ -122,7 +122,7 @@ enum Prepared {
 
 /// New documents (the claimed one first, then the ones claimed with it): each is chunked here, and those
 /// whose chunks fit one provider call are embedded together, as many per call as fit, and stored with their
-/// vectors in one transaction per call (`rag._store_document`): no chunk row is written twice and no
+/// vectors in one statement per call (`rag._store_documents`): no chunk row is written twice and no
 /// document needs a transaction of its own. Whatever goes wrong for a group sends its documents down the
 /// regular path one by one, which tells the faulty one from the others.
 fn work_on_new(
@@ -344,41 +344,31 @@ fn embed_whole<'a>(
     providers.reset(&breaker_key(&first.provider.name, &first.model));
     let dimensions = output.vectors.first().map(|v| v.len()).unwrap_or(0) as i32;
     let total_chars: usize = texts.iter().map(|text| text.len()).sum::<usize>().max(1);
-    let mut vectors = output.vectors.iter();
+    let mut vectors = output.vectors.into_iter();
     let mut texts = texts.iter();
     // The chunks move into what is stored; the documents stay for what comes after.
     let (items, chunk_lists): (Vec<&WorkItem>, Vec<Vec<NewChunk>>) = call.into_iter().unzip();
     let mut documents = Vec::with_capacity(items.len());
     for (item, chunks) in items.iter().zip(chunk_lists) {
         let count = chunks.len();
-        let own: Vec<String> = vectors
-            .by_ref()
-            .take(count)
-            .map(|v| crate::api::query::vector_literal(v))
-            .collect();
+        let own: Vec<Vec<f32>> = vectors.by_ref().take(count).collect();
         let own_chars: usize = texts.by_ref().take(count).map(|text| text.len()).sum();
         // A provider reports tokens per call: each document is charged its share by length.
         let tokens = output
             .prompt_tokens
             .map(|total| (total as f64 * own_chars as f64 / total_chars as f64).round() as i64);
-        documents.push((
-            item.queue_id,
-            item.document_id,
-            store::WholeDocument {
-                chunks,
-                vectors: own,
-                dimensions,
-                tokens,
-                model: item.model.clone(),
-            },
-        ));
+        documents.push(store::WholeDocument {
+            queue_id: item.queue_id,
+            document_id: item.document_id,
+            chunks,
+            vectors: own,
+            tokens,
+        });
     }
     let collection_id = first.collection_id;
+    let model = first.model.clone();
     let stored = steps.run(move || {
-        let mut outcomes = Vec::with_capacity(documents.len());
-        for (queue_id, document_id, document) in documents {
-            outcomes.push(store::store_document(queue_id, document_id, document)?);
-        }
+        let outcomes = store::store_documents(documents, dimensions, &model)?;
         store::fit_index_to_load(collection_id)?;
         Ok::<_, RagError>(outcomes)
     });
@@ -579,11 +569,7 @@ fn store_batch(
     output: EmbedOutput,
 ) -> Result<Option<String>, RagError> {
     let dimensions = output.vectors.first().map(|v| v.len()).unwrap_or(0) as i32;
-    let vectors: Vec<String> = output
-        .vectors
-        .iter()
-        .map(|v| crate::api::query::vector_literal(v))
-        .collect();
+    let vectors: Vec<f32> = output.vectors.into_iter().flatten().collect();
     steps.run(|| {
         store::store_embeddings(
             item.queue_id,

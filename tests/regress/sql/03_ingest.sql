@@ -144,3 +144,57 @@ SELECT pg_temp.claimed(NULL) AS no_budget,
        pg_temp.claimed(NULL, 2) AS two_at_most,
        pg_temp.claimed(NULL, 31, 350) AS none_over_350_bytes;
 ROLLBACK;
+
+-- The small new documents of one provider call are stored in one statement (rag._store_documents): their chunks
+-- with their vectors (chunk i's are the i-th run of p_dimensions numbers), the documents ready and off the queue.
+-- A document chunked by another path meanwhile, or deleted, is left to the regular path (stored false); all are
+-- when the collection's model changed since the call; numbers that do not make one whole vector per chunk refuse
+-- every document. Inside one transaction, so the worker sees none of it.
+BEGIN;
+SELECT rag_create_collection('storecheck', embedding_model => 'hash-384') > 0 AS created;
+SELECT count(rag_ingest('storecheck', 'Doc ' || g, 'Stored document number ' || g)) AS queued FROM generate_series(1, 4) g;
+CREATE TEMP TABLE storecheck AS
+SELECT d.title, d.id AS document_id, q.id AS queue_id
+  FROM rag.documents d JOIN rag.queue q ON q.document_id = d.id JOIN rag.collections c ON c.id = d.collection_id
+ WHERE c.name = 'storecheck';
+-- Doc 1 has two chunks, the others one each; chunk n's vector is [n, 1, 0].
+CREATE FUNCTION pg_temp.store(p_model text, p_vectors real[] DEFAULT NULL)
+RETURNS TABLE (title text, stored boolean, refusal text) LANGUAGE sql AS $$
+    WITH chunks AS (
+        SELECT s.document_id, g - 1 AS ordinal, s.title || ', part ' || g AS content,
+               row_number() OVER (ORDER BY s.title, g) AS n
+          FROM storecheck s, generate_series(1, CASE s.title WHEN 'Doc 1' THEN 2 ELSE 1 END) g)
+    SELECT s.title, r.stored, r.refusal
+      FROM rag._store_documents(
+               (SELECT array_agg(queue_id ORDER BY title) FROM storecheck),
+               (SELECT array_agg(document_id ORDER BY title) FROM storecheck),
+               (SELECT array_agg(7::bigint) FROM storecheck),
+               (SELECT array_agg(document_id ORDER BY n) FROM chunks),
+               (SELECT array_agg(ordinal ORDER BY n) FROM chunks),
+               (SELECT array_agg(content ORDER BY n) FROM chunks),
+               (SELECT array_agg(0 ORDER BY n) FROM chunks),
+               (SELECT array_agg(char_length(content) ORDER BY n) FROM chunks),
+               (SELECT array_agg(3 ORDER BY n) FROM chunks),
+               (SELECT array_agg(NULL::integer ORDER BY n) FROM chunks),
+               coalesce(p_vectors, (SELECT array_agg(x.v ORDER BY c.n, x.k)
+                                      FROM chunks c, LATERAL (VALUES (1, c.n::real), (2, 1::real), (3, 0::real)) x(k, v))),
+               3, p_model) r
+      JOIN storecheck s ON s.document_id = r.document_id
+     ORDER BY s.title
+$$;
+-- Doc 3 chunked by another path meanwhile, Doc 4 deleted.
+INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end)
+SELECT d.id, d.collection_id, 0, d.body, 4, 0, char_length(d.body) FROM rag.documents d
+  JOIN storecheck s ON s.document_id = d.id WHERE s.title = 'Doc 3';
+SELECT rag_delete_document(document_id) AS deleted FROM storecheck WHERE title = 'Doc 4';
+SELECT * FROM pg_temp.store('another-model');
+SELECT * FROM pg_temp.store('hash-384', '{1, 2}');
+SELECT dimensions IS NULL AS no_dimension_yet FROM rag.collections WHERE name = 'storecheck';
+SELECT * FROM pg_temp.store('hash-384');
+SELECT s.title, ch.ordinal, ch.content, ch.embedding::text, ch.tsv IS NOT NULL AS has_lexemes
+  FROM rag.chunks ch JOIN storecheck s ON s.document_id = ch.document_id ORDER BY s.title, ch.ordinal;
+SELECT s.title, d.status, d.chunks_total, d.chunks_embedded, d.embed_calls, d.embed_tokens,
+       EXISTS (SELECT 1 FROM rag.queue q WHERE q.id = s.queue_id) AS still_queued
+  FROM storecheck s JOIN rag.documents d ON d.id = s.document_id ORDER BY s.title;
+SELECT dimensions FROM rag.collections WHERE name = 'storecheck';
+ROLLBACK;
