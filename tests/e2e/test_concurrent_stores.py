@@ -34,7 +34,7 @@ class ConcurrentStores(InItsOwnDatabase):
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'shared' FOR SHARE;")
         try:
             self.assertEqual(holder.stdout.readline().strip(), "held")
-            # Small documents (the whole-document path, rag._store_document) and one of more chunks than one
+            # Small documents (the whole-document path, rag._store_documents) and one of more chunks than one
             # call takes (the regular path: rag._store_chunks, rag._store_embeddings, rag._finish).
             psql("SELECT rag_ingest('shared', 'Note ' || g, 'Shared note ' || g || ' about topic ' || g % 7 || '.') "
                  "FROM generate_series(1, 20) g")
