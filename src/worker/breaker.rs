@@ -60,12 +60,12 @@ impl Providers {
             .record(bytes, elapsed);
     }
 
-    /// Per provider/model key, the text that embeds in about `slice` at the pace seen so far; keys whose pace
-    /// is unknown, or too fast to matter, are absent.
-    pub fn claim_budgets(&self, slice: Duration) -> HashMap<String, i32> {
+    /// Per provider/model key this worker has called, the text that embeds in about `slice` at the pace seen
+    /// so far: None when its calls were too fast to measure (no bound needed). Keys never called are absent.
+    pub fn claim_budgets(&self, slice: Duration) -> HashMap<String, Option<i32>> {
         self.paces
             .iter()
-            .filter_map(|(key, pace)| Some((key.clone(), pace.bytes_within(slice)?)))
+            .map(|(key, pace)| (key.clone(), pace.bytes_within(slice)))
             .collect()
     }
 

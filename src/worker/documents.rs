@@ -26,6 +26,11 @@ thread_local! {
 /// Documents claimed together at most (`rag._claim_more`): small new documents of one collection share
 /// provider calls and transactions, which per document cost more than the work itself (BENCHMARKS.md §3).
 pub const GROUP_DOCUMENTS: usize = 32;
+/// Documents claimed together at most before this worker has called the provider and model at all (so it
+/// knows nothing of their pace): a first group of the full size held a slow provider's documents for a whole
+/// slice while the other workers, just woken, found nothing to claim. A small first group takes a call or
+/// two, after which the pace sizes the groups (a provider too fast to measure gets the full size).
+const FIRST_GROUP_DOCUMENTS: usize = 4;
 /// Text of a document claimed beside another, at most: small enough that its chunks fit one provider call at
 /// the chunk sizes collections use. A larger one is claimed on its own and takes the regular path.
 const COMPANION_MAX_BYTES: i32 = 16 * 1024;
@@ -58,13 +63,15 @@ pub fn process_next(
         if is_new(&item) && max_documents > 1 {
             // A group embeds in about one slice at the provider's pace, so that with a slow provider the
             // other workers find documents to claim too.
-            let budget = budgets
-                .get(&breaker_key(&item.provider.name, &item.model))
-                .copied();
+            let (group, budget) = match budgets.get(&breaker_key(&item.provider.name, &item.model))
+            {
+                Some(budget) => (max_documents, *budget),
+                None => (max_documents.min(FIRST_GROUP_DOCUMENTS), None),
+            };
             let more = store::claim_more(
                 pid,
                 item.queue_id,
-                (max_documents - 1) as i32,
+                (group - 1) as i32,
                 COMPANION_MAX_BYTES,
                 budget,
             )?;

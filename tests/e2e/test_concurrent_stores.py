@@ -83,11 +83,11 @@ class ConcurrentStores(InItsOwnDatabase):
             # Watched from inside the server every 10 ms (a new snapshot each statement) until the queue is
             # empty: who holds claims, and whether documents wait unclaimed beside claimed ones.
             observed = psql("""
-                CREATE TEMP TABLE observed (claimers integer[], unclaimed bigint);
+                CREATE TEMP TABLE observed (n serial, claimers integer[], unclaimed bigint);
                 DO $$
                 BEGIN
                     FOR i IN 1..6000 LOOP
-                        INSERT INTO observed
+                        INSERT INTO observed (claimers, unclaimed)
                         SELECT array_agg(DISTINCT q.claimed_by) FILTER (WHERE q.claimed_by IS NOT NULL),
                                count(*) FILTER (WHERE q.claimed_by IS NULL)
                           FROM rag.queue q JOIN rag.collections c ON c.id = q.collection_id WHERE c.name = 'paced'
@@ -97,13 +97,17 @@ class ConcurrentStores(InItsOwnDatabase):
                     END LOOP;
                 END $$;
                 SELECT (SELECT count(DISTINCT claimer) FROM observed, unnest(claimers) claimer),
-                       (SELECT count(*) FROM observed WHERE cardinality(claimers) > 0 AND unclaimed > 0);""")[0]
+                       (SELECT count(*) FROM observed WHERE cardinality(claimers) > 0 AND unclaimed > 0),
+                       (SELECT unclaimed FROM observed WHERE cardinality(claimers) > 0 ORDER BY n LIMIT 1);""")[0]
             self.assertEqual(scalar("SELECT rag_wait('paced', '60 seconds')"), "t")
             self.assertEqual(psql("SELECT count(*), sum(chunks_total), sum(chunks_embedded) FROM rag.documents d "
                                   "JOIN rag.collections c ON c.id = d.collection_id "
                                   "WHERE c.name = 'paced' AND d.status = 'ready'"), [["32", "384", "384"]],
                              "32 documents of 12 chunks, all ready")
-            claimers, waiting_beside_claimed = (int(value) for value in observed)
+            claimers, waiting_beside_claimed, unclaimed_at_first_claim = (int(value) for value in observed)
+            # A worker that has not called the provider yet claims a small first group (FIRST_GROUP_DOCUMENTS),
+            # not all 32: the other worker finds documents at once.
+            self.assertGreater(unclaimed_at_first_claim, 0, "the first claim took every document")
             self.assertGreater(waiting_beside_claimed, 0, "every document was claimed at once and held until stored")
             self.assertEqual(claimers, 2, "one worker claimed every document")
         finally:
