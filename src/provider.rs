@@ -191,7 +191,6 @@ fn loaded_once<T: 'static>(
     let directory = model_directory(model)?;
     let options = LoadOptions {
         threads: crate::settings::LOCAL_THREADS.get().max(1) as usize,
-        ..LoadOptions::default()
     };
     let loaded: &'static T = Box::leak(Box::new(load(&directory, &options)?));
     models.insert(model.to_string(), loaded);

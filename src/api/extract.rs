@@ -90,6 +90,14 @@ pub fn rag_extract_sections(
     )
 }
 
+/// What rag_ingest receives of an extracted file: its whole text as the body, or its parts (pages, slides,
+/// sheets) with the labels they carry.
+type BodyOrPages = (
+    Option<String>,
+    Option<Vec<String>>,
+    Option<Vec<Option<String>>>,
+);
+
 /// Extracts a file and ingests its text; each page, slide or sheet becomes a page whose label citations use.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_ingest_file(
@@ -114,11 +122,7 @@ pub fn rag_ingest_file(
         .sections
         .iter()
         .any(|section| section.locator.is_some());
-    let (body, pages, labels): (
-        Option<String>,
-        Option<Vec<String>>,
-        Option<Vec<Option<String>>>,
-    ) = if has_parts {
+    let (body, pages, labels): BodyOrPages = if has_parts {
         let labels = extracted
             .sections
             .iter()

@@ -4,6 +4,11 @@ use crate::error::{RagError, UnwrapOrRaise};
 use crate::provider;
 use pgrx::prelude::*;
 
+/// A local model's row of rag_models(): name, size of its weights, modified, family.
+type ModelRow = (String, Option<i64>, Option<String>, Option<String>);
+
+// pgrx reads the column names from the literal return type, so it cannot be an alias.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 pub fn rag_models(
     provider: default!(&str, "'ollama'"),
@@ -18,7 +23,7 @@ pub fn rag_models(
 > {
     let row = provider::row_or_raise(provider);
     if row.kind == provider::Kind::Local {
-        return TableIterator::new(local_models().into_iter());
+        return TableIterator::new(local_models());
     }
     let models = provider::connect(&row, crate::settings::http_timeout())
         .map_err(RagError::setup)
@@ -39,7 +44,7 @@ pub fn rag_models(
 }
 
 /// Subdirectories of rag.model_path that hold a model, with the size of their weights.
-fn local_models() -> Vec<(String, Option<i64>, Option<String>, Option<String>)> {
+fn local_models() -> Vec<ModelRow> {
     let Ok(entries) = std::fs::read_dir(crate::settings::model_path()) else {
         return Vec::new();
     };

@@ -258,10 +258,10 @@ fn reap_stopped_workers(launcher: &mut Launcher) {
                 }
                 // Work queued while the worker was leaving has asked for a worker since: start one again.
                 SlotState::Dormant
-                    if !launcher
+                    if launcher
                         .last_request
                         .get(&worker.database)
-                        .is_some_and(|asked| asked.elapsed() < Duration::from_secs(10)) =>
+                        .is_none_or(|asked| asked.elapsed() >= Duration::from_secs(10)) =>
                 {
                     launcher.dormant.insert(worker.database);
                 }

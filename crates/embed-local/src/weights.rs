@@ -86,8 +86,10 @@ impl WeightFile {
         }
 
         let mappable = cfg!(target_endian = "little")
-            && byte_ranges.iter().all(|(_, bytes, _)| bytes.start % 4 == 0)
-            && (mmap.as_ptr() as usize) % std::mem::align_of::<f32>() == 0;
+            && byte_ranges
+                .iter()
+                .all(|(_, bytes, _)| bytes.start.is_multiple_of(4))
+            && (mmap.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>());
         let mut tensors = HashMap::with_capacity(byte_ranges.len());
         let storage = if mappable {
             for (name, bytes, shape) in byte_ranges {
