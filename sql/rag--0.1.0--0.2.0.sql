@@ -113,7 +113,8 @@ ALTER TABLE rag.queries DROP CONSTRAINT queries_collection_id_fkey;
 -- Model changes without downtime: each chunk gets a second vector column, each collection says which of the two
 -- it searches (the existing vectors stay where they are, in 'embedding'), and a table holds the changes going.
 ALTER TABLE rag.chunks ADD COLUMN embedding_alt vector;
--- Chunks stay whole in the heap up to a page (schema.sql says why); rows written before keep their layout.
+-- Chunks stay whole in the heap up to a page (schema.sql says why); rows written before keep their layout (an
+-- UPDATE keeps an already toasted vector where it is; VACUUM FULL rewrites it inline: README, Upgrades).
 ALTER TABLE rag.chunks SET (toast_tuple_target = 8160);
 ALTER TABLE rag.collections
     ADD COLUMN vector_column text NOT NULL DEFAULT 'embedding' CHECK (vector_column IN ('embedding', 'embedding_alt'));
