@@ -508,7 +508,8 @@ END $$;
 -- i*p_dimensions] (one flat array: no text to format and parse per number). One row per document: stored is
 -- false when this path does not apply any more (deleted, chunked by another path, moved elsewhere, or the
 -- collection's model changed meanwhile): the caller then takes it down the regular path. refusal is the reason the
--- document fails, if it must. The caller ends its batch with rag._fit_index_to_load.
+-- document fails, if it must (the same for every document of the call). The caller ends its batch with
+-- rag._fit_index_to_load.
 CREATE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
                                      p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
                                      p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
@@ -519,7 +520,7 @@ DECLARE
     c rag.collections;
     v_refusal text;
     v_chunks integer := coalesce(cardinality(p_contents), 0);
-    v_ready bigint[];
+    v_ready bigint[] := '{}';
 BEGIN
     IF cardinality(p_queue_ids) IS DISTINCT FROM cardinality(p_document_ids)
        OR cardinality(p_embed_tokens) IS DISTINCT FROM cardinality(p_document_ids)
@@ -533,53 +534,51 @@ BEGIN
     SELECT l.* INTO c
       FROM (SELECT d.id FROM rag.documents d WHERE d.id = ANY (p_document_ids) ORDER BY d.id LIMIT 1) first_one,
            LATERAL rag._lock_for_store(first_one.id) l;
-    IF c.id IS NULL OR c.embedding_model <> p_model THEN
-        RETURN QUERY SELECT t.id, false, NULL::text FROM unnest(p_document_ids) t(id);
-        RETURN;
-    END IF;
     IF cardinality(p_vectors) IS DISTINCT FROM v_chunks::bigint * p_dimensions THEN
         v_refusal := format('%s numbers for %s chunks of %s dimensions', coalesce(cardinality(p_vectors), 0), v_chunks,
                             p_dimensions);
-    ELSE
+    ELSIF c.id IS NOT NULL AND c.embedding_model = p_model THEN
         v_refusal := rag._accept_dimensions(c, p_dimensions);
     END IF;
-    IF v_refusal IS NOT NULL THEN
-        RETURN QUERY SELECT t.id, false, v_refusal FROM unnest(p_document_ids) t(id);
-        RETURN;
+    -- Deleted, or the model changed: nothing is stored, and the regular path takes each document.
+    IF c.id IS NOT NULL AND c.embedding_model = p_model AND v_refusal IS NULL THEN
+        -- The others in id order (the order any other multi-document writer takes): those still in this
+        -- collection and not chunked meanwhile are this call's.
+        SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO v_ready
+          FROM (SELECT d.id FROM rag.documents d
+                 WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
+                 ORDER BY d.id FOR UPDATE) d
+         WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start,
+                                char_end, tsv, embedding, embedding_alt)
+        SELECT t.document_id, c.id, t.ordinal, t.content, t.tokens, t.page, t.char_start, t.char_end,
+               to_tsvector(c.text_search_config, t.content),
+               CASE c.vector_column WHEN 'embedding'
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
+               CASE c.vector_column WHEN 'embedding_alt'
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
+          FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages)
+               WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, n)
+         WHERE t.document_id = ANY (v_ready);
+        UPDATE rag.documents d SET chunks_total = counted.chunks, chunks_embedded = counted.chunks,
+               embed_calls = d.embed_calls + 1, embed_tokens = d.embed_tokens + coalesce(t.embed_tokens, 0),
+               status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
+          FROM unnest(p_document_ids, p_embed_tokens) t(id, embed_tokens),
+               (SELECT cd.id, count(*)::integer AS chunks FROM unnest(p_chunk_documents) cd(id) GROUP BY cd.id) counted
+         WHERE d.id = t.id AND counted.id = t.id AND d.id = ANY (v_ready);
+        IF EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = c.id AND m.state = 'embedding') THEN
+            -- A model change began after the claim: each document's item stays while the new space needs it.
+            PERFORM rag._dequeue(t.queue_id, t.id)
+               FROM unnest(p_queue_ids, p_document_ids) t(queue_id, id) WHERE t.id = ANY (v_ready);
+        ELSE
+            DELETE FROM rag.queue qu
+             USING unnest(p_queue_ids, p_document_ids) t(queue_id, id)
+             WHERE qu.id = t.queue_id AND t.id = ANY (v_ready);
+        END IF;
     END IF;
-    -- The others in id order (the order any other multi-document writer takes): those still in this collection
-    -- and not chunked meanwhile are this call's.
-    SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO v_ready
-      FROM (SELECT d.id FROM rag.documents d
-             WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
-             ORDER BY d.id FOR UPDATE) d
-     WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
-                            tsv, embedding, embedding_alt)
-    SELECT t.document_id, c.id, t.ordinal, t.content, t.tokens, t.page, t.char_start, t.char_end,
-           to_tsvector(c.text_search_config, t.content),
-           CASE c.vector_column WHEN 'embedding' THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
-           CASE c.vector_column WHEN 'embedding_alt' THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
-      FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages)
-           WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, n)
-     WHERE t.document_id = ANY (v_ready);
-    UPDATE rag.documents d SET chunks_total = counted.chunks, chunks_embedded = counted.chunks,
-           embed_calls = d.embed_calls + 1, embed_tokens = d.embed_tokens + coalesce(counted.embed_tokens, 0),
-           status = 'ready', failure_reason = NULL, ready_at = now(), updated_at = now()
-      FROM (SELECT t.id, t.embed_tokens,
-                   (SELECT count(*) FROM unnest(p_chunk_documents) cd(id) WHERE cd.id = t.id)::integer AS chunks
-              FROM unnest(p_document_ids, p_embed_tokens) t(id, embed_tokens)) counted
-     WHERE d.id = counted.id AND d.id = ANY (v_ready);
-    IF EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = c.id AND m.state = 'embedding') THEN
-        -- A model change began after the claim: each document's item stays while the new space needs it.
-        PERFORM rag._dequeue(t.queue_id, t.id)
-           FROM unnest(p_queue_ids, p_document_ids) t(queue_id, id) WHERE t.id = ANY (v_ready);
-    ELSE
-        DELETE FROM rag.queue qu
-         USING unnest(p_queue_ids, p_document_ids) t(queue_id, id)
-         WHERE qu.id = t.queue_id AND t.id = ANY (v_ready);
-    END IF;
-    RETURN QUERY SELECT t.id, t.id = ANY (v_ready), NULL::text FROM unnest(p_document_ids) t(id);
+    -- One row per document, in the order given.
+    RETURN QUERY SELECT t.id, t.id = ANY (v_ready), v_refusal
+                   FROM unnest(p_document_ids) WITH ORDINALITY t(id, n) ORDER BY t.n;
 END $$;
 
 -- More small new documents of the collection of the queue item the worker just claimed (p_queue_id), claimed
@@ -645,8 +644,9 @@ BEGIN
 END $$;
 
 -- Writes one batch of vectors (chunk i's are p_vectors[(i-1)*p_dimensions+1 : i*p_dimensions]). Returns NULL
--- on success, or the reason the document must fail (a vector of another dimension than the collection's). Counters are recomputed from the table, never incremented, so
--- a batch written twice or a worker killed half-way leaves them exact.
+-- on success, or the reason the document must fail (a vector of another dimension than the collection's).
+-- Counters are recomputed from the table, never incremented, so a batch written twice or a worker killed
+-- half-way leaves them exact.
 -- p_model is the model that made the vectors and p_shadow the space they were made for: a batch made for a
 -- space that has changed model meanwhile (a model change switched, was cancelled or replaced) is dropped, and its
 -- chunks are embedded again with the model now in force.

@@ -228,7 +228,7 @@ CREATE TABLE rag.chunks (
 -- tables and two indexes, and every exact search and index build fetched each vector through the TOAST index
 -- (measured at 9,055 such chunks: an exact scan 50-63 ms inline against 82-107 ms toasted, the HNSW build
 -- 2.2 s against 2.5-2.6 s). The price is disk: the text is no longer compressed (35 MB against 24 MB for
--- those chunks). Rows past a page (a 1,536-d vector and a long chunk) are still toasted, vector first.
+-- those chunks). Rows past a page (a 1,536-d vector and a long chunk) are still toasted as before (not measured).
 ALTER TABLE rag.chunks SET (toast_tuple_target = 8160);
 -- The worker's question, "what is still to embed for this document?", must not scan the whole table.
 CREATE INDEX chunks_pending ON rag.chunks (document_id, ordinal) WHERE embedding IS NULL;

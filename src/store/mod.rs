@@ -467,10 +467,10 @@ pub fn store_documents(
         tokens,
         pages,
     } = columns(chunks);
-    let order = document_ids.clone();
+    let count = document_ids.len();
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT document_id, stored, refusal \
+            "SELECT stored, refusal \
                FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             None,
             &[
@@ -489,30 +489,17 @@ pub fn store_documents(
                 model.into(),
             ],
         )?;
-        let mut outcomes: Vec<(i64, StoredDocument)> = Vec::with_capacity(order.len());
+        // One row per document, in the order given.
+        let mut outcomes = Vec::with_capacity(count);
         for row in rows {
-            let Some(id) = row.get::<i64>(1)? else {
-                continue;
-            };
-            let stored = row.get::<bool>(2)?.unwrap_or(false);
-            let outcome = match (stored, row.get::<String>(3)?) {
+            let stored = row.get::<bool>(1)?.unwrap_or(false);
+            outcomes.push(match (stored, row.get::<String>(2)?) {
                 (_, Some(reason)) => StoredDocument::Refused(reason),
                 (true, None) => StoredDocument::Ready,
                 (false, None) => StoredDocument::NotApplicable,
-            };
-            outcomes.push((id, outcome));
+            });
         }
-        // Each document once, in the caller's order; one missing from the answer is left to the regular path.
-        Ok(order
-            .iter()
-            .map(|id| {
-                outcomes
-                    .iter()
-                    .position(|(found, _)| found == id)
-                    .map(|at| outcomes.swap_remove(at).1)
-                    .unwrap_or(StoredDocument::NotApplicable)
-            })
-            .collect())
+        Ok(outcomes)
     })
 }
 
