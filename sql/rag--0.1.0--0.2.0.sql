@@ -414,64 +414,17 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
+CREATE OR REPLACE FUNCTION rag."_setting"(
 	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
+AS 'MODULE_PATHNAME', 'setting_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
-	"model" TEXT /* & str */
-) RETURNS TABLE (
-	"document_prefix" TEXT,  /* String */
-	"query_prefix" TEXT  /* String */
-)
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
@@ -482,6 +435,13 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
 	"format" TEXT /* & str */
@@ -490,43 +450,28 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
@@ -538,6 +483,15 @@ CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -553,6 +507,16 @@ CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
+	"model" TEXT /* & str */
+) RETURNS TABLE (
+	"document_prefix" TEXT,  /* String */
+	"query_prefix" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
                                        p_min_lead real)
@@ -1289,6 +1253,42 @@ BEGIN
     END LOOP;
     RETURN v_steps;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
@@ -2812,6 +2812,7 @@ DECLARE
     v_distances double precision[];
     v_scores real[];
     v_ef_search text := current_setting('hnsw.ef_search', true);
+    v_similarity_weight double precision := 0;
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -2853,18 +2854,29 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
+    -- The weight was measured on the in-process cross-encoder's logits; a server's scores are on its own scale
+    -- (a probability would be swamped), so they order alone.
+    IF EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local') THEN
+        v_similarity_weight := rag._limit('rerank_similarity_weight')::double precision;
+    END IF;
     -- The candidates' texts in rank order; they passed the search's visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
                             ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+    -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
+    -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
+    -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
+    -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
     RETURN QUERY
     SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
-           CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.score - r.runner_up END
-      FROM (SELECT u.id, u.distance, u.score, u.n,
-                   row_number() OVER (ORDER BY u.score DESC, u.n) AS place,
-                   lead(u.score) OVER (ORDER BY u.score DESC, u.n) AS runner_up,
-                   min(u.distance) OVER () AS nearest
-              FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) r
+           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
+      FROM (SELECT b.*,
+                   row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
+                   lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,
+                   min(b.distance) OVER () AS nearest
+              FROM (SELECT u.id, u.distance, u.score, u.n,
+                           u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
+                      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
       JOIN rag.chunks ch ON ch.id = r.id
      ORDER BY r.place
      LIMIT p_k;

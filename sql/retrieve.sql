@@ -258,10 +258,10 @@ END $$;
 
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
 -- A collection with a reranker has its best rerank_candidates (at least p_k) rescored by it (rag._rerank) and
--- ordered by that relevance instead; p_rerank => false skips that (the evaluation compares both). The
--- reranker's first chunk carries its lead: how far its relevance is above the second candidate's, when it is
--- also the nearest of all candidates by vector distance (two models agree on it); NULL for every other chunk,
--- and when there is no second candidate or no distance. rag._close_enough reads it.
+-- ordered by that relevance (plus their weighted cosine similarity with a local reranker) instead; p_rerank => false skips that (the
+-- evaluation compares both). The first chunk carries its lead: how far its combined score is above the second
+-- candidate's, when it is also the nearest of all candidates by vector distance (two models agree on it); NULL
+-- for every other chunk, and when there is no second candidate or no distance. rag._close_enough reads it.
 CREATE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
                             p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
 RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
@@ -278,6 +278,7 @@ DECLARE
     v_distances double precision[];
     v_scores real[];
     v_ef_search text := current_setting('hnsw.ef_search', true);
+    v_similarity_weight double precision := 0;
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -319,18 +320,29 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
+    -- The weight was measured on the in-process cross-encoder's logits; a server's scores are on its own scale
+    -- (a probability would be swamped), so they order alone.
+    IF EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local') THEN
+        v_similarity_weight := rag._limit('rerank_similarity_weight')::double precision;
+    END IF;
     -- The candidates' texts in rank order; they passed the search's visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
                             ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+    -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
+    -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
+    -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
+    -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
     RETURN QUERY
     SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
-           CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.score - r.runner_up END
-      FROM (SELECT u.id, u.distance, u.score, u.n,
-                   row_number() OVER (ORDER BY u.score DESC, u.n) AS place,
-                   lead(u.score) OVER (ORDER BY u.score DESC, u.n) AS runner_up,
-                   min(u.distance) OVER () AS nearest
-              FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) r
+           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
+      FROM (SELECT b.*,
+                   row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
+                   lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,
+                   min(b.distance) OVER () AS nearest
+              FROM (SELECT u.id, u.distance, u.score, u.n,
+                           u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
+                      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
       JOIN rag.chunks ch ON ch.id = r.id
      ORDER BY r.place
      LIMIT p_k;

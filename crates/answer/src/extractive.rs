@@ -138,21 +138,36 @@ pub fn extractive_answer(
     Some(ExtractiveAnswer { answer, citations })
 }
 
-/// [`extractive_answer`], or, when no sentence shares a word with the question, the first sentences of the first
-/// source (those that fit `max_chars`). For sources a cross-encoder has already judged relevant to the question:
-/// a paraphrase ("When do we get our wages?" of "Salaries are paid on the last working day") shares no word with
-/// its answer, and the lexical match alone would refuse it although the passage answers it.
+/// [`extractive_answer`] for sources a cross-encoder has already judged relevant and ordered, so that the first
+/// source, the one it judged most relevant, is always quoted. When none of its sentences shares a word with the
+/// question, its opening sentences are quoted first (within `max_chars`, or half of it when other sources have
+/// sentences that match), then what the others match in the room left. A paraphrase ("When do we get our
+/// wages?" of "Salaries are paid on the last working day") shares no word with its answer, and the lexical match
+/// alone would refuse it although the passage answers it, or quote a lower source that happens to share a word
+/// ("stay at home" of a parental leave question matched the remote work rule) and cite the wrong passage.
 pub fn extractive_answer_or_lead(
     question: &str,
     sources: &[Source],
     max_chars: usize,
 ) -> Option<ExtractiveAnswer> {
-    if let Some(answer) = extractive_answer(question, sources, max_chars) {
-        return Some(answer);
-    }
-    let first = sources
+    let lexical = extractive_answer(question, sources, max_chars);
+    let Some(first) = sources
         .iter()
-        .find(|source| source.number >= 1 && source.number <= sources.len())?;
+        .find(|source| source.number >= 1 && source.number <= sources.len())
+    else {
+        return lexical;
+    };
+    if lexical
+        .as_ref()
+        .is_some_and(|answer| answer.citations.contains(&first.number))
+    {
+        return lexical;
+    }
+    let lead_budget = if lexical.is_some() {
+        max_chars / 2
+    } else {
+        max_chars
+    };
     let mut quoted: Vec<String> = Vec::new();
     let mut used_chars = 0usize;
     for raw in first.text.split_sentence_bounds() {
@@ -162,18 +177,29 @@ pub fn extractive_answer_or_lead(
         }
         let quote = format!("{sentence} [{}]", first.number);
         let cost = quote.chars().count() + usize::from(!quoted.is_empty());
-        if used_chars + cost > max_chars {
+        if used_chars + cost > lead_budget {
             break;
         }
         used_chars += cost;
         quoted.push(quote);
     }
     if quoted.is_empty() {
-        return None;
+        return lexical;
+    }
+    let mut citations = vec![first.number];
+    // The first source has no sentence that matches (or none that fit), so what matches in the room left comes
+    // from the others.
+    if let Some(more) =
+        extractive_answer(question, sources, max_chars.saturating_sub(used_chars + 1))
+    {
+        quoted.push(more.answer);
+        citations.extend(more.citations);
+        citations.sort_unstable();
+        citations.dedup();
     }
     Some(ExtractiveAnswer {
         answer: quoted.join(" "),
-        citations: vec![first.number],
+        citations,
     })
 }
 
@@ -267,6 +293,60 @@ mod tests {
     }
 
     #[test]
+    fn the_first_source_leads_when_only_a_lower_one_shares_a_word() {
+        // The reranker put the parental leave rule first; only the remote work rule shares a word ("home").
+        let sources = vec![
+            source(
+                1,
+                "New parents may take up to six months off. The first three are paid in full.",
+            ),
+            source(
+                2,
+                "Team members may work from home up to three days a week.",
+            ),
+        ];
+        let question = "How long can I stay at home after my baby is born?";
+        assert_eq!(
+            extractive_answer(question, &sources, 500)
+                .unwrap()
+                .citations,
+            vec![2]
+        );
+        let answer = extractive_answer_or_lead(question, &sources, 500).unwrap();
+        assert_eq!(
+            answer.answer,
+            "New parents may take up to six months off. [1] The first three are paid in full. [1] \
+             Team members may work from home up to three days a week. [2]"
+        );
+        assert_eq!(answer.citations, vec![1, 2]);
+        // With a matching sentence elsewhere, the lead gets half the budget (its first sentence here), and the
+        // match does not fit in what is left.
+        let short = extractive_answer_or_lead(question, &sources, 100).unwrap();
+        assert_eq!(
+            short.answer,
+            "New parents may take up to six months off. [1]"
+        );
+        assert_eq!(short.citations, vec![1]);
+        // The room left after the lead takes the match.
+        let both = extractive_answer_or_lead(question, &sources, 110).unwrap();
+        assert_eq!(
+            both.answer,
+            "New parents may take up to six months off. [1] Team members may work from home up to three days a week. [2]"
+        );
+        // The lead and the match pass the grounding check like any extract.
+        let reply = ModelReply {
+            answer: answer.answer.clone(),
+            citations: answer.citations.iter().map(|&n| n as i64).collect(),
+            sufficient: true,
+            reason: None,
+        };
+        assert!(matches!(
+            ground(&reply, sources.len()),
+            Grounded::Answered { .. }
+        ));
+    }
+
+    #[test]
     fn a_paraphrase_with_no_shared_word_quotes_the_lead_of_the_first_source() {
         let sources = vec![
             source(1, "Salaries are paid on the last working day of each month. Transfers take a day. See [4]."),
@@ -288,10 +368,12 @@ mod tests {
             "Salaries are paid on the last working day of each month. [1]"
         );
         assert_eq!(extractive_answer_or_lead(question, &sources, 10), None);
-        // A lexical match still wins when there is one.
-        let matched =
-            extractive_answer_or_lead("When does the canteen open?", &sources, 500).unwrap();
-        assert_eq!(matched.citations, vec![2]);
+        // A lexical match in the first source is quoted as extractive_answer quotes it.
+        let matched = extractive_answer_or_lead("When are salaries paid?", &sources, 500).unwrap();
+        assert_eq!(
+            matched,
+            extractive_answer("When are salaries paid?", &sources, 500).unwrap()
+        );
         // And the grounding check accepts the lead as it accepts any extract.
         let reply = ModelReply {
             answer: lead.answer.clone(),

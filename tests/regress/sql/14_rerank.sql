@@ -28,15 +28,17 @@ SELECT q.question, r.title, r.relevance >= c.min_relevance AS passes
   JOIN rag.collections c ON c.name = 'rr'
  ORDER BY q.n;
 
--- Results come in the reranker's order: relevance never increases down the list, whatever the distances do
--- (the threshold out of the way, so every candidate is returned).
+-- Results come in the reranked order: the relevance (the cross-encoder's logit) plus the weighted cosine
+-- similarity never increases down the list, whatever the distances or the logits alone do (the threshold out of
+-- the way, so every candidate is returned).
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => -100);
-SELECT bool_and(relevance <= previous) AS by_relevance, count(*) AS returned,
+SELECT bool_and(combined <= previous + 1e-4) AS by_combined_score, count(*) AS returned,
        bool_or(distance > previous_distance) AS distances_not_in_order
-  FROM (SELECT relevance, lag(relevance, 1, 'Infinity') OVER (ORDER BY ordinality) AS previous,
+  FROM (SELECT combined, lag(combined, 1, 'Infinity') OVER (ORDER BY ordinality) AS previous,
                distance, lag(distance, 1, 0) OVER (ORDER BY ordinality) AS previous_distance
-          FROM rag_query('rr', 'Who pays for my train ticket when I travel for work?', 5, max_distance => 2)
-               WITH ORDINALITY) ranked;
+          FROM (SELECT *, relevance + rag._limit('rerank_similarity_weight')::real * (1 - distance) AS combined
+                  FROM rag_query('rr', 'Who pays for my train ticket when I travel for work?', 5, max_distance => 2)
+                       WITH ORDINALITY) q) ranked;
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._limit('min_relevance_default')::real);
 -- The same search without reranking keeps the fused order and gives no relevance.
 SELECT count(*) AS candidates, count(s.relevance) AS with_relevance
@@ -82,11 +84,35 @@ SELECT rag._close_enough(c, 0.5, -8, 3, NULL) AS at_both_edges,
        rag._close_enough(c, 0.5, -5, NULL, NULL) AS at_the_threshold,
        rag._close_enough(c, 0.5, -6, 5, 0.4) AS beyond_the_callers_ceiling
   FROM rag.collections c WHERE c.name = 'rr';
--- rag._search gives the lead to the first chunk only: its relevance less the second candidate's.
+-- rag._search gives the lead to the first chunk only: its combined score (relevance plus the weighted
+-- similarity) less the second candidate's.
 SELECT count(s.lead) AS with_a_lead, bool_and(s.lead IS NULL OR s.rank = 1) AS only_the_first,
-       bool_and(s.lead IS NULL OR abs(s.lead - (s.relevance - (SELECT t.relevance FROM rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') t WHERE t.rank = 2))) < 1e-4) AS ahead_of_the_second
-  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') s
+       bool_and(s.lead IS NULL OR abs(s.lead - (s.relevance + w * (1 - s.distance)
+                                                - (SELECT t.relevance + w * (1 - t.distance) FROM rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') t WHERE t.rank = 2))) < 1e-3) AS ahead_of_the_second
+  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') s,
+       CAST(rag._limit('rerank_similarity_weight') AS double precision) w
  WHERE c.name = 'rr';
+-- Where the cross-encoder misreads a paraphrase, the bi-encoder's agreement decides: "the washers" goes to the
+-- laundry rule, although the cross-encoder scores the bicycle rule (which mentions the laundry) higher. And
+-- without a chat model the answer quotes the passage put first, even when only a lower one shares a word with
+-- the question ("home": the remote work rule).
+SELECT rag_create_collection('rr-blend', embedding_provider => 'local') > 0 AS created;
+SELECT count(*) FILTER (WHERE rag_ingest('rr-blend', t.title, t.body) > 0) AS ingested
+  FROM (VALUES ('Quiet hours', 'Residents must keep noise down between ten at night and seven in the morning.'),
+               ('Rubbish', 'Household waste goes in the grey bins in the courtyard; glass is collected separately on Tuesdays.'),
+               ('Bicycles', 'Bikes must be stored in the basement room next to the laundry, never in the stairwell.'),
+               ('Laundry', 'The washing machines may be booked for two hours at a time using the sheet on the door.'),
+               ('Parental leave', 'New parents may take up to six months off, of which the first three are paid in full.'),
+               ('Remote work', 'Team members may work from home up to three days a week after agreeing it with their lead.')) t(title, body);
+SELECT rag_wait('rr-blend', '120 seconds') AS ready;
+SELECT s.rank, d.title, s.relevance = (SELECT max(t.relevance) FROM rag._search(c, rag._embed_query(c.id, 'How do I reserve the washers downstairs?'), 3, NULL, 'How do I reserve the washers downstairs?') t) AS highest_logit
+  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'How do I reserve the washers downstairs?'), 2, NULL, 'How do I reserve the washers downstairs?') s
+  JOIN rag.documents d ON d.id = s.document_id WHERE c.name = 'rr-blend' ORDER BY s.rank;
+SELECT outcome, citations->0->>'title' AS cited FROM rag_ask('rr-blend', 'How do I reserve the washers downstairs?');
+SELECT outcome, jsonb_path_query_array(citations, '$[*].title') AS cited,
+       answer LIKE 'New parents may take up to six months off%' AS quotes_the_first
+  FROM rag_ask('rr-blend', 'How long can I stay at home after my baby is born?');
+SELECT rag_drop_collection('rr-blend');
 -- Paraphrases the reranker scores below the threshold but far ahead of every other passage are answered;
 -- off-domain questions, whose candidates all score alike, are still refused. Without the lead the paraphrases
 -- are refused too.
