@@ -414,6 +414,11 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_setting"(
 	"name" TEXT /* & str */
 ) RETURNS TEXT /* Option < String > */
@@ -421,34 +426,12 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
-	"size" INT, /* i32 */
-	"overlap" INT, /* i32 */
-	"unit" TEXT /* & str */
-) RETURNS INT /* i32 */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_rerank"(
 	"collection_id" INT, /* i32 */
@@ -466,12 +449,43 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 	"collection_id" INT, /* i32 */
@@ -484,6 +498,13 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_local_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_embed_text"(
 	"provider_name" TEXT, /* & str */
 	"model" TEXT, /* & str */
@@ -493,20 +514,21 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
 ) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
+AS 'MODULE_PATHNAME', 'limit_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_local_model_window"(
-	"model" TEXT /* & str */
+CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
+	"size" INT, /* i32 */
+	"overlap" INT, /* i32 */
+	"unit" TEXT /* & str */
 ) RETURNS INT /* i32 */
-STRICT VOLATILE PARALLEL UNSAFE 
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
@@ -1254,42 +1276,6 @@ BEGIN
     RETURN v_steps;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
-	"model" TEXT /* & str */
-) RETURNS double precision /* Option < f64 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
-
 CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -1654,7 +1640,9 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
-    SELECT greatest(0, extract(epoch FROM min(not_before) - now()))::double precision FROM rag.queue
+    SELECT CASE WHEN min(not_before) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(not_before) - now()))::double precision END
+      FROM rag.queue
 $$;
 
 CREATE OR REPLACE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],
@@ -3206,6 +3194,20 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
+	"model" TEXT /* & str */
+) RETURNS double precision /* Option < f64 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
 DO $$
 BEGIN

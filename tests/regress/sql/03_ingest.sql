@@ -213,3 +213,16 @@ SELECT pg_relation_size(reltoastrelid) = :toast_bytes_before AS nothing_toasted,
            AND ch.document_id = (SELECT document_id FROM storecheck WHERE title = 'Doc 2')) AS row_over_the_default_target
   FROM pg_class WHERE oid = 'rag.chunks'::regclass;
 ROLLBACK;
+
+-- rag._seconds_until_due, which an idle worker sleeps by: NULL with nothing queued (it then naps for
+-- rag.naptime; a 0 here made every idle worker wake every 10 ms), else the seconds until the first queued
+-- document is due, never below 0.
+BEGIN;
+DELETE FROM rag.queue;
+SELECT rag._seconds_until_due() IS NULL AS nothing_queued;
+INSERT INTO rag.queue (document_id, collection_id, not_before)
+SELECT d.id, d.collection_id, now() + interval '1 hour' FROM rag.documents d ORDER BY d.id LIMIT 1;
+SELECT round(rag._seconds_until_due()) AS seconds_until_due;
+UPDATE rag.queue SET not_before = now() - interval '1 minute';
+SELECT rag._seconds_until_due() AS overdue;
+ROLLBACK;
