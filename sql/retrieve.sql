@@ -256,6 +256,15 @@ BEGIN
     RETURN v_id;
 END $$;
 
+-- How much of the cosine similarity is added to a reranked candidate's relevance to order it (rag._search,
+-- rag_explain): rag._limit('rerank_similarity_weight') for a reranker run in process, whose logits it was
+-- measured on; 0 for a server's, whose scores are on its own scale (a probability would be swamped).
+CREATE FUNCTION rag._rerank_similarity_weight(c rag.collections) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local')
+                THEN rag._limit('rerank_similarity_weight')::double precision ELSE 0 END
+$$;
+
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
 -- A collection with a reranker has its best rerank_candidates (at least p_k) rescored by it (rag._rerank) and
 -- ordered by that relevance (plus their weighted cosine similarity with a local reranker) instead; p_rerank => false skips that (the
@@ -320,11 +329,7 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
-    -- The weight was measured on the in-process cross-encoder's logits; a server's scores are on its own scale
-    -- (a probability would be swamped), so they order alone.
-    IF EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local') THEN
-        v_similarity_weight := rag._limit('rerank_similarity_weight')::double precision;
-    END IF;
+    v_similarity_weight := rag._rerank_similarity_weight(c);
     -- The candidates' texts in rank order; they passed the search's visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
                             ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
@@ -468,8 +473,11 @@ BEGIN
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
     IF c.reranker IS NOT NULL THEN
-        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank)',
-                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider);
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
+                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
+                           CASE WHEN rag._rerank_similarity_weight(c) > 0
+                                THEN format('its relevance + %s x cosine similarity', rag._rerank_similarity_weight(c))
+                                ELSE 'its relevance' END);
         k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)
