@@ -23,12 +23,30 @@
 -- Parameters of the query: $1 the question's vector (text), $2 candidates per side, $3 the metadata filter,
 -- $4 the question's lexemes (tsquery), $5 how many to return.
 CREATE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
-                                with_lexemes boolean) RETURNS text
+                                with_lexemes boolean, with_row_checks boolean DEFAULT true) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
     -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
-    -- the row-visibility join included: BENCHMARKS.md §3).
-    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
+    -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
+    -- watches no table (with_row_checks false, rag._watched), not even the join to rag.documents: the chunks'
+    -- own policy is the collection's, the same as the documents', and only rows of watched tables need more.
+    -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
+    -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
+    -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
+    -- rag._search runs the checked query when it finds nothing.
+    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes)
+                     AND NOT with_filter AND NOT with_row_checks THEN format($u$
+        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
+               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
+          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                       ch.%3$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                  FROM rag.chunks ch
+                 WHERE ch.collection_id = %2$s
+                   AND NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %2$s)
+                 ORDER BY ch.%3$I::vector(%1$s) <=> $1::vector(%1$s)
+                 LIMIT $5) v
+         ORDER BY rank$u$, c.dimensions, c.id, c.vector_column)
+    WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
@@ -256,6 +274,13 @@ BEGIN
     RETURN v_id;
 END $$;
 
+-- Whether a search of the collection checks the rows of watched tables (rag._search_sql's with_row_checks):
+-- only a collection that watches a table has chunks made from rows.
+CREATE FUNCTION rag._watched(c rag.collections) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = c.id)
+$$;
+
 -- How much of the cosine similarity is added to a reranked candidate's relevance to order it (rag._search,
 -- rag_explain): rag._limit('rerank_similarity_weight') for a reranker run in process, whose logits it was
 -- measured on; 0 for a server's, whose scores are on its own scale (a probability would be swamped).
@@ -288,6 +313,8 @@ DECLARE
     v_scores real[];
     v_ef_search text := current_setting('hnsw.ef_search', true);
     v_similarity_weight double precision := 0;
+    v_checked_sql text;
+    v_found bigint;
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -307,11 +334,19 @@ BEGIN
     IF c.ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL);
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, rag._watched(c));
+    -- The same search with every row check: what runs again when the unchecked one found nothing, which is
+    -- also what it finds when a watch was made after rag._watched looked (see rag._search_sql).
+    v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
+        GET DIAGNOSTICS v_found = ROW_COUNT;
+        IF v_found = 0 AND v_sql <> v_checked_sql THEN
+            RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
+                USING p_vector, p_k, p_filter, v_lexemes, p_k;
+        END IF;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
             PERFORM set_config('hnsw.ef_search', v_ef_search, true);
         END IF;
@@ -323,6 +358,12 @@ BEGIN
       USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
                            ELSE v_wanted END,
             p_filter, v_lexemes, v_wanted;
+    IF v_ids IS NULL AND v_sql <> v_checked_sql THEN
+        EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
+                       v_checked_sql)
+           INTO v_ids, v_distances
+          USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+    END IF;
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', v_ef_search, true);
     END IF;
@@ -480,7 +521,8 @@ BEGIN
                                 ELSE 'its relevance' END);
         k := greatest(k, c.rerank_candidates);
     END IF;
-    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL)
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
+                                                                    rag._watched(c))
         USING rag._embed_query(c.id, query),
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k

@@ -15,7 +15,10 @@ SELECT title FROM rag_query('docs', 'notice period lunch canteen', 5, filter => 
 SET enable_seqscan = off;
 SELECT count(*) FILTER (WHERE line ~ 'Index Scan using chunks_embedding_c') AS hnsw_scans,
        count(*) FILTER (WHERE line ~ 'Seq Scan on chunks') AS chunk_seq_scans,
-       count(*) FILTER (WHERE line ~ '\$1::vector\(384\)') > 0 AS vector_hidden
+       count(*) FILTER (WHERE line ~ '\$1::vector\(384\)') > 0 AS vector_hidden,
+       -- A collection that watches no table is searched without the join to rag.documents that checks
+       -- watched rows (11_security pins the join for one that does).
+       count(*) FILTER (WHERE line ~ 'on documents') AS documents_joined
   FROM rag_explain('docs', mode => 'vector') AS line;
 RESET enable_seqscan;
 

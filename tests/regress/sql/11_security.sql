@@ -199,6 +199,23 @@ SET ROLE sec_reader;
 -- Ten of the forty tickets are the reader's: every hit is one of them, and k = 8 is filled.
 SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 = 0) AS own_hits
   FROM rag_query('tickets', 'printer out of toner', 8);
+-- The same in vector mode, whose search skips the join to rag.documents for a collection that watches no
+-- table: this one watches one, so its plan joins the documents and every row is checked.
+SELECT count(*) AS vector_hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 = 0) AS own_vector_hits
+  FROM rag_query('tickets', 'printer out of toner', 8, mode => 'vector');
+SELECT count(*) FILTER (WHERE line ~ 'on documents') > 0 AS rows_checked
+  FROM rag_explain('tickets', 'printer out of toner', mode => 'vector') AS line;
+RESET ROLE;
+-- The search without row checks returns nothing at all once the collection watches a table, in its own
+-- snapshot: a watch made after rag._search looked for one (rag._watched) never lets an unchecked row through,
+-- and rag._search runs the checked search when it finds nothing.
+SELECT rag._search_sql(c, 'vector', false, true, false, false) AS unchecked_sql,
+       rag._embed_query(c.id, 'printer out of toner') AS printer_vector
+  FROM rag.collections c WHERE c.name = 'tickets' \gset
+PREPARE unchecked_search(text, integer, jsonb, tsquery, integer) AS :unchecked_sql;
+EXECUTE unchecked_search(:'printer_vector', 8, NULL, NULL, 8);
+DEALLOCATE unchecked_search;
+SET ROLE sec_reader;
 -- Asked for 12, the reader gets at most its 10 (HNSW is approximate: on this tiny graph, rebuilt by every
 -- watched-row sync, an entry can go unreached: one full test run here returned 9).
 SELECT count(*) BETWEEN 8 AND 10 AS at_most_its_own, bool_and(content LIKE 'Ticket %') AS all_tickets
