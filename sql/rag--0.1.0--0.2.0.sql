@@ -414,6 +414,38 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_prompt_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_limit"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'limit_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_setting"(
+	"name" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'setting_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_role_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -430,13 +462,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_model_window"(
-	"model" TEXT /* & str */
-) RETURNS INT /* Option < i32 > */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'model_window_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
 ) RETURNS TABLE (
@@ -447,13 +472,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_prefixes_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_model_window"(
+	"model" TEXT /* & str */
+) RETURNS INT /* Option < i32 > */
+IMMUTABLE STRICT PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+AS 'MODULE_PATHNAME', 'model_window_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"role" oid, /* pg_sys :: Oid */
@@ -464,39 +488,36 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* & str */
+) RETURNS void
+STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_wake_worker"() RETURNS void
+CREATE OR REPLACE FUNCTION rag."_check_reranker"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'wake_worker_wrapper';
+AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_setting"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'setting_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_role_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_text"(
-	"provider_name" TEXT, /* & str */
-	"model" TEXT, /* & str */
-	"text" TEXT /* & str */
-) RETURNS TEXT /* String */
+CREATE OR REPLACE FUNCTION rag."_rerank"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"passages" TEXT[] /* Vec < Option < String > > */
+) RETURNS real[] /* Vec < f32 > */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+AS 'MODULE_PATHNAME', 'rerank_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
+	"model" TEXT /* & str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_query"(
 	"collection_id" INT, /* i32 */
@@ -506,44 +527,12 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
 ) RETURNS INT /* i32 */
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_limit"(
-	"name" TEXT /* & str */
-) RETURNS TEXT /* String */
-IMMUTABLE STRICT PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'limit_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_check_reranker"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_reranker_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
-	"model" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
                                        p_min_lead real)
@@ -1966,6 +1955,689 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
+                                with_lexemes boolean, with_row_checks boolean DEFAULT true) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
+    -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
+    -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
+    -- watches no table (with_row_checks false, rag._watched), not even the join to rag.documents: the chunks'
+    -- own policy is the collection's, the same as the documents', and only rows of watched tables need more.
+    -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
+    -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
+    -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
+    -- rag._search runs the checked query when it finds nothing.
+    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
+        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
+               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
+          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                  FROM rag.chunks ch%5$s
+                 WHERE ch.collection_id = %2$s%3$s
+                   AND %6$s
+                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+                 LIMIT $5) v
+         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+         c.vector_column,
+         CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
+         CASE WHEN with_filter OR with_row_checks
+              THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
+              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
+    ELSE format($q$
+        WITH vector_side AS (%1$s),
+             keyword_side AS (%2$s),
+             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
+             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
+             fused AS (
+                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
+                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
+                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
+                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
+        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
+               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
+          FROM fused f
+         ORDER BY f.score DESC, f.chunk_id
+         LIMIT $5$q$,
+        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %2$s%3$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+             c.vector_column)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::double precision AS distance WHERE false' END,
+        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY score DESC, ch.id
+             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::real AS score WHERE false' END,
+        rag._limit('rrf_k'),
+        CASE WHEN with_vector THEN format(
+            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column)
+        ELSE 'NULL::double precision' END,
+        rag._limit('keyword_weight')) END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+DECLARE
+    v_query tsquery;
+    v_lexeme text;
+BEGIN
+    FOREACH v_lexeme IN ARRAY p_lexemes LOOP
+        v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
+                        ELSE v_query || rag._lexeme_query(v_lexeme) END;
+    END LOOP;
+    RETURN v_query;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._lexeme_query(p_lexeme text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
+$$;
+
+CREATE OR REPLACE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT rag._any_lexeme(tsvector_to_array(to_tsvector(p_config, p_text)))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_max_share double precision := rag._limit('keyword_max_share')::double precision;
+    v_cap integer := rag._limit('keyword_count_cap')::integer;
+    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
+    v_documents bigint;
+    v_chunks bigint;
+    v_bound bigint;
+    v_kept text[] := '{}';
+    v_lexeme text;
+    v_found bigint;
+    v_share real;
+    v_measured_chunks bigint;
+    v_exact boolean;
+BEGIN
+    SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
+      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0
+             LIMIT v_exact_chunks + 1) s;
+    v_exact := v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks;
+    IF NOT v_exact THEN
+        SELECT m.chunks INTO v_measured_chunks FROM rag.lexeme_measures m WHERE m.collection_id = c.id;
+        IF coalesce(v_measured_chunks, 0) <= v_exact_chunks THEN
+            -- Not measured since it outgrew the exact size: every word is counted up to its bound, as exactly (and
+            -- as slowly) as before shares existed, until the idle worker measures it (within a minute).
+            SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = c.id;
+            v_exact := true;
+        END IF;
+    END IF;
+    IF v_exact THEN
+        v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
+    END IF;
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
+        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
+                       c.id)
+            INTO v_found USING rag._lexeme_query(v_lexeme), coalesce(v_bound, v_cap) + 1;
+        IF v_found = 0 THEN
+            CONTINUE;
+        END IF;
+        IF v_bound IS NOT NULL THEN
+            IF v_found <= v_bound THEN
+                v_kept := v_kept || v_lexeme;
+            END IF;
+        ELSIF v_found <= v_cap THEN
+            v_kept := v_kept || v_lexeme;
+        ELSE
+            SELECT s.share INTO v_share FROM rag.lexeme_shares s WHERE s.collection_id = c.id AND s.lexeme = v_lexeme;
+            IF v_share IS NULL OR v_share <= v_max_share THEN
+                v_kept := v_kept || v_lexeme;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN rag._any_lexeme(v_kept);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._lexemes_due() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
+     WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
+           -- Measured while small enough to judge exactly: it may have outgrown that since, and until it is
+           -- measured again its searches count every match.
+           OR (m.chunks <= rag._limit('keyword_exact_chunks')::integer
+               AND m.measured_at < now() - rag._limit('lexeme_small_measure_interval')::interval)
+     ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id integer := p_collection_id;
+    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
+    v_sample integer := rag._limit('lexeme_sample_chunks')::integer;
+    v_chunks bigint;
+    v_step bigint;
+    v_query text;
+    v_sampled bigint;
+    v_sampled_by text;
+BEGIN
+    IF v_id IS NULL THEN
+        v_id := rag._lexemes_due();
+        -- Another worker of the database measuring the same collection has it: this one does something else.
+        IF v_id IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id) THEN
+            RETURN NULL;
+        END IF;
+    ELSE
+        PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
+    END IF;
+    -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
+    -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
+    -- check of rag.lexeme_measures for a drop that held the row deadlocked with it, right after a load (whose end
+    -- asks for a measure). KEY SHARE is what that check takes; a drop or another change under way is skipped.
+    PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
+    IF p_collection_id IS NULL AND EXISTS (
+           SELECT 1 FROM rag.lexeme_measures m
+            WHERE m.collection_id = v_id AND abs(m.chunks - v_chunks) * 10 < greatest(m.chunks, 1)) THEN
+        UPDATE rag.lexeme_measures SET measured_at = now() WHERE collection_id = v_id;
+        RETURN v_id;
+    END IF;
+    DELETE FROM rag.lexeme_shares WHERE collection_id = v_id;
+    IF v_chunks > v_exact_chunks THEN
+        v_step := greatest(ceil(v_chunks::double precision / v_sample)::bigint, 1);
+        -- Documents by a hash of their id, so that no pattern of ids empties or skews the sample; when a few
+        -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
+        FOREACH v_sampled_by IN ARRAY ARRAY['d.id', 'ch.id'] LOOP
+            v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
+                              'WHERE d.collection_id = %s AND hashint8(%s) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              v_id, v_sampled_by, v_step);
+            EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
+            EXIT WHEN v_sampled > 0;
+        END LOOP;
+        IF v_sampled > 0 THEN
+            INSERT INTO rag.lexeme_shares (collection_id, lexeme, share)
+            SELECT v_id, t.word, t.ndoc::real / v_sampled FROM ts_stat(v_query) t
+             WHERE t.ndoc > v_sampled * rag._limit('lexeme_share_floor')::double precision;
+        END IF;
+    END IF;
+    INSERT INTO rag.lexeme_measures AS m (collection_id, chunks, measured_at) VALUES (v_id, v_chunks, now())
+        ON CONFLICT (collection_id) DO UPDATE SET chunks = EXCLUDED.chunks, measured_at = EXCLUDED.measured_at;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._watched(c rag.collections) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = c.id)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._rerank_similarity_weight(c rag.collections) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local')
+                THEN rag._limit('rerank_similarity_weight')::double precision ELSE 0 END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
+                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
+RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
+               relevance real, lead real)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_mode text := coalesce(p_mode, c.search_mode);
+    v_lexemes tsquery;
+    v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
+    v_rerank boolean := p_rerank AND c.reranker IS NOT NULL AND p_question IS NOT NULL;
+    v_wanted integer := CASE WHEN v_rerank THEN greatest(p_k, c.rerank_candidates) ELSE p_k END;
+    v_sql text;
+    v_ids bigint[];
+    v_distances double precision[];
+    v_scores real[];
+    v_ef_search text := current_setting('hnsw.ef_search', true);
+    v_similarity_weight double precision := 0;
+    v_row_checks boolean;
+    v_checked_sql text;
+    v_found bigint;
+BEGIN
+    IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
+        RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'hybrid fuses the vector and full-text rankings; the collection''s own mode is used when it is NULL.';
+    END IF;
+    IF v_mode <> 'vector' AND p_question IS NOT NULL THEN
+        v_lexemes := rag._keyword_query(c, p_question);
+    END IF;
+    IF NOT v_with_vector AND v_lexemes IS NULL THEN
+        RETURN;
+    END IF;
+    -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
+    -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
+    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
+    -- The collection's ef_search for this search only: the caller's own setting is put back below.
+    IF c.ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
+    END IF;
+    v_row_checks := rag._watched(c);
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks);
+    IF NOT v_rerank THEN
+        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
+            USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
+                  p_filter, v_lexemes, p_k;
+        GET DIAGNOSTICS v_found = ROW_COUNT;
+        -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
+        -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
+        IF v_found = 0 AND NOT v_row_checks THEN
+            v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+            IF v_checked_sql <> v_sql THEN
+                RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
+                    USING p_vector, p_k, p_filter, v_lexemes, p_k;
+            END IF;
+        END IF;
+        IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+            PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+        END IF;
+        RETURN;
+    END IF;
+    EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
+                   v_sql)
+       INTO v_ids, v_distances
+      USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
+                           ELSE v_wanted END,
+            p_filter, v_lexemes, v_wanted;
+    IF v_ids IS NULL AND NOT v_row_checks THEN
+        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+        IF v_checked_sql <> v_sql THEN
+            EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
+                           v_checked_sql)
+               INTO v_ids, v_distances
+              USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+        END IF;
+    END IF;
+    IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', v_ef_search, true);
+    END IF;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    v_similarity_weight := rag._rerank_similarity_weight(c);
+    -- The candidates' texts in rank order; they passed the search's visibility checks above.
+    v_scores := rag._rerank(c.id, p_question,
+                            ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
+                                    JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+    -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
+    -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
+    -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
+    -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
+    RETURN QUERY
+    SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
+           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
+      FROM (SELECT b.*,
+                   row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
+                   lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,
+                   min(b.distance) OVER () AS nearest
+              FROM (SELECT u.id, u.distance, u.score, u.n,
+                           u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
+                      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
+      JOIN rag.chunks ch ON ch.id = r.id
+     ORDER BY r.place
+     LIMIT p_k;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real, p_lead real,
+                                  p_max_distance double precision) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_relevance IS NOT NULL
+                THEN (p_relevance >= c.min_relevance
+                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
+                     AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
+                ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
+$$;
+
+CREATE OR REPLACE FUNCTION rag_query(
+    collection   text,
+    query        text,
+    k            integer DEFAULT 5,
+    max_distance double precision DEFAULT NULL,
+    filter       jsonb DEFAULT NULL,
+    mode         text DEFAULT NULL
+) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
+                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb,
+                 relevance real)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_vector text;
+    v_tokens bigint;
+    v_started timestamptz := clock_timestamp();
+    v_embedded timestamptz;
+    v_count integer;
+    v_nearest double precision;
+    v_best real;
+    v_ids bigint[];
+    v_distances double precision[];
+    v_relevances real[];
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the question to search for.';
+    END IF;
+    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
+        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
+                        coalesce(k::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
+    END IF;
+    IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
+    END IF;
+    IF c.dimensions IS NOT NULL THEN
+        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
+        v_embedded := clock_timestamp();
+        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
+        -- ones that pass the threshold are returned in the search's order, read in one query.
+        SELECT min(f.distance), max(f.relevance),
+               array_agg(f.chunk_id ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
+               array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
+          INTO v_nearest, v_best, v_ids, v_distances, v_relevances
+          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, s.lead, max_distance) AS close
+                  FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
+        RETURN QUERY
+        SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
+               d.source_key, u.relevance
+          FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
+          JOIN rag.chunks ch ON ch.id = u.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id
+         ORDER BY u.n;
+        v_count := coalesce(cardinality(v_ids), 0);
+    END IF;
+    -- The ledger: one row per call, even when nothing was found.
+    PERFORM rag._record_query(
+        p_collection_id => c.id, p_kind => 'query', p_question => query, p_outcome => 'retrieved',
+        p_reason => CASE WHEN coalesce(v_count, 0) = 0 THEN
+                        CASE WHEN v_best IS NOT NULL THEN 'nothing relevant enough (reranker)'
+                             ELSE 'nothing within the distance ceiling' END END,
+        p_nearest => v_nearest, p_best_relevance => v_best,
+        p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
+        p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
+        p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
+        p_search_ms => extract(epoch FROM clock_timestamp() - v_embedded) * 1000,
+        p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
+                            mode text DEFAULT NULL)
+RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_line text;
+    v_mode text;
+    v_lexemes tsquery;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
+    IF c.dimensions IS NULL THEN
+        RAISE EXCEPTION 'collection "%" has no vectors yet', collection
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
+    END IF;
+    v_mode := coalesce(mode, c.search_mode);
+    IF v_mode <> 'vector' THEN
+        v_lexemes := rag._keyword_query(c, query);
+    END IF;
+    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
+        RETURN NEXT CASE WHEN c.dimensions > 2000
+                         THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
+                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, or a restore, the idle worker builds it)',
+                                     rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
+                                     rag._limit('bulk_load_tail_documents')) END;
+    END IF;
+    IF c.reranker IS NOT NULL THEN
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
+                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
+                           coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
+                                    || ' x cosine similarity', 'its relevance'));
+        k := greatest(k, c.rerank_candidates);
+    END IF;
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
+                                                                    rag._watched(c))
+        USING rag._embed_query(c.id, query),
+              CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
+              NULL::jsonb, v_lexemes, k
+    LOOP
+        -- The question's vector is noise in a plan; show where it goes instead.
+        RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+                              valid_from timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE sql SECURITY DEFINER AS $$
+    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
+    ON CONFLICT (model, valid_from) DO UPDATE
+       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
+           output_usd_per_million = EXCLUDED.output_usd_per_million
+$$;
+
+CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
+     ORDER BY p.valid_from DESC LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
+                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT trim_scale(
+             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
+           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_query(
+    p_collection_id integer, p_kind text, p_question text, p_outcome text,
+    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
+    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
+    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
+    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
+    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
+    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
+    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
+    p_best_relevance real DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
+    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
+    v_cost numeric := 0;
+    v_id bigint;
+BEGIN
+    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
+    -- may read, so nobody can fill another collection's ledger.
+    PERFORM rag._require_privilege(p_collection_id, 'read');
+    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
+    IF pg_catalog.pg_is_in_recovery() THEN
+        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
+        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
+        -- can read what the standby answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
+            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+            'sources_sent', p_sources_sent,
+            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+            'role', rag._calling_role()));
+        RETURN NULL;
+    END IF;
+    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
+                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
+                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
+                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
+                             latency_ms, cost_usd, prices, role)
+    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
+           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
+           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
+           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
+           jsonb_strip_nulls(jsonb_build_object(
+               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
+               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
+           rag._calling_role()
+      FROM rag.collections c WHERE c.id = p_collection_id
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+                                      p_max_distance double precision, p_question text)
+RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
+               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
+               relevance real, rank integer, close boolean)
+LANGUAGE sql AS $$
+    WITH anchors AS MATERIALIZED (
+        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
+               rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
+          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
+         WHERE c.id = p_collection_id),
+    wanted AS (
+        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
+        UNION ALL
+        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
+          FROM anchors a
+          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+         WHERE a.close)
+    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
+           CASE WHEN ch.page IS NULL THEN NULL
+                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
+           w.relevance, w.rank, w.close
+      FROM wanted w
+      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.documents d ON d.id = ch.document_id
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
+                                     p_query_id bigint, p_reply text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
+    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
+                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM rag._refuse_writes_on_standby('a conversation');
+    INSERT INTO rag.conversations (collection_id, owner)
+    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v rag.conversations;
+BEGIN
+    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    IF NOT FOUND OR (v.owner <> rag._calling_role()
+                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+        RAISE EXCEPTION 'conversation % does not exist', p_id
+            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
+    END IF;
+    RETURN v;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
+RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    RETURN QUERY
+    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
+      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+BEGIN
+    DELETE FROM rag.conversations WHERE id = v_id;
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE VIEW rag.ledger_daily AS
+SELECT collection,
+       date_trunc('day', created_at)::date AS day,
+       count(*) AS calls,
+       count(*) FILTER (WHERE kind = 'ask') AS asks,
+       count(*) FILTER (WHERE outcome = 'answered') AS answered,
+       count(*) FILTER (WHERE outcome = 'refused') AS refused,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
+       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
+       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
+       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
+       sum(cost_usd) AS cost_usd
+  FROM rag.queries
+ WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+ GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_embed_text"(
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"text" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
@@ -2579,680 +3251,6 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
-
-CREATE OR REPLACE FUNCTION rag."_rerank"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT, /* & str */
-	"passages" TEXT[] /* Vec < Option < String > > */
-) RETURNS real[] /* Vec < f32 > */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'rerank_wrapper';
-
-CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
-                                with_lexemes boolean, with_row_checks boolean DEFAULT true) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
-    -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
-    -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
-    -- watches no table (with_row_checks false, rag._watched), not even the join to rag.documents: the chunks'
-    -- own policy is the collection's, the same as the documents', and only rows of watched tables need more.
-    -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
-    -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
-    -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
-    -- rag._search runs the checked query when it finds nothing.
-    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes)
-                     AND NOT with_filter AND NOT with_row_checks THEN format($u$
-        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
-               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
-          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%3$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-                  FROM rag.chunks ch
-                 WHERE ch.collection_id = %2$s
-                   AND NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %2$s)
-                 ORDER BY ch.%3$I::vector(%1$s) <=> $1::vector(%1$s)
-                 LIMIT $5) v
-         ORDER BY rank$u$, c.dimensions, c.id, c.vector_column)
-    WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
-        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
-               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
-          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-                  FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-                 WHERE ch.collection_id = %2$s%3$s
-                   AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
-                 LIMIT $5) v
-         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-         c.vector_column)
-    ELSE format($q$
-        WITH vector_side AS (%1$s),
-             keyword_side AS (%2$s),
-             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
-             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
-             fused AS (
-                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
-                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
-                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
-                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
-        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
-               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
-          FROM fused f
-         ORDER BY f.score DESC, f.chunk_id
-         LIMIT $5$q$,
-        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
-            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-             WHERE ch.collection_id = %2$s%3$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-             c.vector_column)
-        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
-                     NULL::double precision AS distance WHERE false' END,
-        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
-            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
-              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY score DESC, ch.id
-             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
-        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
-                     NULL::real AS score WHERE false' END,
-        rag._limit('rrf_k'),
-        CASE WHEN with_vector THEN format(
-            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column)
-        ELSE 'NULL::double precision' END,
-        rag._limit('keyword_weight')) END
-$$;
-
-CREATE OR REPLACE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
-LANGUAGE plpgsql IMMUTABLE STRICT AS $$
-DECLARE
-    v_query tsquery;
-    v_lexeme text;
-BEGIN
-    FOREACH v_lexeme IN ARRAY p_lexemes LOOP
-        v_query := CASE WHEN v_query IS NULL THEN rag._lexeme_query(v_lexeme)
-                        ELSE v_query || rag._lexeme_query(v_lexeme) END;
-    END LOOP;
-    RETURN v_query;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._lexeme_query(p_lexeme text) RETURNS tsquery
-LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT ('''' || replace(replace(p_lexeme, '\', '\\'), '''', '''''') || '''')::tsquery
-$$;
-
-CREATE OR REPLACE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
-LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT rag._any_lexeme(tsvector_to_array(to_tsvector(p_config, p_text)))
-$$;
-
-CREATE OR REPLACE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_max_share double precision := rag._limit('keyword_max_share')::double precision;
-    v_cap integer := rag._limit('keyword_count_cap')::integer;
-    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
-    v_documents bigint;
-    v_chunks bigint;
-    v_bound bigint;
-    v_kept text[] := '{}';
-    v_lexeme text;
-    v_found bigint;
-    v_share real;
-    v_measured_chunks bigint;
-    v_exact boolean;
-BEGIN
-    SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
-      FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0
-             LIMIT v_exact_chunks + 1) s;
-    v_exact := v_documents <= v_exact_chunks AND v_chunks <= v_exact_chunks;
-    IF NOT v_exact THEN
-        SELECT m.chunks INTO v_measured_chunks FROM rag.lexeme_measures m WHERE m.collection_id = c.id;
-        IF coalesce(v_measured_chunks, 0) <= v_exact_chunks THEN
-            -- Not measured since it outgrew the exact size: every word is counted up to its bound, as exactly (and
-            -- as slowly) as before shares existed, until the idle worker measures it (within a minute).
-            SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = c.id;
-            v_exact := true;
-        END IF;
-    END IF;
-    IF v_exact THEN
-        v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
-    END IF;
-    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
-        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
-                       c.id)
-            INTO v_found USING rag._lexeme_query(v_lexeme), coalesce(v_bound, v_cap) + 1;
-        IF v_found = 0 THEN
-            CONTINUE;
-        END IF;
-        IF v_bound IS NOT NULL THEN
-            IF v_found <= v_bound THEN
-                v_kept := v_kept || v_lexeme;
-            END IF;
-        ELSIF v_found <= v_cap THEN
-            v_kept := v_kept || v_lexeme;
-        ELSE
-            SELECT s.share INTO v_share FROM rag.lexeme_shares s WHERE s.collection_id = c.id AND s.lexeme = v_lexeme;
-            IF v_share IS NULL OR v_share <= v_max_share THEN
-                v_kept := v_kept || v_lexeme;
-            END IF;
-        END IF;
-    END LOOP;
-    RETURN rag._any_lexeme(v_kept);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._lexemes_due() RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
-     WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
-           -- Measured while small enough to judge exactly: it may have outgrown that since, and until it is
-           -- measured again its searches count every match.
-           OR (m.chunks <= rag._limit('keyword_exact_chunks')::integer
-               AND m.measured_at < now() - rag._limit('lexeme_small_measure_interval')::interval)
-     ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id integer := p_collection_id;
-    v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
-    v_sample integer := rag._limit('lexeme_sample_chunks')::integer;
-    v_chunks bigint;
-    v_step bigint;
-    v_query text;
-    v_sampled bigint;
-    v_sampled_by text;
-BEGIN
-    IF v_id IS NULL THEN
-        v_id := rag._lexemes_due();
-        -- Another worker of the database measuring the same collection has it: this one does something else.
-        IF v_id IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id) THEN
-            RETURN NULL;
-        END IF;
-    ELSE
-        PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
-    END IF;
-    -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
-    -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
-    -- check of rag.lexeme_measures for a drop that held the row deadlocked with it, right after a load (whose end
-    -- asks for a measure). KEY SHARE is what that check takes; a drop or another change under way is skipped.
-    PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
-    IF p_collection_id IS NULL AND EXISTS (
-           SELECT 1 FROM rag.lexeme_measures m
-            WHERE m.collection_id = v_id AND abs(m.chunks - v_chunks) * 10 < greatest(m.chunks, 1)) THEN
-        UPDATE rag.lexeme_measures SET measured_at = now() WHERE collection_id = v_id;
-        RETURN v_id;
-    END IF;
-    DELETE FROM rag.lexeme_shares WHERE collection_id = v_id;
-    IF v_chunks > v_exact_chunks THEN
-        v_step := greatest(ceil(v_chunks::double precision / v_sample)::bigint, 1);
-        -- Documents by a hash of their id, so that no pattern of ids empties or skews the sample; when a few
-        -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
-        FOREACH v_sampled_by IN ARRAY ARRAY['d.id', 'ch.id'] LOOP
-            v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                              'WHERE d.collection_id = %s AND hashint8(%s) %% %s = 0 AND ch.tsv IS NOT NULL',
-                              v_id, v_sampled_by, v_step);
-            EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
-            EXIT WHEN v_sampled > 0;
-        END LOOP;
-        IF v_sampled > 0 THEN
-            INSERT INTO rag.lexeme_shares (collection_id, lexeme, share)
-            SELECT v_id, t.word, t.ndoc::real / v_sampled FROM ts_stat(v_query) t
-             WHERE t.ndoc > v_sampled * rag._limit('lexeme_share_floor')::double precision;
-        END IF;
-    END IF;
-    INSERT INTO rag.lexeme_measures AS m (collection_id, chunks, measured_at) VALUES (v_id, v_chunks, now())
-        ON CONFLICT (collection_id) DO UPDATE SET chunks = EXCLUDED.chunks, measured_at = EXCLUDED.measured_at;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._watched(c rag.collections) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = c.id)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._rerank_similarity_weight(c rag.collections) RETURNS double precision
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = c.reranker_provider AND p.kind = 'local')
-                THEN rag._limit('rerank_similarity_weight')::double precision ELSE 0 END
-$$;
-
-CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
-                            p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
-RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
-               relevance real, lead real)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_mode text := coalesce(p_mode, c.search_mode);
-    v_lexemes tsquery;
-    v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
-    v_rerank boolean := p_rerank AND c.reranker IS NOT NULL AND p_question IS NOT NULL;
-    v_wanted integer := CASE WHEN v_rerank THEN greatest(p_k, c.rerank_candidates) ELSE p_k END;
-    v_sql text;
-    v_ids bigint[];
-    v_distances double precision[];
-    v_scores real[];
-    v_ef_search text := current_setting('hnsw.ef_search', true);
-    v_similarity_weight double precision := 0;
-    v_checked_sql text;
-    v_found bigint;
-BEGIN
-    IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
-        RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'hybrid fuses the vector and full-text rankings; the collection''s own mode is used when it is NULL.';
-    END IF;
-    IF v_mode <> 'vector' AND p_question IS NOT NULL THEN
-        v_lexemes := rag._keyword_query(c, p_question);
-    END IF;
-    IF NOT v_with_vector AND v_lexemes IS NULL THEN
-        RETURN;
-    END IF;
-    -- The filter and row visibility remove candidates after the index scan; an iterative scan keeps looking
-    -- until enough rows survive them (relaxed order: better recall; the ranking re-sorts).
-    PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
-    -- The collection's ef_search for this search only: the caller's own setting is put back below.
-    IF c.ef_search IS NOT NULL THEN
-        PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
-    END IF;
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, rag._watched(c));
-    -- The same search with every row check: what runs again when the unchecked one found nothing, which is
-    -- also what it finds when a watch was made after rag._watched looked (see rag._search_sql).
-    v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
-    IF NOT v_rerank THEN
-        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
-            USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
-                  p_filter, v_lexemes, p_k;
-        GET DIAGNOSTICS v_found = ROW_COUNT;
-        IF v_found = 0 AND v_sql <> v_checked_sql THEN
-            RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
-                USING p_vector, p_k, p_filter, v_lexemes, p_k;
-        END IF;
-        IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
-            PERFORM set_config('hnsw.ef_search', v_ef_search, true);
-        END IF;
-        RETURN;
-    END IF;
-    EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
-                   v_sql)
-       INTO v_ids, v_distances
-      USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
-                           ELSE v_wanted END,
-            p_filter, v_lexemes, v_wanted;
-    IF v_ids IS NULL AND v_sql <> v_checked_sql THEN
-        EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
-                       v_checked_sql)
-           INTO v_ids, v_distances
-          USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
-    END IF;
-    IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
-        PERFORM set_config('hnsw.ef_search', v_ef_search, true);
-    END IF;
-    IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-    v_similarity_weight := rag._rerank_similarity_weight(c);
-    -- The candidates' texts in rank order; they passed the search's visibility checks above.
-    v_scores := rag._rerank(c.id, p_question,
-                            ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
-                                    JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
-    -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
-    -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
-    -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
-    -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
-    RETURN QUERY
-    SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
-           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
-      FROM (SELECT b.*,
-                   row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
-                   lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,
-                   min(b.distance) OVER () AS nearest
-              FROM (SELECT u.id, u.distance, u.score, u.n,
-                           u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
-                      FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
-      JOIN rag.chunks ch ON ch.id = r.id
-     ORDER BY r.place
-     LIMIT p_k;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real, p_lead real,
-                                  p_max_distance double precision) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_relevance IS NOT NULL
-                THEN (p_relevance >= c.min_relevance
-                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
-                     AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
-                ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
-$$;
-
-CREATE OR REPLACE FUNCTION rag_query(
-    collection   text,
-    query        text,
-    k            integer DEFAULT 5,
-    max_distance double precision DEFAULT NULL,
-    filter       jsonb DEFAULT NULL,
-    mode         text DEFAULT NULL
-) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
-                 distance double precision, metadata jsonb, page integer, source text, source_key jsonb,
-                 relevance real)
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-    v_vector text;
-    v_tokens bigint;
-    v_started timestamptz := clock_timestamp();
-    v_embedded timestamptz;
-    v_count integer;
-    v_nearest double precision;
-    v_best real;
-    v_ids bigint[];
-    v_distances double precision[];
-    v_relevances real[];
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Pass the question to search for.';
-    END IF;
-    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
-        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
-                        coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
-    END IF;
-    IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
-        RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
-    END IF;
-    IF c.dimensions IS NOT NULL THEN
-        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
-        v_embedded := clock_timestamp();
-        -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
-        -- ones that pass the threshold are returned in the search's order, read in one query.
-        SELECT min(f.distance), max(f.relevance),
-               array_agg(f.chunk_id ORDER BY f.rank) FILTER (WHERE f.close),
-               array_agg(f.distance ORDER BY f.rank) FILTER (WHERE f.close),
-               array_agg(f.relevance ORDER BY f.rank) FILTER (WHERE f.close)
-          INTO v_nearest, v_best, v_ids, v_distances, v_relevances
-          FROM (SELECT s.*, rag._close_enough(c, s.distance, s.relevance, s.lead, max_distance) AS close
-                  FROM rag._search(c, v_vector, k, filter, query, mode) s) f;
-        RETURN QUERY
-        SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
-               d.source_key, u.relevance
-          FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
-          JOIN rag.chunks ch ON ch.id = u.chunk_id
-          JOIN rag.documents d ON d.id = ch.document_id
-         ORDER BY u.n;
-        v_count := coalesce(cardinality(v_ids), 0);
-    END IF;
-    -- The ledger: one row per call, even when nothing was found.
-    PERFORM rag._record_query(
-        p_collection_id => c.id, p_kind => 'query', p_question => query, p_outcome => 'retrieved',
-        p_reason => CASE WHEN coalesce(v_count, 0) = 0 THEN
-                        CASE WHEN v_best IS NOT NULL THEN 'nothing relevant enough (reranker)'
-                             ELSE 'nothing within the distance ceiling' END END,
-        p_nearest => v_nearest, p_best_relevance => v_best,
-        p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
-        p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
-        p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
-        p_search_ms => extract(epoch FROM clock_timestamp() - v_embedded) * 1000,
-        p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
-                            mode text DEFAULT NULL)
-RETURNS SETOF text
-LANGUAGE plpgsql AS $$
-DECLARE
-    c rag.collections;
-    v_line text;
-    v_mode text;
-    v_lexemes tsquery;
-BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF c.dimensions IS NULL THEN
-        RAISE EXCEPTION 'collection "%" has no vectors yet', collection
-            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
-    END IF;
-    v_mode := coalesce(mode, c.search_mode);
-    IF v_mode <> 'vector' THEN
-        v_lexemes := rag._keyword_query(c, query);
-    END IF;
-    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
-        RETURN NEXT CASE WHEN c.dimensions > 2000
-                         THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
-                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, or a restore, the idle worker builds it)',
-                                     rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
-                                     rag._limit('bulk_load_tail_documents')) END;
-    END IF;
-    IF c.reranker IS NOT NULL THEN
-        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
-                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
-                           CASE WHEN rag._rerank_similarity_weight(c) > 0
-                                THEN format('its relevance + %s x cosine similarity', rag._rerank_similarity_weight(c))
-                                ELSE 'its relevance' END);
-        k := greatest(k, c.rerank_candidates);
-    END IF;
-    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
-                                                                    rag._watched(c))
-        USING rag._embed_query(c.id, query),
-              CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
-              NULL::jsonb, v_lexemes, k
-    LOOP
-        -- The question's vector is noise in a plan; show where it goes instead.
-        RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
-                              valid_from timestamptz DEFAULT now())
-RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
-       SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
-
-CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
-LANGUAGE sql STABLE AS $$
-    SELECT * FROM rag.prices p WHERE p.model = p_model AND p.valid_from <= now()
-     ORDER BY p.valid_from DESC LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION rag._query_cost(p_embedding_model text, p_chat_model text, p_embed_tokens bigint,
-                                p_prompt_tokens bigint, p_completion_tokens bigint) RETURNS numeric
-LANGUAGE sql STABLE AS $$
-    SELECT trim_scale(
-             coalesce(p_embed_tokens, 0) * coalesce((rag._price_in_force(p_embedding_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_prompt_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).input_usd_per_million, 0) / 1000000
-           + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_query(
-    p_collection_id integer, p_kind text, p_question text, p_outcome text,
-    p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
-    p_reason text DEFAULT NULL, p_nearest double precision DEFAULT NULL, p_sources_sent integer DEFAULT 0,
-    p_citations jsonb DEFAULT '[]', p_citations_stripped integer DEFAULT 0, p_embedding_model text DEFAULT NULL,
-    p_chat_model text DEFAULT NULL, p_embed_tokens bigint DEFAULT NULL, p_prompt_tokens bigint DEFAULT NULL,
-    p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
-    p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
-    p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
-    p_best_relevance real DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_embed_price rag.prices := rag._price_in_force(p_embedding_model);
-    v_chat_price rag.prices := rag._price_in_force(p_chat_model);
-    v_cost numeric := 0;
-    v_id bigint;
-BEGIN
-    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
-    -- may read, so nobody can fill another collection's ledger.
-    PERFORM rag._require_privilege(p_collection_id, 'read');
-    v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
-            'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
-        RETURN NULL;
-    END IF;
-    INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
-                             answer, reason, nearest_distance, best_relevance, sources_sent, citations,
-                             citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
-                             prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
-           p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
-           jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
-           p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
-           coalesce(p_chat_calls, 0), p_embed_ms, p_search_ms, p_generate_ms, p_latency_ms, v_cost,
-           jsonb_strip_nulls(jsonb_build_object(
-               'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
-               'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
-      FROM rag.collections c WHERE c.id = p_collection_id
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
-                                      p_max_distance double precision, p_question text)
-RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
-               char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
-               relevance real, rank integer, close boolean)
-LANGUAGE sql AS $$
-    WITH anchors AS MATERIALIZED (
-        SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
-               rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
-          FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
-         WHERE c.id = p_collection_id),
-    wanted AS (
-        SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
-        UNION ALL
-        SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
-          FROM anchors a
-          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
-         WHERE a.close)
-    SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
-           CASE WHEN ch.page IS NULL THEN NULL
-                ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
-           w.relevance, w.rank, w.close
-      FROM wanted w
-      JOIN rag.chunks ch ON ch.id = w.chunk_id
-      JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
-$$;
-
-CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
-                                     p_query_id bigint, p_reply text) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
-    VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
-           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
-$$;
-
-CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint;
-BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
-    RETURNING id INTO v_id;
-    RETURN v_id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversations
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v rag.conversations;
-BEGIN
-    SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
-        RAISE EXCEPTION 'conversation % does not exist', p_id
-            USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
-    END IF;
-    RETURN v;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
-RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    RETURN QUERY
-    SELECT m.role, m.content, m.rewritten_question, m.query_id, m.created_at
-      FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
-BEGIN
-    DELETE FROM rag.conversations WHERE id = v_id;
-    RETURN FOUND;
-END $$;
-
-CREATE OR REPLACE VIEW rag.ledger_daily AS
-SELECT collection,
-       date_trunc('day', created_at)::date AS day,
-       count(*) AS calls,
-       count(*) FILTER (WHERE kind = 'ask') AS asks,
-       count(*) FILTER (WHERE outcome = 'answered') AS answered,
-       count(*) FILTER (WHERE outcome = 'refused') AS refused,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       round(count(*) FILTER (WHERE outcome = 'refused')::numeric / nullif(count(*) FILTER (WHERE kind = 'ask'), 0), 3) AS refusal_rate,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50_latency_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95_latency_ms,
-       sum(coalesce(embed_tokens, 0)) AS embed_tokens,
-       sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-       sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-       sum(cost_usd) AS cost_usd
-  FROM rag.queries
- WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
- GROUP BY 1, 2;
 
 DO $$
 BEGIN

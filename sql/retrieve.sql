@@ -34,30 +34,22 @@ LANGUAGE sql IMMUTABLE AS $$
     -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
     -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
     -- rag._search runs the checked query when it finds nothing.
-    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes)
-                     AND NOT with_filter AND NOT with_row_checks THEN format($u$
-        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
-               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
-          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%3$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-                  FROM rag.chunks ch
-                 WHERE ch.collection_id = %2$s
-                   AND NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %2$s)
-                 ORDER BY ch.%3$I::vector(%1$s) <=> $1::vector(%1$s)
-                 LIMIT $5) v
-         ORDER BY rank$u$, c.dimensions, c.id, c.vector_column)
-    WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
+    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
                        ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-                  FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+                  FROM rag.chunks ch%5$s
                  WHERE ch.collection_id = %2$s%3$s
-                   AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+                   AND %6$s
                  ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
                  LIMIT $5) v
          ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-         c.vector_column)
+         c.vector_column,
+         CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
+         CASE WHEN with_filter OR with_row_checks
+              THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
+              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -313,6 +305,7 @@ DECLARE
     v_scores real[];
     v_ef_search text := current_setting('hnsw.ef_search', true);
     v_similarity_weight double precision := 0;
+    v_row_checks boolean;
     v_checked_sql text;
     v_found bigint;
 BEGIN
@@ -334,18 +327,21 @@ BEGIN
     IF c.ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, rag._watched(c));
-    -- The same search with every row check: what runs again when the unchecked one found nothing, which is
-    -- also what it finds when a watch was made after rag._watched looked (see rag._search_sql).
-    v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+    v_row_checks := rag._watched(c);
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
             USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
                   p_filter, v_lexemes, p_k;
         GET DIAGNOSTICS v_found = ROW_COUNT;
-        IF v_found = 0 AND v_sql <> v_checked_sql THEN
-            RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
-                USING p_vector, p_k, p_filter, v_lexemes, p_k;
+        -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
+        -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
+        IF v_found = 0 AND NOT v_row_checks THEN
+            v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+            IF v_checked_sql <> v_sql THEN
+                RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
+                    USING p_vector, p_k, p_filter, v_lexemes, p_k;
+            END IF;
         END IF;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
             PERFORM set_config('hnsw.ef_search', v_ef_search, true);
@@ -358,11 +354,14 @@ BEGIN
       USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
                            ELSE v_wanted END,
             p_filter, v_lexemes, v_wanted;
-    IF v_ids IS NULL AND v_sql <> v_checked_sql THEN
-        EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
-                       v_checked_sql)
-           INTO v_ids, v_distances
-          USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+    IF v_ids IS NULL AND NOT v_row_checks THEN
+        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+        IF v_checked_sql <> v_sql THEN
+            EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
+                           v_checked_sql)
+               INTO v_ids, v_distances
+              USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+        END IF;
     END IF;
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', v_ef_search, true);
@@ -516,9 +515,8 @@ BEGIN
     IF c.reranker IS NOT NULL THEN
         RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
                            greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
-                           CASE WHEN rag._rerank_similarity_weight(c) > 0
-                                THEN format('its relevance + %s x cosine similarity', rag._rerank_similarity_weight(c))
-                                ELSE 'its relevance' END);
+                           coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
+                                    || ' x cosine similarity', 'its relevance'));
         k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
