@@ -568,6 +568,10 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
+    -- The documents in id order first, the order a store under way locks its group in (rag._store_documents):
+    -- the UPDATEs below meet them in their rows' order, and once that differed from the ids' the two could
+    -- each hold a document the other waited for, and PostgreSQL aborted one of them ("deadlock detected").
+    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
     UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,

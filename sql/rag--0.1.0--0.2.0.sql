@@ -1028,6 +1028,10 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
+    -- The documents in id order first, the order a store under way locks its group in (rag._store_documents):
+    -- the UPDATEs below meet them in their rows' order, and once that differed from the ids' the two could
+    -- each hold a document the other waited for, and PostgreSQL aborted one of them ("deadlock detected").
+    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
     UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
@@ -2896,6 +2900,9 @@ CREATE OR REPLACE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
+    -- In id order first, as rag_reindex does and for the same reason: a store under way locks its group so.
+    PERFORM 1 FROM rag.documents d JOIN rag.watches w ON d.watch_id = w.id
+     WHERE w.source = TG_RELID ORDER BY d.id FOR UPDATE OF d;
     DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
     RETURN NULL;
 END $$;
@@ -3040,6 +3047,8 @@ BEGIN
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
     PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
+        -- In id order first, as rag_reindex does and for the same reason.
+        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
         DELETE FROM rag.documents WHERE watch_id = w.id;
     END IF;
     DELETE FROM rag.watches WHERE id = w.id;
@@ -3054,6 +3063,8 @@ BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
         PERFORM rag._forget_queued_rows(w.id);
+        -- In id order first, as rag_reindex does and for the same reason.
+        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
         DELETE FROM rag.documents WHERE watch_id = w.id;
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');

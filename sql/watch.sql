@@ -286,6 +286,9 @@ CREATE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
+    -- In id order first, as rag_reindex does and for the same reason: a store under way locks its group so.
+    PERFORM 1 FROM rag.documents d JOIN rag.watches w ON d.watch_id = w.id
+     WHERE w.source = TG_RELID ORDER BY d.id FOR UPDATE OF d;
     DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
     RETURN NULL;
 END $$;
@@ -432,6 +435,8 @@ BEGIN
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
     PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
+        -- In id order first, as rag_reindex does and for the same reason.
+        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
         DELETE FROM rag.documents WHERE watch_id = w.id;
     END IF;
     DELETE FROM rag.watches WHERE id = w.id;
@@ -447,6 +452,8 @@ BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
         PERFORM rag._forget_queued_rows(w.id);
+        -- In id order first, as rag_reindex does and for the same reason.
+        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
         DELETE FROM rag.documents WHERE watch_id = w.id;
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');

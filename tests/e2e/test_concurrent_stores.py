@@ -166,5 +166,77 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(psql("SELECT collection_id IS NULL, kind FROM rag.queries WHERE collection = 'queried-then-dropped'"),
                          [["t", "query"]])
 
+    def store_races(self, first, second, statement, waiter):
+        """A store under way holds `first` (and the collection's row, shared) and then locks `second`, while
+        `statement` runs beside it; `first`'s row has moved past `second`'s before (new index entries too, as an
+        update of an indexed column makes, a watched row's new text for one). A statement that locked the
+        documents in the order its scan met them held `second` and waited for `first`, the store waited for
+        `second`, and PostgreSQL aborted one of the two with "deadlock detected". Returns the statement's
+        output once both have ended."""
+        psql("DO $$ BEGIN FOR i IN 1..1000 LOOP "
+             f"EXIT WHEN (SELECT ctid FROM rag.documents WHERE id = {first}) > (SELECT ctid FROM rag.documents WHERE id = {second}); "
+             f"UPDATE rag.documents SET content_sha256 = sha256(content_sha256) WHERE id = {first}; "
+             f"UPDATE rag.documents SET content_sha256 = sha256(convert_to(body, 'UTF8')) WHERE id = {first}; "
+             "END LOOP; END $$")
+        self.assertEqual(scalar(f"SELECT (SELECT ctid FROM rag.documents WHERE id = {first}) > "
+                                f"(SELECT ctid FROM rag.documents WHERE id = {second})"), "t")
+        # rag._lock_for_store and rag._store_documents, the locks of a worker's store of these two documents.
+        store = background_psql(f"BEGIN; SELECT 'locked' FROM rag._lock_for_store({first});")
+        beside = None
+        try:
+            self.assertEqual(store.stdout.readline().strip(), "locked")
+            beside = background_psql(f"SET deadlock_timeout = '100ms'; {statement}")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
+                                       f"'%{waiter}%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())",
+                                       seconds=30), f"{statement} did not wait for the store")
+            out, err = store.communicate(input=(
+                "SET deadlock_timeout = '100ms'; "
+                f"SELECT count(*) FROM rag._store_documents(ARRAY[0, 0]::bigint[], ARRAY[{first}, {second}]::bigint[], "
+                "ARRAY[0, 0]::bigint[], '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'::real[], 384, 'hash-384'); "
+                "COMMIT;\n"), timeout=60)
+            self.assertEqual(store.returncode, 0, err)
+            self.assertEqual(out.strip(), "2")
+        finally:
+            if store.returncode is None:
+                store.communicate(input="ROLLBACK;\n", timeout=60)
+            if beside is not None:
+                out, err = beside.communicate(input="", timeout=60)
+        self.assertEqual(beside.returncode, 0, err)
+        return out.strip()
+
+    def test_e_a_reindex_waits_for_a_store_under_way_without_a_deadlock(self):
+        psql("SELECT rag_create_collection('reindexed', embedding_model => 'hash-384', dimensions => 384)")
+        first = scalar("SELECT rag_ingest('reindexed', 'First', 'The first note of the reindexed collection.')")
+        second = scalar("SELECT rag_ingest('reindexed', 'Second', 'The second note of the reindexed collection.')")
+        self.assertEqual(scalar("SELECT rag_wait('reindexed', '60 seconds')"), "t")
+        self.assertEqual(self.store_races(first, second, "SELECT rag_reindex('reindexed');",
+                                          "rag_reindex(''reindexed'')"), "2")
+        self.assertEqual(scalar("SELECT rag_wait('reindexed', '60 seconds')"), "t")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                                "WHERE c.name = 'reindexed' AND d.status = 'ready' AND d.chunks_total > 0"), "2")
+
+    def test_f_a_truncate_unwatch_or_drop_waits_for_a_store_under_way_without_a_deadlock(self):
+        # The same race for the statements that delete a watched table's documents: TRUNCATE of the table
+        # (its trigger), rag_unwatch(drop_documents => true) and DROP TABLE (the event trigger).
+        psql("SELECT rag_create_collection('truncated', embedding_model => 'hash-384', dimensions => 384)")
+        watch = ("CREATE TABLE IF NOT EXISTS truncated_notes (id int PRIMARY KEY, body text); "
+                 "SELECT rag_watch('truncated_notes', 'truncated', content => 'body') "
+                 "WHERE NOT EXISTS (SELECT 1 FROM rag.watches WHERE source = 'truncated_notes'::regclass)")
+        for statement, waiter in (("TRUNCATE truncated_notes;", "TRUNCATE truncated_notes"),
+                                  ("SELECT rag_unwatch('truncated_notes', drop_documents => true);",
+                                   "rag_unwatch(''truncated_notes''"),
+                                  ("DROP TABLE truncated_notes;", "DROP TABLE truncated_notes")):
+            psql(watch)
+            psql("INSERT INTO truncated_notes VALUES (1, 'The first watched note.'), (2, 'The second watched note.') "
+                 "ON CONFLICT (id) DO NOTHING")
+            self.assertTrue(wait_until("SELECT count(*) = 2 AND bool_and(d.status = 'ready') FROM rag.documents d "
+                                       "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'truncated'",
+                                       seconds=60), "the watched rows did not become ready documents")
+            ids = psql("SELECT d.id FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                       "WHERE c.name = 'truncated' ORDER BY d.id")
+            self.store_races(ids[0][0], ids[1][0], statement, waiter)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                                    "WHERE c.name = 'truncated'"), "0", statement)
+
 if __name__ == "__main__":
     unittest.main()
