@@ -579,7 +579,8 @@ BEGIN
      WHERE collection_id = v_collection AND watch_id IS NULL;
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
-    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                            unfinished_claims = 0;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
     UPDATE rag.documents SET content_sha256 = '\x'::bytea

@@ -257,6 +257,7 @@ DECLARE
     v_candidate bigint;
     v_found boolean;
     v_shadow boolean;
+    v_passed bigint[] := '{}';
 BEGIN
     LOOP
         v_found := false;
@@ -273,6 +274,7 @@ BEGIN
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                      AND qu.id <> ALL (v_passed)
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
@@ -293,11 +295,19 @@ BEGIN
             RETURN;
         END IF;
         IF q.unfinished_claims >= 5 THEN
-            UPDATE rag.documents SET status = 'failed', updated_at = now(),
-                   failure_reason = 'abandoned: processing it stopped a worker 5 times' ||
-                                    coalesce(' (last error: ' || q.last_error || ')', '')
-             WHERE id = q.document_id;
-            DELETE FROM rag.queue WHERE id = q.id;
+            -- The document without waiting for it: whoever holds it (rag_reindex, a store) locks queue rows
+            -- after documents, so waiting here while holding this queue row could deadlock with it. A held
+            -- document is passed over by this claim and looked at again by a later one.
+            PERFORM 1 FROM rag.documents WHERE id = q.document_id FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                UPDATE rag.documents SET status = 'failed', updated_at = now(),
+                       failure_reason = 'abandoned: processing it stopped a worker 5 times' ||
+                                        coalesce(' (last error: ' || q.last_error || ')', '')
+                 WHERE id = q.document_id;
+                DELETE FROM rag.queue WHERE id = q.id;
+            ELSE
+                v_passed := v_passed || q.id;
+            END IF;
             CONTINUE;
         END IF;
         UPDATE rag.queue SET claimed_by = p_worker, claimed_at = now(),

@@ -1039,7 +1039,8 @@ BEGIN
      WHERE collection_id = v_collection AND watch_id IS NULL;
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT id, v_collection FROM rag.documents WHERE collection_id = v_collection AND watch_id IS NULL
-    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL;
+    ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                            unfinished_claims = 0;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     -- Rows of watched tables: forget their text so the worker rebuilds it from the row.
     UPDATE rag.documents SET content_sha256 = '\x'::bytea
@@ -1511,6 +1512,7 @@ DECLARE
     v_candidate bigint;
     v_found boolean;
     v_shadow boolean;
+    v_passed bigint[] := '{}';
 BEGIN
     LOOP
         v_found := false;
@@ -1527,6 +1529,7 @@ BEGIN
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                      AND qu.id <> ALL (v_passed)
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
@@ -1547,11 +1550,19 @@ BEGIN
             RETURN;
         END IF;
         IF q.unfinished_claims >= 5 THEN
-            UPDATE rag.documents SET status = 'failed', updated_at = now(),
-                   failure_reason = 'abandoned: processing it stopped a worker 5 times' ||
-                                    coalesce(' (last error: ' || q.last_error || ')', '')
-             WHERE id = q.document_id;
-            DELETE FROM rag.queue WHERE id = q.id;
+            -- The document without waiting for it: whoever holds it (rag_reindex, a store) locks queue rows
+            -- after documents, so waiting here while holding this queue row could deadlock with it. A held
+            -- document is passed over by this claim and looked at again by a later one.
+            PERFORM 1 FROM rag.documents WHERE id = q.document_id FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                UPDATE rag.documents SET status = 'failed', updated_at = now(),
+                       failure_reason = 'abandoned: processing it stopped a worker 5 times' ||
+                                        coalesce(' (last error: ' || q.last_error || ')', '')
+                 WHERE id = q.document_id;
+                DELETE FROM rag.queue WHERE id = q.id;
+            ELSE
+                v_passed := v_passed || q.id;
+            END IF;
             CONTINUE;
         END IF;
         UPDATE rag.queue SET claimed_by = p_worker, claimed_at = now(),

@@ -238,5 +238,46 @@ class ConcurrentStores(InItsOwnDatabase):
             self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
                                     "WHERE c.name = 'truncated'"), "0", statement)
 
+    def test_g_a_reindex_and_the_claim_of_an_abandoned_document_without_a_deadlock(self):
+        # A claim holds its queue row and then marks an abandoned document (claimed 5 times without finishing)
+        # failed; rag_reindex holds the documents and then re-queues them. The claim waited for the document
+        # the reindex held while the reindex waited for the queue row: "deadlock detected". The claim now
+        # passes over a document someone holds; and rag_reindex starts the claims' count again, so the document
+        # is embedded instead of being given up once more.
+        psql("SELECT rag_create_collection('abandoned', embedding_model => 'hash-384', dimensions => 384)")
+        document = scalar("SELECT rag_ingest('abandoned', 'Abandoned', 'A note that stopped a worker five times.')")
+        self.assertEqual(scalar("SELECT rag_wait('abandoned', '60 seconds')"), "t")
+        claim = background_psql("SELECT pg_backend_pid();")
+        reindex = None
+        try:
+            claimant = claim.stdout.readline().strip()
+            # Claimed by the session standing in for a worker (alive, so the real worker leaves it alone).
+            psql("INSERT INTO rag.queue (document_id, collection_id, claimed_by, unfinished_claims) "
+                 f"SELECT id, collection_id, {claimant}, 5 FROM rag.documents WHERE id = {document}")
+            claim.stdin.write(f"BEGIN; SELECT 'locked' FROM rag.queue WHERE document_id = {document} FOR UPDATE;\n")
+            claim.stdin.flush()
+            self.assertEqual(claim.stdout.readline().strip(), "locked")
+            reindex = background_psql("SET deadlock_timeout = '100ms'; SELECT rag_reindex('abandoned');")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
+                                       "'%rag_reindex(''abandoned'')%' AND wait_event_type = 'Lock' "
+                                       "AND pid <> pg_backend_pid())", seconds=30),
+                            "rag_reindex did not wait for the claim's queue row")
+            out, err = claim.communicate(input=(
+                "SET deadlock_timeout = '100ms'; "
+                f"SELECT count(*) FROM rag._claim_next({claimant}) WHERE document_id = {document}; COMMIT;\n"),
+                timeout=60)
+            self.assertEqual(claim.returncode, 0, err)
+            self.assertEqual(out.strip(), "0", "the claim should have passed over the held document")
+        finally:
+            if claim.returncode is None:
+                claim.communicate(input="ROLLBACK;\n", timeout=60)
+            if reindex is not None:
+                out, err = reindex.communicate(input="", timeout=60)
+        self.assertEqual(reindex.returncode, 0, err)
+        self.assertEqual(out.strip(), "1")
+        self.assertEqual(scalar("SELECT rag_wait('abandoned', '60 seconds')"), "t")
+        self.assertEqual(psql(f"SELECT status, chunks_total > 0 FROM rag.documents WHERE id = {document}"),
+                         [["ready", "t"]])
+
 if __name__ == "__main__":
     unittest.main()
