@@ -5,7 +5,11 @@ to the new version, taken from the new version's install script (what `cargo pgr
     python3 scripts/lib/upgrade_functions.py rag--NEW.sql [--new-policies] --update sql/rag--OLD--NEW.sql
 
 --update replaces what lies between the script's "-- BEGIN GENERATED" and "-- END GENERATED" lines, so a
-change to the SQL of an unreleased version is carried into its upgrade script by running this again.
+change to the SQL of an unreleased version is carried into its upgrade script by running this again. It keeps
+the order the script already has (each statement known by what it defines: a function's name and arguments, a
+view's name, a comment's object) and puts a new statement after the one it follows in the install script:
+pgrx writes the Rust functions in a different order from one build to the next, and the script should change
+only where the SQL did.
 
 Functions become CREATE OR REPLACE (a dropped or re-typed one must be dropped by hand before this part, and
 the catalog comparison in tests/upgrade fails until it is). Tables, indexes, sequences, seeded rows, schemas and
@@ -116,8 +120,38 @@ def main():
     begin = script.index("-- BEGIN GENERATED")
     begin = script.index("\n", begin) + 1
     end = script.index("-- END GENERATED")
+    merged = in_existing_order(script[begin:end], generated)
     with open(target, "w") as f:
-        f.write(script[:begin] + generated.rstrip("\n") + "\n" + script[end:])
+        f.write(script[:begin] + merged.rstrip("\n") + "\n" + script[end:])
+
+
+def identity(code):
+    """What a generated statement defines, so that a new version of it replaces the old one in place."""
+    flat = " ".join(code.split())
+    for pattern in (r"CREATE OR REPLACE FUNCTION (.*?\))\s*RETURNS", r"CREATE OR REPLACE VIEW (\S+)",
+                    r"(COMMENT ON .*?) IS "):
+        found = re.match(pattern, flat, re.I)
+        if found:
+            return found.group(1)
+    return flat
+
+
+def in_existing_order(existing, generated):
+    """The generated statements, in the order of those already in the script; new ones after their
+    predecessor in the generated order; those no longer generated left out."""
+    new = [code_of(s) for s in statements(generated) if code_of(s)]
+    by_identity = {identity(code): code for code in new}
+    merged = [identity(code_of(s)) for s in statements(existing) if code_of(s)]
+    merged = [key for key in dict.fromkeys(merged) if key in by_identity]
+    placed = set(merged)
+    previous = None
+    for code in new:
+        key = identity(code)
+        if key not in placed:
+            merged.insert(merged.index(previous) + 1 if previous is not None else 0, key)
+            placed.add(key)
+        previous = key
+    return "\n".join(by_identity[key] + "\n" for key in merged)
 
 
 if __name__ == "__main__":
