@@ -37,6 +37,7 @@ pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static RETRY_DEADLINE_S: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static WORKERS_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static BULK_LOAD_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static LAUNCHER_NAPTIME_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 
 /// What SHOW, current_setting() and pg_settings display for a secret, to everyone, superusers included:
@@ -318,6 +319,16 @@ fn define_postmaster_settings() {
         c"Embedding workers per database that has the extension.",
         c"",
         &WORKERS_PER_DATABASE,
+        1,
+        16,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.bulk_load_workers",
+        c"Embedding workers per database while its queue holds a bulk load; never fewer than rag.workers_per_database.",
+        c"A worker that finds many documents waiting asks the launcher for more, up to this many for its database; the extra ones leave when the queue is worked off.",
+        &BULK_LOAD_WORKERS,
         1,
         16,
         GucContext::Sighup,

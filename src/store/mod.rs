@@ -202,6 +202,17 @@ pub fn work_waiting() -> Result<bool, SpiError> {
     .unwrap_or(true))
 }
 
+/// Whether a bulk load waits in the queue: at least `bulk_load_documents` due documents that no worker holds,
+/// the size from which a load is stored without index upkeep too (rag._bulk_loading). Then the database wants
+/// rag.bulk_load_workers.
+pub fn bulk_load_waiting() -> Result<bool, SpiError> {
+    Ok(idle_read::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now() AND claimed_by IS NULL
+                         OFFSET rag._limit('bulk_load_documents')::integer - 1)",
+    )?
+    .unwrap_or(false))
+}
+
 /// The version of the extension's SQL in this database (`pg_extension.extversion`).
 pub fn installed_version() -> Result<Option<String>, SpiError> {
     idle_read::<String>(

@@ -1,5 +1,5 @@
-//! The launcher: a static background worker that keeps one embedding worker (or `rag.workers_per_database`)
-//! running for each database that has the extension. It cannot see other databases' catalogs, so the first
+//! The launcher: a static background worker that keeps one embedding worker (or `rag.workers_per_database`,
+//! and `rag.bulk_load_workers` while a bulk load is queued) running for each database that has the extension. It cannot see other databases' catalogs, so the first
 //! time it sees a connectable database it starts one short-lived worker there, which reports back when the
 //! extension is absent. Such a database is then left alone for the launcher's lifetime unless a backend there
 //! asks for a worker: `CREATE EXTENSION rag` does (through the utility hook, after commit), and so does every
@@ -161,17 +161,20 @@ impl Launcher {
                 self.served.insert(database);
             }
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
+            let standing = settings::WORKERS_PER_DATABASE.get().max(1) as usize;
             let wanted = if self.served.contains(&database) {
-                settings::WORKERS_PER_DATABASE.get().max(1) as usize
+                registry::workers_wanted(database)
             } else if slots.is_empty() && probes_left > 0 && self.may_probe(database) {
                 probes_left -= 1;
                 1
             } else {
                 0
             };
-            for _ in slots.len()..wanted {
+            for started in slots.len()..wanted {
                 if self.running.len() >= settings::MAX_WORKERS.get() as usize {
-                    waiting_for_a_slot = true;
+                    // A bulk load's extra workers wait for a free slot; they never make another database's
+                    // idle worker leave.
+                    waiting_for_a_slot |= started < standing;
                     break;
                 }
                 match start_worker(database) {

@@ -47,6 +47,9 @@ static SLOT_DATABASE: PgAtomic<[AtomicU32; SLOTS]> = unsafe { PgAtomic::new(c"ra
 static SLOT_PID: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_pid") };
 // SAFETY: see SLOT_DATABASE.
 static SLOT_STATE: PgAtomic<[AtomicI32; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_state") };
+/// Set by a slot's worker while it sees a bulk load in its database's queue (`rag.bulk_load_workers`).
+// SAFETY: see SLOT_DATABASE.
+static SLOT_BACKLOG: PgAtomic<[AtomicBool; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_backlog") };
 // SAFETY: see SLOT_DATABASE.
 static LAUNCHER_PID: PgAtomic<AtomicI32> = unsafe { PgAtomic::new(c"rag_launcher_pid") };
 /// Databases whose backends found no live worker (they queued work, or ran CREATE EXTENSION rag): the
@@ -81,6 +84,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(SLOT_PID = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
+    pg_shmem_init!(SLOT_BACKLOG = std::array::from_fn(|_| AtomicBool::new(false)));
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
     pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
@@ -124,6 +128,7 @@ pub fn reserve_slot(database: pg_sys::Oid) -> Option<usize> {
 }
 
 pub fn release_slot(slot: usize) {
+    SLOT_BACKLOG.get()[slot].store(false, Ordering::SeqCst);
     SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
     SLOT_DATABASE.get()[slot].store(0, Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(SlotState::Free as i32, Ordering::SeqCst);
@@ -139,6 +144,30 @@ pub fn mark_running(slot: usize) {
 pub fn mark_stopped(slot: usize, state: SlotState) {
     SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(state as i32, Ordering::SeqCst);
+}
+
+/// Worker side: whether this slot's worker sees a bulk load waiting. When it starts to, the launcher is asked
+/// for the database's extra workers at once rather than at its next round.
+pub fn set_backlog(slot: usize, backlog: bool) {
+    let before = SLOT_BACKLOG.get()[slot].swap(backlog, Ordering::SeqCst);
+    if backlog && !before {
+        request_launcher_for(slot_database(slot).to_u32());
+    }
+}
+
+/// How many workers `database` should have now: rag.workers_per_database, or rag.bulk_load_workers while one
+/// of its running workers sees a bulk load waiting. The launcher starts that many and the surplus leave when
+/// idle, so the extra workers of a load end with it.
+pub fn workers_wanted(database: pg_sys::Oid) -> usize {
+    let standing = crate::settings::WORKERS_PER_DATABASE.get().max(1) as usize;
+    let loading = slots_of(database).into_iter().any(|slot| {
+        slot_state(slot) == SlotState::Running && SLOT_BACKLOG.get()[slot].load(Ordering::SeqCst)
+    });
+    if loading {
+        standing.max(crate::settings::BULK_LOAD_WORKERS.get().max(1) as usize)
+    } else {
+        standing
+    }
 }
 
 /// Launcher side: whether a database is waiting for a worker slot.

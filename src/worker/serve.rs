@@ -84,6 +84,10 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
     }
 }
 
+/// How often a busy worker looks whether a bulk load waits (`store::bulk_load_waiting`), and so whether its
+/// database wants rag.bulk_load_workers.
+const BACKLOG_CHECK: Duration = Duration::from_secs(1);
+
 /// What an idle worker did with its moment.
 enum Rest {
     /// Slept; look for work again.
@@ -94,9 +98,10 @@ enum Rest {
     ShutDown,
 }
 
-/// Whether this worker is one more than rag.workers_per_database asks for its database.
+/// Whether this worker is one more than its database should have now (rag.workers_per_database, or
+/// rag.bulk_load_workers while a bulk load is queued: registry::workers_wanted).
 fn surplus(slot: usize) -> bool {
-    let wanted = crate::settings::WORKERS_PER_DATABASE.get().max(1) as usize;
+    let wanted = registry::workers_wanted(registry::slot_database(slot));
     registry::slots_of(registry::slot_database(slot))
         .into_iter()
         .filter(|&other| registry::slot_state(other) == SlotState::Running)
@@ -112,8 +117,11 @@ fn rest(
     cool_down_ends: Option<Duration>,
     nap: Duration,
 ) -> Rest {
-    // rag.workers_per_database was lowered: the surplus workers of this database (those in its highest slots)
-    // leave when idle, and the launcher, which counts slots, starts none in their place.
+    // Idle: no bulk load waits for this worker any more.
+    registry::set_backlog(slot, false);
+    // rag.workers_per_database was lowered, or a bulk load's extra workers are no longer wanted: the surplus
+    // workers of this database (those in its highest slots) leave when idle, and the launcher, which counts
+    // slots, starts none in their place.
     if surplus(slot) {
         registry::mark_stopped(slot, SlotState::Exited);
         return Rest::Left;
@@ -198,6 +206,8 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut last_upkeep = Instant::now();
+    // None while idle: the first step after a rest looks at once.
+    let mut last_backlog_check: Option<Instant> = None;
     loop {
         if shutdown_requested() {
             break;
@@ -220,17 +230,26 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         };
         match outcome {
             Ok(Step::Worked) => {
+                if last_backlog_check.is_none_or(|checked| checked.elapsed() >= BACKLOG_CHECK) {
+                    if let Ok(waiting) = steps.run(store::bulk_load_waiting) {
+                        registry::set_backlog(slot, waiting);
+                    }
+                    last_backlog_check = Some(Instant::now());
+                }
                 if last_upkeep.elapsed() >= BUSY_UPKEEP {
                     upkeep_while_busy(&steps);
                     last_upkeep = Instant::now();
                 }
             }
             Ok(Step::Stopped) => break,
-            Ok(Step::Idle(cool_down_ends)) => match rest(&steps, slot, cool_down_ends, nap) {
-                Rest::Again => {}
-                Rest::Left => return,
-                Rest::ShutDown => break,
-            },
+            Ok(Step::Idle(cool_down_ends)) => {
+                last_backlog_check = None;
+                match rest(&steps, slot, cool_down_ends, nap) {
+                    Rest::Again => {}
+                    Rest::Left => return,
+                    Rest::ShutDown => break,
+                }
+            }
             Err(error) => {
                 // The extension may have been dropped under us; then this database needs no worker.
                 if !extension_present(&steps) {

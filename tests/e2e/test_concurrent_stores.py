@@ -279,5 +279,27 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(psql(f"SELECT status, chunks_total > 0 FROM rag.documents WHERE id = {document}"),
                          [["ready", "t"]])
 
+    def test_h_a_bulk_load_brings_a_second_worker_that_leaves_with_it(self):
+        # rag.workers_per_database is 1 and rag.bulk_load_workers 2 (the defaults): a worker that finds a bulk
+        # load waiting (rag._limit('bulk_load_documents') due documents no worker holds) has the launcher start
+        # another for its database, which leaves once the load is worked off.
+        workers = ("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                   f"AND datname = '{DB}'")
+        self.assertEqual(scalar("SELECT current_setting('rag.workers_per_database') || '/' || "
+                                "current_setting('rag.bulk_load_workers')"), "1/2")
+        self.assertTrue(wait_until(f"SELECT ({workers}) = 1", seconds=60))
+        psql("SELECT rag_create_collection('helped', embedding_model => 'hash-384@slow240')")
+        psql("SELECT count(rag_ingest('helped', 'Note ' || g, 'Bulk note ' || g || ' about topic ' || g % 11 || '.')) "
+             "FROM generate_series(1, 600) g")
+        self.assertTrue(wait_until(f"SELECT ({workers}) = 2", seconds=30), "no second worker came for the load")
+        self.assertEqual(scalar("SELECT rag_wait('helped', '180 seconds')"), "t")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                                "WHERE c.name = 'helped' AND d.status = 'ready'"), "600")
+        self.assertTrue(wait_until(f"SELECT ({workers}) = 1", seconds=60), "the load's second worker stayed")
+        # A few documents are no bulk load: one worker takes them.
+        psql("SELECT rag_ingest('helped', 'Late ' || g, 'A late note ' || g || '.') FROM generate_series(1, 5) g")
+        self.assertEqual(scalar("SELECT rag_wait('helped', '60 seconds')"), "t")
+        self.assertEqual(scalar(workers), "1")
+
 if __name__ == "__main__":
     unittest.main()
