@@ -138,14 +138,17 @@ impl Launcher {
     }
 
     /// Starts the workers each database should have: rag.workers_per_database where the extension is,
-    /// one probe where it is not known yet (at most PROBES_PER_ROUND). Returns whether a database had to wait
-    /// for a slot (then idle workers elsewhere make room).
+    /// one probe where it is not known yet (at most PROBES_PER_ROUND), then the extra workers of bulk loads
+    /// (rag.bulk_load_workers), only when no database waits for a slot. Returns whether a database had to wait
+    /// for a slot (then idle workers elsewhere make room). An extra worker already running keeps its slot
+    /// until its load is worked off.
     fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> bool {
         let mut databases = self.databases.clone();
         // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
         databases.sort_by_key(|database| !asked.contains(database));
         let mut probes_left = PROBES_PER_ROUND;
         let mut waiting_for_a_slot = false;
+        let mut served = Vec::new();
         for database in databases {
             if self.absent.contains(&database)
                 || self.dormant.contains(&database)
@@ -161,31 +164,43 @@ impl Launcher {
                 self.served.insert(database);
             }
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
-            let standing = settings::WORKERS_PER_DATABASE.get().max(1) as usize;
             let wanted = if self.served.contains(&database) {
-                registry::workers_wanted(database)
+                served.push(database);
+                settings::WORKERS_PER_DATABASE.get().max(1) as usize
             } else if slots.is_empty() && probes_left > 0 && self.may_probe(database) {
                 probes_left -= 1;
                 1
             } else {
                 0
             };
-            for started in slots.len()..wanted {
-                if self.running.len() >= settings::MAX_WORKERS.get() as usize {
-                    // A bulk load's extra workers wait for a free slot; they never make another database's
-                    // idle worker leave.
-                    waiting_for_a_slot |= started < standing;
+            waiting_for_a_slot |= !self.start_up_to(database, slots.len(), wanted);
+        }
+        if !waiting_for_a_slot {
+            for database in served {
+                let held = registry::slots_of(database).len();
+                if !self.start_up_to(database, held, registry::workers_wanted(database)) {
                     break;
-                }
-                match start_worker(database) {
-                    Some((slot, handle)) => {
-                        self.running.insert(slot, Running { database, handle });
-                    }
-                    None => break,
                 }
             }
         }
         waiting_for_a_slot
+    }
+
+    /// Starts workers for `database` until it holds `wanted` slots. False when rag.max_workers stopped it (a
+    /// failed start, max_worker_processes being full, is said in the log and tried again next round).
+    fn start_up_to(&mut self, database: pg_sys::Oid, held: usize, wanted: usize) -> bool {
+        for _ in held..wanted {
+            if self.running.len() >= settings::MAX_WORKERS.get() as usize {
+                return false;
+            }
+            match start_worker(database) {
+                Some((slot, handle)) => {
+                    self.running.insert(slot, Running { database, handle });
+                }
+                None => break,
+            }
+        }
+        true
     }
 }
 
