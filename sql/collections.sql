@@ -568,9 +568,8 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
-    -- The documents in id order first, the order a store under way locks its group in (rag._store_documents):
-    -- the UPDATEs below meet them in their rows' order, and once that differed from the ids' the two could
-    -- each hold a document the other waited for, and PostgreSQL aborted one of them ("deadlock detected").
+    -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
+    -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
     PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;

@@ -1028,9 +1028,8 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
-    -- The documents in id order first, the order a store under way locks its group in (rag._store_documents):
-    -- the UPDATEs below meet them in their rows' order, and once that differed from the ids' the two could
-    -- each hold a document the other waited for, and PostgreSQL aborted one of them ("deadlock detected").
+    -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
+    -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
     PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
@@ -2907,14 +2906,17 @@ LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE watch_id = p_watch_id;
 $$;
 
+CREATE OR REPLACE FUNCTION rag._delete_watch_documents(p_watch_id integer) RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM rag.documents WHERE watch_id = p_watch_id ORDER BY id FOR UPDATE;
+    DELETE FROM rag.documents WHERE watch_id = p_watch_id;
+$$;
+
 CREATE OR REPLACE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
-    -- In id order first, as rag_reindex does and for the same reason: a store under way locks its group so.
-    PERFORM 1 FROM rag.documents d JOIN rag.watches w ON d.watch_id = w.id
-     WHERE w.source = TG_RELID ORDER BY d.id FOR UPDATE OF d;
-    DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
+    PERFORM rag._delete_watch_documents(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     RETURN NULL;
 END $$;
 
@@ -3058,9 +3060,7 @@ BEGIN
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
     PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
-        -- In id order first, as rag_reindex does and for the same reason.
-        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
-        DELETE FROM rag.documents WHERE watch_id = w.id;
+        PERFORM rag._delete_watch_documents(w.id);
     END IF;
     DELETE FROM rag.watches WHERE id = w.id;
     RETURN true;
@@ -3074,9 +3074,7 @@ BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
         PERFORM rag._forget_queued_rows(w.id);
-        -- In id order first, as rag_reindex does and for the same reason.
-        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
-        DELETE FROM rag.documents WHERE watch_id = w.id;
+        PERFORM rag._delete_watch_documents(w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
         DELETE FROM rag.watches WHERE id = w.id;

@@ -282,14 +282,20 @@ LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE watch_id = p_watch_id;
 $$;
 
+-- Deletes a watch's documents (and with them their chunks and queue items), in id order: a store under way
+-- locks its group's documents so (rag._store_documents), and a DELETE that met them in its scan's order could
+-- hold one the store waited for while waiting for one the store held ("deadlock detected").
+CREATE FUNCTION rag._delete_watch_documents(p_watch_id integer) RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM rag.documents WHERE watch_id = p_watch_id ORDER BY id FOR UPDATE;
+    DELETE FROM rag.documents WHERE watch_id = p_watch_id;
+$$;
+
 CREATE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
-    -- In id order first, as rag_reindex does and for the same reason: a store under way locks its group so.
-    PERFORM 1 FROM rag.documents d JOIN rag.watches w ON d.watch_id = w.id
-     WHERE w.source = TG_RELID ORDER BY d.id FOR UPDATE OF d;
-    DELETE FROM rag.documents d USING rag.watches w WHERE w.source = TG_RELID AND d.watch_id = w.id;
+    PERFORM rag._delete_watch_documents(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     RETURN NULL;
 END $$;
 
@@ -435,9 +441,7 @@ BEGIN
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
     PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
-        -- In id order first, as rag_reindex does and for the same reason.
-        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
-        DELETE FROM rag.documents WHERE watch_id = w.id;
+        PERFORM rag._delete_watch_documents(w.id);
     END IF;
     DELETE FROM rag.watches WHERE id = w.id;
     RETURN true;
@@ -452,9 +456,7 @@ BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
         PERFORM rag._forget_queued_rows(w.id);
-        -- In id order first, as rag_reindex does and for the same reason.
-        PERFORM 1 FROM rag.documents WHERE watch_id = w.id ORDER BY id FOR UPDATE;
-        DELETE FROM rag.documents WHERE watch_id = w.id;
+        PERFORM rag._delete_watch_documents(w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
         DELETE FROM rag.watches WHERE id = w.id;

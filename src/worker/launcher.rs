@@ -1,5 +1,6 @@
 //! The launcher: a static background worker that keeps one embedding worker (or `rag.workers_per_database`,
-//! and `rag.bulk_load_workers` while a bulk load is queued) running for each database that has the extension. It cannot see other databases' catalogs, so the first
+//! and `rag.bulk_load_workers` while a bulk load is queued) running for each database that has the extension.
+//! It cannot see other databases' catalogs, so the first
 //! time it sees a connectable database it starts one short-lived worker there, which reports back when the
 //! extension is absent. Such a database is then left alone for the launcher's lifetime unless a backend there
 //! asks for a worker: `CREATE EXTENSION rag` does (through the utility hook, after commit), and so does every
@@ -166,7 +167,7 @@ impl Launcher {
             // A database of unknown status gets one worker, which is the probe; the rest once it serves.
             let wanted = if self.served.contains(&database) {
                 served.push(database);
-                settings::WORKERS_PER_DATABASE.get().max(1) as usize
+                registry::standing_workers()
             } else if slots.is_empty() && probes_left > 0 && self.may_probe(database) {
                 probes_left -= 1;
                 1

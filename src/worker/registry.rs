@@ -155,11 +155,16 @@ pub fn set_backlog(slot: usize, backlog: bool) {
     }
 }
 
+/// The workers every database that has the extension keeps: rag.workers_per_database.
+pub fn standing_workers() -> usize {
+    crate::settings::WORKERS_PER_DATABASE.get().max(1) as usize
+}
+
 /// How many workers `database` should have now: rag.workers_per_database, or rag.bulk_load_workers while one
 /// of its running workers sees a bulk load waiting. The launcher starts that many and the surplus leave when
 /// idle, so the extra workers of a load end with it.
 pub fn workers_wanted(database: pg_sys::Oid) -> usize {
-    let standing = crate::settings::WORKERS_PER_DATABASE.get().max(1) as usize;
+    let standing = standing_workers();
     let loading = slots_of(database).into_iter().any(|slot| {
         slot_state(slot) == SlotState::Running && SLOT_BACKLOG.get()[slot].load(Ordering::SeqCst)
     });

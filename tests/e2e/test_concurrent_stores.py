@@ -166,6 +166,29 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(psql("SELECT collection_id IS NULL, kind FROM rag.queries WHERE collection = 'queried-then-dropped'"),
                          [["t", "query"]])
 
+    def race(self, holder, statement, waiter, rest):
+        """`holder` (one session: it takes its locks and prints one line) holds them while `statement` runs in
+        another (`deadlock_timeout` 100 ms) until that waits on a lock (`waiter`: a part of its text); then the
+        holder runs `rest`, which takes the locks a deadlock would need. Returns what `rest` and `statement`
+        printed once both have ended without an error."""
+        first = background_psql(holder)
+        beside = None
+        try:
+            self.assertEqual(first.stdout.readline().strip(), "locked", "the holder took no locks")
+            beside = background_psql(f"SET deadlock_timeout = '100ms'; {statement}")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
+                                       f"'%{waiter}%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())",
+                                       seconds=30), f"{statement} did not wait for the holder")
+            held_out, err = first.communicate(input=f"SET deadlock_timeout = '100ms'; {rest}\n", timeout=60)
+            self.assertEqual(first.returncode, 0, err)
+        finally:
+            if first.returncode is None:
+                first.communicate(input="ROLLBACK;\n", timeout=60)
+            if beside is not None:
+                out, err = beside.communicate(input="", timeout=60)
+        self.assertEqual(beside.returncode, 0, err)
+        return held_out.strip(), out.strip()
+
     def store_races(self, first, second, statement, waiter):
         """A store under way holds `first` (and the collection's row, shared) and then locks `second`, while
         `statement` runs beside it; `first`'s row has moved past `second`'s before (new index entries too, as an
@@ -181,28 +204,12 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(scalar(f"SELECT (SELECT ctid FROM rag.documents WHERE id = {first}) > "
                                 f"(SELECT ctid FROM rag.documents WHERE id = {second})"), "t")
         # rag._lock_for_store and rag._store_documents, the locks of a worker's store of these two documents.
-        store = background_psql(f"BEGIN; SELECT 'locked' FROM rag._lock_for_store({first});")
-        beside = None
-        try:
-            self.assertEqual(store.stdout.readline().strip(), "locked")
-            beside = background_psql(f"SET deadlock_timeout = '100ms'; {statement}")
-            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
-                                       f"'%{waiter}%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())",
-                                       seconds=30), f"{statement} did not wait for the store")
-            out, err = store.communicate(input=(
-                "SET deadlock_timeout = '100ms'; "
-                f"SELECT count(*) FROM rag._store_documents(ARRAY[0, 0]::bigint[], ARRAY[{first}, {second}]::bigint[], "
-                "ARRAY[0, 0]::bigint[], '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'::real[], 384, 'hash-384'); "
-                "COMMIT;\n"), timeout=60)
-            self.assertEqual(store.returncode, 0, err)
-            self.assertEqual(out.strip(), "2")
-        finally:
-            if store.returncode is None:
-                store.communicate(input="ROLLBACK;\n", timeout=60)
-            if beside is not None:
-                out, err = beside.communicate(input="", timeout=60)
-        self.assertEqual(beside.returncode, 0, err)
-        return out.strip()
+        stored, out = self.race(
+            f"BEGIN; SELECT 'locked' FROM rag._lock_for_store({first});", statement, waiter,
+            f"SELECT count(*) FROM rag._store_documents(ARRAY[0, 0]::bigint[], ARRAY[{first}, {second}]::bigint[], "
+            "ARRAY[0, 0]::bigint[], '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'::real[], 384, 'hash-384'); COMMIT;")
+        self.assertEqual(stored, "2")
+        return out
 
     def test_e_a_reindex_waits_for_a_store_under_way_without_a_deadlock(self):
         psql("SELECT rag_create_collection('reindexed', embedding_model => 'hash-384', dimensions => 384)")
@@ -247,34 +254,17 @@ class ConcurrentStores(InItsOwnDatabase):
         psql("SELECT rag_create_collection('abandoned', embedding_model => 'hash-384', dimensions => 384)")
         document = scalar("SELECT rag_ingest('abandoned', 'Abandoned', 'A note that stopped a worker five times.')")
         self.assertEqual(scalar("SELECT rag_wait('abandoned', '60 seconds')"), "t")
-        claim = background_psql("SELECT pg_backend_pid();")
-        reindex = None
-        try:
-            claimant = claim.stdout.readline().strip()
-            # Claimed by the session standing in for a worker (alive, so the real worker leaves it alone).
-            psql("INSERT INTO rag.queue (document_id, collection_id, claimed_by, unfinished_claims) "
-                 f"SELECT id, collection_id, {claimant}, 5 FROM rag.documents WHERE id = {document}")
-            claim.stdin.write(f"BEGIN; SELECT 'locked' FROM rag.queue WHERE document_id = {document} FOR UPDATE;\n")
-            claim.stdin.flush()
-            self.assertEqual(claim.stdout.readline().strip(), "locked")
-            reindex = background_psql("SET deadlock_timeout = '100ms'; SELECT rag_reindex('abandoned');")
-            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
-                                       "'%rag_reindex(''abandoned'')%' AND wait_event_type = 'Lock' "
-                                       "AND pid <> pg_backend_pid())", seconds=30),
-                            "rag_reindex did not wait for the claim's queue row")
-            out, err = claim.communicate(input=(
-                "SET deadlock_timeout = '100ms'; "
-                f"SELECT count(*) FROM rag._claim_next({claimant}) WHERE document_id = {document}; COMMIT;\n"),
-                timeout=60)
-            self.assertEqual(claim.returncode, 0, err)
-            self.assertEqual(out.strip(), "0", "the claim should have passed over the held document")
-        finally:
-            if claim.returncode is None:
-                claim.communicate(input="ROLLBACK;\n", timeout=60)
-            if reindex is not None:
-                out, err = reindex.communicate(input="", timeout=60)
-        self.assertEqual(reindex.returncode, 0, err)
-        self.assertEqual(out.strip(), "1")
+        # The session standing in for a worker queues the item claimed by itself (alive, so the real worker
+        # leaves it alone) and commits (inserting it also held the document's key until then), then holds the
+        # queue row as a claim does; then it claims.
+        claimed, out = self.race(
+            "INSERT INTO rag.queue (document_id, collection_id, claimed_by, unfinished_claims) "
+            f"SELECT id, collection_id, pg_backend_pid(), 5 FROM rag.documents WHERE id = {document}; "
+            f"BEGIN; SELECT 'locked' FROM rag.queue WHERE document_id = {document} FOR UPDATE;",
+            "SELECT rag_reindex('abandoned');", "rag_reindex(''abandoned'')",
+            f"SELECT count(*) FROM rag._claim_next(pg_backend_pid()) WHERE document_id = {document}; COMMIT;")
+        self.assertEqual(claimed, "0", "the claim should have passed over the held document")
+        self.assertEqual(out, "1")
         self.assertEqual(scalar("SELECT rag_wait('abandoned', '60 seconds')"), "t")
         self.assertEqual(psql(f"SELECT status, chunks_total > 0 FROM rag.documents WHERE id = {document}"),
                          [["ready", "t"]])

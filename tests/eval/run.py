@@ -229,7 +229,9 @@ def main():
     ]
     report = "\n".join(lines)
     print(report)
-    out = os.path.join(os.environ.get("ROOT", "."), "target", "eval")
+    # The repository's target/ (ignored by git), also when this file is run by hand from its own directory.
+    root = os.environ.get("ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    out = os.path.join(root, "target", "eval")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report + "\n")
