@@ -141,8 +141,8 @@ impl Launcher {
     /// Starts the workers each database should have: rag.workers_per_database where the extension is,
     /// one probe where it is not known yet (at most PROBES_PER_ROUND), then the extra workers of bulk loads
     /// (rag.bulk_load_workers), only when no database waits for a slot. Returns whether a database had to wait
-    /// for a slot (then idle workers elsewhere make room). An extra worker already running keeps its slot
-    /// until its load is worked off.
+    /// for a slot (then idle workers elsewhere make room, and so do busy extra workers, between two steps:
+    /// serve::gives_way).
     fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> bool {
         let mut databases = self.databases.clone();
         // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.

@@ -101,12 +101,28 @@ enum Rest {
 /// Whether this worker is one more than its database should have now (rag.workers_per_database, or
 /// rag.bulk_load_workers while a bulk load is queued: registry::workers_wanted).
 fn surplus(slot: usize) -> bool {
-    let wanted = registry::workers_wanted(registry::slot_database(slot));
+    ranked_beyond(
+        slot,
+        registry::workers_wanted(registry::slot_database(slot)),
+    )
+}
+
+/// Whether `wanted` running workers of this slot's database come before it (those in its lower slots).
+fn ranked_beyond(slot: usize, wanted: usize) -> bool {
     registry::slots_of(registry::slot_database(slot))
         .into_iter()
         .filter(|&other| registry::slot_state(other) == SlotState::Running)
         .position(|other| other == slot)
         .is_some_and(|rank| rank >= wanted)
+}
+
+/// A database waits for a slot (rag.max_workers are all running) while this worker is one of its database's
+/// extra workers (beyond rag.workers_per_database, started for a bulk load): it gives its slot up. Asked between
+/// two steps, when it holds no claim. The launcher serves the waiting database first and starts the load's
+/// extra workers again only when no database waits, so a load's helpers never keep another database from its
+/// one worker for the hours a large load can take.
+fn gives_way(slot: usize) -> bool {
+    registry::workers_wanted_elsewhere() && ranked_beyond(slot, registry::standing_workers())
 }
 
 /// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,
@@ -230,6 +246,12 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         };
         match outcome {
             Ok(Step::Worked) => {
+                if gives_way(slot) {
+                    pgrx::log!(
+                        "rag worker: a bulk load's extra worker leaves its slot to a database waiting for one"
+                    );
+                    break;
+                }
                 if last_backlog_check.is_none_or(|checked| checked.elapsed() >= BACKLOG_CHECK) {
                     if let Ok(waiting) = steps.run(store::bulk_load_waiting) {
                         registry::set_backlog(slot, waiting);
