@@ -52,8 +52,11 @@ pub fn extractive_answer(
                 continue;
             }
             sentence_count += 1;
-            let matched: HashSet<String> = content_terms(sentence)
-                .filter(|term| question_terms.contains(term))
+            let terms: Vec<String> = content_terms(sentence).collect();
+            let matched: HashSet<String> = terms
+                .iter()
+                .filter(|term| question_terms.contains(*term))
+                .cloned()
                 .collect();
             if matched.is_empty() || contains_marker(sentence) {
                 continue;
@@ -63,10 +66,19 @@ pub fn extractive_answer(
                 number: source.number,
                 position: offset + (raw.len() - raw.trim_start().len()),
                 text: sentence,
+                echo: matched.len() == terms.iter().collect::<HashSet<_>>().len()
+                    && !ends_a_sentence(sentence),
                 matched,
                 score: 0.0,
             });
         }
+    }
+    // A heading, title or synopsis line that only repeats the question's words ("CREATE DATABASE — create a new
+    // database" for "How do I create a new database?") matches best and answers nothing: such lines are
+    // quoted only when nothing else matches. A full sentence made of the question's words stays, since it can
+    // be the answer to a yes-or-no question ("Pets are allowed.").
+    if candidates.iter().any(|candidate| !candidate.echo) {
+        candidates.retain(|candidate| !candidate.echo);
     }
     if candidates.is_empty() {
         return None;
@@ -209,8 +221,19 @@ struct Candidate<'a> {
     /// Byte offset of the sentence in its source text.
     position: usize,
     text: &'a str,
+    /// Every content word is one of the question's and it does not end as a sentence does: a heading echoing
+    /// the question.
+    echo: bool,
     matched: HashSet<String>,
     score: f64,
+}
+
+/// Whether a text ends as a sentence does (full stop, question or exclamation mark, ellipsis, or their CJK
+/// forms), closing quotes and brackets aside; headings, titles, list labels and synopsis lines do not.
+fn ends_a_sentence(text: &str) -> bool {
+    text.trim_end()
+        .trim_end_matches(['"', '\'', '’', '”', '»', ')', ']', '*'])
+        .ends_with(['.', '!', '?', '…', '。', '！', '？'])
 }
 
 /// The stemmed, lowercased words of a text that carry meaning.
@@ -490,6 +513,40 @@ mod tests {
         ];
         let extract = extractive_answer("bicycles", &sources, 30).expect("one fits");
         assert_eq!(extract.answer, "Bicycles are allowed. [1]");
+    }
+
+    #[test]
+    fn headings_that_only_echo_the_question_give_way_to_sentences() {
+        // A manual page: title, synopsis and heading lines repeat the question's words and end without a stop.
+        let sources = vec![source(
+            1,
+            "CREATE DATABASE\n\nCREATE DATABASE — create a new database\n\nSynopsis\n\nCREATE DATABASE name\n\n\
+             CREATE DATABASE creates a new PostgreSQL database.",
+        )];
+        let answer = extractive_answer("How do I create a new database?", &sources, 500).unwrap();
+        assert_eq!(
+            answer.answer,
+            "CREATE DATABASE name [1] CREATE DATABASE creates a new PostgreSQL database. [1]"
+        );
+        // Only echoes match: they are quoted rather than nothing.
+        let only_headings = vec![source(1, "Annual leave\n\nRemote work\n\nParking")];
+        assert_eq!(
+            extractive_answer("annual leave", &only_headings, 500)
+                .unwrap()
+                .answer,
+            "Annual leave [1]"
+        );
+        // A sentence of the question's words that ends as a sentence answers a yes-or-no question.
+        let rules = vec![source(
+            1,
+            "Pets are allowed.\n\nPets\n\nSmoking is not allowed.",
+        )];
+        assert_eq!(
+            extractive_answer("Are pets allowed?", &rules, 500)
+                .unwrap()
+                .answer,
+            "Pets are allowed. [1] Smoking is not allowed. [1]"
+        );
     }
 
     #[test]
