@@ -65,3 +65,26 @@ pub fn current_user_owns_database(database: pg_sys::Oid) -> bool {
         pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, database, pg_sys::GetUserId())
     }
 }
+
+/// What this process is doing, as `pg_stat_activity` shows it: `state` active with `query` set to `activity`,
+/// or idle (the last activity stays in `query`, as an idle client session's last statement does). Background workers report nothing unless they call this (only a client backend's
+/// statements are reported by PostgreSQL itself), so without it a DBA sees a rag worker with an empty query.
+pub fn report_activity(activity: Option<&str>) {
+    match activity {
+        Some(text) => {
+            // An interior NUL cannot come from the texts the worker builds (numbers and fixed words); should one
+            // appear, the report is cut there rather than skipped.
+            let text = std::ffi::CString::new(text.split('\0').next().unwrap_or_default())
+                .unwrap_or_default();
+            // SAFETY: called on PostgreSQL's thread of a process attached to shared memory; the string is
+            // NUL-terminated and lives across the call, which copies it (truncated to track_activity_query_size).
+            unsafe {
+                pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, text.as_ptr())
+            };
+        }
+        // SAFETY: as above; a null command is how PostgreSQL itself reports a backend gone idle.
+        None => unsafe {
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null())
+        },
+    }
+}

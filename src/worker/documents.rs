@@ -49,6 +49,7 @@ pub fn process_next(
     let pid = crate::pg::my_pid();
     // Watched rows first: turning a changed row into chunks is cheap, and it feeds the embedding queue.
     if let Some(row) = steps.run(|| store::claim_row(pid))? {
+        crate::pg::report_activity(Some("rag worker: syncing a changed row of a watched table"));
         sync_row(steps, &row);
         return Ok(Step::Worked);
     }
@@ -89,6 +90,13 @@ pub fn process_next(
     let Some((item, companions)) = claimed else {
         return Ok(Step::Idle(providers.next_close()));
     };
+    crate::pg::report_activity(Some(&format!(
+        "rag worker: embedding {} document{} of collection {} ({})",
+        1 + companions.len(),
+        if companions.is_empty() { "" } else { "s" },
+        item.collection_id,
+        item.model
+    )));
     RECENTLY_SERVED.with(|served| {
         let mut served = served.borrow_mut();
         served.retain(|&collection| collection != item.collection_id);

@@ -135,6 +135,7 @@ fn rest(
 ) -> Rest {
     // Idle: no bulk load waits for this worker any more.
     registry::set_backlog(slot, false);
+    crate::pg::report_activity(None);
     // rag.workers_per_database was lowered, or a bulk load's extra workers are no longer wanted: the surplus
     // workers of this database (those in its highest slots) leave when idle, and the launcher, which counts
     // slots, starts none in their place.

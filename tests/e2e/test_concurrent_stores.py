@@ -282,10 +282,20 @@ class ConcurrentStores(InItsOwnDatabase):
         psql("SELECT count(rag_ingest('helped', 'Note ' || g, 'Bulk note ' || g || ' about topic ' || g % 11 || '.')) "
              "FROM generate_series(1, 600) g")
         self.assertTrue(wait_until(f"SELECT ({workers}) = 2", seconds=30), "no second worker came for the load")
+        # pg_stat_activity says what a worker does, as it does for autovacuum workers.
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{DB}' AND state = 'active' AND query LIKE "
+                                   "'rag worker: embedding % of collection % (hash-384@slow240)')", seconds=30),
+                        "pg_stat_activity did not show a worker embedding the load")
         self.assertEqual(scalar("SELECT rag_wait('helped', '180 seconds')"), "t")
         self.assertEqual(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
                                 "WHERE c.name = 'helped' AND d.status = 'ready'"), "600")
         self.assertTrue(wait_until(f"SELECT ({workers}) = 1", seconds=60), "the load's second worker stayed")
+        # Idle, its last work left in `query` as an idle client session's last statement is.
+        self.assertTrue(wait_until(f"SELECT bool_and(state = 'idle' AND query LIKE 'rag worker: %') "
+                                   f"FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{DB}'",
+                                   seconds=30),
+                        "the idle worker does not show as idle in pg_stat_activity")
         # A few documents are no bulk load: one worker takes them.
         psql("SELECT rag_ingest('helped', 'Late ' || g, 'A late note ' || g || '.') FROM generate_series(1, 5) g")
         self.assertEqual(scalar("SELECT rag_wait('helped', '60 seconds')"), "t")
