@@ -1,9 +1,49 @@
-"""The evaluation corpus: the Debian FAQ (Debian's `debian-faq` package, installed by scripts/eval), one document per
-question, the question itself kept out of the text so that a search must find the answer, not the heading."""
+"""The evaluation corpora. The Debian FAQ (Debian's `debian-faq` package, installed by scripts/eval): one document per
+question, the question itself kept out of the text so that a search must find the answer, not the heading. The
+PostgreSQL 15 manual (Debian's `postgresql-doc-15`): 70 of its HTML pages ingested as HTML, with questions written
+for them (pgdocs_set.py) whose gold is the chunk holding the answering sentence. Plus the questions every corpus is
+asked (off-domain) and two small paraphrase sets."""
+import dataclasses
 import gzip
+import html as markup
 import re
 
 FAQ = "/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz"
+MANUAL = "/usr/share/doc/postgresql-doc-15/html"
+
+
+@dataclasses.dataclass
+class Document:
+    key: str
+    title: str
+    body: str
+    format: str = "text"
+
+
+@dataclasses.dataclass
+class Question:
+    text: str
+    key: str  # the document that answers it
+    phrase: str | None = None  # words of the answering sentence; None: any chunk of the document answers
+    kind: str = "plain"
+    parts: tuple | None = None  # the phrase's halves, when the chunker cut it in two
+
+    def held_by(self, content: str) -> bool:
+        """Whether a chunk of the answering document (its text with whitespace collapsed) holds the answer."""
+        if self.phrase is None or self.phrase in content:
+            return True
+        return self.parts is not None and any(part in content for part in self.parts)
+
+
+@dataclasses.dataclass
+class Corpus:
+    name: str
+    collection: str
+    description: str
+    gold: str
+    documents: list
+    questions: list
+    unanswerable: list
 
 # Questions whose answers are not in the FAQ at all: every one must be refused.
 OFF_DOMAIN = [
@@ -123,6 +163,35 @@ def sections():
             continue  # a heading without a question or a stub, not a question-answer pair
         result.append((match.group(1), question, answer))
     return result
+
+
+def debian_faq() -> Corpus:
+    pairs = sections()
+    return Corpus(
+        name="faq", collection="faq", description="Debian FAQ (debian-faq package)",
+        gold="any chunk of the answer's section (the FAQ's question kept out of it)",
+        documents=[Document(number, f"Debian FAQ {number}", answer) for number, _question, answer in pairs],
+        questions=[Question(question, number) for number, question, _answer in pairs],
+        unanswerable=IN_DOMAIN_UNANSWERABLE)
+
+
+def postgresql_manual() -> Corpus:
+    import pgdocs_set
+    documents = []
+    for page in pgdocs_set.PAGES:
+        with open(f"{MANUAL}/{page}.html", encoding="utf-8") as f:
+            html = f.read()
+        # The page's own title ("CREATE DATABASE", "20.4. Resource Consumption"), as a user would name it.
+        title = re.search(r"<title>(.*?)</title>", html, re.S)
+        name = " ".join(markup.unescape(title.group(1)).split()) if title else page
+        documents.append(Document(page, name, html, "html"))
+    return Corpus(
+        name="pgdocs", collection="pgdocs",
+        description="PostgreSQL 15 manual (postgresql-doc-15 package, 70 HTML pages ingested with format => 'html')",
+        gold="the chunk holding the words of the answering sentence",
+        documents=documents,
+        questions=[Question(question, page, phrase, kind) for page, question, phrase, kind in pgdocs_set.QUESTIONS],
+        unanswerable=pgdocs_set.UNANSWERABLE)
 
 
 if __name__ == "__main__":
