@@ -112,8 +112,8 @@ BEGIN
     END IF;
     IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
         -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently.
-        -- About 3 characters a token keeps ordinary prose inside it; a chunk that still does not fit fails
-        -- its document with the model's own error.
+        -- About 3 characters a token keeps ordinary prose inside it; a chunk the model's tokenizer still
+        -- finds too long (code, tables) is split further by the worker (src/worker/chunking.rs).
         embedding_model := coalesce(nullif(embedding_model, ''), v_local_default);
         v_window := rag._local_model_window(embedding_model);
         IF chunk_size IS NULL THEN
