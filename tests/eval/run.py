@@ -32,6 +32,8 @@ MODEL = os.environ.get("RAG_EVAL_MODEL", "all-MiniLM-L6-v2")
 CHUNK_SIZE = os.environ.get("RAG_EVAL_CHUNK_SIZE")
 CHUNK_OVERLAP = os.environ.get("RAG_EVAL_CHUNK_OVERLAP")
 RERANKER = os.environ.get("RAG_EVAL_RERANKER", "ms-marco-MiniLM-L-12-v2")
+# How many of the search's candidates the reranker rescores (NULL: the collection's default).
+CANDIDATES = os.environ.get("RAG_EVAL_CANDIDATES")
 CORPORA = {"faq": debian_faq, "pgdocs": postgresql_manual}
 # (label, search mode, reranked)
 MODES = (("vector", "vector", False), ("keyword", "keyword", False), ("hybrid", "hybrid", False),
@@ -83,8 +85,8 @@ def load(conn, corpus: Corpus):
 def set_reranker(conn, collection, reranked, gate=True):
     """The reranker on or off; without the gate its threshold is out of the way (as max_distance => 2 puts the
     distance ceiling out of the way), so the ranking measures order, not refusal."""
-    conn.execute("SELECT rag_set_reranker(%s, %s, min_relevance => %s)",
-                 (collection, RERANKER if reranked else None, None if gate else -100))
+    conn.execute("SELECT rag_set_reranker(%s, %s, rerank_candidates => %s::integer, min_relevance => %s)",
+                 (collection, RERANKER if reranked else None, CANDIDATES, None if gate else -100))
 
 
 def ranking(conn, corpus: Corpus, mode, dump):
@@ -204,7 +206,7 @@ def evaluate(conn, corpus: Corpus, dump):
     ceiling = conn.execute("SELECT max_distance FROM rag.collections WHERE name = %s",
                            (corpus.collection,)).fetchone()[0]
     min_relevance = conn.execute("SELECT rag._limit('min_relevance_default')").fetchone()[0]
-    candidates = conn.execute("SELECT rag._limit('rerank_candidates_default')").fetchone()[0]
+    candidates = CANDIDATES or conn.execute("SELECT rag._limit('rerank_candidates_default')").fetchone()[0]
     results = {}
     wanted = os.environ.get("RAG_EVAL_MODES", ",".join(m[0] for m in MODES)).split(",")
     for label, mode, reranked in [m for m in MODES if m[0] in wanted]:
@@ -213,8 +215,8 @@ def evaluate(conn, corpus: Corpus, dump):
         # faster than the first.
         with psycopg.connect(autocommit=True) as fresh:
             results[label] = ranking(fresh, corpus, mode, dump)
-        conn.execute("SELECT rag_set_reranker(%s, %s, min_relevance => %s::real)",
-                     (corpus.collection, RERANKER if reranked else None, min_relevance))
+        conn.execute("SELECT rag_set_reranker(%s, %s, rerank_candidates => %s::integer, min_relevance => %s::real)",
+                     (corpus.collection, RERANKER if reranked else None, CANDIDATES, min_relevance))
         results[label].update(refusal(conn, corpus, mode))
 
     lines = [
