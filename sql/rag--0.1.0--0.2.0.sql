@@ -628,13 +628,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'It is a cosine distance: 0 is identical, 2 is opposite.';
     END IF;
     IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
-        -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently.
-        -- About 3 characters a token keeps ordinary prose inside it; a chunk the model's tokenizer still
-        -- finds too long (code, tables) is split further by the worker (src/worker/chunking.rs).
+        -- A local model reads a bounded window of tokens; a chunk must fit in it, never be cut silently. The
+        -- default takes 3 characters a token (prose runs about 4; the worker splits what the tokenizer still finds
+        -- too long, src/worker/chunking.rs): 768 for MiniLM ranked better than 512 in scripts/eval (BENCHMARKS §5).
         embedding_model := coalesce(nullif(embedding_model, ''), v_local_default);
         v_window := rag._local_model_window(embedding_model);
         IF chunk_size IS NULL THEN
-            v_size := least(v_size, v_window * 2);
+            v_size := least(v_size, v_window * 3);
             v_overlap := least(v_overlap, v_size / 5);
         ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * rag._limit('chars_per_token')::integer
                                ELSE chunk_size END) > v_window * 3 THEN

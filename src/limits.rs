@@ -65,12 +65,13 @@ pub const LOCAL_MODEL_DEFAULT: &str = "all-MiniLM-L6-v2";
 
 /// The reranker of new collections on the `local` provider (a cross-encoder under rag.model_path, installed by
 /// scripts/fetch-model), how many of the search's candidates it rescores, and the relevance below which a
-/// reranked chunk is not used: the refusal threshold, on the cross-encoder's logit. Candidates: 20 keeps
-/// rag_ask's p95 under 1.5 s on 2 cores with chunks of up to 512 characters (p95 1.16 s measured, BENCHMARKS.md
-/// §5). The threshold, a logit, was calibrated on scripts/eval's sets (BENCHMARKS.md §5): off-domain questions
+/// reranked chunk is not used: the refusal threshold, on the cross-encoder's logit. Candidates: 15 chunks of up
+/// to 768 characters (the local default) cost what 20 of 512 did (rag_ask p95 653-727 ms against 640-795 ms on
+/// scripts/eval's two corpora, BENCHMARKS.md §5), and the reranker found the answer among the best 15 as
+/// often as among 20 (recall@5 0.85 and 0.75 against 0.84 and 0.77). The threshold, a logit, was calibrated on scripts/eval's sets (BENCHMARKS.md §5): off-domain questions
 /// score -10 to -11, answerable ones mostly above -5 (98 %), paraphrases of short passages down to -4.7.
 pub const RERANKER_DEFAULT: &str = "ms-marco-MiniLM-L-12-v2";
-pub const RERANK_CANDIDATES_DEFAULT: i32 = 20;
+pub const RERANK_CANDIDATES_DEFAULT: i32 = 15;
 pub const RERANK_CANDIDATES_MIN: i32 = 1;
 pub const RERANK_CANDIDATES_MAX: i32 = 200;
 pub const MIN_RELEVANCE_DEFAULT: &str = "-5";
