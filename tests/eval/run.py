@@ -4,7 +4,9 @@ answers, and 70 pages of the PostgreSQL 15 manual with questions written for the
 Prints a Markdown report (also written to target/eval/results.md); scripts/eval starts the cluster and runs this.
 Quality is measured here, never in the test suite, which pins behaviour.
 
-Ranking, per search mode (and hybrid reranked by the collection's cross-encoder), with rag_query(k => 20):
+Ranking, per search mode (and hybrid reranked by the collection's cross-encoder), with rag_query(k => 20), or
+k => 10 when reranked (the reranker reads at least k candidates, so k => 20 would rerank 20 whatever the
+collection's rerank_candidates; every measure below needs only the first 10):
   recall@1/5/10  the top 1/5/10 chunks hold the answer: on the FAQ a chunk of the answer's document (its gold is a
                  whole section), on the manual the chunk holding the answering sentence's words;
   MRR@10         mean of 1/rank of the first such chunk (0 past 10);
@@ -89,14 +91,14 @@ def set_reranker(conn, collection, reranked, gate=True):
                  (collection, RERANKER if reranked else None, CANDIDATES, None if gate else -100))
 
 
-def ranking(conn, corpus: Corpus, mode, dump):
+def ranking(conn, corpus: Corpus, mode, reranked, dump):
     ranks, document_hits, latencies = [], 0, []
     for question in corpus.questions:
         started = time.perf_counter()
         rows = conn.execute(
             "SELECT metadata->>'key', content, distance, relevance "
-            "FROM rag_query(%s, %s, k => 20, max_distance => 2, mode => %s)",
-            (corpus.collection, question.text, mode)).fetchall()
+            "FROM rag_query(%s, %s, k => %s, max_distance => 2, mode => %s)",
+            (corpus.collection, question.text, 10 if reranked else 20, mode)).fetchall()
         latencies.append((time.perf_counter() - started) * 1000)
         hits = [key == question.key and question.held_by(normalised(content))
                 for key, content, _distance, _relevance in rows]
@@ -214,7 +216,7 @@ def evaluate(conn, corpus: Corpus, dump):
         # A new session per mode: each backend caches question embeddings, which would make later modes look
         # faster than the first.
         with psycopg.connect(autocommit=True) as fresh:
-            results[label] = ranking(fresh, corpus, mode, dump)
+            results[label] = ranking(fresh, corpus, mode, reranked, dump)
         conn.execute("SELECT rag_set_reranker(%s, %s, rerank_candidates => %s::integer, min_relevance => %s::real)",
                      (corpus.collection, RERANKER if reranked else None, CANDIDATES, min_relevance))
         results[label].update(refusal(conn, corpus, mode))
