@@ -386,14 +386,21 @@ LANGUAGE sql STABLE AS $$
      WHERE q.id = p_queue_id
 $$;
 
+-- The text that stands for a chunk where it is embedded, indexed for full text and reranked: its header
+-- (rag.chunks.header), a blank line, then its content. The worker joins them the same way (rag_chunk::with_header).
+CREATE FUNCTION rag._with_header(p_header text, p_content text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_header IS NULL THEN p_content ELSE p_header || E'\n\n' || p_content END
+$$;
+
 -- The next chunks of a document still without a vector in the space the worker fills (p_shadow: the new one of a
 -- model change), in order.
 CREATE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
-RETURNS TABLE (chunk_id bigint, content text)
+RETURNS TABLE (chunk_id bigint, header text, content text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY
-    SELECT ch.id, ch.content
+    SELECT ch.id, ch.header, ch.content
       FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
      WHERE ch.document_id = p_document_id
        AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
@@ -418,7 +425,8 @@ $$;
 -- stored only when the document has no chunks yet; its result tells the caller whether to go on: -1 the
 -- document is gone, -2 it was chunked before (an earlier attempt got that far), else the chunks stored so far.
 CREATE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],
-                                  p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[])
+                                  p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
+                                  p_headers text[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -436,12 +444,12 @@ BEGIN
          WHERE id = p_document_id;
         RETURN -2;
     END IF;
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
-                            tsv)
-    SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config, t.content)
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
+                            char_end, tsv)
+    SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
+           t.char_start, t.char_end, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
            rag.collections c
      WHERE c.id = d.collection_id;
     v_count := p_first_ordinal + coalesce(cardinality(p_contents), 0);
@@ -527,7 +535,8 @@ END $$;
 CREATE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
                                      p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
                                      p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
-                                     p_vectors real[], p_dimensions integer, p_model text)
+                                     p_vectors real[], p_dimensions integer, p_model text,
+                                     p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -563,16 +572,16 @@ BEGIN
                  WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
                  ORDER BY d.id FOR UPDATE) d
          WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
-        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start,
-                                char_end, tsv, embedding, embedding_alt)
-        SELECT t.document_id, c.id, t.ordinal, t.content, t.tokens, t.page, t.char_start, t.char_end,
-               to_tsvector(c.text_search_config, t.content),
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
+                                char_start, char_end, tsv, embedding, embedding_alt)
+        SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
+               to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
                CASE c.vector_column WHEN 'embedding'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
                CASE c.vector_column WHEN 'embedding_alt'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
-          FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages)
-               WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, n)
+          FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
+               WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, header, n)
          WHERE t.document_id = ANY (v_ready);
         UPDATE rag.documents d SET chunks_total = counted.chunks, chunks_embedded = counted.chunks,
                embed_calls = d.embed_calls + 1, embed_tokens = d.embed_tokens + coalesce(t.embed_tokens, 0),

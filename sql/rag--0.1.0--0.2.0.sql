@@ -116,6 +116,9 @@ ALTER TABLE rag.chunks ADD COLUMN embedding_alt vector;
 -- Chunks stay whole in the heap up to a page (schema.sql says why); rows written before keep their layout (an
 -- UPDATE keeps an already toasted vector where it is; VACUUM FULL rewrites it inline: README, Upgrades).
 ALTER TABLE rag.chunks SET (toast_tuple_target = 8160);
+-- Contextual chunk headers (schema.sql, rag.chunks.header): chunks stored before keep none, and stay embedded,
+-- indexed and reranked exactly as they were until their document is chunked again.
+ALTER TABLE rag.chunks ADD COLUMN header text;
 ALTER TABLE rag.collections
     ADD COLUMN vector_column text NOT NULL DEFAULT 'embedding' CHECK (vector_column IN ('embedding', 'embedding_alt'));
 CREATE TABLE rag.migrations (
@@ -159,6 +162,8 @@ DROP FUNCTION rag_ask(text, text, integer, bigint, double precision);
 DROP FUNCTION rag._store_embeddings(bigint, bigint, bigint[], text[], integer, bigint);
 DROP FUNCTION rag._fail(bigint, bigint, text);
 DROP FUNCTION rag._store_chunks(bigint, text[], integer[], integer[], integer[], integer[]);
+-- The chunks' headers travel with their texts.
+DROP FUNCTION rag._replace_chunks(bigint, text[], integer[], integer[], integer[]);
 
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
@@ -1632,12 +1637,17 @@ LANGUAGE sql STABLE AS $$
      WHERE q.id = p_queue_id
 $$;
 
+CREATE OR REPLACE FUNCTION rag._with_header(p_header text, p_content text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_header IS NULL THEN p_content ELSE p_header || E'\n\n' || p_content END
+$$;
+
 CREATE OR REPLACE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
-RETURNS TABLE (chunk_id bigint, content text)
+RETURNS TABLE (chunk_id bigint, header text, content text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY
-    SELECT ch.id, ch.content
+    SELECT ch.id, ch.header, ch.content
       FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
      WHERE ch.document_id = p_document_id
        AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
@@ -1654,7 +1664,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],
-                                  p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[])
+                                  p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
+                                  p_headers text[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1672,12 +1683,12 @@ BEGIN
          WHERE id = p_document_id;
         RETURN -2;
     END IF;
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start, char_end,
-                            tsv)
-    SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config, t.content)
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, ordinal),
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
+                            char_end, tsv)
+    SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
+           t.char_start, t.char_end, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
            rag.collections c
      WHERE c.id = d.collection_id;
     v_count := p_first_ordinal + coalesce(cardinality(p_contents), 0);
@@ -1741,7 +1752,8 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
                                      p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
                                      p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
-                                     p_vectors real[], p_dimensions integer, p_model text)
+                                     p_vectors real[], p_dimensions integer, p_model text,
+                                     p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1777,16 +1789,16 @@ BEGIN
                  WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
                  ORDER BY d.id FOR UPDATE) d
          WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
-        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, page, char_start,
-                                char_end, tsv, embedding, embedding_alt)
-        SELECT t.document_id, c.id, t.ordinal, t.content, t.tokens, t.page, t.char_start, t.char_end,
-               to_tsvector(c.text_search_config, t.content),
+        INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
+                                char_start, char_end, tsv, embedding, embedding_alt)
+        SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
+               to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
                CASE c.vector_column WHEN 'embedding'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
                CASE c.vector_column WHEN 'embedding_alt'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
-          FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages)
-               WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, n)
+          FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
+               WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, header, n)
          WHERE t.document_id = ANY (v_ready);
         UPDATE rag.documents d SET chunks_total = counted.chunks, chunks_embedded = counted.chunks,
                embed_calls = d.embed_calls + 1, embed_tokens = d.embed_tokens + coalesce(t.embed_tokens, 0),
@@ -2292,9 +2304,10 @@ BEGIN
         RETURN;
     END IF;
     v_similarity_weight := rag._rerank_similarity_weight(c);
-    -- The candidates' texts in rank order; they passed the search's visibility checks above.
+    -- The candidates' texts in rank order, each behind its header as it was embedded; they passed the search's
+    -- visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
-                            ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
+                            ARRAY(SELECT rag._with_header(ch.header, ch.content) FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
     -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
@@ -3154,9 +3167,11 @@ BEGIN
     END IF;
     v_sha := sha256(convert_to(v_content, 'UTF8'));
     v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
-    IF d.id IS NOT NULL AND d.content_sha256 = v_sha THEN
-        IF d.title IS DISTINCT FROM coalesce(v_title, '') OR d.metadata IS DISTINCT FROM v_metadata THEN
-            UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, updated_at = now() WHERE id = d.id;
+    -- A new title is a new text to embed (each chunk's header names it: rag.chunks.header), so only new metadata
+    -- relabels a document in place.
+    IF d.id IS NOT NULL AND d.content_sha256 = v_sha AND d.title = coalesce(v_title, '') THEN
+        IF d.metadata IS DISTINCT FROM v_metadata THEN
+            UPDATE rag.documents SET metadata = v_metadata, updated_at = now() WHERE id = d.id;
             action := 'relabelled';
         ELSE
             action := 'unchanged';
@@ -3179,7 +3194,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
-                                    p_tokens integer[]) RETURNS integer
+                                    p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer;
@@ -3189,19 +3204,20 @@ BEGIN
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, header, embedding, embedding_alt
     ), kept AS (
-        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
+        SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
          WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
-         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
+         ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
-                            embedding_alt, tsv)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
-           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
+                            embedding, embedding_alt, tsv)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
+           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
-      LEFT JOIN kept k ON k.content = t.content;
+      LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
     v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
@@ -3361,7 +3377,7 @@ BEGIN
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',
-                               '_rerank_similarity_weight', '_watched')
+                               '_rerank_similarity_weight', '_watched', '_with_header')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

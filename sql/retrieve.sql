@@ -370,9 +370,10 @@ BEGIN
         RETURN;
     END IF;
     v_similarity_weight := rag._rerank_similarity_weight(c);
-    -- The candidates' texts in rank order; they passed the search's visibility checks above.
+    -- The candidates' texts in rank order, each behind its header as it was embedded; they passed the search's
+    -- visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
-                            ARRAY(SELECT ch.content FROM unnest(v_ids) WITH ORDINALITY u(id, n)
+                            ARRAY(SELECT rag._with_header(ch.header, ch.content) FROM unnest(v_ids) WITH ORDINALITY u(id, n)
                                     JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
     -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web

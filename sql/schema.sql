@@ -208,6 +208,11 @@ CREATE TABLE rag.chunks (
     collection_id  integer NOT NULL,
     ordinal        integer NOT NULL,
     content        text NOT NULL,
+    -- What the chunk sits under: its document's title and the section heading above it ("Routine Vacuuming >
+    -- Cost-based Vacuum Delay"), put in front of the content where the chunk is embedded, indexed for full text
+    -- and reranked (rag._with_header), never in what is quoted. NULL when neither says anything, and for chunks
+    -- stored before 0.2.0 (embedded without one).
+    header         text,
     token_estimate integer NOT NULL,
     page           integer,
     char_start     integer NOT NULL,

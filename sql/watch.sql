@@ -542,9 +542,11 @@ BEGIN
     END IF;
     v_sha := sha256(convert_to(v_content, 'UTF8'));
     v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
-    IF d.id IS NOT NULL AND d.content_sha256 = v_sha THEN
-        IF d.title IS DISTINCT FROM coalesce(v_title, '') OR d.metadata IS DISTINCT FROM v_metadata THEN
-            UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, updated_at = now() WHERE id = d.id;
+    -- A new title is a new text to embed (each chunk's header names it: rag.chunks.header), so only new metadata
+    -- relabels a document in place.
+    IF d.id IS NOT NULL AND d.content_sha256 = v_sha AND d.title = coalesce(v_title, '') THEN
+        IF d.metadata IS DISTINCT FROM v_metadata THEN
+            UPDATE rag.documents SET metadata = v_metadata, updated_at = now() WHERE id = d.id;
             action := 'relabelled';
         ELSE
             action := 'unchanged';
@@ -566,10 +568,10 @@ BEGIN
     body := v_content;
 END $$;
 
--- Replaces a document's chunks, keeping the vector of every chunk whose text is unchanged, and queues the
--- document for the chunks that need one.
+-- Replaces a document's chunks, keeping the vector of every chunk whose text and header are unchanged (what was
+-- embedded), and queues the document for the chunks that need one.
 CREATE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
-                                    p_tokens integer[]) RETURNS integer
+                                    p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer;
@@ -579,19 +581,20 @@ BEGIN
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, embedding, embedding_alt
+        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, header, embedding, embedding_alt
     ), kept AS (
-        SELECT DISTINCT ON (content) content, embedding, embedding_alt FROM old
+        SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
          WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
-         ORDER BY content, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
+         ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, embedding,
-                            embedding_alt, tsv)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.tokens, t.char_start, t.char_end, k.embedding,
-           k.embedding_alt, to_tsvector(c.text_search_config, t.content)
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens) WITH ORDINALITY AS t(content, char_start, char_end, tokens, ordinal)
+    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
+                            embedding, embedding_alt, tsv)
+    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
+           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
-      LEFT JOIN kept k ON k.content = t.content;
+      LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
     v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
            chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),

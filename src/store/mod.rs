@@ -225,6 +225,7 @@ pub fn seconds_until_due() -> Result<Option<f64>, SpiError> {
 }
 
 pub struct DocumentText {
+    pub title: String,
     pub body: String,
     pub page_offsets: Option<Vec<i32>>,
 }
@@ -234,15 +235,17 @@ pub fn load_text(document_id: i64) -> Result<Option<DocumentText>, SpiError> {
     // and a read-only SPI query would not see what they wrote.
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT body, page_offsets FROM rag.documents WHERE id = $1",
+            "SELECT title, body, page_offsets FROM rag.documents WHERE id = $1",
             Some(1),
             &[document_id.into()],
         )?;
         let mut found = None;
         for row in rows {
-            let body: Option<String> = row.get(1)?;
-            let offsets: Option<Vec<Option<i32>>> = row.get(2)?;
+            let title: Option<String> = row.get(1)?;
+            let body: Option<String> = row.get(2)?;
+            let offsets: Option<Vec<Option<i32>>> = row.get(3)?;
             found = Some(DocumentText {
+                title: title.unwrap_or_default(),
                 body: body.unwrap_or_default(),
                 page_offsets: offsets
                     .map(|list| list.into_iter().map(|o| o.unwrap_or(0)).collect()),
@@ -254,6 +257,8 @@ pub fn load_text(document_id: i64) -> Result<Option<DocumentText>, SpiError> {
 
 pub struct NewChunk {
     pub content: String,
+    /// What the chunk sits under (`rag.chunks.header`; `rag_chunk::chunk_header`).
+    pub header: Option<String>,
     pub char_start: i32,
     pub char_end: i32,
     pub token_estimate: i32,
@@ -263,6 +268,7 @@ pub struct NewChunk {
 /// The chunks as the parallel arrays the SQL side unnests.
 struct ChunkColumns {
     contents: Vec<String>,
+    headers: Vec<Option<String>>,
     starts: Vec<i32>,
     ends: Vec<i32>,
     tokens: Vec<i32>,
@@ -272,6 +278,7 @@ struct ChunkColumns {
 fn columns(chunks: Vec<NewChunk>) -> ChunkColumns {
     let mut columns = ChunkColumns {
         contents: Vec::with_capacity(chunks.len()),
+        headers: Vec::with_capacity(chunks.len()),
         starts: Vec::with_capacity(chunks.len()),
         ends: Vec::with_capacity(chunks.len()),
         tokens: Vec::with_capacity(chunks.len()),
@@ -279,6 +286,7 @@ fn columns(chunks: Vec<NewChunk>) -> ChunkColumns {
     };
     for chunk in chunks {
         columns.contents.push(chunk.content);
+        columns.headers.push(chunk.header);
         columns.starts.push(chunk.char_start);
         columns.ends.push(chunk.char_end);
         columns.tokens.push(chunk.token_estimate);
@@ -305,6 +313,7 @@ pub fn store_chunks(
 ) -> Result<StoredChunks, SpiError> {
     let ChunkColumns {
         contents,
+        headers,
         starts,
         ends,
         tokens,
@@ -312,7 +321,7 @@ pub fn store_chunks(
     } = columns(chunks);
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6, $7)",
+            "SELECT rag._store_chunks($1, $2, $3, $4, $5, $6, $7, $8)",
             Some(1),
             &[
                 document_id.into(),
@@ -322,6 +331,7 @@ pub fn store_chunks(
                 ends.into(),
                 tokens.into(),
                 pages.into(),
+                headers.into(),
             ],
         )?;
         Ok(match rows.first().get_one::<i32>()? {
@@ -332,23 +342,31 @@ pub fn store_chunks(
     })
 }
 
+/// A stored chunk still to be embedded.
+pub struct PendingChunk {
+    pub id: i64,
+    pub header: Option<String>,
+    pub content: String,
+}
+
 pub fn pending_chunks(
     document_id: i64,
     limit: i32,
     shadow: bool,
-) -> Result<Vec<(i64, String)>, SpiError> {
+) -> Result<Vec<PendingChunk>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT chunk_id, content FROM rag._pending_chunks($1, $2, $3)",
+            "SELECT chunk_id, header, content FROM rag._pending_chunks($1, $2, $3)",
             None,
             &[document_id.into(), limit.into(), shadow.into()],
         )?;
         let mut batch = Vec::new();
         for row in rows {
-            batch.push((
-                row.get::<i64>(1)?.unwrap_or_default(),
-                row.get::<String>(2)?.unwrap_or_default(),
-            ));
+            batch.push(PendingChunk {
+                id: row.get::<i64>(1)?.unwrap_or_default(),
+                header: row.get::<String>(2)?,
+                content: row.get::<String>(3)?.unwrap_or_default(),
+            });
         }
         Ok(batch)
     })
@@ -395,7 +413,7 @@ pub fn claim_more(
 pub fn load_texts(document_ids: &[i64]) -> Result<Vec<(i64, DocumentText)>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT id, body, page_offsets FROM rag.documents WHERE id = ANY ($1)",
+            "SELECT id, title, body, page_offsets FROM rag.documents WHERE id = ANY ($1)",
             None,
             &[document_ids.to_vec().into()],
         )?;
@@ -404,11 +422,13 @@ pub fn load_texts(document_ids: &[i64]) -> Result<Vec<(i64, DocumentText)>, SpiE
             let Some(id) = row.get::<i64>(1)? else {
                 continue;
             };
-            let body: Option<String> = row.get(2)?;
-            let offsets: Option<Vec<Option<i32>>> = row.get(3)?;
+            let title: Option<String> = row.get(2)?;
+            let body: Option<String> = row.get(3)?;
+            let offsets: Option<Vec<Option<i32>>> = row.get(4)?;
             found.push((
                 id,
                 DocumentText {
+                    title: title.unwrap_or_default(),
                     body: body.unwrap_or_default(),
                     page_offsets: offsets
                         .map(|list| list.into_iter().map(|o| o.unwrap_or(0)).collect()),
@@ -473,6 +493,7 @@ pub fn store_documents(
     }
     let ChunkColumns {
         contents,
+        headers,
         starts,
         ends,
         tokens,
@@ -482,7 +503,7 @@ pub fn store_documents(
     Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT stored, refusal \
-               FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+               FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             None,
             &[
                 queue_ids.into(),
@@ -498,6 +519,7 @@ pub fn store_documents(
                 vectors.into(),
                 dimensions.into(),
                 model.into(),
+                headers.into(),
             ],
         )?;
         // One row per document, in the order given.
@@ -653,6 +675,7 @@ pub enum RowSync {
     Settled,
     Chunk {
         document_id: i64,
+        title: String,
         body: String,
         size: i32,
         overlap: i32,
@@ -700,8 +723,21 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
     if action.as_deref() != Some("chunk") {
         return Ok(RowSync::Settled);
     }
+    let document_id = not_null(document_id, "documents.id")?;
+    // Read after _sync_row's statement: one joined into it would not see the document that call inserted.
+    let title: Option<String> = Spi::connect_mut(|client| {
+        client
+            .update(
+                "SELECT title FROM rag.documents WHERE id = $1",
+                Some(1),
+                &[document_id.into()],
+            )?
+            .first()
+            .get_one::<String>()
+    })?;
     Ok(RowSync::Chunk {
-        document_id: not_null(document_id, "documents.id")?,
+        document_id,
+        title: title.unwrap_or_default(),
         // An empty text is a text: the chunker makes no chunk of it.
         body: body.unwrap_or_default(),
         size: not_null(size, "collections.chunk_size")?,
@@ -716,6 +752,7 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
 pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiError> {
     let ChunkColumns {
         contents,
+        headers,
         starts,
         ends,
         tokens,
@@ -723,7 +760,7 @@ pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), Spi
     } = columns(chunks);
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag._replace_chunks($1, $2, $3, $4, $5)",
+            "SELECT rag._replace_chunks($1, $2, $3, $4, $5, $6)",
             Some(1),
             &[
                 document_id.into(),
@@ -731,6 +768,7 @@ pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), Spi
                 starts.into(),
                 ends.into(),
                 tokens.into(),
+                headers.into(),
             ],
         )?;
         rows.first().get_one::<i32>()?;

@@ -3,7 +3,8 @@
 use crate::error::RagError;
 use crate::provider::{self, Kind};
 use crate::store::{self, NewChunk, WorkItem};
-use rag_chunk::{Chunk, ChunkBounds, ChunkConfig, SizeUnit};
+use rag_chunk::{ChunkBounds, ChunkConfig, SizeUnit};
+use std::ops::Range;
 
 /// A collection's chunk settings, validated. An unknown unit is an error (the one parser, `SizeUnit`'s),
 /// as it is in `rag_chunk()`: never silently characters.
@@ -41,31 +42,6 @@ pub fn chunk_bounds(
         model.count_tokens(&prefixed)
     })
     .map_err(|error| format!("chunking for local model \"{model_name}\": {error}"))
-}
-
-/// Splits a document's text into chunks ([`chunk_bounds`], with each chunk's text).
-pub fn chunk_body(
-    body: &str,
-    config: &ChunkConfig,
-    provider_kind: &Kind,
-    model_name: &str,
-    document_prefix: &str,
-) -> Result<Vec<Chunk>, String> {
-    let bounds = chunk_bounds(body, config, provider_kind, model_name, document_prefix)?;
-    Ok(bounds
-        .into_iter()
-        .map(|bounds| bounds.chunk(body))
-        .collect())
-}
-
-pub fn new_chunk(page_offsets: &[i32]) -> impl Fn(Chunk) -> NewChunk + '_ {
-    move |chunk| NewChunk {
-        page: page_of(page_offsets, chunk.char_start),
-        char_start: chunk.char_start as i32,
-        char_end: chunk.char_end as i32,
-        token_estimate: chunk.token_estimate as i32,
-        content: chunk.text,
-    }
 }
 
 /// What became of a document's chunking.
@@ -110,9 +86,12 @@ const STORE_BATCH_BYTES: usize = 1 << 20;
 /// A document's chunks, made into texts a batch at a time.
 pub struct ChunkPlan {
     body: String,
+    title: String,
     page_offsets: Vec<i32>,
-    /// Where each chunk lies in `body` ([`chunk_bounds`]).
-    bounds: std::vec::IntoIter<ChunkBounds>,
+    /// Whether the document's first chunk has been made.
+    past_first: bool,
+    /// Where each chunk lies in `body` ([`chunk_bounds`]), with the section heading above it.
+    bounds: std::vec::IntoIter<(ChunkBounds, Option<Range<usize>>)>,
 }
 
 impl ChunkPlan {
@@ -131,12 +110,27 @@ impl ChunkPlan {
             let mut batch = Vec::new();
             let mut bytes = 0;
             while bytes < STORE_BATCH_BYTES {
-                let Some(bounds) = self.bounds.next() else {
+                let Some((bounds, heading)) = self.bounds.next() else {
                     break;
                 };
                 let chunk = bounds.chunk(&self.body);
                 bytes += chunk.text.len();
-                batch.push(new_chunk(&self.page_offsets)(chunk));
+                let heading = heading.map(|range| &self.body[range]);
+                let opens_document = !self.past_first;
+                self.past_first = true;
+                batch.push(NewChunk {
+                    header: rag_chunk::chunk_header(
+                        &self.title,
+                        heading,
+                        &chunk.text,
+                        opens_document,
+                    ),
+                    page: page_of(&self.page_offsets, chunk.char_start),
+                    char_start: chunk.char_start as i32,
+                    char_end: chunk.char_end as i32,
+                    token_estimate: chunk.token_estimate as i32,
+                    content: chunk.text,
+                });
             }
             (!batch.is_empty()).then_some(batch)
         })
@@ -148,18 +142,68 @@ impl ChunkPlan {
 /// held twice.
 pub fn plan_chunks(item: &WorkItem, text: store::DocumentText) -> Result<ChunkPlan, String> {
     let config = chunk_config(item.chunk_size, item.chunk_overlap, &item.chunk_unit)?;
-    let bounds = chunk_bounds(
-        &text.body,
+    plan(
+        text,
         &config,
         &item.provider.kind,
         &item.model,
         &item.document_prefix,
+    )
+}
+
+/// [`plan_chunks`] with the settings given apart (a watched row's come from `rag._sync_row`).
+pub fn plan(
+    text: store::DocumentText,
+    config: &ChunkConfig,
+    provider_kind: &Kind,
+    model_name: &str,
+    document_prefix: &str,
+) -> Result<ChunkPlan, String> {
+    let bounds = chunk_bounds(
+        &text.body,
+        config,
+        provider_kind,
+        model_name,
+        document_prefix,
     )?;
+    let headings = rag_chunk::headings_above(&text.body, &bounds);
     Ok(ChunkPlan {
         body: text.body,
+        title: text.title,
+        past_first: false,
         page_offsets: text.page_offsets.unwrap_or_default(),
-        bounds: bounds.into_iter(),
+        bounds: bounds
+            .into_iter()
+            .zip(headings)
+            .collect::<Vec<_>>()
+            .into_iter(),
     })
+}
+
+/// The text embedded for a chunk of `item`'s document: the collection's document prefix, then the chunk behind
+/// its header (`rag_chunk::with_header`, as `rag._with_header` indexes and reranks it). The chunker fits the
+/// chunk with the prefix into a local model's window, not the header: where the header would push it over, it
+/// is left out of this one input (still indexed and reranked), rather than failing the document.
+pub fn embedding_text(item: &WorkItem, header: Option<&str>, content: &str) -> String {
+    let with_header = format!(
+        "{}{}",
+        item.document_prefix,
+        rag_chunk::with_header(header, content)
+    );
+    if header.is_none() || item.provider.kind != Kind::Local {
+        return with_header;
+    }
+    match provider::local_model(&item.model) {
+        Ok(model)
+            if model
+                .count_tokens(&with_header)
+                .is_ok_and(|tokens| tokens > model.max_tokens()) =>
+        {
+            format!("{}{}", item.document_prefix, content)
+        }
+        // A model that cannot be loaded fails the embedding call itself, with its own message.
+        _ => with_header,
+    }
 }
 
 /// 1-based page holding character `position`, from the offsets at which pages start.

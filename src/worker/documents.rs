@@ -6,7 +6,7 @@ use crate::error::RagError;
 use crate::store::NewChunk;
 use crate::store::{self, WorkItem};
 use crate::worker::breaker::{breaker_key, Providers};
-use crate::worker::chunking::{chunk_document, plan_chunks, store_plan, Chunked};
+use crate::worker::chunking::{chunk_document, embedding_text, plan_chunks, store_plan, Chunked};
 use crate::worker::row_sync::sync_row;
 use crate::worker::steps::{Step, Steps};
 use rag_embed::{EmbedOutput, ProviderError, ProviderKind, RetryPolicy, SplitMix64};
@@ -319,7 +319,7 @@ fn embed_whole<'a>(
         .flat_map(|(item, chunks)| {
             chunks
                 .iter()
-                .map(|chunk| format!("{}{}", item.document_prefix, chunk.content))
+                .map(|chunk| embedding_text(item, chunk.header.as_deref(), &chunk.content))
         })
         .collect();
     let mut interrupt = || steps.interrupted();
@@ -513,11 +513,14 @@ fn embed_batch(
     rng: &mut SplitMix64,
     item: &WorkItem,
     client: &crate::provider::Embedder,
-    batch: Vec<(i64, String)>,
+    batch: Vec<store::PendingChunk>,
 ) -> Batch {
     let (ids, texts): (Vec<i64>, Vec<String>) = batch
         .into_iter()
-        .map(|(id, text)| (id, format!("{}{}", item.document_prefix, text)))
+        .map(|chunk| {
+            let text = embedding_text(item, chunk.header.as_deref(), &chunk.content);
+            (chunk.id, text)
+        })
         .unzip();
     let mut interrupt = || steps.interrupted();
     // OpenAI-style APIs can shorten vectors to the collection's dimension (text-embedding-3-*); Ollama and

@@ -1,7 +1,7 @@
 //! Watched rows: bringing the document of one changed row up to date in one step.
 use crate::error::RagError;
 use crate::store::{self, RowItem, RowSync};
-use crate::worker::chunking::{chunk_body, chunk_config, new_chunk};
+use crate::worker::chunking::{chunk_config, plan};
 use crate::worker::steps::Steps;
 
 /// Reads the row as its table's owner, upserts or deletes the document, and re-chunks it keeping the vectors
@@ -10,6 +10,7 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
     let synced = steps.run(|| {
         let RowSync::Chunk {
             document_id,
+            title,
             body,
             size,
             overlap,
@@ -22,10 +23,15 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
             store::row_done(row.id, row.version, None)?;
             return Ok::<_, RagError>(None);
         };
+        let text = store::DocumentText {
+            title,
+            body,
+            page_offsets: None,
+        };
         let chunks = match chunk_config(size, overlap, &unit)
-            .and_then(|config| chunk_body(&body, &config, &provider_kind, &model, &document_prefix))
+            .and_then(|config| plan(text, &config, &provider_kind, &model, &document_prefix))
         {
-            Ok(chunks) => chunks.into_iter().map(new_chunk(&[])).collect(),
+            Ok(plan) => plan.into_batches().flatten().collect(),
             Err(reason) => return Ok(Some(reason)),
         };
         store::replace_chunks(document_id, chunks)?;
