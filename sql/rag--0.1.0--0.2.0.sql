@@ -1992,77 +1992,6 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
 
-CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
-                                with_lexemes boolean, with_row_checks boolean DEFAULT true) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
-    -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
-    -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
-    -- watches no table (with_row_checks false, rag._watched), not even the join to rag.documents: the chunks'
-    -- own policy is the collection's, the same as the documents', and only rows of watched tables need more.
-    -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
-    -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
-    -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
-    -- rag._search runs the checked query when it finds nothing.
-    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
-        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
-               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
-          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-                  FROM rag.chunks ch%5$s
-                 WHERE ch.collection_id = %2$s%3$s
-                   AND %6$s
-                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
-                 LIMIT $5) v
-         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-         c.vector_column,
-         CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
-         CASE WHEN with_filter OR with_row_checks
-              THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
-              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
-    ELSE format($q$
-        WITH vector_side AS (%1$s),
-             keyword_side AS (%2$s),
-             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
-             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
-             fused AS (
-                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
-                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
-                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
-                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
-        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
-               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
-          FROM fused f
-         ORDER BY f.score DESC, f.chunk_id
-         LIMIT $5$q$,
-        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
-            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
-              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-             WHERE ch.collection_id = %2$s%3$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
-             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-             c.vector_column)
-        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
-                     NULL::double precision AS distance WHERE false' END,
-        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
-            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
-              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
-             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY score DESC, ch.id
-             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
-        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
-                     NULL::real AS score WHERE false' END,
-        rag._limit('rrf_k'),
-        CASE WHEN with_vector THEN format(
-            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column)
-        ELSE 'NULL::double precision' END,
-        rag._limit('keyword_weight')) END
-$$;
-
 CREATE OR REPLACE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
 LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
@@ -2242,6 +2171,7 @@ DECLARE
     v_row_checks boolean;
     v_checked_sql text;
     v_found bigint;
+    v_pool integer;
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -2262,11 +2192,13 @@ BEGIN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
     v_row_checks := rag._watched(c);
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks);
+    -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
+    v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
+                             v_rerank);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
-            USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
-                  p_filter, v_lexemes, p_k;
+            USING p_vector, v_pool, p_filter, v_lexemes, p_k;
         GET DIAGNOSTICS v_found = ROW_COUNT;
         -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
         -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
@@ -2274,7 +2206,7 @@ BEGIN
             v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
             IF v_checked_sql <> v_sql THEN
                 RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
-                    USING p_vector, p_k, p_filter, v_lexemes, p_k;
+                    USING p_vector, v_pool, p_filter, v_lexemes, p_k;
             END IF;
         END IF;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -2285,16 +2217,15 @@ BEGIN
     EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
                    v_sql)
        INTO v_ids, v_distances
-      USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
-                           ELSE v_wanted END,
-            p_filter, v_lexemes, v_wanted;
+      USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
     IF v_ids IS NULL AND NOT v_row_checks THEN
-        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true,
+                                         true);
         IF v_checked_sql <> v_sql THEN
             EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
                            v_checked_sql)
                INTO v_ids, v_distances
-              USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+              USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
         END IF;
     END IF;
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -2438,14 +2369,21 @@ BEGIN
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
     IF c.reranker IS NOT NULL THEN
-        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
-                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below%s, by %s on provider %s (rag._rerank), ordered by %s',
+                           greatest(k, c.rerank_candidates),
+                           CASE WHEN v_mode = 'hybrid' AND v_lexemes IS NOT NULL
+                                THEN format(' (first the keyword side''s best %s and the vector side''s best %s, then by fusion)',
+                                            greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer,
+                                            greatest(k, c.rerank_candidates)
+                                            - greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer)
+                                ELSE '' END,
+                           c.reranker, c.reranker_provider,
                            coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
                                     || ' x cosine similarity', 'its relevance'));
         k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
-                                                                    rag._watched(c))
+                                                                    rag._watched(c), c.reranker IS NOT NULL)
         USING rag._embed_query(c.id, query),
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k
@@ -3287,6 +3225,82 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
+                                with_lexemes boolean, with_row_checks boolean DEFAULT true,
+                                for_rerank boolean DEFAULT false) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
+    -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
+    -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
+    -- watches no table (with_row_checks false, rag._watched), not even the join to rag.documents: the chunks'
+    -- own policy is the collection's, the same as the documents', and only rows of watched tables need more.
+    -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
+    -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
+    -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
+    -- rag._search runs the checked query when it finds nothing.
+    SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
+        SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
+               (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
+          FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                  FROM rag.chunks ch%5$s
+                 WHERE ch.collection_id = %2$s%3$s
+                   AND %6$s
+                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+                 LIMIT $5) v
+         ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+         c.vector_column,
+         CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
+         CASE WHEN with_filter OR with_row_checks
+              THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
+              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
+    ELSE format($q$
+        WITH vector_side AS (%1$s),
+             keyword_side AS (%2$s),
+             ranked_vector AS (SELECT v.*, row_number() OVER (ORDER BY v.distance, v.chunk_id) AS r FROM vector_side v),
+             ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
+             fused AS (
+                 SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
+                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance, rv.r AS vector_rank, rk.r AS keyword_rank,
+                        coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
+                   FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
+        SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
+               (row_number() OVER (ORDER BY %6$sf.score DESC, f.chunk_id))::integer AS rank
+          FROM fused f
+         ORDER BY %6$sf.score DESC, f.chunk_id
+         LIMIT $5$q$,
+        CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
+                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %2$s%3$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
+             c.vector_column)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::double precision AS distance WHERE false' END,
+        CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
+            SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
+              FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
+             WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
+               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+             ORDER BY score DESC, ch.id
+             LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
+        ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
+                     NULL::real AS score WHERE false' END,
+        rag._limit('rrf_k'),
+        CASE WHEN with_vector THEN format(
+            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column)
+        ELSE 'NULL::double precision' END,
+        rag._limit('keyword_weight'),
+        CASE WHEN for_rerank
+             THEN format('coalesce(f.keyword_rank <= $5 / %1$s OR f.vector_rank <= $5 - $5 / %1$s, false) DESC, ',
+                         rag._limit('rerank_keyword_one_in'))
+             ELSE '' END) END
+$$;
 
 DO $$
 BEGIN

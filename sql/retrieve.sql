@@ -20,10 +20,15 @@
 -- Every candidate gets its vector distance (callers apply the distance ceiling in every mode, so a question
 -- that shares a word with an unrelated chunk is still refused).
 --
+-- For a reranker (for_rerank), the fused list puts first what each side ranks best on its own: of the $5 returned,
+-- the keyword side's best $5 / rag._limit('rerank_keyword_one_in') and the vector side's best of the rest, in
+-- fused order, then the fused order fills the rest (src/limits.rs says why).
+--
 -- Parameters of the query: $1 the question's vector (text), $2 candidates per side, $3 the metadata filter,
 -- $4 the question's lexemes (tsquery), $5 how many to return.
 CREATE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
-                                with_lexemes boolean, with_row_checks boolean DEFAULT true) RETURNS text
+                                with_lexemes boolean, with_row_checks boolean DEFAULT true,
+                                for_rerank boolean DEFAULT false) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
     -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
@@ -57,13 +62,13 @@ LANGUAGE sql IMMUTABLE AS $$
              ranked_keyword AS (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.chunk_id) AS r FROM keyword_side k),
              fused AS (
                  SELECT coalesce(rv.chunk_id, rk.chunk_id) AS chunk_id, coalesce(rv.document_id, rk.document_id) AS document_id,
-                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance,
+                        coalesce(rv.ordinal, rk.ordinal) AS ordinal, rv.distance, rv.r AS vector_rank, rk.r AS keyword_rank,
                         coalesce(1.0 / (%3$s + rv.r), 0) + %5$s * coalesce(1.0 / (%3$s + rk.r), 0) AS score
                    FROM ranked_vector rv FULL JOIN ranked_keyword rk ON rk.chunk_id = rv.chunk_id)
         SELECT f.chunk_id, f.document_id, f.ordinal, coalesce(f.distance, %4$s) AS distance,
-               (row_number() OVER (ORDER BY f.score DESC, f.chunk_id))::integer AS rank
+               (row_number() OVER (ORDER BY %6$sf.score DESC, f.chunk_id))::integer AS rank
           FROM fused f
-         ORDER BY f.score DESC, f.chunk_id
+         ORDER BY %6$sf.score DESC, f.chunk_id
          LIMIT $5$q$,
         CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
@@ -90,7 +95,11 @@ LANGUAGE sql IMMUTABLE AS $$
             '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
             c.dimensions, c.vector_column)
         ELSE 'NULL::double precision' END,
-        rag._limit('keyword_weight')) END
+        rag._limit('keyword_weight'),
+        CASE WHEN for_rerank
+             THEN format('coalesce(f.keyword_rank <= $5 / %1$s OR f.vector_rank <= $5 - $5 / %1$s, false) DESC, ',
+                         rag._limit('rerank_keyword_one_in'))
+             ELSE '' END) END
 $$;
 
 -- Any of the lexemes, as one tsquery; NULL for none.
@@ -308,6 +317,7 @@ DECLARE
     v_row_checks boolean;
     v_checked_sql text;
     v_found bigint;
+    v_pool integer;
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -328,11 +338,13 @@ BEGIN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
     v_row_checks := rag._watched(c);
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks);
+    -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
+    v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
+    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
+                             v_rerank);
     IF NOT v_rerank THEN
         RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
-            USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(p_k, rag._limit('fusion_pool')::integer) ELSE p_k END,
-                  p_filter, v_lexemes, p_k;
+            USING p_vector, v_pool, p_filter, v_lexemes, p_k;
         GET DIAGNOSTICS v_found = ROW_COUNT;
         -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
         -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
@@ -340,7 +352,7 @@ BEGIN
             v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
             IF v_checked_sql <> v_sql THEN
                 RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
-                    USING p_vector, p_k, p_filter, v_lexemes, p_k;
+                    USING p_vector, v_pool, p_filter, v_lexemes, p_k;
             END IF;
         END IF;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -351,16 +363,15 @@ BEGIN
     EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
                    v_sql)
        INTO v_ids, v_distances
-      USING p_vector, CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer)
-                           ELSE v_wanted END,
-            p_filter, v_lexemes, v_wanted;
+      USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
     IF v_ids IS NULL AND NOT v_row_checks THEN
-        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true,
+                                         true);
         IF v_checked_sql <> v_sql THEN
             EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
                            v_checked_sql)
                INTO v_ids, v_distances
-              USING p_vector, v_wanted, p_filter, v_lexemes, v_wanted;
+              USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
         END IF;
     END IF;
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -514,14 +525,21 @@ BEGIN
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
     IF c.reranker IS NOT NULL THEN
-        RETURN NEXT format('Rerank: the best %s candidates of the plan below, by %s on provider %s (rag._rerank), ordered by %s',
-                           greatest(k, c.rerank_candidates), c.reranker, c.reranker_provider,
+        RETURN NEXT format('Rerank: the best %s candidates of the plan below%s, by %s on provider %s (rag._rerank), ordered by %s',
+                           greatest(k, c.rerank_candidates),
+                           CASE WHEN v_mode = 'hybrid' AND v_lexemes IS NOT NULL
+                                THEN format(' (first the keyword side''s best %s and the vector side''s best %s, then by fusion)',
+                                            greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer,
+                                            greatest(k, c.rerank_candidates)
+                                            - greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer)
+                                ELSE '' END,
+                           c.reranker, c.reranker_provider,
                            coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
                                     || ' x cosine similarity', 'its relevance'));
         k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
-                                                                    rag._watched(c))
+                                                                    rag._watched(c), c.reranker IS NOT NULL)
         USING rag._embed_query(c.id, query),
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k

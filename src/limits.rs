@@ -37,6 +37,13 @@ pub const RRF_K: i32 = 60;
 /// (BENCHMARKS.md §5) among 0.5/0.7/1.0 and 0.1/0.2/0.3 without tuning further, to leave room for other corpora.
 pub const KEYWORD_WEIGHT: &str = "0.5";
 pub const KEYWORD_MAX_SHARE: &str = "0.25";
+/// Which hybrid candidates a reranker reads: of its N slots, the full-text side's best N / RERANK_KEYWORD_ONE_IN
+/// and the vector side's best of the rest go first, then the fused order fills what they leave. The fusion's own
+/// top N is mostly the vector side's (the keyword side weighs half), and a chunk that only names the
+/// question's identifier then never reaches the reranker, which is what tells it is the answer. On the
+/// PostgreSQL manual the top 15 held the answering chunk for 0.85 of the questions this way against 0.89, on the
+/// Debian FAQ 0.92 either way (offline from scripts/eval's dumps, BENCHMARKS.md §5); the same count reranked.
+pub const RERANK_KEYWORD_ONE_IN: i32 = 3;
 /// How many matches of one question word rag._keyword_query counts at most (each is a row read and rechecked).
 /// A collection small enough that its max share is within this count is judged exactly; in a larger one a word
 /// found more often is judged by its measured share (rag.lexeme_shares).
@@ -135,6 +142,7 @@ fn for_sql(name: &str) -> Option<String> {
         "rrf_k" => RRF_K.to_string(),
         "keyword_weight" => KEYWORD_WEIGHT.to_string(),
         "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
+        "rerank_keyword_one_in" => RERANK_KEYWORD_ONE_IN.to_string(),
         "keyword_count_cap" => KEYWORD_COUNT_CAP.to_string(),
         "keyword_exact_chunks" => keyword_exact_chunks().to_string(),
         "lexeme_share_floor" => LEXEME_SHARE_FLOOR.to_string(),

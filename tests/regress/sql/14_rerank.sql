@@ -249,7 +249,41 @@ SELECT rag_set_reranker('rr-http', 'anything', reranker_provider => 'ollama');
 SELECT rag_set_reranker('rr-http', 'rerank-test', reranker_provider => 'nowhere');
 SELECT reranker, reranker_provider FROM rag.collections WHERE name = 'rr-http';
 
+-- Which candidates a reranker reads in hybrid mode: the keyword side's best N / 3 and the vector side's best of
+-- the rest go first (in fused order), then the fused order fills the N. The fusion alone would leave out the
+-- chunk that names the question's identifier: the keyword side's first, but its other words put it seventh on
+-- the vector side.
+SELECT rag_create_collection('rr-pool', embedding_model => 'hash-384', max_distance => 2, reranker => 'rerank-test',
+                             reranker_provider => 'rerank-server', rerank_candidates => 3, min_relevance => -100) > 0 AS created;
+SELECT rag_ingest('rr-pool', 'Long', 'E1234 disk controller failed, tape archive stopped.') > 0 AS a,
+       rag_ingest('rr-pool', 'Full', 'Disk full.') > 0 AS b, rag_ingest('rr-pool', 'Slow', 'Disk slow.') > 0 AS c,
+       rag_ingest('rr-pool', 'Quiet', 'Disk quiet.') > 0 AS d, rag_ingest('rr-pool', 'Spare', 'Disk spare.') > 0 AS e,
+       rag_ingest('rr-pool', 'Cold', 'Disk cold.') > 0 AS f, rag_ingest('rr-pool', 'Warm', 'Disk warm.') > 0 AS g,
+       rag_ingest('rr-pool', 'Other', 'Printers need toner.') > 0 AS h;
+SELECT rag_wait('rr-pool', '60 seconds') AS ready;
+CREATE FUNCTION pg_temp.side(p_mode text, p_question text) RETURNS TABLE (chunk_id bigint, rank integer)
+LANGUAGE sql AS $$
+    SELECT s.chunk_id, s.rank FROM rag.collections c,
+           rag._search(c, rag._embed_query(c.id, p_question), 40, NULL, p_question, p_mode, false) s
+     WHERE c.name = 'rr-pool'
+$$;
+WITH fused AS (SELECT f.chunk_id, f.rank, v.rank AS vector_rank, k.rank AS keyword_rank
+                 FROM pg_temp.side('hybrid', 'disk E1234') f
+                 LEFT JOIN pg_temp.side('vector', 'disk E1234') v ON v.chunk_id = f.chunk_id
+                 LEFT JOIN pg_temp.side('keyword', 'disk E1234') k ON k.chunk_id = f.chunk_id)
+SELECT (SELECT array_agg(d.title ORDER BY f.rank) FROM fused f JOIN rag.chunks ch ON ch.id = f.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id WHERE f.rank <= 3) AS fused_top_3,
+       (SELECT array_agg(d.title ORDER BY d.title) FROM fused f JOIN rag.chunks ch ON ch.id = f.chunk_id
+          JOIN rag.documents d ON d.id = ch.document_id WHERE f.keyword_rank = 1) AS keyword_first,
+       (SELECT array_agg(x.chunk_id ORDER BY x.chunk_id)
+          FROM (SELECT f.chunk_id FROM fused f
+                 ORDER BY coalesce(f.keyword_rank <= 1 OR f.vector_rank <= 2, false) DESC, f.rank LIMIT 3) x)
+       = (SELECT array_agg(q.chunk_id ORDER BY q.chunk_id) FROM rag_query('rr-pool', 'disk E1234', 3) q) AS reranked_as_expected,
+       (SELECT count(*) FROM rag_query('rr-pool', 'disk E1234', 3) q JOIN rag.documents d ON d.id = q.document_id
+         WHERE d.title = 'Long') AS long_reranked;
+SELECT line FROM rag_explain('rr-pool', 'disk E1234', 3) AS line WHERE line ~ '^Rerank';
+
 SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_collection('rr-off'),
-       rag_drop_collection('rr-http'), rag_drop_collection('rr-lead');
+       rag_drop_collection('rr-http'), rag_drop_collection('rr-lead'), rag_drop_collection('rr-pool');
 SELECT rag_drop_provider('rerank-server');
 DROP ROLE rr_reader, rr_other_admin;
