@@ -180,30 +180,24 @@ pub fn plan(
     })
 }
 
-/// The text embedded for a chunk of `item`'s document: the collection's document prefix, then the chunk behind
-/// its header (`rag_chunk::with_header`, as `rag._with_header` indexes and reranks it). The chunker fits the
-/// chunk with the prefix into a local model's window, not the header: where the header would push it over, it
-/// is left out of this one input (still indexed and reranked), rather than failing the document.
+/// The text embedded for a chunk of `item`'s document (`rag_chunk::embedding_input`: the document prefix, then
+/// the chunk behind its header, as `rag._with_header` indexes and reranks it). Only an in-process model's window
+/// is known here; a model that cannot be loaded fails the embedding call itself, with its own message.
 pub fn embedding_text(item: &WorkItem, header: Option<&str>, content: &str) -> String {
-    let with_header = format!(
-        "{}{}",
-        item.document_prefix,
-        rag_chunk::with_header(header, content)
-    );
-    if header.is_none() || item.provider.kind != Kind::Local {
-        return with_header;
-    }
-    match provider::local_model(&item.model) {
-        Ok(model)
-            if model
-                .count_tokens(&with_header)
-                .is_ok_and(|tokens| tokens > model.max_tokens()) =>
-        {
-            format!("{}{}", item.document_prefix, content)
+    rag_chunk::embedding_input(&item.document_prefix, header, content, |input| {
+        if item.provider.kind != Kind::Local {
+            return true;
         }
-        // A model that cannot be loaded fails the embedding call itself, with its own message.
-        _ => with_header,
-    }
+        provider::local_model(&item.model)
+            .ok()
+            .and_then(|model| {
+                model
+                    .count_tokens(input)
+                    .ok()
+                    .map(|tokens| tokens <= model.max_tokens())
+            })
+            .unwrap_or(true)
+    })
 }
 
 /// 1-based page holding character `position`, from the offsets at which pages start.

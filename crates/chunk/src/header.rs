@@ -151,6 +151,24 @@ pub fn with_header(header: Option<&str>, chunk_text: &str) -> String {
     }
 }
 
+/// The input an embedding model gets for a chunk: `prefix` (the model's document prefix), then the chunk
+/// behind its header. The chunker fits the prefix and the chunk into a model's window, not the header, so
+/// where `fits` says the whole would not fit, the header is left out of this one input rather than failing
+/// or cutting the chunk.
+pub fn embedding_input(
+    prefix: &str,
+    header: Option<&str>,
+    chunk_text: &str,
+    fits: impl FnOnce(&str) -> bool,
+) -> String {
+    let whole = format!("{prefix}{}", with_header(header, chunk_text));
+    if header.is_none() || fits(&whole) {
+        whole
+    } else {
+        format!("{prefix}{chunk_text}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,6 +287,30 @@ mod tests {
         assert!(title_part.starts_with("A title written long"));
         assert_eq!(title_part.chars().count(), MAX_HEADER_PART_CHARS);
         assert_eq!(heading_part.chars().count(), MAX_HEADER_PART_CHARS);
+    }
+
+    #[test]
+    fn a_header_that_does_not_fit_the_window_is_left_out_of_the_embedding() {
+        let fits_in_35 = |input: &str| input.chars().count() <= 35;
+        assert_eq!(
+            embedding_input("doc: ", Some("Manual > Backups"), "Take them.", fits_in_35),
+            "doc: Manual > Backups\n\nTake them."
+        );
+        assert_eq!(
+            embedding_input(
+                "doc: ",
+                Some("Manual > Backups and restores"),
+                "Take them.",
+                fits_in_35
+            ),
+            "doc: Take them."
+        );
+        assert_eq!(
+            embedding_input("", None, "Take them.", |_| panic!(
+                "no header, nothing to measure"
+            )),
+            "Take them."
+        );
     }
 
     #[test]

@@ -53,7 +53,9 @@ mod sentences;
 mod units;
 
 pub use fit::{chunk_bounds_within, chunk_text_within, FitError};
-pub use header::{chunk_header, headings_above, with_header, MAX_HEADER_PART_CHARS};
+pub use header::{
+    chunk_header, embedding_input, headings_above, with_header, MAX_HEADER_PART_CHARS,
+};
 
 pub use config::{
     ChunkConfig, ChunkConfigError, SizeUnit, CHARS_PER_TOKEN, MAX_CHUNK_CHARS, MAX_OVERLAP_CHARS,
