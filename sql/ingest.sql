@@ -549,7 +549,8 @@ BEGIN
        OR cardinality(p_embed_tokens) IS DISTINCT FROM cardinality(p_document_ids)
        OR cardinality(p_chunk_documents) IS DISTINCT FROM v_chunks OR cardinality(p_ordinals) IS DISTINCT FROM v_chunks
        OR cardinality(p_starts) IS DISTINCT FROM v_chunks OR cardinality(p_ends) IS DISTINCT FROM v_chunks
-       OR cardinality(p_tokens) IS DISTINCT FROM v_chunks OR cardinality(p_pages) IS DISTINCT FROM v_chunks THEN
+       OR cardinality(p_tokens) IS DISTINCT FROM v_chunks OR cardinality(p_pages) IS DISTINCT FROM v_chunks
+       OR (p_headers IS NOT NULL AND cardinality(p_headers) IS DISTINCT FROM v_chunks) THEN
         RAISE EXCEPTION 'rag._store_documents: arrays of unequal length' USING ERRCODE = 'internal_error';
     END IF;
     -- The group's documents share the collection of its first (rag._claim_more claims no other): the first

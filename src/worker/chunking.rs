@@ -119,12 +119,7 @@ impl ChunkPlan {
                 let opens_document = !self.past_first;
                 self.past_first = true;
                 batch.push(NewChunk {
-                    header: rag_chunk::chunk_header(
-                        &self.title,
-                        heading,
-                        &chunk.text,
-                        opens_document,
-                    ),
+                    header: rag_chunk::chunk_header(&self.title, heading, opens_document),
                     page: page_of(&self.page_offsets, chunk.char_start),
                     char_start: chunk.char_start as i32,
                     char_end: chunk.char_end as i32,
