@@ -162,8 +162,9 @@ DROP FUNCTION rag_ask(text, text, integer, bigint, double precision);
 DROP FUNCTION rag._store_embeddings(bigint, bigint, bigint[], text[], integer, bigint);
 DROP FUNCTION rag._fail(bigint, bigint, text);
 DROP FUNCTION rag._store_chunks(bigint, text[], integer[], integer[], integer[], integer[]);
--- The chunks' headers travel with their texts.
+-- The chunks' headers travel with their texts, and a watched row's sync returns the title they name.
 DROP FUNCTION rag._replace_chunks(bigint, text[], integer[], integer[], integer[]);
+DROP FUNCTION rag._sync_row(bigint);
 
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
@@ -2352,6 +2353,7 @@ DECLARE
     v_line text;
     v_mode text;
     v_lexemes tsquery;
+    v_keyword_slots integer;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
@@ -2370,18 +2372,18 @@ BEGIN
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
     IF c.reranker IS NOT NULL THEN
+        -- The search reranks at least the collection's candidates (rag._search's v_wanted).
+        k := greatest(k, c.rerank_candidates);
+        v_keyword_slots := k / rag._limit('rerank_keyword_one_in')::integer;
         RETURN NEXT format('Rerank: the best %s candidates of the plan below%s, by %s on provider %s (rag._rerank), ordered by %s',
-                           greatest(k, c.rerank_candidates),
+                           k,
                            CASE WHEN v_mode = 'hybrid' AND v_lexemes IS NOT NULL
                                 THEN format(' (first the keyword side''s best %s and the vector side''s best %s, then by fusion)',
-                                            greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer,
-                                            greatest(k, c.rerank_candidates)
-                                            - greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer)
+                                            v_keyword_slots, k - v_keyword_slots)
                                 ELSE '' END,
                            c.reranker, c.reranker_provider,
                            coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
                                     || ' x cosine similarity', 'its relevance'));
-        k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
                                                                     rag._watched(c), c.reranker IS NOT NULL)
@@ -3055,7 +3057,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._sync_row(p_row_queue_id bigint,
     OUT action text, OUT document_id bigint, OUT body text,
     OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
-    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text, OUT title text)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
@@ -3130,6 +3132,8 @@ BEGIN
     END IF;
     action := 'chunk';
     body := v_content;
+    -- The chunks' headers name it (rag_chunk::chunk_header).
+    title := coalesce(v_title, '');
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],

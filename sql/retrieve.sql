@@ -507,6 +507,7 @@ DECLARE
     v_line text;
     v_mode text;
     v_lexemes tsquery;
+    v_keyword_slots integer;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
@@ -525,18 +526,18 @@ BEGIN
                                      rag._limit('bulk_load_tail_documents')) END;
     END IF;
     IF c.reranker IS NOT NULL THEN
+        -- The search reranks at least the collection's candidates (rag._search's v_wanted).
+        k := greatest(k, c.rerank_candidates);
+        v_keyword_slots := k / rag._limit('rerank_keyword_one_in')::integer;
         RETURN NEXT format('Rerank: the best %s candidates of the plan below%s, by %s on provider %s (rag._rerank), ordered by %s',
-                           greatest(k, c.rerank_candidates),
+                           k,
                            CASE WHEN v_mode = 'hybrid' AND v_lexemes IS NOT NULL
                                 THEN format(' (first the keyword side''s best %s and the vector side''s best %s, then by fusion)',
-                                            greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer,
-                                            greatest(k, c.rerank_candidates)
-                                            - greatest(k, c.rerank_candidates) / rag._limit('rerank_keyword_one_in')::integer)
+                                            v_keyword_slots, k - v_keyword_slots)
                                 ELSE '' END,
                            c.reranker, c.reranker_provider,
                            coalesce('its relevance + ' || nullif(rag._rerank_similarity_weight(c), 0)
                                     || ' x cosine similarity', 'its relevance'));
-        k := greatest(k, c.rerank_candidates);
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
                                                                     rag._watched(c), c.reranker IS NOT NULL)

@@ -491,7 +491,7 @@ END $$;
 CREATE FUNCTION rag._sync_row(p_row_queue_id bigint,
     OUT action text, OUT document_id bigint, OUT body text,
     OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
-    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text, OUT title text)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
@@ -566,6 +566,8 @@ BEGIN
     END IF;
     action := 'chunk';
     body := v_content;
+    -- The chunks' headers name it (rag_chunk::chunk_header).
+    title := coalesce(v_title, '');
 END $$;
 
 -- Replaces a document's chunks, keeping the vector of every chunk whose text and header are unchanged (what was

@@ -40,9 +40,9 @@ pub const KEYWORD_MAX_SHARE: &str = "0.25";
 /// Which hybrid candidates a reranker reads: of its N slots, the full-text side's best N / RERANK_KEYWORD_ONE_IN
 /// and the vector side's best of the rest go first, then the fused order fills what they leave. The fusion's own
 /// top N is mostly the vector side's (the keyword side weighs half), and a chunk that only names the
-/// question's identifier then never reaches the reranker, which is what tells it is the answer. On the
-/// PostgreSQL manual the top 15 held the answering chunk for 0.85 of the questions this way against 0.89, on the
-/// Debian FAQ 0.92 either way (offline from scripts/eval's dumps, BENCHMARKS.md §5); the same count reranked.
+/// question's identifier then seldom reaches the reranker, which is what tells it is the answer. On the
+/// PostgreSQL manual the 15 reranked held the answering chunk for 0.89 of the questions this way against 0.85 as
+/// the fusion's top 15, on the Debian FAQ 0.92 either way (offline from scripts/eval's dumps, BENCHMARKS.md §5).
 pub const RERANK_KEYWORD_ONE_IN: i32 = 3;
 /// How many matches of one question word rag._keyword_query counts at most (each is a row read and rechecked).
 /// A collection small enough that its max share is within this count is judged exactly; in a larger one a word

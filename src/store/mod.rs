@@ -697,11 +697,12 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
         Option<String>,
         Option<String>,
         Option<String>,
+        Option<String>,
     );
     let decided: Decided = Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
-             embedding_model, document_prefix FROM rag._sync_row($1)",
+             embedding_model, document_prefix, title FROM rag._sync_row($1)",
             Some(1),
             &[row_queue_id.into()],
         )?;
@@ -716,27 +717,26 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
             row.get(7)?,
             row.get(8)?,
             row.get(9)?,
+            row.get(10)?,
         ))
     })?;
-    let (action, document_id, body, size, overlap, unit, provider_kind, model, document_prefix) =
-        decided;
+    let (
+        action,
+        document_id,
+        body,
+        size,
+        overlap,
+        unit,
+        provider_kind,
+        model,
+        document_prefix,
+        title,
+    ) = decided;
     if action.as_deref() != Some("chunk") {
         return Ok(RowSync::Settled);
     }
-    let document_id = not_null(document_id, "documents.id")?;
-    // Read after _sync_row's statement: one joined into it would not see the document that call inserted.
-    let title: Option<String> = Spi::connect_mut(|client| {
-        client
-            .update(
-                "SELECT title FROM rag.documents WHERE id = $1",
-                Some(1),
-                &[document_id.into()],
-            )?
-            .first()
-            .get_one::<String>()
-    })?;
     Ok(RowSync::Chunk {
-        document_id,
+        document_id: not_null(document_id, "documents.id")?,
         title: title.unwrap_or_default(),
         // An empty text is a text: the chunker makes no chunk of it.
         body: body.unwrap_or_default(),

@@ -90,8 +90,10 @@ pub struct ChunkPlan {
     page_offsets: Vec<i32>,
     /// Whether the document's first chunk has been made.
     past_first: bool,
-    /// Where each chunk lies in `body` ([`chunk_bounds`]), with the section heading above it.
-    bounds: std::vec::IntoIter<(ChunkBounds, Option<Range<usize>>)>,
+    /// Where each chunk lies in `body` ([`chunk_bounds`]), and the section heading above each
+    /// (`rag_chunk::headings_above`), in step.
+    bounds: std::vec::IntoIter<ChunkBounds>,
+    headings: std::vec::IntoIter<Option<Range<usize>>>,
 }
 
 impl ChunkPlan {
@@ -110,7 +112,8 @@ impl ChunkPlan {
             let mut batch = Vec::new();
             let mut bytes = 0;
             while bytes < STORE_BATCH_BYTES {
-                let Some((bounds, heading)) = self.bounds.next() else {
+                let (Some(bounds), Some(heading)) = (self.bounds.next(), self.headings.next())
+                else {
                     break;
                 };
                 let chunk = bounds.chunk(&self.body);
@@ -167,11 +170,8 @@ pub fn plan(
         title: text.title,
         past_first: false,
         page_offsets: text.page_offsets.unwrap_or_default(),
-        bounds: bounds
-            .into_iter()
-            .zip(headings)
-            .collect::<Vec<_>>()
-            .into_iter(),
+        bounds: bounds.into_iter(),
+        headings: headings.into_iter(),
     })
 }
 
