@@ -213,8 +213,24 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- Polls until every document of the collection has left 'processing', or the timeout passes. For scripts
--- and tests that must wait for the worker; each check sees the latest committed state.
+-- Whether rows of the collection's watched tables wait for the worker: written (a trigger's batch not yet
+-- spread into the queue) or queued. A row whose last try failed and that waits out its back-off (up to an
+-- hour; rag_watch_status shows it) does not count: it is failed until it is written to again, as a failed
+-- document is. SECURITY DEFINER because the queues are not readable by readers; it says no more than
+-- rag.watch_status's pending count, which a reader of the collection sees anyway.
+CREATE FUNCTION rag._rows_waiting(p_collection integer) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+BEGIN
+    PERFORM rag._require_privilege(p_collection, 'read');
+    RETURN EXISTS (SELECT 1 FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id
+                    WHERE w.collection_id = p_collection)
+        OR EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
+                    WHERE w.collection_id = p_collection AND q.attempts = 0);
+END $$;
+
+-- Polls until every document of the collection has left 'processing' and no row of a table it watches waits
+-- to be indexed, or the timeout passes. For scripts and tests that must wait for the worker; each check sees
+-- the latest committed state (and the caller's own writes, which the worker cannot see before the commit).
 CREATE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -225,7 +241,8 @@ BEGIN
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.
         IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
-           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding') THEN
+           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding')
+           AND NOT rag._rows_waiting(v_collection) THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN

@@ -1485,6 +1485,16 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._rows_waiting(p_collection integer) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+BEGIN
+    PERFORM rag._require_privilege(p_collection, 'read');
+    RETURN EXISTS (SELECT 1 FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id
+                    WHERE w.collection_id = p_collection)
+        OR EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
+                    WHERE w.collection_id = p_collection AND q.attempts = 0);
+END $$;
+
 CREATE OR REPLACE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1495,7 +1505,8 @@ BEGIN
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.
         IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
-           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding') THEN
+           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding')
+           AND NOT rag._rows_waiting(v_collection) THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN
@@ -3396,7 +3407,7 @@ BEGIN
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header')
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

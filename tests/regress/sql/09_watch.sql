@@ -10,22 +10,24 @@ SELECT rag_watch('articles', collection => 'site', content => 'title || E''\n\n'
 SELECT source_name, key_columns, metadata_columns, format FROM rag.watches;
 SELECT tgname FROM pg_trigger WHERE tgrelid = 'articles'::regclass ORDER BY 1;
 
-SELECT rag_wait('site', '30 seconds') AND pg_sleep(0.5) IS NOT NULL AND rag_wait('site', '30 seconds') AS settled;
-CREATE FUNCTION pg_temp.settle() RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1..600 LOOP
-        IF NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.row_batches)
-           AND NOT EXISTS (SELECT 1 FROM rag.queue) THEN
-            RETURN true;
-        END IF;
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-    RETURN false;
-END $$;
-SELECT pg_temp.settle();
+-- rag_wait waits for the rows a watch queued too, not only for documents already made from them.
+SELECT rag_wait('site', '30 seconds') AS settled;
 -- HTML became clean text; the row's key and metadata travel with the document.
 SELECT title, source, source_key, metadata, body, status FROM rag.documents WHERE watch_id IS NOT NULL ORDER BY source_key;
 SELECT title, source, source_key FROM rag_query('site', 'how much notice must staff give', 1);
+-- So does a reader's rag_wait, though a reader may not look at the queues: a row written just before is found
+-- right after it returns.
+CREATE ROLE watch_reader LOGIN IN ROLE rag_reader;
+SELECT rag_grant('site', 'watch_reader', 'read');
+GRANT SELECT ON articles TO watch_reader;
+INSERT INTO articles (title, body, author, lang) VALUES ('Bicycles', '<p>Bicycles are parked in the courtyard shed.</p>', 'ana', 'en');
+SET ROLE watch_reader;
+SELECT count(*) AS queue_rows_a_reader_sees FROM rag.row_queue;
+SELECT rag_wait('site', '30 seconds') AS settled;
+SELECT title, source_key FROM rag_query('site', 'where are bicycles parked', 1);
+RESET ROLE;
+DELETE FROM articles WHERE title = 'Bicycles';
+SELECT rag_wait('site', '30 seconds') AS settled;
 
 -- An update of an unrelated column queues nothing.
 UPDATE articles SET views = views + 1 WHERE id = 1;
@@ -33,11 +35,11 @@ SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_l
 -- An update of indexed content is picked up.
 UPDATE articles SET body = '<p>All staff must give <b>sixty days</b> notice.</p>' WHERE id = 1;
 SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_length(keys)), 0) FROM rag.row_batches) AS queued_after_content_update;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT body FROM rag.documents WHERE source_key = '{"id": 1}';
 -- Unpublishing takes it out of the index.
 UPDATE articles SET published = false WHERE id = 1;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT count(*) AS unpublished_documents FROM rag.documents WHERE source_key = '{"id": 1}';
 -- A rolled-back write queues nothing.
 BEGIN;
@@ -46,33 +48,33 @@ ROLLBACK;
 SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_length(keys)), 0) FROM rag.row_batches) AS queued_after_rollback;
 -- A primary-key change is a delete and an insert.
 UPDATE articles SET id = 20 WHERE id = 2;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source_key, title FROM rag.documents WHERE watch_id IS NOT NULL ORDER BY source_key;
 -- Delete.
 DELETE FROM articles WHERE id = 20;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT count(*) AS documents_after_delete FROM rag.documents WHERE watch_id IS NOT NULL;
 -- Truncate.
 UPDATE articles SET published = true;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT count(*) AS documents_before_truncate FROM rag.documents WHERE watch_id IS NOT NULL;
 TRUNCATE articles;
 SELECT count(*) AS documents_after_truncate FROM rag.documents WHERE watch_id IS NOT NULL;
 -- Reindex queues every qualifying row again.
 INSERT INTO articles (title, body, author, lang) VALUES ('Parking', '<p>Permits from reception.</p>', 'cy', 'de');
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT rag_reindex('articles') AS queued;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT * FROM rag_watch_status();
 
 -- Composite keys, found from the primary key.
 CREATE TABLE pages (site text, slug text, content text, PRIMARY KEY (site, slug));
 INSERT INTO pages VALUES ('a', 'home', 'Welcome to site a.'), ('b', 'home', 'Welcome to site b.');
 SELECT rag_watch('pages', 'site', content => 'content') > 0;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source_key FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
 UPDATE pages SET content = 'Welcome back to site b.' WHERE site = 'b';
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source_key, body FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
 
 -- A one-column key of a statement's rows travels as the text of an array of the column's type; awkward text
@@ -82,10 +84,10 @@ CREATE TABLE slugs (slug text PRIMARY KEY, content text);
 SELECT rag_watch('slugs', 'site', content => 'content') > 0 AS watching;
 INSERT INTO slugs VALUES ('plain', 'A plain slug.'), ('with "quotes", {braces} and \back', 'An awkward slug.'),
                          ('NULL', 'A slug spelled NULL.'), ('  spaced  ', 'A slug with spaces.'), ('', 'An empty slug.');
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source_key, body FROM rag.documents WHERE source = 'slugs' ORDER BY source_key;
 UPDATE slugs SET content = 'The awkward slug, updated.' WHERE slug LIKE 'with%';
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT count(*) AS documents, count(*) FILTER (WHERE body = 'The awkward slug, updated.') AS updated
   FROM rag.documents WHERE source = 'slugs';
 DROP TABLE slugs;
@@ -102,10 +104,10 @@ INSERT INTO tickets VALUES (7, 'Ticket seven.'), (8, 'Ticket eight.');
 SET DateStyle = 'SQL, DMY';
 INSERT INTO days VALUES ('01/02/2024', 'The first of February.');
 RESET DateStyle;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source, source_key, body FROM rag.documents WHERE source IN ('tickets', 'days') ORDER BY source, source_key::text;
 UPDATE tickets SET content = 'Ticket seven, updated.' WHERE id = 7;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT count(*) AS ticket_documents, count(*) FILTER (WHERE body = 'Ticket seven, updated.') AS updated
   FROM rag.documents WHERE source = 'tickets';
 DROP TABLE tickets;
@@ -141,13 +143,13 @@ SELECT id = :html_doc AS html, body FROM rag.documents WHERE id IN (:html_doc, :
 
 -- Changing a collection's model re-embeds everything with the new one, watched rows included, while the old
 -- vectors keep serving; the two spaces never mix (15_migration.sql has the details).
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT dimensions, count(ch.*) AS vectors FROM rag.collections c LEFT JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.embedding IS NOT NULL
  WHERE c.name = 'site' GROUP BY 1;
 SELECT rag_set_embedding_model('site', 'hash-64') AS requeued;
 SELECT dimensions, count(ch.embedding) AS vectors_serving FROM rag.collections c LEFT JOIN rag.chunks ch ON ch.collection_id = c.id
  WHERE c.name = 'site' GROUP BY 1;
-SELECT rag_wait('site', '30 seconds') AND pg_temp.settle() AS done;
+SELECT rag_wait('site', '30 seconds') AS done;
 SELECT c.dimensions, count(*) AS vectors, bool_and(vector_dims(ch.embedding_alt) = 64) AS all_new_model,
        c.vector_column, c.index_name = 'chunks_embedding_alt_c' || c.id AS indexed
   FROM rag.collections c JOIN rag.chunks ch ON ch.collection_id = c.id WHERE c.name = 'site'
@@ -158,6 +160,9 @@ SELECT title FROM rag_query('site', 'markdown heading bold text', 1);
 CREATE TABLE faq (id int PRIMARY KEY, answer text);
 INSERT INTO faq VALUES (7, 'Badges are replaced at the front desk for a fee of five euros.');
 SELECT rag_watch('faq', 'site', content => 'answer') > 0;
-SELECT pg_temp.settle();
+SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT outcome, citations -> 0 -> 'source' AS source, citations -> 0 -> 'source_key' AS source_key
   FROM rag_ask('site', 'Where are badges replaced and what is the fee?');
+SELECT rag_revoke('site', 'watch_reader');
+DROP OWNED BY watch_reader;
+DROP ROLE watch_reader;

@@ -87,6 +87,8 @@ SELECT rag_watch('sec_attacker.notes', 'attacker-notes', content => 'sec_attacke
 RESET ROLE;
 SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue WHERE last_error IS NOT NULL)$$) AS worker_tried;
 SELECT last_error FROM rag.row_queue;
+-- A row whose try failed waits out its back-off as failed: rag_wait does not wait for it.
+SELECT rag_wait('attacker-notes', '20 seconds') AS failed_row_not_waited_for;
 SELECT count(*) AS secret_in_collection FROM rag.documents WHERE body LIKE '%launch code%';
 SET ROLE sec_attacker;
 SELECT rag_unwatch('sec_attacker.notes', drop_documents => true);
