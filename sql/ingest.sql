@@ -91,11 +91,30 @@ BEGIN
     RETURN true;
 END $$;
 
+-- A provider is its creator's (or a superuser's) to drop: a name is what collections made later trust, so
+-- another rag_admin must not be able to free it and create it again pointing at a server of their own. The
+-- providers the extension makes ('ollama', 'local') have no creator and are a superuser's.
 CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_provider rag.providers;
+    v_caller name := rag._calling_role();
 BEGIN
+    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT rag._caller_is_superuser()
+       AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
+                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
+            DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
+            HINT = 'Only the role that created a provider, or a superuser, may drop it.';
+    END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c
-                WHERE c.embedding_provider = rag_drop_provider.name OR c.chat_provider = rag_drop_provider.name) THEN
+                WHERE c.embedding_provider = rag_drop_provider.name OR c.chat_provider = rag_drop_provider.name
+                   OR c.reranker_provider = rag_drop_provider.name)
+       OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.embedding_provider = rag_drop_provider.name) THEN
         RAISE EXCEPTION 'provider "%" is used by a collection', name USING ERRCODE = 'dependent_objects_still_exist',
             HINT = 'Drop or change the collections that use it first.';
     END IF;

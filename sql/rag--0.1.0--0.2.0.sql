@@ -226,7 +226,8 @@ DO $$
 DECLARE
     v_table text;
 BEGIN
-    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations',
+    -- documents and chunks also hold rows of watched tables: their policies are in watch.sql.
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'watches', 'migrations',
                                    'lexeme_shares', 'lexeme_measures'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
         -- The scalar subquery runs once per query (an InitPlan), not once per row.
@@ -501,6 +502,11 @@ CREATE OR REPLACE FUNCTION rag."_check_expression"(
 STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_restrict_to_current_user"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'restrict_to_current_user_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -1368,9 +1374,25 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    p rag.providers;
+    v_caller name := rag._calling_role();
 BEGIN
+    SELECT * INTO p FROM rag.providers WHERE providers.name = rag_drop_provider.name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT rag._caller_is_superuser()
+       AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
+                AND pg_catalog.pg_has_role(v_caller, p.created_by, 'MEMBER')) THEN
+        RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
+            DETAIL = format('It was created by %s.', coalesce(p.created_by::text, 'the extension')),
+            HINT = 'Only the role that created a provider, or a superuser, may drop it.';
+    END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c
-                WHERE c.embedding_provider = rag_drop_provider.name OR c.chat_provider = rag_drop_provider.name) THEN
+                WHERE c.embedding_provider = rag_drop_provider.name OR c.chat_provider = rag_drop_provider.name
+                   OR c.reranker_provider = rag_drop_provider.name)
+       OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.embedding_provider = rag_drop_provider.name) THEN
         RAISE EXCEPTION 'provider "%" is used by a collection', name USING ERRCODE = 'dependent_objects_still_exist',
             HINT = 'Drop or change the collections that use it first.';
     END IF;
@@ -2688,6 +2710,19 @@ BEGIN
             p_key));
 END $$;
 
+ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY readable ON rag.documents FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
+           AND (watch_id IS NULL OR rag._row_visible(watch_id, source_key)));
+
+ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY readable ON rag.chunks FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
+           AND (collection_id <> ALL ((SELECT coalesce(array_agg(w.collection_id), '{}') FROM rag.watches w)::integer[])
+                OR EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = chunks.document_id)));
+
 CREATE OR REPLACE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2726,6 +2761,7 @@ DECLARE
     v_referenced text[];
     v_row_function text;
     v_aggregate text;
+    v_body text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -2751,50 +2787,60 @@ BEGIN
                         ELSE format('to_jsonb(array_agg(r.%I)), NULL::text', w.key_columns[1]) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
+    -- The bodies are made first and passed as one quoted literal (%L): an expression holds whatever a string
+    -- literal may, "$body$" included, and spliced inside dollar quotes it could end the body and add
+    -- statements of its own to what this function runs as the extension's owner.
+    v_body := format($f$
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
             v_keys jsonb;
             v_key_values text;
         BEGIN
+            -- The owner's filter runs in the writer's statement: as the owner, in a security-restricted
+            -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
+            PERFORM rag._restrict_to_current_user();
             IF TG_OP = 'INSERT' THEN
-                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;
             ELSE
-                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
+                SELECT %2$s INTO v_keys, v_key_values FROM old_rows r;
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
                 INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
-                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
+                VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   v_function, v_body);
     -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
     -- columns never calls a function and captures no transition table, which a statement-level trigger
-    -- cannot avoid (PostgreSQL captures every updated row for it first).
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp AS $body$
+    -- cannot avoid (PostgreSQL captures every updated row for it first). It evaluates no expression of the
+    -- owner's: only the key columns.
+    v_body := format($f$
         DECLARE
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
-            v_new jsonb := %3$s;
-            v_old jsonb := %4$s;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
+            v_new jsonb := %2$s;
+            v_old jsonb := %3$s;
         BEGIN
             INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%2$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
+            VALUES (%1$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
                     clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
@@ -3020,6 +3066,14 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_watch_control(w);
+    -- Kept documents are ordinary documents, read by every reader of the collection without the table's
+    -- check: turning rows into that is a disclosure only the table's owner may make.
+    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
+                  HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
+    END IF;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');

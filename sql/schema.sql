@@ -337,7 +337,8 @@ DO $$
 DECLARE
     v_table text;
 BEGIN
-    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'documents', 'chunks', 'watches', 'migrations',
+    -- documents and chunks also hold rows of watched tables: their policies are in watch.sql.
+    FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'watches', 'migrations',
                                    'lexeme_shares', 'lexeme_measures'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
         -- The scalar subquery runs once per query (an InitPlan), not once per row.

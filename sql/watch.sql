@@ -86,6 +86,20 @@ BEGIN
             p_key));
 END $$;
 
+-- A plain SELECT of rag.documents or rag.chunks keeps the source table's rules too, not only retrieval: a
+-- document made from a watched row, and its chunks, are shown only while the role could SELECT the row. The
+-- chunks' check goes through the document (its own policy) and only in collections that watch a table; the
+-- lists of readable and watching collections are each computed once per query (InitPlans).
+ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.documents FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
+           AND (watch_id IS NULL OR rag._row_visible(watch_id, source_key)));
+ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON rag.chunks FOR SELECT
+    USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
+           AND (collection_id <> ALL ((SELECT coalesce(array_agg(w.collection_id), '{}') FROM rag.watches w)::integer[])
+                OR EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = chunks.document_id)));
+
 CREATE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,6 +146,7 @@ DECLARE
     v_referenced text[];
     v_row_function text;
     v_aggregate text;
+    v_body text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -157,50 +172,60 @@ BEGIN
                         ELSE format('to_jsonb(array_agg(r.%I)), NULL::text', w.key_columns[1]) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $body$
+    -- The bodies are made first and passed as one quoted literal (%L): an expression holds whatever a string
+    -- literal may, "$body$" included, and spliced inside dollar quotes it could end the body and add
+    -- statements of its own to what this function runs as the extension's owner.
+    v_body := format($f$
         DECLARE
             -- A burst of writes to one row keeps pushing its turn back: the worker embeds the final text once.
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
             v_keys jsonb;
             v_key_values text;
         BEGIN
+            -- The owner's filter runs in the writer's statement: as the owner, in a security-restricted
+            -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
+            PERFORM rag._restrict_to_current_user();
             IF TG_OP = 'INSERT' THEN
-                SELECT %3$s INTO v_keys, v_key_values FROM new_rows r WHERE %4$s;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;
             ELSE
-                SELECT %3$s INTO v_keys, v_key_values FROM old_rows r;
+                SELECT %2$s INTO v_keys, v_key_values FROM old_rows r;
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
                 INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
-                VALUES (%2$s, v_keys, v_key_values, clock_timestamp() + v_delay);
+                VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay);
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $body$ $f$, v_function, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   v_function, v_body);
     -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
     -- columns never calls a function and captures no transition table, which a statement-level trigger
-    -- cannot avoid (PostgreSQL captures every updated row for it first).
-    EXECUTE format($f$
-        CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-        SET search_path = pg_catalog, pg_temp AS $body$
+    -- cannot avoid (PostgreSQL captures every updated row for it first). It evaluates no expression of the
+    -- owner's: only the key columns.
+    v_body := format($f$
         DECLARE
-            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %5$L)::interval;
-            v_new jsonb := %3$s;
-            v_old jsonb := %4$s;
+            v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
+            v_new jsonb := %2$s;
+            v_old jsonb := %3$s;
         BEGIN
             INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%2$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
+            VALUES (%1$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
                     clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $body$ $f$, v_row_function, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
@@ -436,6 +461,14 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_watch_control(w);
+    -- Kept documents are ordinary documents, read by every reader of the collection without the table's
+    -- check: turning rows into that is a disclosure only the table's owner may make.
+    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
+                  HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
+    END IF;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');

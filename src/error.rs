@@ -34,6 +34,8 @@ pub enum RagError {
     Resources { message: String, hint: String },
     /// A time limit of the extension's own ran out (57014), e.g. rag.expression_timeout.
     Timeout { message: String, hint: String },
+    /// The caller may not do this (42501), e.g. act through rag from inside a security-restricted operation.
+    InsufficientPrivilege { message: String, hint: String },
     /// A file the call needs is not there (58P01), e.g. a local model's directory.
     MissingFile { message: String, hint: String },
     /// A file could not be turned into text: too large or deep (54000), a format not supported (0A000),
@@ -88,6 +90,9 @@ impl RagError {
             RagError::ProviderReply { .. } => PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
             RagError::Resources { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
             RagError::Timeout { .. } => PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+            RagError::InsufficientPrivilege { .. } => {
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE
+            }
             RagError::MissingFile { .. } => PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
             RagError::ProviderSetup { .. } => PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
             RagError::Spi { .. } | RagError::Aborted(_) | RagError::Internal(_) => {
@@ -114,6 +119,7 @@ impl RagError {
             | RagError::ProviderReply { hint, .. }
             | RagError::Resources { hint, .. }
             | RagError::Timeout { hint, .. }
+            | RagError::InsufficientPrivilege { hint, .. }
             | RagError::MissingFile { hint, .. }
             | RagError::ProviderSetup { hint, .. } => hint.clone(),
             RagError::Extraction { error, .. } => error.hint().unwrap_or("").to_string(),
@@ -146,6 +152,7 @@ impl fmt::Display for RagError {
             | RagError::ProviderReply { message, .. }
             | RagError::Resources { message, .. }
             | RagError::Timeout { message, .. }
+            | RagError::InsufficientPrivilege { message, .. }
             | RagError::MissingFile { message, .. }
             | RagError::ProviderSetup { message, .. } => f.write_str(message),
             RagError::Extraction {

@@ -65,6 +65,7 @@ extension_sql_file!(
         "ingest",
         api::watch::rag::check_expression,
         api::watch::rag::query_as,
+        api::rag::restrict_to_current_user,
         api::extract::rag::to_text,
         api::query::rag::local_model_window,
         api::query::rag::embed_text

@@ -89,6 +89,57 @@ impl Drop for RestrictedIdentity {
     }
 }
 
+/// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the session's
+/// current role (what `SET ROLE` chose; `GetOuterUserId`), which a definer function does not change.
+///
+/// Inside a security-restricted operation that answer is wrong: PostgreSQL (index expressions, REFRESH
+/// MATERIALIZED VIEW, VACUUM and ANALYZE) and the extension itself (watch expressions, [`RestrictedIdentity`];
+/// a watch's trigger, [`restrict_current_user`]) run a table owner's code there as that owner, while the outer
+/// role stays whoever started the command: a superuser, the worker. Code an owner wrote would act through rag
+/// with that role's rights (make grants, providers that carry keys). Which role the operation switched to is
+/// not recorded anywhere a function called inside it can read, so the extension refuses to act for anyone there.
+pub fn calling_role() -> pg_sys::Oid {
+    // SAFETY: both read process-global state of this backend, on its only thread.
+    unsafe {
+        if pg_sys::InSecurityRestrictedOperation() {
+            crate::error::RagError::InsufficientPrivilege {
+                message: "rag cannot act for a caller inside a security-restricted operation".into(),
+                hint: "Index expressions, a materialized view's query, code run by VACUUM or ANALYZE and a watch's \
+                       expressions run with their author's rights under PostgreSQL's restrictions, where rag cannot \
+                       tell whose rights those are; call rag's functions from ordinary SQL."
+                    .into(),
+            }
+            .raise()
+        }
+        pg_sys::GetOuterUserId()
+    }
+}
+
+/// Makes the rest of the calling SECURITY DEFINER function a security-restricted operation as its owner (the
+/// current user). PostgreSQL's own restore of the definer function's identity and security context when it
+/// returns (or the abort of an ERROR) ends it, so nothing is left to undo here. Refused outside a definer
+/// function: at the top level the restriction would outlive the statement.
+pub fn restrict_current_user() {
+    let mut user = pg_sys::InvalidOid;
+    let mut context: std::ffi::c_int = 0;
+    // SAFETY: pointers to live locals; the same process-global state `RestrictedIdentity` edits.
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    if context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int == 0 {
+        crate::error::RagError::invalid(
+            "rag._restrict_to_current_user() must be called from a SECURITY DEFINER function",
+            "A watch's trigger calls it; it is not meant to be called directly.",
+        )
+        .raise()
+    }
+    // SAFETY: as above; only adds a restriction to the current context.
+    unsafe {
+        pg_sys::SetUserIdAndSecContext(
+            user,
+            context | pg_sys::SECURITY_RESTRICTED_OPERATION as std::ffi::c_int,
+        )
+    };
+}
+
 /// Sets a parameter for the current GUC nest level only, as a function's `SET` clause does.
 fn set_local(name: &str, value: &str) {
     let name = CString::new(name).expect("parameter names have no NUL");

@@ -23,13 +23,15 @@ pub mod rag {
     use pgrx::prelude::*;
 
     /// The role the caller acts as, seen from inside SECURITY DEFINER code (where current_user is the owner):
-    /// the ledger and conversations record who asked, not who owns the extension.
+    /// every privilege check asks it, and the ledger and conversations record it. Raises inside a
+    /// security-restricted operation (see [`crate::security::calling_role`]).
     #[pg_extern(stable, parallel_safe, name = "_calling_role")]
     pub fn calling_role() -> String {
-        // SAFETY: GetOuterUserId reads a backend global; GetUserNameFromId with noerr returns a palloc'd
-        // NUL-terminated string or NULL (checked), which is copied before the memory context can go away.
+        let role = crate::security::calling_role();
+        // SAFETY: GetUserNameFromId with noerr returns a palloc'd NUL-terminated string or NULL (checked),
+        // which is copied before the memory context can go away.
         unsafe {
-            let name = pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetOuterUserId(), true);
+            let name = pgrx::pg_sys::GetUserNameFromId(role, true);
             if name.is_null() {
                 return String::new();
             }
@@ -37,6 +39,13 @@ pub mod rag {
                 .to_string_lossy()
                 .into_owned()
         }
+    }
+
+    /// Puts the rest of the calling SECURITY DEFINER function in a security-restricted operation as its
+    /// owner: a watch's trigger calls it before it evaluates the owner's filter in the writer's statement.
+    #[pg_extern(volatile, parallel_unsafe, name = "_restrict_to_current_user")]
+    pub fn restrict_to_current_user() {
+        crate::security::restrict_current_user();
     }
 
     /// A `rag.*` setting as text, read through Rust so that calling it loads the library first: on a server

@@ -231,6 +231,30 @@ SET ROLE sec_writer;
 SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 <> 0) AS own_hits
   FROM rag_query('tickets', 'printer out of toner', 8);
 RESET ROLE;
+-- A plain SELECT of the extension's tables keeps the table's rules too: the reader's ten tickets, their
+-- documents and chunks, and none of the others.
+SET ROLE sec_reader;
+SELECT count(*) AS documents_visible, count(*) FILTER (WHERE (d.source_key->>'id')::int % 4 = 0) AS own_documents
+  FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'tickets';
+SELECT count(*) AS chunks_visible, bool_and(substring(ch.content from '^Ticket ([0-9]+):')::int % 4 = 0) AS only_own_chunks
+  FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id WHERE c.name = 'tickets';
+SELECT count(*) AS other_tickets_by_any_route
+  FROM rag.documents d WHERE d.body ~ '^Ticket [0-9]+:' AND (d.source_key->>'id')::int % 4 <> 0;
+RESET ROLE;
+-- An admin of the collection who does not own the table may stop the watch, but not keep its rows as ordinary
+-- documents that every reader of the collection would read.
+SET ROLE sec_owner;
+SELECT rag_grant('tickets', 'sec_attacker', 'admin');
+RESET ROLE;
+SELECT 'sec_owner.tickets'::regclass::oid AS tickets_oid \gset
+SET ROLE sec_attacker;
+SELECT rag_unwatch(:'tickets_oid');
+SELECT rag_unwatch(:'tickets_oid', drop_documents => false);
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_revoke('tickets', 'sec_attacker');
+SELECT count(*) AS still_watched FROM rag.watches WHERE source_name = 'sec_owner.tickets';
+RESET ROLE;
 -- Without SELECT on the column that is indexed, nothing from the table is visible.
 SET ROLE sec_owner;
 REVOKE SELECT ON sec_owner.tickets FROM sec_reader;
@@ -308,7 +332,21 @@ SELECT rag_create_provider('allowed', 'openai', base_url => 'http://127.0.0.1:9/
 RESET ROLE;
 SELECT rag_disallow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
 SELECT name, api_key_setting FROM rag.providers WHERE name IN ('allowed', 'keyless') ORDER BY 1;
-SELECT rag_drop_provider('allowed'), rag_drop_provider('keyless');
+-- A provider is its creator's to drop: another rag_admin cannot free the name and create it again pointing
+-- at a server of their own, nor drop the extension's own providers.
+SELECT rag_create_provider('corporate', 'openai', base_url => 'http://127.0.0.1:9/v1');
+SET ROLE sec_attacker;
+SELECT rag_drop_provider('corporate');
+SELECT rag_drop_provider('ollama');
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_drop_provider('keyless');
+RESET ROLE;
+SET ROLE sec_attacker;
+SELECT rag_drop_provider('keyless') AS dropped_own;
+RESET ROLE;
+SELECT name, created_by FROM rag.providers WHERE name IN ('allowed', 'corporate', 'keyless', 'ollama') ORDER BY 1;
+SELECT rag_drop_provider('allowed'), rag_drop_provider('corporate');
 
 -- A grant to a role that is dropped later grants nothing and breaks nothing for the others.
 CREATE ROLE sec_temporary IN ROLE rag_reader;
@@ -329,6 +367,67 @@ DO $$ BEGIN EXECUTE 'CREATE TABLE no_such_schema.t (x int)'; END $$;
 RESET ROLE;
 CREATE TABLESPACE sec_bad LOCATION 'relative/path';
 SELECT * FROM rag_query('owner-docs', 'x', filter => '"not an object"');
+
+------------------------------------------------------------------------------------------------------------
+-- 9. Code a table's owner wrote acts through rag with the owner's rights at most, whoever runs it. Inside a
+-- security-restricted operation (the worker and rag's own checks evaluating watch expressions, a watch's
+-- trigger evaluating its filter in another role's statement, REFRESH MATERIALIZED VIEW, index expressions) the
+-- role that started the command is not the one whose code runs, so rag refuses to act there at all.
+SET ROLE sec_attacker;
+SELECT rag_create_collection('attacker-acts', embedding_model => 'hash-384') > 0 AS created;
+CREATE FUNCTION sec_attacker.take_admin(t text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM public.rag_grant('owner-docs', 'sec_attacker', 'admin');
+    RETURN t;
+END $f$;
+CREATE FUNCTION sec_attacker.take_key(t text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM public.rag_create_provider('exfiltrate', 'openai', base_url => 'http://127.0.0.1:9/v1',
+                                       api_key_setting => 'rag.openai_api_key');
+    RETURN true;
+END $f$;
+-- 9a. The worker (a superuser) evaluates the content expression.
+CREATE TABLE sec_attacker.acts (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_attacker.acts', 'attacker-acts', content => 'sec_attacker.take_admin(body)') > 0 AS watching;
+INSERT INTO sec_attacker.acts VALUES (1, 'a note the worker reads');
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
+                                         WHERE w.source_name = 'sec_attacker.acts' AND q.last_error IS NOT NULL)$$) AS worker_tried;
+SELECT q.last_error FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id WHERE w.source_name = 'sec_attacker.acts';
+-- 9b. A superuser writes to the attacker's watched table, whose filter runs in the superuser's statement.
+SET ROLE sec_attacker;
+CREATE TABLE sec_attacker.shared (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_attacker.shared', 'attacker-acts', content => 'body', filter => 'sec_attacker.take_key(body)') > 0 AS watching;
+RESET ROLE;
+-- (terse: the error's context names functions and lines that differ between PostgreSQL versions)
+\set VERBOSITY terse
+INSERT INTO sec_attacker.shared VALUES (1, 'a superuser''s row');
+-- 9c. A superuser refreshes the attacker's materialized view.
+SET ROLE sec_attacker;
+CREATE MATERIALIZED VIEW sec_attacker.grabbed AS SELECT sec_attacker.take_admin('x') AS x WITH NO DATA;
+RESET ROLE;
+REFRESH MATERIALIZED VIEW sec_attacker.grabbed;
+\set VERBOSITY default
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+SELECT count(*) AS exfiltrating_providers FROM rag.providers WHERE name = 'exfiltrate';
+-- 9d. An expression cannot end the trigger function's body early: a string literal holding the quote that
+-- delimited it is only a string literal (check_function_bodies off would have let a cut body through).
+SET ROLE sec_attacker;
+CREATE TABLE sec_attacker.quoted (id int PRIMARY KEY, body text);
+SET check_function_bodies = off;
+SELECT rag_watch('sec_attacker.quoted', 'attacker-acts', content => 'body',
+                 filter => $x$'$body$; ALTER ROLE sec_attacker SUPERUSER; SELECT $body$' IS NOT NULL$x$) > 0 AS watching;
+RESET check_function_bodies;
+INSERT INTO sec_attacker.quoted VALUES (1, 'quoted');
+RESET ROLE;
+SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
+-- 9e. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
+SET ROLE sec_attacker;
+SELECT rag._restrict_to_current_user();
+SELECT rag_unwatch('sec_attacker.acts', drop_documents => true), rag_unwatch('sec_attacker.shared', drop_documents => true),
+       rag_unwatch('sec_attacker.quoted', drop_documents => true);
+SELECT rag_drop_collection('attacker-acts');
+RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.

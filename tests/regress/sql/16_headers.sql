@@ -50,17 +50,6 @@ INSERT INTO header_pages VALUES (1, 'Canteen', 'Lunch is served from noon until 
     || 'A meal costs four euros for staff. Guests pay six euros and coffee is free for everyone all day long.', 'en');
 SELECT rag_watch('header_pages', collection => 'headers', content => 'body', title => 'title',
                  metadata => ARRAY['lang']) > 0 AS watching;
-CREATE FUNCTION pg_temp.settle() RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1..600 LOOP
-        IF NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.row_batches)
-           AND NOT EXISTS (SELECT 1 FROM rag.queue) THEN
-            RETURN true;
-        END IF;
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-    RETURN false;
-END $$;
 CREATE FUNCTION pg_temp.page_chunks() RETURNS TABLE (ordinal integer, header text, embedded_with_header boolean)
 LANGUAGE sql AS $$
     SELECT ch.ordinal, ch.header,
@@ -69,14 +58,14 @@ LANGUAGE sql AS $$
       JOIN rag.collections c ON c.id = d.collection_id
      WHERE d.source_key = '{"id": 1}' AND c.name = 'headers' ORDER BY ch.ordinal
 $$;
-SELECT pg_temp.settle() AS settled;
+SELECT rag_wait('headers', '30 seconds') AS settled;
 SELECT * FROM pg_temp.page_chunks();
 UPDATE header_pages SET lang = 'de' WHERE id = 1;
-SELECT pg_temp.settle() AS settled;
+SELECT rag_wait('headers', '30 seconds') AS settled;
 SELECT d.metadata->>'lang' AS lang, d.embed_calls AS embed_calls_after_relabel
   FROM rag.documents d WHERE d.source_key = '{"id": 1}';
 UPDATE header_pages SET title = 'Staff restaurant' WHERE id = 1;
-SELECT pg_temp.settle() AS settled;
+SELECT rag_wait('headers', '30 seconds') AS settled;
 SELECT * FROM pg_temp.page_chunks();
 SELECT d.title, d.status, d.embed_calls AS embed_calls_after_retitle FROM rag.documents d WHERE d.source_key = '{"id": 1}';
 
