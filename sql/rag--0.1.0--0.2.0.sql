@@ -449,7 +449,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
-STRICT STABLE PARALLEL SAFE 
+STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
@@ -1375,18 +1375,18 @@ END $$;
 CREATE OR REPLACE FUNCTION rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    p rag.providers;
+    v_provider rag.providers;
     v_caller name := rag._calling_role();
 BEGIN
-    SELECT * INTO p FROM rag.providers WHERE providers.name = rag_drop_provider.name;
+    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF NOT rag._caller_is_superuser()
-       AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-                AND pg_catalog.pg_has_role(v_caller, p.created_by, 'MEMBER')) THEN
+       AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
+                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER')) THEN
         RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
-            DETAIL = format('It was created by %s.', coalesce(p.created_by::text, 'the extension')),
+            DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
             HINT = 'Only the role that created a provider, or a superuser, may drop it.';
     END IF;
     IF EXISTS (SELECT 1 FROM rag.collections c

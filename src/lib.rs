@@ -11,6 +11,7 @@ use pgrx::prelude::*;
 
 pub mod api;
 pub mod error;
+pub mod frames;
 pub mod limits;
 pub mod pg;
 pub mod provider;
@@ -82,6 +83,9 @@ extension_sql_file!("../sql/security.sql", name = "security", finalize);
 pub extern "C-unwind" fn _PG_init() {
     keep_backtraces_out_of_errors();
     settings::define();
+    // In every process that loads the library, preloaded or not: rag's privilege checks need to know whose
+    // code is running (frames.rs).
+    frames::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();

@@ -89,29 +89,62 @@ impl Drop for RestrictedIdentity {
     }
 }
 
-/// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the session's
-/// current role (what `SET ROLE` chose; `GetOuterUserId`), which a definer function does not change.
+/// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the role whose
+/// code called into rag. That is the identity of the innermost function running below rag's own frames that
+/// PostgreSQL switched to or kept (a SECURITY DEFINER function of another role runs as that role, whoever
+/// calls it: [`crate::frames`]), else the session's current role (what `SET ROLE` chose; `GetOuterUserId`).
+/// Called only by `rag._calling_role()`, whose own frame the stack must end with.
 ///
-/// Inside a security-restricted operation that answer is wrong: PostgreSQL (index expressions, REFRESH
+/// Inside a security-restricted operation neither answer is right: PostgreSQL (index expressions, REFRESH
 /// MATERIALIZED VIEW, VACUUM and ANALYZE) and the extension itself (watch expressions, [`RestrictedIdentity`];
-/// a watch's trigger, [`restrict_current_user`]) run a table owner's code there as that owner, while the outer
-/// role stays whoever started the command: a superuser, the worker. Code an owner wrote would act through rag
-/// with that role's rights (make grants, providers that carry keys). Which role the operation switched to is
-/// not recorded anywhere a function called inside it can read, so the extension refuses to act for anyone there.
+/// a watch's trigger, [`restrict_current_user`]) run a table owner's code there as that owner without calling
+/// a function, while the outer role stays whoever started the command: a superuser, the worker. Code an owner
+/// wrote would act through rag with that role's rights (make grants, providers that carry keys). The operation's
+/// role is not recorded anywhere a function called inside it can read, so the extension refuses to act there.
 pub fn calling_role() -> pg_sys::Oid {
-    // SAFETY: both read process-global state of this backend, on its only thread.
-    unsafe {
-        if pg_sys::InSecurityRestrictedOperation() {
-            crate::error::RagError::InsufficientPrivilege {
-                message: "rag cannot act for a caller inside a security-restricted operation".into(),
-                hint: "Index expressions, a materialized view's query, code run by VACUUM or ANALYZE and a watch's \
-                       expressions run with their author's rights under PostgreSQL's restrictions, where rag cannot \
-                       tell whose rights those are; call rag's functions from ordinary SQL."
-                    .into(),
-            }
-            .raise()
+    // SAFETY: reads process-global state of this backend, on its only thread.
+    if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+        crate::error::RagError::InsufficientPrivilege {
+            message: "rag cannot act for a caller inside a security-restricted operation".into(),
+            hint: "Index expressions, a materialized view's query, code run by VACUUM or ANALYZE and a watch's \
+                   expressions run with their author's rights under PostgreSQL's restrictions, where rag cannot \
+                   tell whose rights those are; call rag's functions from ordinary SQL."
+                .into(),
         }
-        pg_sys::GetOuterUserId()
+        .raise()
+    }
+    match crate::frames::innermost_caller(describe_function) {
+        Ok(Some(role)) => role,
+        // SAFETY: reads a backend global.
+        Ok(None) => unsafe { pg_sys::GetOuterUserId() },
+        Err(why) => crate::error::RagError::InsufficientPrivilege {
+            message: format!("rag cannot tell who is calling: {why}"),
+            hint: "Call rag's functions from ordinary SQL.".into(),
+        }
+        .raise(),
+    }
+}
+
+/// A function's owner, and whether it is `rag._calling_role` itself; `None` when the catalog lacks it.
+fn describe_function(function: pg_sys::Oid) -> Option<(pg_sys::Oid, bool)> {
+    // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
+    // FormData_pg_proc, read before the tuple is released; get_namespace_oid with missing_ok never raises.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+        let owner = (*form).proowner;
+        let namespace = (*form).pronamespace;
+        let is_calling_role =
+            std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
+        pg_sys::ReleaseSysCache(tuple);
+        let rag = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
+        Some((owner, is_calling_role && namespace == rag))
     }
 }
 

@@ -24,8 +24,9 @@ pub mod rag {
 
     /// The role the caller acts as, seen from inside SECURITY DEFINER code (where current_user is the owner):
     /// every privilege check asks it, and the ledger and conversations record it. Raises inside a
-    /// security-restricted operation (see [`crate::security::calling_role`]).
-    #[pg_extern(stable, parallel_safe, name = "_calling_role")]
+    /// security-restricted operation (see [`crate::security::calling_role`]). Parallel restricted: a parallel
+    /// worker does not see the leader's stack of running functions (`crate::frames`).
+    #[pg_extern(stable, parallel_restricted, name = "_calling_role")]
     pub fn calling_role() -> String {
         let role = crate::security::calling_role();
         // SAFETY: GetUserNameFromId with noerr returns a palloc'd NUL-terminated string or NULL (checked),

@@ -421,7 +421,41 @@ RESET check_function_bodies;
 INSERT INTO sec_attacker.quoted VALUES (1, 'quoted');
 RESET ROLE;
 SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
--- 9e. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
+-- 9e. Nor through a SECURITY DEFINER function of the attacker's that a superuser calls, or a trigger of that
+-- kind fired by a superuser's write: rag acts for the role that function runs as, as PostgreSQL does.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.lure() RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    PERFORM public.rag_grant('owner-docs', 'sec_attacker', 'admin');
+    RETURN 'granted';
+END $f$;
+CREATE TABLE sec_attacker.guestbook (id int PRIMARY KEY, line text);
+CREATE FUNCTION sec_attacker.on_signing() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    PERFORM public.rag_grant('owner-docs', 'sec_attacker', 'admin');
+    RETURN NEW;
+END $f$;
+CREATE TRIGGER signing AFTER INSERT ON sec_attacker.guestbook FOR EACH ROW EXECUTE FUNCTION sec_attacker.on_signing();
+GRANT INSERT ON sec_attacker.guestbook TO PUBLIC;
+RESET ROLE;
+\set VERBOSITY terse
+SELECT sec_attacker.lure();
+INSERT INTO sec_attacker.guestbook VALUES (1, 'a superuser was here');
+\set VERBOSITY default
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+-- The other way round, a definer function is how an owner lends its rights on purpose: a role with no rag
+-- role at all searches the owner's collection through the owner's function, and only through it.
+SET ROLE sec_owner;
+CREATE FUNCTION sec_owner.payroll_answer(question text) RETURNS text LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog AS $f$ SELECT title FROM public.rag_query('owner-docs', question, 1) $f$;
+GRANT USAGE ON SCHEMA sec_owner TO sec_nobody;
+GRANT EXECUTE ON FUNCTION sec_owner.payroll_answer(text) TO sec_nobody;
+RESET ROLE;
+SET ROLE sec_nobody;
+SELECT sec_owner.payroll_answer('when are salaries paid') AS through_the_owners_function;
+SELECT count(*) FROM public.rag_query('owner-docs', 'when are salaries paid');
+RESET ROLE;
+-- 9g. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
 SET ROLE sec_attacker;
 SELECT rag._restrict_to_current_user();
 SELECT rag_unwatch('sec_attacker.acts', drop_documents => true), rag_unwatch('sec_attacker.shared', drop_documents => true),
