@@ -2314,7 +2314,10 @@ CREATE OR REPLACE FUNCTION rag_query(
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
                  distance double precision, metadata jsonb, page integer, source text, source_key jsonb,
                  relevance real)
-LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER, like rag_ask and rag_prompt: the collection's read privilege is checked first, and the
+-- search checks every candidate made from a watched row by key as the caller (rag._row_visible), which the
+-- policies on rag.documents and rag.chunks (watch.sql) do not do for a table the caller may read only in part.
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_vector text;
@@ -2710,11 +2713,25 @@ BEGIN
             p_key));
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT coalesce(array_agg(w.id), '{}')
+      FROM rag.watches w
+      JOIN pg_catalog.pg_class t ON t.oid = w.source
+      JOIN pg_catalog.pg_roles r ON r.rolname = p_role
+     WHERE r.rolsuper
+        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER') AND NOT t.relforcerowsecurity
+        OR ((NOT t.relrowsecurity OR r.rolbypassrls)
+            AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
+                 OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
+                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
+$$;
+
 ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY readable ON rag.documents FOR SELECT
     USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
-           AND (watch_id IS NULL OR rag._row_visible(watch_id, source_key)));
+           AND (watch_id IS NULL OR watch_id = ANY ((SELECT rag._watches_readable_whole(current_user))::integer[])));
 
 ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
 
@@ -3461,7 +3478,7 @@ BEGIN
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting')
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

@@ -433,7 +433,10 @@ CREATE FUNCTION rag_query(
 ) RETURNS TABLE (document_id bigint, title text, chunk_id bigint, ordinal integer, content text,
                  distance double precision, metadata jsonb, page integer, source text, source_key jsonb,
                  relevance real)
-LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER, like rag_ask and rag_prompt: the collection's read privilege is checked first, and the
+-- search checks every candidate made from a watched row by key as the caller (rag._row_visible), which the
+-- policies on rag.documents and rag.chunks (watch.sql) do not do for a table the caller may read only in part.
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_vector text;

@@ -86,14 +86,35 @@ BEGIN
             p_key));
 END $$;
 
--- A plain SELECT of rag.documents or rag.chunks keeps the source table's rules too, not only retrieval: a
--- document made from a watched row, and its chunks, are shown only while the role could SELECT the row. The
--- chunks' check goes through the document (its own policy) and only in collections that watch a table; the
--- lists of readable and watching collections are each computed once per query (InitPlans).
+-- The watches whose whole table p_role may read without row-level security in the way: a superuser, a
+-- member of the table's owner (who bypasses its policies unless they are forced), or a role with SELECT on
+-- every column the index reads of a table with no row-level security (or with BYPASSRLS). Catalog lookups
+-- only: nothing of the table's owner's (policies, types, operators) runs for it. The policies below call it
+-- once per query.
+CREATE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT coalesce(array_agg(w.id), '{}')
+      FROM rag.watches w
+      JOIN pg_catalog.pg_class t ON t.oid = w.source
+      JOIN pg_catalog.pg_roles r ON r.rolname = p_role
+     WHERE r.rolsuper
+        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER') AND NOT t.relforcerowsecurity
+        OR ((NOT t.relrowsecurity OR r.rolbypassrls)
+            AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
+                 OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
+                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
+$$;
+
+-- A plain SELECT of rag.documents or rag.chunks keeps the source table's rules too: a document made from a
+-- watched row, and its chunks, are shown only to a role that may read that whole table (above). A reader who
+-- may read only some of its rows finds them through retrieval (rag_query, rag_prompt, rag_ask: SECURITY
+-- DEFINER, they bypass these policies and check every candidate row by key, rag._row_visible). Checking rows
+-- by key here instead would run the table owner's policies with the rights of whoever selects, and cost a
+-- lookup per row. The chunks' check goes through their document, and only in collections that watch a table.
 ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
 CREATE POLICY readable ON rag.documents FOR SELECT
     USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])
-           AND (watch_id IS NULL OR rag._row_visible(watch_id, source_key)));
+           AND (watch_id IS NULL OR watch_id = ANY ((SELECT rag._watches_readable_whole(current_user))::integer[])));
 ALTER TABLE rag.chunks ENABLE ROW LEVEL SECURITY;
 CREATE POLICY readable ON rag.chunks FOR SELECT
     USING (collection_id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])

@@ -118,37 +118,55 @@ unsafe extern "C-unwind" fn forget_frames(
     }
 }
 
+/// What the catalog says of a function: its owner, whether it is SECURITY DEFINER, and whether it is
+/// `rag._calling_role()` itself.
+pub struct FunctionFacts {
+    pub owner: pg_sys::Oid,
+    pub security_definer: bool,
+    pub is_calling_role: bool,
+}
+
 /// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
-/// SET clause, so the handler runs it and the hook recorded it): the identity of the innermost frame below it
-/// whose identity is not that of `rag._calling_role()`'s owner (the role that owns every function of rag, so
-/// its frames are rag's own). `Ok(None)` when there is no such frame: the session's current role called rag.
-/// An error when the stack cannot say (too deep, or the innermost frame is not `rag._calling_role()`).
+/// SET clause, so the handler runs it and the hook recorded it): the identity of the innermost SECURITY
+/// DEFINER frame below it whose identity is not that of `rag._calling_role()`'s owner (the role that owns
+/// every function of rag, so its frames are rag's own). Frames of functions that only have SET clauses are
+/// passed over: their identity is whatever was current when they started, and such a function may `SET ROLE`
+/// to a lesser role afterwards (a definer function may not), which the session's current role then follows.
+/// `Ok(None)` when there is no such frame: the session's current role called rag. An error when the stack
+/// cannot say (too deep, or the innermost frame is not `rag._calling_role()`).
 pub fn innermost_caller(
-    describe: impl Fn(pg_sys::Oid) -> Option<(pg_sys::Oid, bool)>,
+    describe: impl Fn(pg_sys::Oid) -> Option<FunctionFacts>,
 ) -> Result<Option<pg_sys::Oid>, &'static str> {
-    // Copied out first: the catalog lookup below must not run while the stack is borrowed (the hook borrows it
-    // on every call PostgreSQL makes through the definer handler).
+    // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
+    // it on every call PostgreSQL makes through the definer handler).
     let (own, callers) = FRAMES.with(|frames| {
         let frames = frames.borrow();
         if frames.depth > CAPACITY {
             return Err("the call stack is too deep to tell who called");
         }
         match frames.frames[..frames.depth].split_last() {
-            Some((own, rest)) => Ok((
-                *own,
-                rest.iter().map(|frame| frame.user).collect::<Vec<_>>(),
-            )),
+            Some((own, rest)) => Ok((*own, rest.to_vec())),
             None => Err(NOT_THROUGH_FMGR),
         }
     })?;
-    let Some((owner, is_calling_role)) = describe(own.function) else {
-        return Err("rag._calling_role() could not find itself in the catalog");
-    };
-    if !is_calling_role {
+    let own = describe(own.function).ok_or(NOT_IN_CATALOG)?;
+    if !own.is_calling_role {
         return Err(NOT_THROUGH_FMGR);
     }
-    Ok(callers.into_iter().rev().find(|&user| user != owner))
+    for frame in callers.iter().rev() {
+        if frame.user == own.owner {
+            continue;
+        }
+        if describe(frame.function)
+            .ok_or(NOT_IN_CATALOG)?
+            .security_definer
+        {
+            return Ok(Some(frame.user));
+        }
+    }
+    Ok(None)
 }
 
 const NOT_THROUGH_FMGR: &str =
     "rag._calling_role() was not called through PostgreSQL's function manager";
+const NOT_IN_CATALOG: &str = "a running function is not in the catalog";

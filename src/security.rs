@@ -90,9 +90,9 @@ impl Drop for RestrictedIdentity {
 }
 
 /// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the role whose
-/// code called into rag. That is the identity of the innermost function running below rag's own frames that
-/// PostgreSQL switched to or kept (a SECURITY DEFINER function of another role runs as that role, whoever
-/// calls it: [`crate::frames`]), else the session's current role (what `SET ROLE` chose; `GetOuterUserId`).
+/// code called into rag. That is the owner of the innermost SECURITY DEFINER function running below rag's own
+/// frames (it runs as that role, whoever calls it: [`crate::frames`]), else the session's current role (what
+/// `SET ROLE` chose; `GetOuterUserId`). Refused in a parallel worker, which has none of the leader's frames.
 /// Called only by `rag._calling_role()`, whose own frame the stack must end with.
 ///
 /// Inside a security-restricted operation neither answer is right: PostgreSQL (index expressions, REFRESH
@@ -102,6 +102,16 @@ impl Drop for RestrictedIdentity {
 /// wrote would act through rag with that role's rights (make grants, providers that carry keys). The operation's
 /// role is not recorded anywhere a function called inside it can read, so the extension refuses to act there.
 pub fn calling_role() -> pg_sys::Oid {
+    // A parallel worker starts with the leader's outer role and none of its running functions: it cannot
+    // tell, and nothing in rag needs to act for a caller there.
+    // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
+    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+        crate::error::RagError::InsufficientPrivilege {
+            message: "rag cannot act for a caller inside a parallel worker".into(),
+            hint: "Call rag's functions from a function that is not marked PARALLEL SAFE.".into(),
+        }
+        .raise()
+    }
     // SAFETY: reads process-global state of this backend, on its only thread.
     if unsafe { pg_sys::InSecurityRestrictedOperation() } {
         crate::error::RagError::InsufficientPrivilege {
@@ -125,8 +135,8 @@ pub fn calling_role() -> pg_sys::Oid {
     }
 }
 
-/// A function's owner, and whether it is `rag._calling_role` itself; `None` when the catalog lacks it.
-fn describe_function(function: pg_sys::Oid) -> Option<(pg_sys::Oid, bool)> {
+/// What the catalog says of a running function (`crate::frames`); `None` when the catalog lacks it.
+fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFacts> {
     // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
     // FormData_pg_proc, read before the tuple is released; get_namespace_oid with missing_ok never raises.
     unsafe {
@@ -139,12 +149,17 @@ fn describe_function(function: pg_sys::Oid) -> Option<(pg_sys::Oid, bool)> {
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
         let owner = (*form).proowner;
+        let security_definer = (*form).prosecdef;
         let namespace = (*form).pronamespace;
-        let is_calling_role =
+        let named_calling_role =
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
         pg_sys::ReleaseSysCache(tuple);
         let rag = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
-        Some((owner, is_calling_role && namespace == rag))
+        Some(crate::frames::FunctionFacts {
+            owner,
+            security_definer,
+            is_calling_role: named_calling_role && namespace == rag,
+        })
     }
 }
 

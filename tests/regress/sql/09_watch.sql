@@ -25,6 +25,8 @@ SET ROLE watch_reader;
 SELECT count(*) AS queue_rows_a_reader_sees FROM rag.row_queue;
 SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT title, source_key FROM rag_query('site', 'where are bicycles parked', 1);
+-- A reader who may read the whole table (no row-level security on it) sees its documents in a plain SELECT.
+SELECT count(*) AS documents_a_whole_table_reader_sees FROM rag.documents WHERE source = 'articles';
 RESET ROLE;
 DELETE FROM articles WHERE title = 'Bicycles';
 SELECT rag_wait('site', '30 seconds') AS settled;
