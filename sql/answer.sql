@@ -2,16 +2,24 @@
 -- failed, with the provider's own token counts and the price in force when it ran. The tables are in
 -- schema.sql with all the others.
 
+-- Prices are the database's, not a collection's: every collection's ledger costs, past ones included (a
+-- backdated price), are computed from them, so a superuser sets them, as a superuser decides where keys go.
 CREATE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
 RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF NOT rag._caller_is_superuser() THEN
+        RAISE EXCEPTION 'only a superuser may set prices' USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Prices apply to the ledger of every collection; ask a superuser to run rag_set_price.';
+    END IF;
+    INSERT INTO rag.prices AS p (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (rag_set_price.model, rag_set_price.input_usd_per_million, rag_set_price.output_usd_per_million,
+            rag_set_price.valid_from)
+    ON CONFLICT ON CONSTRAINT prices_pkey DO UPDATE
        SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
+           output_usd_per_million = EXCLUDED.output_usd_per_million;
+END $$;
 
 CREATE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
 LANGUAGE sql STABLE AS $$

@@ -2435,13 +2435,19 @@ END $$;
 CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
 RETURNS void
-LANGUAGE sql SECURITY DEFINER AS $$
-    INSERT INTO rag.prices (model, input_usd_per_million, output_usd_per_million, valid_from)
-    VALUES (model, input_usd_per_million, output_usd_per_million, valid_from)
-    ON CONFLICT (model, valid_from) DO UPDATE
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF NOT rag._caller_is_superuser() THEN
+        RAISE EXCEPTION 'only a superuser may set prices' USING ERRCODE = 'insufficient_privilege',
+            HINT = 'Prices apply to the ledger of every collection; ask a superuser to run rag_set_price.';
+    END IF;
+    INSERT INTO rag.prices AS p (model, input_usd_per_million, output_usd_per_million, valid_from)
+    VALUES (rag_set_price.model, rag_set_price.input_usd_per_million, rag_set_price.output_usd_per_million,
+            rag_set_price.valid_from)
+    ON CONFLICT ON CONSTRAINT prices_pkey DO UPDATE
        SET input_usd_per_million = EXCLUDED.input_usd_per_million,
-           output_usd_per_million = EXCLUDED.output_usd_per_million
-$$;
+           output_usd_per_million = EXCLUDED.output_usd_per_million;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._price_in_force(p_model text) RETURNS rag.prices
 LANGUAGE sql STABLE AS $$
@@ -2971,6 +2977,12 @@ BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
+    END IF;
+    -- A temporary table goes with its session, and no event trigger sees it go: its watch, trigger functions
+    -- and documents would outlive it.
+    IF (SELECT relpersistence FROM pg_class WHERE oid = source) = 't' THEN
+        RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
+            HINT = 'Watch a permanent (or unlogged) table.';
     END IF;
     IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
         RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',

@@ -369,6 +369,12 @@ BEGIN
         RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
     END IF;
+    -- A temporary table goes with its session, and no event trigger sees it go: its watch, trigger functions
+    -- and documents would outlive it.
+    IF (SELECT relpersistence FROM pg_class WHERE oid = source) = 't' THEN
+        RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
+            HINT = 'Watch a permanent (or unlogged) table.';
+    END IF;
     IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
         RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';

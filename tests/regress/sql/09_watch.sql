@@ -127,6 +127,8 @@ SELECT rag_watch('notes', 'site', content => 'txt', format => 'pdf');
 SELECT rag_watch('articles', 'site', content => 'body');
 CREATE TABLE keyless (txt text);
 SELECT rag_watch('keyless', 'site', content => 'txt');
+CREATE TEMPORARY TABLE session_notes (id int PRIMARY KEY, txt text);
+SELECT rag_watch('session_notes', 'site', content => 'txt');
 SELECT count(*) AS articles_still_there FROM articles;
 
 -- DROP TABLE of a watched table cleans up through the event trigger.

@@ -336,6 +336,8 @@ SELECT name, api_key_setting FROM rag.providers WHERE name IN ('allowed', 'keyle
 -- at a server of their own, nor drop the extension's own providers.
 SELECT rag_create_provider('corporate', 'openai', base_url => 'http://127.0.0.1:9/v1');
 SET ROLE sec_attacker;
+-- Nor set the prices every collection's ledger costs are computed from.
+SELECT rag_set_price('hash-384', 1000, 1000);
 SELECT rag_drop_provider('corporate');
 SELECT rag_drop_provider('ollama');
 RESET ROLE;
