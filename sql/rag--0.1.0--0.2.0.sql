@@ -2383,7 +2383,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
                             mode text DEFAULT NULL)
 RETURNS SETOF text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_line text;

@@ -501,10 +501,12 @@ END $$;
 
 -- The plan of the search (rag._search) for a collection and question, for DBAs checking that the collection's
 -- HNSW and GIN indexes are used.
+-- SECURITY DEFINER as rag_query is, so that the plan shown is the one the search runs: as the extension's
+-- owner, without the row-level security a reader's own query of rag.chunks would add.
 CREATE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
                             mode text DEFAULT NULL)
 RETURNS SETOF text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_line text;

@@ -687,19 +687,7 @@ pub enum RowSync {
 }
 
 pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
-    type Decided = (
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-        Option<i32>,
-        Option<i32>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    );
-    let decided: Decided = Spi::connect_mut(|client| {
+    Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
              embedding_model, document_prefix, title FROM rag._sync_row($1)",
@@ -707,45 +695,33 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
             &[row_queue_id.into()],
         )?;
         let row = rows.first();
-        Ok::<_, SpiError>((
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
-            row.get(5)?,
-            row.get(6)?,
-            row.get(7)?,
-            row.get(8)?,
-            row.get(9)?,
-            row.get(10)?,
-        ))
-    })?;
-    let (
-        action,
-        document_id,
-        body,
-        size,
-        overlap,
-        unit,
-        provider_kind,
-        model,
-        document_prefix,
-        title,
-    ) = decided;
-    if action.as_deref() != Some("chunk") {
-        return Ok(RowSync::Settled);
-    }
-    Ok(RowSync::Chunk {
-        document_id: not_null(document_id, "documents.id")?,
-        title: title.unwrap_or_default(),
-        // An empty text is a text: the chunker makes no chunk of it.
-        body: body.unwrap_or_default(),
-        size: not_null(size, "collections.chunk_size")?,
-        overlap: not_null(overlap, "collections.chunk_overlap")?,
-        unit: not_null(unit, "collections.chunk_unit")?,
-        provider_kind: Kind::from_column(&not_null(provider_kind, "providers.kind")?),
-        model: not_null(model, "collections.embedding_model")?,
-        document_prefix: not_null(document_prefix, "collections.document_prefix")?,
+        if row.get_by_name::<String, _>("action")?.as_deref() != Some("chunk") {
+            return Ok(RowSync::Settled);
+        }
+        Ok(RowSync::Chunk {
+            document_id: not_null(row.get_by_name("document_id")?, "documents.id")?,
+            title: row.get_by_name::<String, _>("title")?.unwrap_or_default(),
+            // An empty text is a text: the chunker makes no chunk of it.
+            body: row.get_by_name::<String, _>("body")?.unwrap_or_default(),
+            size: not_null(row.get_by_name("chunk_size")?, "collections.chunk_size")?,
+            overlap: not_null(
+                row.get_by_name("chunk_overlap")?,
+                "collections.chunk_overlap",
+            )?,
+            unit: not_null(row.get_by_name("chunk_unit")?, "collections.chunk_unit")?,
+            provider_kind: Kind::from_column(&not_null::<String>(
+                row.get_by_name("provider_kind")?,
+                "providers.kind",
+            )?),
+            model: not_null(
+                row.get_by_name("embedding_model")?,
+                "collections.embedding_model",
+            )?,
+            document_prefix: not_null(
+                row.get_by_name("document_prefix")?,
+                "collections.document_prefix",
+            )?,
+        })
     })
 }
 

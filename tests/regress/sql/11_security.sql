@@ -208,6 +208,13 @@ SELECT count(*) AS vector_hits, count(*) FILTER (WHERE (source_key->>'id')::int 
 SELECT count(*) FILTER (WHERE line ~ 'on documents') > 0 AS rows_checked
   FROM rag_explain('tickets', 'printer out of toner', mode => 'vector') AS line;
 RESET ROLE;
+-- The plan a reader is shown is the one the search runs (as the extension's owner, as rag_query does), the
+-- same a superuser is shown: not the reader's own row-level security over rag.chunks.
+SELECT string_agg(line, E'\n') AS superuser_plan FROM rag_explain('tickets', 'printer out of toner') AS line \gset
+SET ROLE sec_reader;
+SELECT string_agg(line, E'\n') = :'superuser_plan' AS readers_plan_is_the_searchs
+  FROM rag_explain('tickets', 'printer out of toner') AS line;
+RESET ROLE;
 -- The search without row checks returns nothing at all once the collection watches a table, in its own
 -- snapshot: a watch made after rag._search looked for one (rag._watched) never lets an unchecked row through,
 -- and rag._search runs the checked search when it finds nothing.
