@@ -58,8 +58,8 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
-    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
-    -- may read, so nobody can fill another collection's ledger.
+    -- Only rag's own functions call this (rag_query, rag_prompt, rag_ask, all SECURITY DEFINER; no role is
+    -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
     IF pg_catalog.pg_is_in_recovery() THEN

@@ -298,6 +298,9 @@ SELECT c.name AS collection,
 
 COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
 
+CREATE OR REPLACE FUNCTION rag._load_library(internal) RETURNS internal
+    LANGUAGE c STRICT AS 'MODULE_PATHNAME', 'rag_load_library';
+
 CREATE OR REPLACE FUNCTION "rag_ask"(
 	"collection" TEXT, /* & str */
 	"question" TEXT, /* & str */
@@ -1402,9 +1405,27 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
-LANGUAGE sql VOLATILE AS $$
-    SELECT rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector
-$$;
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+DECLARE
+    v_provider rag.providers;
+    v_caller name;
+BEGIN
+    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
+    IF FOUND AND v_provider.api_key_setting IS NOT NULL AND NOT rag._caller_is_superuser() THEN
+        v_caller := rag._calling_role();
+        IF NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
+                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER'))
+           AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                            WHERE v_provider.name IN (c.embedding_provider, c.reranker_provider)
+                              AND c.id = ANY (rag._collections_with(v_caller, 'read'))) THEN
+            RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
+                DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
+                                coalesce(v_provider.created_by::text, 'the extension')),
+                HINT = 'Use it through a collection you may read, or ask its creator or a superuser.';
+        END IF;
+    END IF;
+    RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag_ingest(
     collection text,
@@ -2482,8 +2503,8 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
-    -- rag_query calls this as its caller (a rag_reader): a row may be written only for a collection the caller
-    -- may read, so nobody can fill another collection's ledger.
+    -- Only rag's own functions call this (rag_query, rag_prompt, rag_ask, all SECURITY DEFINER; no role is
+    -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
     IF pg_catalog.pg_is_in_recovery() THEN
@@ -3475,18 +3496,25 @@ BEGIN
            AND dep.deptype = 'e'
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
+        -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
+        -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose callers
+        -- it could then not tell apart.
+        IF f.proname <> '_load_library' THEN
+            EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        END IF;
         IF f.lanname IN ('sql', 'plpgsql') THEN
             -- Our SQL is written for standard strings ('\m' is two characters); a session that turned them off
             -- must not change what it means, nor how a user's watch expression is read.
             EXECUTE format('ALTER FUNCTION %s SET standard_conforming_strings = on', f.signature);
         END IF;
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        -- The list below is the whole truth for rag's own roles: an upgrade takes back what it no longer grants.
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
+                               '_embed_query_usage', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
-                               'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
+                               'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',

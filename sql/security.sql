@@ -74,18 +74,25 @@ BEGIN
            AND dep.deptype = 'e'
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
+        -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
+        -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose callers
+        -- it could then not tell apart.
+        IF f.proname <> '_load_library' THEN
+            EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        END IF;
         IF f.lanname IN ('sql', 'plpgsql') THEN
             -- Our SQL is written for standard strings ('\m' is two characters); a session that turned them off
             -- must not change what it means, nor how a user's watch expression is read.
             EXECUTE format('ALTER FUNCTION %s SET standard_conforming_strings = on', f.signature);
         END IF;
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.signature);
+        -- The list below is the whole truth for rag's own roles: an upgrade takes back what it no longer grants.
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_embed_query_usage', '_record_query', '_calling_role', '_retrieve_context',
+                               '_embed_query_usage', '_calling_role', '_retrieve_context',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
-                               'rag_conversation_delete', '_conversation_of_caller', 'rag_embed', '_embed_text',
+                               'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',

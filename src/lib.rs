@@ -85,7 +85,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::define();
     // In every process that loads the library, preloaded or not: rag's privilege checks need to know whose
     // code is running (frames.rs).
-    frames::install();
+    frames::install(pg::preloading());
     if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();

@@ -125,11 +125,24 @@ pub fn calling_role() -> pg_sys::Oid {
     }
     match crate::frames::innermost_caller(describe_function) {
         Ok(Some(role)) => role,
+        // A foreign key's action runs as the owner of the table it reads or changes, without a function
+        // frame (only SECURITY_NOFORCE_RLS marks it): code that owner wrote (a trigger on that table) would
+        // otherwise act for the role whose statement set off the action.
+        // SAFETY: reads a backend global.
+        Ok(None) if unsafe { pg_sys::InNoForceRLSOperation() } => {
+            crate::error::RagError::InsufficientPrivilege {
+                message: "rag cannot act for a caller inside a foreign key's action".into(),
+                hint: "A foreign key's cascade runs the referencing table's triggers as that table's owner; \
+                       call rag from a SECURITY DEFINER function there, or from ordinary SQL."
+                    .into(),
+            }
+            .raise()
+        }
         // SAFETY: reads a backend global.
         Ok(None) => unsafe { pg_sys::GetOuterUserId() },
         Err(why) => crate::error::RagError::InsufficientPrivilege {
-            message: format!("rag cannot tell who is calling: {why}"),
-            hint: "Call rag's functions from ordinary SQL.".into(),
+            message: format!("rag cannot tell who is calling: {}", why.reason()),
+            hint: why.hint().into(),
         }
         .raise(),
     }

@@ -18,6 +18,38 @@ pub fn on_cancel() -> impl FnMut() -> bool {
     }
 }
 
+/// `rag._load_library(internal)`, the planner support function of every function of rag. It never helps the
+/// planner (it answers every request with NULL, "no simplification"); it exists so that planning a call to
+/// rag loads the library, in the frame of whoever wrote the call. Without `shared_preload_libraries` the
+/// library would otherwise be loaded inside rag's own SECURITY DEFINER function, where the identity of the
+/// function that called it can no longer be read (`crate::frames`).
+///
+/// Written by hand, not with `#[pg_extern]`: pgrx returns an `internal` NULL pointer as SQL NULL, and the
+/// planner raises "function returned NULL" for that.
+#[no_mangle]
+pub extern "C" fn pg_finfo_rag_load_library() -> &'static pgrx::pg_sys::Pg_finfo_record {
+    static VERSION_1: pgrx::pg_sys::Pg_finfo_record =
+        pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+    &VERSION_1
+}
+
+/// See [`pg_finfo_rag_load_library`]. Reads nothing and cannot fail, so it needs no `#[pg_guard]`.
+#[no_mangle]
+pub extern "C-unwind" fn rag_load_library(
+    _fcinfo: pgrx::pg_sys::FunctionCallInfo,
+) -> pgrx::pg_sys::Datum {
+    pgrx::pg_sys::Datum::from(0usize)
+}
+
+pgrx::extension_sql!(
+    r#"
+CREATE FUNCTION rag._load_library(internal) RETURNS internal
+    LANGUAGE c STRICT AS 'MODULE_PATHNAME', 'rag_load_library';
+"#,
+    name = "load_library",
+    requires = ["schema"]
+);
+
 #[pgrx::pg_schema]
 pub mod rag {
     use pgrx::prelude::*;

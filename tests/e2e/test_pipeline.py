@@ -320,13 +320,17 @@ class Pipeline(unittest.TestCase):
 
 
 class WithoutPreload(unittest.TestCase):
-    """A server that cannot preload the library still works through rag_process_queue()."""
+    """A server that cannot preload the library: it still works through rag_process_queue(), and its
+    privilege checks still tell who called (each psql call below is a new session, which loads the library
+    afresh)."""
 
-    def test_process_queue_in_session(self):
+    @classmethod
+    def setUpClass(cls):
         work = os.environ.get("WORK", "/tmp/rag-test")
-        port = subprocess.run(["python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"],
-                              capture_output=True, text=True).stdout.strip()
-        data = f"{work}/nopreload"
+        cls.port = port = subprocess.run(
+            ["python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"],
+            capture_output=True, text=True).stdout.strip()
+        cls.data = data = f"{work}/nopreload"
         script = f"""
             set -e
             source {os.environ['ROOT']}/scripts/lib/cluster.sh
@@ -335,57 +339,115 @@ class WithoutPreload(unittest.TestCase):
             as_postgres $PG_BIN/pg_ctl -D {data}/data -w restart -l {data}/server.log >/dev/null
         """
         subprocess.run(["bash", "-c", script], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {cls.data}"])
+
+    def test_definer_functions_running_when_the_library_loads(self):
+        port = self.port
+        psql("CREATE DATABASE definers", db="postgres", port=port)
+
+        def run(sql, **kwargs):
+            return psql(sql, db="definers", port=port, **kwargs)
+
+        run("""CREATE EXTENSION rag CASCADE;
+               SELECT rag_create_collection('payroll', embedding_model => 'hash-384', max_distance => 0.9);
+               SELECT rag_ingest('payroll', 'Pay day', 'Salaries are paid on the last working day of the month.');
+               SELECT rag_process_queue();
+               CREATE ROLE np_attacker; GRANT rag_reader TO np_attacker;
+               CREATE SCHEMA np_attacker AUTHORIZATION np_attacker;
+               SET ROLE np_attacker;
+               CREATE FUNCTION np_attacker.lure() RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+               SET search_path = pg_catalog AS $f$
+               BEGIN
+                   PERFORM public.rag_grant('payroll', 'np_attacker', 'admin');
+                   RETURN 'granted';
+               END $f$;
+               RESET ROLE;
+               CREATE ROLE np_nobody;
+               CREATE FUNCTION public.np_pay_day(question text) RETURNS text LANGUAGE sql SECURITY DEFINER
+               SET search_path = pg_catalog AS $f$ SELECT title FROM public.rag_query('payroll', question, 1) $f$;
+               GRANT EXECUTE ON FUNCTION public.np_pay_day(text) TO np_nobody;""")
+        # The attacker's definer function, called by a superuser as the session's first use of rag: the call
+        # to rag is planned in the attacker's frame, which loads the library there, and rag acts for the
+        # attacker, who may not grant.
+        code, _, err = run("SELECT np_attacker.lure()", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("admin", err)
+        self.assertEqual(run("SELECT count(*) FROM rag.collection_grants WHERE grantee = 'np_attacker'::regrole"), [["0"]])
+        # The library loaded inside a function of rag's owner (a superuser's definer function): whoever called
+        # it is further down than can be seen, so the call refuses and says why, and does not act for the
+        # function's owner.
+        code, _, err = run("SET ROLE np_nobody; SELECT public.np_pay_day('when are salaries paid')", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("rag cannot tell who is calling", err)
+        self.assertIn("shared_preload_libraries", err)
+        # Once loaded, the library stays: the same call again in the same session is answered (here for the
+        # superuser, whose own function it is; with the library preloaded it is answered the first time).
+        _, rows, err = run("""DO $$ BEGIN
+                                  PERFORM public.np_pay_day('when are salaries paid');
+                                  RAISE NOTICE 'answered';
+                              EXCEPTION WHEN insufficient_privilege THEN
+                                  RAISE NOTICE 'refused: %', SQLERRM;
+                              END $$;
+                              SELECT public.np_pay_day('when are salaries paid');""", check=False)
+        self.assertIn("refused: rag cannot tell who is calling", err)
+        self.assertEqual(rows, [["Pay day"]], err)
+        run("DROP FUNCTION public.np_pay_day(text); DROP SCHEMA np_attacker CASCADE; "
+            "SELECT rag_drop_collection('payroll'); DROP EXTENSION rag; DROP OWNED BY np_attacker, np_nobody; "
+            "DROP ROLE np_attacker, np_nobody")
+
+    def test_process_queue_in_session(self):
+        port = self.port
+        psql("CREATE EXTENSION rag CASCADE", db="postgres", port=port)
+        self.assertEqual(scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'rag%'", db="postgres", port=port), "0")
+        psql("SELECT rag_create_collection('manual', embedding_model => 'hash-384', max_distance => 0.9)", db="postgres", port=port)
+        psql("SELECT rag_ingest('manual', 'Good', 'Documents can be processed by hand when no worker runs.')", db="postgres", port=port)
+        psql("SELECT rag_create_collection('manual-bad', embedding_model => 'hash-384@401')", db="postgres", port=port)
+        psql("SELECT rag_ingest('manual-bad', 'Bad', 'This one fails with 401, and must not stop the other.')", db="postgres", port=port)
+        self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "2")
+        rows = psql("SELECT title, status FROM rag.documents ORDER BY title", db="postgres", port=port)
+        self.assertEqual(rows, [["Bad", "failed"], ["Good", "ready"]])
+        hit = scalar("SELECT title FROM rag_query('manual', 'processed by hand without a worker', 1)", db="postgres", port=port)
+        self.assertEqual(hit, "Good")
+        # No worker means no idle repair: an index build that a concurrent store made this session skip
+        # (rag._fit_index_to_load) is done by rag_process_queue itself once the queue is empty. The dimension
+        # is set up front (stores then share the collection's row), and rag_set_search drops the index that
+        # rag_create_collection built.
+        psql("SELECT rag_create_collection('manual-held', embedding_model => 'hash-384', dimensions => 384); "
+             "SELECT rag_set_search('manual-held', m => 8, ef_construction => 40); "
+             "SELECT rag_ingest('manual-held', 'Held', 'Stored while another store shares the collection.')",
+             db="postgres", port=port)
+        index = "SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE name = 'manual-held'"
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'manual-held' FOR SHARE;",
+                                 db="postgres", port=port)
         try:
-            psql("CREATE EXTENSION rag CASCADE", db="postgres", port=port)
-            self.assertEqual(scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'rag%'", db="postgres", port=port), "0")
-            psql("SELECT rag_create_collection('manual', embedding_model => 'hash-384', max_distance => 0.9)", db="postgres", port=port)
-            psql("SELECT rag_ingest('manual', 'Good', 'Documents can be processed by hand when no worker runs.')", db="postgres", port=port)
-            psql("SELECT rag_create_collection('manual-bad', embedding_model => 'hash-384@401')", db="postgres", port=port)
-            psql("SELECT rag_ingest('manual-bad', 'Bad', 'This one fails with 401, and must not stop the other.')", db="postgres", port=port)
-            self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "2")
-            rows = psql("SELECT title, status FROM rag.documents ORDER BY title", db="postgres", port=port)
-            self.assertEqual(rows, [["Bad", "failed"], ["Good", "ready"]])
-            hit = scalar("SELECT title FROM rag_query('manual', 'processed by hand without a worker', 1)", db="postgres", port=port)
-            self.assertEqual(hit, "Good")
-            # No worker means no idle repair: an index build that a concurrent store made this session skip
-            # (rag._fit_index_to_load) is done by rag_process_queue itself once the queue is empty. The dimension
-            # is set up front (stores then share the collection's row), and rag_set_search drops the index that
-            # rag_create_collection built.
-            psql("SELECT rag_create_collection('manual-held', embedding_model => 'hash-384', dimensions => 384); "
-                 "SELECT rag_set_search('manual-held', m => 8, ef_construction => 40); "
-                 "SELECT rag_ingest('manual-held', 'Held', 'Stored while another store shares the collection.')",
-                 db="postgres", port=port)
-            index = "SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections WHERE name = 'manual-held'"
-            holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'manual-held' FOR SHARE;",
-                                     db="postgres", port=port)
-            try:
-                self.assertEqual(holder.stdout.readline().strip(), "held")
-                self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "1")
-                self.assertEqual(scalar(index, db="postgres", port=port), "f", "built while another store held the row")
-            finally:
-                _, err = holder.communicate(input="COMMIT;\n", timeout=60)
-            self.assertEqual(holder.returncode, 0, err)
-            self.assertEqual(scalar("SELECT status FROM rag.documents WHERE title = 'Held'", db="postgres", port=port), "ready")
-            self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "0")
-            self.assertEqual(scalar(index, db="postgres", port=port), "t", "rag_process_queue left the index unbuilt")
-            self.assertIn("m='8', ef_construction='40'",
-                          scalar("SELECT indexdef FROM pg_indexes i JOIN rag.collections c ON i.indexname = c.index_name "
-                                 "WHERE c.name = 'manual-held'", db="postgres", port=port))
-            # A bulk load processed by hand: the call that stores its last document builds the index after it,
-            # though it stops at max_items before finding the queue empty (its look at the queue must see the
-            # writes of its own transaction).
-            psql("SELECT rag_create_collection('manual-bulk', embedding_model => 'hash-384'); "
-                 "SELECT count(rag_ingest('manual-bulk', 'Note ' || g, 'Bulk note ' || g || ' stored by hand.')) "
-                 "FROM generate_series(1, 210) g", db="postgres", port=port)
-            self.assertEqual(scalar("SELECT rag_process_queue(200)", db="postgres", port=port), "200")
-            self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'manual-bulk'",
-                                    db="postgres", port=port), "t", "built in the middle of the bulk load")
-            self.assertEqual(scalar("SELECT rag_process_queue(10)", db="postgres", port=port), "10")
-            self.assertEqual(scalar("SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections "
-                                    "WHERE name = 'manual-bulk'", db="postgres", port=port), "t",
-                             "the load's index was not built after its last document")
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "1")
+            self.assertEqual(scalar(index, db="postgres", port=port), "f", "built while another store held the row")
         finally:
-            subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {data}"])
+            _, err = holder.communicate(input="COMMIT;\n", timeout=60)
+        self.assertEqual(holder.returncode, 0, err)
+        self.assertEqual(scalar("SELECT status FROM rag.documents WHERE title = 'Held'", db="postgres", port=port), "ready")
+        self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "0")
+        self.assertEqual(scalar(index, db="postgres", port=port), "t", "rag_process_queue left the index unbuilt")
+        self.assertIn("m='8', ef_construction='40'",
+                      scalar("SELECT indexdef FROM pg_indexes i JOIN rag.collections c ON i.indexname = c.index_name "
+                             "WHERE c.name = 'manual-held'", db="postgres", port=port))
+        # A bulk load processed by hand: the call that stores its last document builds the index after it,
+        # though it stops at max_items before finding the queue empty (its look at the queue must see the
+        # writes of its own transaction).
+        psql("SELECT rag_create_collection('manual-bulk', embedding_model => 'hash-384'); "
+             "SELECT count(rag_ingest('manual-bulk', 'Note ' || g, 'Bulk note ' || g || ' stored by hand.')) "
+             "FROM generate_series(1, 210) g", db="postgres", port=port)
+        self.assertEqual(scalar("SELECT rag_process_queue(200)", db="postgres", port=port), "200")
+        self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'manual-bulk'",
+                                db="postgres", port=port), "t", "built in the middle of the bulk load")
+        self.assertEqual(scalar("SELECT rag_process_queue(10)", db="postgres", port=port), "10")
+        self.assertEqual(scalar("SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections "
+                                "WHERE name = 'manual-bulk'", db="postgres", port=port), "t",
+                         "the load's index was not built after its last document")
 
 
 if __name__ == "__main__":

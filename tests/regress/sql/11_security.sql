@@ -337,6 +337,14 @@ SELECT rag_allow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1/');
 SET ROLE sec_attacker;
 SELECT rag_create_provider('allowed', 'openai', base_url => 'http://127.0.0.1:9/v1', api_key_setting => 'rag.openai_api_key');
 RESET ROLE;
+-- A provider that sends a key bills that key: a reader of no collection using it cannot spend it through
+-- rag_embed, nor call the function behind rag_embed; nor write the ledger but through a call it records.
+SET ROLE sec_reader;
+SELECT rag_embed('spend', 'text-embedding-3-small', 'allowed');
+SELECT rag._embed_text('allowed', 'text-embedding-3-small', 'spend');
+SELECT rag._record_query(p_collection_id => rag._collection_id('owner-docs', 'read'), p_kind => 'query',
+                         p_question => 'forged', p_outcome => 'retrieved', p_embed_tokens => 1000000000);
+RESET ROLE;
 SELECT rag_disallow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
 SELECT name, api_key_setting FROM rag.providers WHERE name IN ('allowed', 'keyless') ORDER BY 1;
 -- A provider is its creator's to drop: another rag_admin cannot free the name and create it again pointing
@@ -496,6 +504,29 @@ SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
 SELECT sec_attacker.who() FROM sec_attacker.one;
 \set VERBOSITY default
 ROLLBACK;
+-- 9h. A foreign key's action runs as the owner of the referencing table, without a function frame: the
+-- attacker's BEFORE trigger on that table, set off by a superuser deleting their own row, runs as the attacker
+-- in PostgreSQL and must not act for the superuser through rag. (AFTER triggers of the cascade fire at the
+-- end of the superuser's statement, as the superuser: PostgreSQL's own rule, the same with or without rag.)
+CREATE TABLE public.sec_parents (id int PRIMARY KEY);
+GRANT REFERENCES ON public.sec_parents TO sec_attacker;
+INSERT INTO public.sec_parents VALUES (1);
+SET ROLE sec_attacker;
+CREATE TABLE sec_attacker.children (parent int REFERENCES public.sec_parents ON DELETE CASCADE);
+CREATE FUNCTION sec_attacker.on_orphaned() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM sec_attacker.take_admin('x');
+    RETURN OLD;
+END $f$;
+CREATE TRIGGER orphaned BEFORE DELETE ON sec_attacker.children FOR EACH ROW EXECUTE FUNCTION sec_attacker.on_orphaned();
+INSERT INTO sec_attacker.children VALUES (1);
+RESET ROLE;
+\set VERBOSITY terse
+DELETE FROM public.sec_parents WHERE id = 1;
+\set VERBOSITY default
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+DROP TABLE sec_attacker.children, public.sec_parents;
+DROP FUNCTION sec_attacker.on_orphaned();
 -- 9g. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
 SET ROLE sec_attacker;
 SELECT rag._restrict_to_current_user();
