@@ -124,27 +124,23 @@ END $$;
 
 -- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly. The
 -- model defaults to the local provider's default model. A provider that sends an API key bills every call to
--- that key, so only those it was set up for may call it here: its creator (or a member), a superuser, or a
--- reader of a collection that embeds or reranks with it (who can spend it through rag_query anyway).
+-- that key, and here the caller chooses the text and the model: only its creator (or a member) or a superuser
+-- may call it directly. Collections use it through rag_query and rag_ask, which record every call.
 CREATE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
-    v_caller name;
 BEGIN
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
-    IF FOUND AND v_provider.api_key_setting IS NOT NULL AND NOT rag._caller_is_superuser() THEN
-        v_caller := rag._calling_role();
-        IF NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER'))
-           AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                            WHERE v_provider.name IN (c.embedding_provider, c.reranker_provider)
-                              AND c.id = ANY (rag._collections_with(v_caller, 'read'))) THEN
+    IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
+        IF NOT rag._caller_is_superuser()
+           AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
+                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'MEMBER')) THEN
             RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
                 DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
                                 coalesce(v_provider.created_by::text, 'the extension')),
-                HINT = 'Use it through a collection you may read, or ask its creator or a superuser.';
+                HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
         END IF;
     END IF;
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector;

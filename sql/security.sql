@@ -73,11 +73,13 @@ BEGIN
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
-        -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
-        -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose callers
-        -- it could then not tell apart.
+        -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
+        -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change).
         IF f.proname <> '_load_library' THEN
+            EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
+            -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
+            -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose
+            -- callers it could then not tell apart.
             EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
         END IF;
         IF f.lanname IN ('sql', 'plpgsql') THEN
@@ -89,13 +91,13 @@ BEGIN
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
-                               '_embed_query', '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_embed_query_usage', '_calling_role', '_retrieve_context',
+                               '_collection_id', '_search_sql', '_validate_chunking', '_setting',
+                               '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_watch_columns', '_search', '_limit', '_or_query', '_keyword_index_name',
-                               '_keyword_query', '_lexeme_query', '_any_lexeme', '_rerank', '_close_enough',
+                               '_local_model_window', '_row_visible', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
+                               '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',

@@ -2,31 +2,40 @@
 //! SET-clause call handler (`fmgr_security_definer`), as a stack kept by an `fmgr_hook`.
 //!
 //! A SECURITY DEFINER function of rag sees the definer as `current_user`, so it asks who called it. The
-//! session's current role (`GetOuterUserId`) is the answer only when no other definer function is between
-//! the session and rag: a function or trigger that another role wrote as SECURITY DEFINER runs as that role,
-//! in PostgreSQL's model, even when a superuser calls it or writes to its table, and rag must not give that
-//! code the superuser's rights. The handler switches to the definer before it calls the hook, so the hook
-//! records exactly the identity each such function runs as; functions that only have SET clauses (all of
-//! rag's) record the identity they were called with, which is also right. [`innermost_caller`] walks the
-//! stack down past rag's own frames.
+//! session's current role (`GetOuterUserId`) is the answer only when nothing between the session and rag
+//! switched identity: a function or trigger that another role wrote as SECURITY DEFINER runs as that role, in
+//! PostgreSQL's model, even when a superuser calls it or writes to its table, and rag must not give that code
+//! the superuser's rights. The handler switches to the definer before it calls the hook, so the hook records
+//! exactly the identity each such function runs as; functions that only have SET clauses (all of rag's)
+//! record the identity they were called with, which is also right. [`innermost_caller`] walks the stack down
+//! past rag's own frames.
+//!
+//! PostgreSQL also runs trigger functions under another identity without a definer function: a foreign key's
+//! cascade runs the referencing table's triggers as that table's owner, and from PostgreSQL 18 every AFTER
+//! trigger runs as the role whose statement queued it (a deferred trigger queued inside a definer function
+//! fires at COMMIT as that function's owner). So the library also asks PostgreSQL, through `needs_fmgr_hook`,
+//! to run every trigger function through the same handler, and a trigger frame whose identity was switched
+//! counts as a caller, like a definer frame.
 //!
 //! Installed in every backend that loads the library; when the library is preloaded that is from the start,
 //! so no frame is missed. A backend that loads it later (no `shared_preload_libraries`) cannot see the frames
-//! that were already running when it loaded: it notes the identity they left current then, and follows it
-//! as they return ([`Floor`]). Every function of rag has a planner support function in the library
+//! that were already running when it loaded: if any of them had switched identity, it refuses to act until
+//! they have returned ([`Floor`]). Every function of rag has a planner support function in the library
 //! (`rag._load_library`), so a call to rag loads the library when the statement calling it is planned, in
 //! the caller's own frame, rather than inside rag's.
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
 /// Deeper than any call chain `max_stack_depth` allows in practice; beyond it frames are counted, not kept,
-/// and the caller cannot be told (callers then refuse: [`innermost_caller`] returns `None`).
+/// and the caller cannot be told (callers then refuse: [`innermost_caller`] returns an error).
 const CAPACITY: usize = 512;
 
-/// One running function: the identity it runs as and the function itself.
+/// One running function: the identity it runs as, its security context (which switches of identity it runs
+/// under) and the function itself.
 #[derive(Clone, Copy)]
 struct Frame {
     user: pg_sys::Oid,
+    context: std::ffi::c_int,
     function: pg_sys::Oid,
 }
 
@@ -39,7 +48,7 @@ thread_local! {
     // PostgreSQL calls the hook on the backend's one thread only; a thread-local avoids `static mut`.
     static FRAMES: RefCell<Frames> = const {
         RefCell::new(Frames {
-            frames: [Frame { user: pg_sys::InvalidOid, function: pg_sys::InvalidOid }; CAPACITY],
+            frames: [Frame { user: pg_sys::InvalidOid, context: 0, function: pg_sys::InvalidOid }; CAPACITY],
             depth: 0,
         })
     };
@@ -49,16 +58,14 @@ thread_local! {
 /// were running has anything there.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Floor {
-    /// No switch of identity: the session's current role.
+    /// Nothing had switched identity: the session's current role.
     Session,
-    /// A function running as this role, which started before the library was loaded, is the innermost one
-    /// below the frames the hook saw.
-    Role(pg_sys::Oid),
-    /// A switch of identity that no frame accounts for: a security-restricted operation or a foreign key's
-    /// action that began before the library was loaded (they end without a call of the hook, so the identity
-    /// they left current cannot be followed), or an unseen frame that ended in an error (before PostgreSQL
-    /// restored the identity below it).
-    Unknown,
+    /// Something had: a definer function or a trigger that started before the library was loaded, a
+    /// security-restricted operation, a foreign key's action, or an unseen frame that ended in an error (at
+    /// ABORT PostgreSQL has not restored the identity below it yet). Which role's code that is cannot be read
+    /// any more, and such a switch can also end without calling the hook, so rag refuses to act until an
+    /// unseen frame returns to an identity that is the session's again, or the transaction ends.
+    Switched,
 }
 
 thread_local! {
@@ -68,6 +75,7 @@ thread_local! {
 }
 
 static mut PREVIOUS_HOOK: pg_sys::fmgr_hook_type = None;
+static mut PREVIOUS_NEEDS_HOOK: pg_sys::needs_fmgr_hook_type = None;
 
 /// Installs the hook (chaining whatever was installed before) and a transaction callback that empties the
 /// stack at every transaction's end. Called once per process from `_PG_init`; `preloaded` is false in a
@@ -83,7 +91,40 @@ pub fn install(preloaded: bool) {
     unsafe {
         PREVIOUS_HOOK = pg_sys::fmgr_hook;
         pg_sys::fmgr_hook = Some(track_frame);
+        PREVIOUS_NEEDS_HOOK = pg_sys::needs_fmgr_hook;
+        pg_sys::needs_fmgr_hook = Some(frame_triggers);
         pg_sys::RegisterXactCallback(Some(forget_frames), std::ptr::null_mut());
+    }
+}
+
+/// PostgreSQL asks this, when it looks a function up, whether the function needs the handler that calls the
+/// hook (definer and SET-clause functions always get it). Trigger functions do, so that a trigger that
+/// PostgreSQL runs under a switched identity has a frame saying so. Built-in functions never reach it.
+// SAFETY (for callers): PostgreSQL calls it from fmgr_info with the oid of a function it has just read from the
+// catalog, inside a transaction; it may raise an ERROR there, as fmgr_info itself may.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn frame_triggers(function: pg_sys::Oid) -> bool {
+    // SAFETY: PREVIOUS_NEEDS_HOOK is written once, in `install`, before any call can reach this hook.
+    if let Some(previous) = unsafe { PREVIOUS_NEEDS_HOOK } {
+        // SAFETY: the previous hook was installed for exactly these calls.
+        if unsafe { previous(function) } {
+            return true;
+        }
+    }
+    // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
+    // FormData_pg_proc, read before the tuple is released.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return false;
+        }
+        let returns =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).prorettype;
+        pg_sys::ReleaseSysCache(tuple);
+        returns == pg_sys::TRIGGEROID
     }
 }
 
@@ -96,12 +137,25 @@ unsafe extern "C-unwind" fn track_frame(
     flinfo: *mut pg_sys::FmgrInfo,
     argument: *mut pg_sys::Datum,
 ) {
+    // SAFETY: PREVIOUS_HOOK is written once, in `install`, before any call can reach this hook.
+    let previous = unsafe { PREVIOUS_HOOK };
     match event {
         pg_sys::FmgrHookEventType::FHET_START => {
-            // SAFETY: GetUserId reads a backend global; `flinfo` is the call's lookup info, valid for the call.
+            // The previous hook first: one that refuses the call raises here, outside PostgreSQL's error
+            // handling for the call, and no END or ABORT follows; the frame is pushed only once the call runs.
+            if let Some(previous) = previous {
+                // SAFETY: the previous hook was installed for exactly these calls and gets our arguments.
+                unsafe { previous(event, flinfo, argument) };
+            }
+            let mut user = pg_sys::InvalidOid;
+            let mut context: std::ffi::c_int = 0;
+            // SAFETY: GetUserIdAndSecContext writes two locals from backend globals; `flinfo` is the call's
+            // lookup info, valid for the call.
             let frame = unsafe {
+                pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
                 Frame {
-                    user: pg_sys::GetUserId(),
+                    user,
+                    context,
                     function: (*flinfo).fn_oid,
                 }
             };
@@ -113,6 +167,7 @@ unsafe extern "C-unwind" fn track_frame(
                 }
                 frames.depth = depth + 1;
             });
+            return;
         }
         // END after a normal return, ABORT on the way out of an ERROR: each START has exactly one of them.
         _ => {
@@ -128,13 +183,12 @@ unsafe extern "C-unwind" fn track_frame(
                 FLOOR.set(if event == pg_sys::FmgrHookEventType::FHET_END {
                     floor_now()
                 } else {
-                    Floor::Unknown
+                    Floor::Switched
                 });
             }
         }
     }
-    // SAFETY: PREVIOUS_HOOK is written once, in `install`, before any call can reach this hook.
-    if let Some(previous) = unsafe { PREVIOUS_HOOK } {
+    if let Some(previous) = previous {
         // SAFETY: the previous hook was installed for exactly these calls and gets our arguments unchanged.
         unsafe { previous(event, flinfo, argument) };
     }
@@ -162,9 +216,9 @@ unsafe extern "C-unwind" fn forget_frames(
     }
 }
 
-/// What the current identity says of the functions running below the ones the hook saw. A SECURITY DEFINER
-/// function sets `SECURITY_LOCAL_USERID_CHANGE`; without it and without another role than the session's,
-/// nothing changed identity. Does not raise (the hook calls it).
+/// Whether anything running now has switched identity: a definer function or a switched trigger sets
+/// `SECURITY_LOCAL_USERID_CHANGE`, security-restricted operations and foreign key actions set their own flags,
+/// and any other switch leaves a role other than the session's. Does not raise (the hook calls it).
 fn floor_now() -> Floor {
     let mut user = pg_sys::InvalidOid;
     let mut context: std::ffi::c_int = 0;
@@ -173,36 +227,37 @@ fn floor_now() -> Floor {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         pg_sys::GetOuterUserId()
     };
-    let frameless =
-        (pg_sys::SECURITY_RESTRICTED_OPERATION | pg_sys::SECURITY_NOFORCE_RLS) as std::ffi::c_int;
-    if context & frameless != 0 {
-        Floor::Unknown
-    } else if context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int == 0
-        && user == outer
-    {
+    if context == 0 && user == outer {
         Floor::Session
     } else {
-        Floor::Role(user)
+        Floor::Switched
     }
 }
 
-/// What the catalog says of a function: its owner, whether it is SECURITY DEFINER, and whether it is
-/// `rag._calling_role()` itself.
+/// What the catalog says of a function: its owner, whether it is SECURITY DEFINER, whether it is a trigger
+/// function, and whether it is `rag._calling_role()` itself.
 pub struct FunctionFacts {
     pub owner: pg_sys::Oid,
     pub security_definer: bool,
+    pub trigger: bool,
     pub is_calling_role: bool,
 }
 
 /// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
-/// SET clause, so the handler runs it and the hook recorded it): the identity of the innermost SECURITY
-/// DEFINER frame below it whose identity is not that of `rag._calling_role()`'s owner (the role that owns
-/// every function of rag, so its frames are rag's own). Frames of functions that only have SET clauses are
-/// passed over: their identity is whatever was current when they started, and such a function may `SET ROLE`
-/// to a lesser role afterwards (a definer function may not), which the session's current role then follows.
+/// SET clause, so the handler runs it and the hook recorded it): the identity of the innermost frame below it
+/// that runs some role's code under that role's identity, passing over frames whose identity is that of
+/// `rag._calling_role()`'s owner (the role that owns every function of rag, so its frames are rag's own).
+/// Such a frame is a SECURITY DEFINER function, or a trigger that PostgreSQL runs under a switched identity
+/// (`SECURITY_LOCAL_USERID_CHANGE` in its context). Other frames are passed over: their identity is whatever
+/// was current when they started, and such a function may `SET ROLE` to a lesser role afterwards (a definer
+/// function or a switched trigger may not), which the session's current role then follows.
+///
+/// Inside a foreign key's action (`SECURITY_NOFORCE_RLS`, set without a frame while PostgreSQL runs the
+/// action's query as a table's owner) only a frame that started inside the action tells whose code runs.
+///
 /// `Ok(None)` when there is no such frame: the session's current role called rag. An error when the stack
-/// cannot say (too deep, the innermost frame is not `rag._calling_role()`, or the frames below the ones seen
-/// are unknown).
+/// cannot say (too deep, the innermost frame is not `rag._calling_role()`, the code runs in a foreign key's
+/// action, or frames that started before the library was loaded had switched identity).
 pub fn innermost_caller(
     describe: impl Fn(pg_sys::Oid) -> Option<FunctionFacts>,
 ) -> Result<Option<pg_sys::Oid>, CallerUnknown> {
@@ -218,6 +273,7 @@ pub fn innermost_caller(
             None => Err(CallerUnknown::NotThroughFmgr),
         }
     })?;
+    let foreign_key_action = own.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int != 0;
     let own = describe(own.function).ok_or(CallerUnknown::NotInCatalog)?;
     if !own.is_calling_role {
         return Err(CallerUnknown::NotThroughFmgr);
@@ -226,20 +282,23 @@ pub fn innermost_caller(
         if frame.user == own.owner {
             continue;
         }
-        if describe(frame.function)
-            .ok_or(CallerUnknown::NotInCatalog)?
-            .security_definer
-        {
+        let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
+        let switched_trigger = facts.trigger
+            && frame.context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int != 0;
+        if facts.security_definer || switched_trigger {
+            if foreign_key_action
+                && frame.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int == 0
+            {
+                // The frame is below the action: the code running is the action's, as another role.
+                return Err(CallerUnknown::ForeignKeyAction);
+            }
             return Ok(Some(frame.user));
         }
     }
     match FLOOR.get() {
+        Floor::Switched => Err(CallerUnknown::LoadedInside),
+        Floor::Session if foreign_key_action => Err(CallerUnknown::ForeignKeyAction),
         Floor::Session => Ok(None),
-        // One of rag's own functions (or another of its owner's) was running when the library loaded: its
-        // caller is further down, where nothing can be seen.
-        Floor::Role(role) if role == own.owner => Err(CallerUnknown::LoadedInside),
-        Floor::Role(role) => Ok(Some(role)),
-        Floor::Unknown => Err(CallerUnknown::LoadedInside),
     }
 }
 
@@ -249,30 +308,42 @@ pub enum CallerUnknown {
     TooDeep,
     NotThroughFmgr,
     NotInCatalog,
-    /// The library was loaded while functions whose callers it cannot see were running.
+    /// Code runs inside a foreign key's action, as a table's owner, and no frame says whose it is.
+    ForeignKeyAction,
+    /// The library was loaded while functions that had switched identity were running.
     LoadedInside,
 }
 
 impl CallerUnknown {
-    pub fn reason(&self) -> &'static str {
+    pub fn message(&self) -> &'static str {
         match self {
-            CallerUnknown::TooDeep => "the call stack is too deep to tell who called",
+            CallerUnknown::TooDeep => "rag cannot tell who is calling: the call stack is too deep",
             CallerUnknown::NotThroughFmgr => {
-                "rag._calling_role() was not called through PostgreSQL's function manager"
+                "rag cannot tell who is calling: rag._calling_role() was not called through PostgreSQL's \
+                 function manager"
             }
-            CallerUnknown::NotInCatalog => "a running function is not in the catalog",
+            CallerUnknown::NotInCatalog => {
+                "rag cannot tell who is calling: a running function is not in the catalog"
+            }
+            CallerUnknown::ForeignKeyAction => {
+                "rag cannot act for a caller inside a foreign key's action"
+            }
             CallerUnknown::LoadedInside => {
-                "the library was loaded in this statement while functions were running whose callers it \
-                 cannot see (rag is not in shared_preload_libraries)"
+                "rag cannot tell who is calling: the library was loaded while functions that run as another \
+                 role were running (rag is not in shared_preload_libraries)"
             }
         }
     }
 
     pub fn hint(&self) -> &'static str {
         match self {
+            CallerUnknown::ForeignKeyAction => {
+                "A foreign key's action runs its query as a table's owner; call rag from a trigger on that \
+                 table or from ordinary SQL."
+            }
             CallerUnknown::LoadedInside => {
-                "Add rag to shared_preload_libraries (or session_preload_libraries), or run the statement \
-                 again: the library stays loaded for the rest of the session."
+                "Add rag to shared_preload_libraries (or session_preload_libraries), or call rag once at the \
+                 start of the session: the library stays loaded, and later calls are told who called."
             }
             _ => "Call rag's functions from ordinary SQL.",
         }

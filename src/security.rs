@@ -90,9 +90,10 @@ impl Drop for RestrictedIdentity {
 }
 
 /// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the role whose
-/// code called into rag. That is the owner of the innermost SECURITY DEFINER function running below rag's own
-/// frames (it runs as that role, whoever calls it: [`crate::frames`]), else the session's current role (what
-/// `SET ROLE` chose; `GetOuterUserId`). Refused in a parallel worker, which has none of the leader's frames.
+/// code called into rag. That is the identity of the innermost SECURITY DEFINER function (its owner) or
+/// switched trigger running below rag's own frames (it runs as that role, whoever set it off:
+/// [`crate::frames`]), else the session's current role (what `SET ROLE` chose; `GetOuterUserId`). Refused in a
+/// parallel worker, which has none of the leader's frames, and in a foreign key's action that no frame explains.
 /// Called only by `rag._calling_role()`, whose own frame the stack must end with.
 ///
 /// Inside a security-restricted operation neither answer is right: PostgreSQL (index expressions, REFRESH
@@ -125,23 +126,10 @@ pub fn calling_role() -> pg_sys::Oid {
     }
     match crate::frames::innermost_caller(describe_function) {
         Ok(Some(role)) => role,
-        // A foreign key's action runs as the owner of the table it reads or changes, without a function
-        // frame (only SECURITY_NOFORCE_RLS marks it): code that owner wrote (a trigger on that table) would
-        // otherwise act for the role whose statement set off the action.
-        // SAFETY: reads a backend global.
-        Ok(None) if unsafe { pg_sys::InNoForceRLSOperation() } => {
-            crate::error::RagError::InsufficientPrivilege {
-                message: "rag cannot act for a caller inside a foreign key's action".into(),
-                hint: "A foreign key's cascade runs the referencing table's triggers as that table's owner; \
-                       call rag from a SECURITY DEFINER function there, or from ordinary SQL."
-                    .into(),
-            }
-            .raise()
-        }
         // SAFETY: reads a backend global.
         Ok(None) => unsafe { pg_sys::GetOuterUserId() },
         Err(why) => crate::error::RagError::InsufficientPrivilege {
-            message: format!("rag cannot tell who is calling: {}", why.reason()),
+            message: why.message().into(),
             hint: why.hint().into(),
         }
         .raise(),
@@ -163,6 +151,7 @@ fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFac
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
         let owner = (*form).proowner;
         let security_definer = (*form).prosecdef;
+        let trigger = (*form).prorettype == pg_sys::TRIGGEROID;
         let namespace = (*form).pronamespace;
         let named_calling_role =
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
@@ -171,6 +160,7 @@ fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFac
         Some(crate::frames::FunctionFacts {
             owner,
             security_definer,
+            trigger,
             is_calling_role: named_calling_role && namespace == rag,
         })
     }

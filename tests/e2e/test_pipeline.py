@@ -370,11 +370,11 @@ class WithoutPreload(unittest.TestCase):
                SET search_path = pg_catalog AS $f$ SELECT title FROM public.rag_query('payroll', question, 1) $f$;
                GRANT EXECUTE ON FUNCTION public.np_pay_day(text) TO np_nobody;""")
         # The attacker's definer function, called by a superuser as the session's first use of rag: the call
-        # to rag is planned in the attacker's frame, which loads the library there, and rag acts for the
-        # attacker, who may not grant.
+        # to rag is planned in the attacker's frame, which loads the library there, while a function that runs
+        # as another role is running; rag cannot see who called that function and refuses.
         code, _, err = run("SELECT np_attacker.lure()", check=False)
         self.assertNotEqual(code, 0)
-        self.assertIn("admin", err)
+        self.assertIn("rag cannot tell who is calling", err)
         self.assertEqual(run("SELECT count(*) FROM rag.collection_grants WHERE grantee = 'np_attacker'::regrole"), [["0"]])
         # The library loaded inside a function of rag's owner (a superuser's definer function): whoever called
         # it is further down than can be seen, so the call refuses and says why, and does not act for the

@@ -2,12 +2,14 @@
 CREATE EXTENSION rag CASCADE;
 SELECT extname, extrelocatable FROM pg_extension WHERE extname IN ('rag', 'vector') ORDER BY 1;
 
--- No function of the extension may run with the caller's search_path.
+-- No function of the extension may run with the caller's search_path; but the planner support function,
+-- which runs no SQL (11_security checks it has no settings at all).
 SELECT p.oid::regprocedure AS function_without_search_path
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass
-   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%');
+   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+   AND p.oid <> 'rag._load_library(internal)'::regprocedure;
 
 -- User-facing functions are callable unqualified; internals live in schema rag.
 SELECT n.nspname, count(*) FILTER (WHERE p.proname LIKE 'rag\_%') AS user_facing,

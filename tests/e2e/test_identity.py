@@ -1,0 +1,54 @@
+"""Triggers that PostgreSQL runs as another role act through rag as that role. From PostgreSQL 18 an AFTER
+trigger runs as the role whose statement queued it, without a SECURITY DEFINER function (a deferred trigger
+queued inside a definer function fires at COMMIT as that function's owner); before 18 it runs as whoever is
+current when it fires, and rag follows that too. (The foreign key cascade's BEFORE triggers, which run as the
+referencing table's owner on every major, are in tests/regress/sql/11_security.sql, section 9h.)"""
+import unittest
+
+from support import InItsOwnDatabase, psql, scalar
+
+DB = "rag_e2e_identity"
+
+
+class Identity(InItsOwnDatabase):
+    DB = DB
+
+    def test_deferred_trigger_queued_in_a_definer_function(self):
+        psql("""
+            SELECT rag_create_collection('payroll', embedding_model => 'hash-384');
+            CREATE ROLE id_attacker IN ROLE rag_reader;
+            CREATE SCHEMA id_attacker AUTHORIZATION id_attacker;
+            SET ROLE id_attacker;
+            CREATE TABLE id_attacker.log (x int);
+            CREATE FUNCTION id_attacker.on_log() RETURNS trigger LANGUAGE plpgsql AS $f$
+            BEGIN
+                PERFORM public.rag_grant('payroll', 'id_attacker', 'admin');
+                RETURN NULL;
+            END $f$;
+            CREATE CONSTRAINT TRIGGER later AFTER INSERT ON id_attacker.log DEFERRABLE INITIALLY DEFERRED
+                FOR EACH ROW EXECUTE FUNCTION id_attacker.on_log();
+            CREATE FUNCTION id_attacker.harmless() RETURNS int LANGUAGE sql SECURITY DEFINER
+                SET search_path = pg_catalog AS $f$ INSERT INTO id_attacker.log VALUES (1); SELECT 1 $f$;
+            RESET ROLE;
+        """, db=DB)
+        try:
+            version = int(scalar("SHOW server_version_num", db=DB))
+            # A superuser calls the attacker's function; the trigger it queued fires at COMMIT.
+            code, _, err = psql("SELECT id_attacker.harmless()", db=DB, check=False)
+            grants = scalar("SELECT count(*) FROM rag.collection_grants WHERE grantee = 'id_attacker'::regrole", db=DB)
+            if version >= 180000:
+                # It runs as the attacker: rag acts for the attacker, who may not grant, and the COMMIT fails.
+                self.assertNotEqual(code, 0)
+                self.assertIn("permission denied", err)
+                self.assertEqual(grants, "0")
+            else:
+                # It runs as the superuser in PostgreSQL itself (which could do anything with that): rag follows.
+                self.assertEqual(code, 0, err)
+                self.assertEqual(grants, "1")
+        finally:
+            psql("SELECT rag_revoke('payroll', 'id_attacker'); DROP SCHEMA id_attacker CASCADE; "
+                 "DROP OWNED BY id_attacker; DROP ROLE id_attacker; SELECT rag_drop_collection('payroll')", db=DB)
+
+
+if __name__ == "__main__":
+    unittest.main()
