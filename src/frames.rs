@@ -31,11 +31,12 @@ use std::cell::{Cell, RefCell};
 const CAPACITY: usize = 512;
 
 /// One running function: the identity it runs as, its security context (which switches of identity it runs
-/// under) and the function itself.
+/// under), how many triggers deep it runs, and the function itself.
 #[derive(Clone, Copy)]
 struct Frame {
     user: pg_sys::Oid,
     context: std::ffi::c_int,
+    trigger_depth: i32,
     function: pg_sys::Oid,
 }
 
@@ -48,7 +49,7 @@ thread_local! {
     // PostgreSQL calls the hook on the backend's one thread only; a thread-local avoids `static mut`.
     static FRAMES: RefCell<Frames> = const {
         RefCell::new(Frames {
-            frames: [Frame { user: pg_sys::InvalidOid, context: 0, function: pg_sys::InvalidOid }; CAPACITY],
+            frames: [Frame { user: pg_sys::InvalidOid, context: 0, trigger_depth: 0, function: pg_sys::InvalidOid }; CAPACITY],
             depth: 0,
         })
     };
@@ -156,6 +157,7 @@ unsafe extern "C-unwind" fn track_frame(
                 Frame {
                     user,
                     context,
+                    trigger_depth: trigger_depth(),
                     function: (*flinfo).fn_oid,
                 }
             };
@@ -216,6 +218,14 @@ unsafe extern "C-unwind" fn forget_frames(
     }
 }
 
+/// How many trigger functions are running, as PostgreSQL counts them (`ExecCallTriggerFunc` counts every
+/// trigger call, built-in ones and those called before the library was loaded included). Does not raise.
+fn trigger_depth() -> i32 {
+    // SAFETY: pg_trigger_depth only returns the backend's trigger counter; it reads nothing of its argument.
+    let depth = unsafe { pg_sys::pg_trigger_depth(std::ptr::null_mut()) };
+    depth.value() as i32
+}
+
 /// Whether anything running now has switched identity: a definer function or a switched trigger sets
 /// `SECURITY_LOCAL_USERID_CHANGE`, security-restricted operations and foreign key actions set their own flags,
 /// and any other switch leaves a role other than the session's. Does not raise (the hook calls it).
@@ -274,15 +284,26 @@ pub fn innermost_caller(
         }
     })?;
     let foreign_key_action = own.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int != 0;
+    // Every trigger running has a frame, or something ran user code without one: a built-in trigger function
+    // (a foreign key's action, a deferred uniqueness recheck evaluating index expressions; PostgreSQL 18 runs
+    // those as the role that queued them too) or a trigger looked up before the library was loaded. Walking
+    // down, the frames' trigger depths must step down exactly at the trigger frames, to 0 below the last.
+    let mut expected_depth = own.trigger_depth;
     let own = describe(own.function).ok_or(CallerUnknown::NotInCatalog)?;
     if !own.is_calling_role {
         return Err(CallerUnknown::NotThroughFmgr);
     }
     for frame in callers.iter().rev() {
+        if frame.trigger_depth != expected_depth {
+            return Err(CallerUnknown::TriggerWithoutFrame);
+        }
+        let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
+        if facts.trigger {
+            expected_depth -= 1;
+        }
         if frame.user == own.owner {
             continue;
         }
-        let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
         let switched_trigger = facts.trigger
             && frame.context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int != 0;
         if facts.security_definer || switched_trigger {
@@ -294,6 +315,9 @@ pub fn innermost_caller(
             }
             return Ok(Some(frame.user));
         }
+    }
+    if expected_depth != 0 {
+        return Err(CallerUnknown::TriggerWithoutFrame);
     }
     match FLOOR.get() {
         Floor::Switched => Err(CallerUnknown::LoadedInside),
@@ -310,6 +334,9 @@ pub enum CallerUnknown {
     NotInCatalog,
     /// Code runs inside a foreign key's action, as a table's owner, and no frame says whose it is.
     ForeignKeyAction,
+    /// A trigger is running that has no frame (a built-in trigger function, or one looked up before the
+    /// library was loaded): whose identity it runs under cannot be told.
+    TriggerWithoutFrame,
     /// The library was loaded while functions that had switched identity were running.
     LoadedInside,
 }
@@ -328,6 +355,10 @@ impl CallerUnknown {
             CallerUnknown::ForeignKeyAction => {
                 "rag cannot act for a caller inside a foreign key's action"
             }
+            CallerUnknown::TriggerWithoutFrame => {
+                "rag cannot act for a caller inside a built-in trigger (a foreign key's action, a deferred \
+                 uniqueness check) or a trigger that started before the library was loaded"
+            }
             CallerUnknown::LoadedInside => {
                 "rag cannot tell who is calling: the library was loaded while functions that run as another \
                  role were running (rag is not in shared_preload_libraries)"
@@ -340,6 +371,10 @@ impl CallerUnknown {
             CallerUnknown::ForeignKeyAction => {
                 "A foreign key's action runs its query as a table's owner; call rag from a trigger on that \
                  table or from ordinary SQL."
+            }
+            CallerUnknown::TriggerWithoutFrame => {
+                "Call rag from a trigger function of your own (they are tracked) or from ordinary SQL; without \
+                 shared_preload_libraries, call any rag function first in the session."
             }
             CallerUnknown::LoadedInside => {
                 "Add rag to shared_preload_libraries (or session_preload_libraries), or call rag once at the \

@@ -156,12 +156,14 @@ fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFac
         let named_calling_role =
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
         pg_sys::ReleaseSysCache(tuple);
-        let rag = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
+        // Only the innermost frame has that name; the other frames need no second lookup.
+        let is_calling_role =
+            named_calling_role && namespace == pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
         Some(crate::frames::FunctionFacts {
             owner,
             security_definer,
             trigger,
-            is_calling_role: named_calling_role && namespace == rag,
+            is_calling_role,
         })
     }
 }

@@ -549,6 +549,32 @@ DELETE FROM public.sec_parents WHERE id = 3;
 SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
 DROP TABLE sec_attacker.children, sec_attacker.stepchildren, public.sec_parents;
 DROP FUNCTION sec_attacker.on_orphaned(), sec_attacker.default_parent(), sec_owner.close_parent(int);
+-- 9i. A built-in trigger runs user code without a frame of its own: a deferred uniqueness recheck evaluates
+-- the attacker's index expression at COMMIT (on PostgreSQL 18 as the attacker, who queued it inside a definer
+-- function; before 18 as the superuser). rag cannot tell whose code that is and refuses.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.key_of(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    IF pg_catalog.pg_trigger_depth() > 0 THEN
+        PERFORM sec_attacker.take_admin('x');
+    END IF;
+    RETURN x;
+END $f$;
+CREATE TABLE sec_attacker.unique_later (x int, EXCLUDE USING btree ((sec_attacker.key_of(x)) WITH =) DEFERRABLE INITIALLY DEFERRED);
+CREATE FUNCTION sec_attacker.harmless() RETURNS int LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    INSERT INTO sec_attacker.unique_later VALUES (1);
+    INSERT INTO sec_attacker.unique_later VALUES (1);
+    DELETE FROM sec_attacker.unique_later WHERE ctid = '(0,1)';
+    RETURN 1;
+END $f$;
+RESET ROLE;
+\set VERBOSITY terse
+SELECT sec_attacker.harmless();
+\set VERBOSITY default
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+DROP TABLE sec_attacker.unique_later;
+DROP FUNCTION sec_attacker.key_of(int), sec_attacker.harmless();
 -- 9g. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
 SET ROLE sec_attacker;
 SELECT rag._restrict_to_current_user();
