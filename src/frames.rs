@@ -244,30 +244,30 @@ fn floor_now() -> Floor {
     }
 }
 
-/// What the catalog says of a function: its owner, whether it is SECURITY DEFINER, whether it is a trigger
-/// function, and whether it is `rag._calling_role()` itself.
+/// What the catalog says of a function: its owner, whether it is a trigger function, and whether it is
+/// `rag._calling_role()` itself.
 pub struct FunctionFacts {
     pub owner: pg_sys::Oid,
-    pub security_definer: bool,
     pub trigger: bool,
     pub is_calling_role: bool,
 }
 
 /// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
-/// SET clause, so the handler runs it and the hook recorded it): the identity of the innermost frame below it
-/// that runs some role's code under that role's identity, passing over frames whose identity is that of
-/// `rag._calling_role()`'s owner (the role that owns every function of rag, so its frames are rag's own).
-/// Such a frame is a SECURITY DEFINER function, or a trigger that PostgreSQL runs under a switched identity
-/// (`SECURITY_LOCAL_USERID_CHANGE` in its context). Other frames are passed over: their identity is whatever
-/// was current when they started, and such a function may `SET ROLE` to a lesser role afterwards (a definer
-/// function or a switched trigger may not), which the session's current role then follows.
+/// SET clause, so the handler runs it and the hook recorded it): the identity recorded by the innermost frame
+/// below it that ran under a switched identity (`SECURITY_LOCAL_USERID_CHANGE`: a SECURITY DEFINER function,
+/// a trigger PostgreSQL runs as another role, or any function called inside either), passing over frames
+/// whose identity is that of `rag._calling_role()`'s owner (the role that owns every function of rag, so its
+/// frames are rag's own). Frames with no switch are passed over: their identity is whatever was current when
+/// they started, and such a function may `SET ROLE` to a lesser role afterwards (not under a switch), which
+/// the session's current role then follows.
 ///
 /// Inside a foreign key's action (`SECURITY_NOFORCE_RLS`, set without a frame while PostgreSQL runs the
 /// action's query as a table's owner) only a frame that started inside the action tells whose code runs.
+/// Every trigger running must have a frame (see the trigger depths below).
 ///
 /// `Ok(None)` when there is no such frame: the session's current role called rag. An error when the stack
-/// cannot say (too deep, the innermost frame is not `rag._calling_role()`, the code runs in a foreign key's
-/// action, or frames that started before the library was loaded had switched identity).
+/// cannot say (too deep, the innermost frame is not `rag._calling_role()`, a trigger without a frame, a
+/// foreign key's action, or frames that started before the library was loaded had switched identity).
 pub fn innermost_caller(
     describe: impl Fn(pg_sys::Oid) -> Option<FunctionFacts>,
 ) -> Result<Option<pg_sys::Oid>, CallerUnknown> {
@@ -304,9 +304,11 @@ pub fn innermost_caller(
         if frame.user == own.owner {
             continue;
         }
-        let switched_trigger = facts.trigger
-            && frame.context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int != 0;
-        if facts.security_definer || switched_trigger {
+        // Recorded, not looked up: a definer function may ALTER itself to SECURITY INVOKER while it runs
+        // (and its call handler keeps switching for calls already set up), so the catalog cannot say whether
+        // a running frame switched. A frame under a switch, its own or one it inherited, runs as the role it
+        // recorded, which cannot change while the switch lasts (SET ROLE is refused there).
+        if frame.context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int != 0 {
             if foreign_key_action
                 && frame.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int == 0
             {

@@ -150,7 +150,6 @@ fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFac
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
         let owner = (*form).proowner;
-        let security_definer = (*form).prosecdef;
         let trigger = (*form).prorettype == pg_sys::TRIGGEROID;
         let namespace = (*form).pronamespace;
         let named_calling_role =
@@ -161,7 +160,6 @@ fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFac
             named_calling_role && namespace == pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
         Some(crate::frames::FunctionFacts {
             owner,
-            security_definer,
             trigger,
             is_calling_role,
         })

@@ -575,6 +575,40 @@ SELECT sec_attacker.harmless();
 SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
 DROP TABLE sec_attacker.unique_later;
 DROP FUNCTION sec_attacker.key_of(int), sec_attacker.harmless();
+-- 9j. A definer function that makes itself SECURITY INVOKER while it runs (ALTER FUNCTION, or CREATE OR
+-- REPLACE without SECURITY DEFINER) still runs as its owner, and so does a call of it set up before the
+-- change: rag reads what each frame recorded when it started, not the catalog.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.turncoat() RETURNS int LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    ALTER FUNCTION sec_attacker.turncoat() SECURITY INVOKER;
+    PERFORM sec_attacker.take_admin('x');
+    RETURN 1;
+END $f$;
+CREATE FUNCTION sec_attacker.replaced() RETURNS int LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    CREATE OR REPLACE FUNCTION sec_attacker.replaced() RETURNS int LANGUAGE plpgsql SET search_path = pg_catalog
+        AS $g$ BEGIN RETURN 0; END $g$;
+    PERFORM sec_attacker.take_admin('x');
+    RETURN 1;
+END $f$;
+CREATE FUNCTION sec_attacker.twice(i int) RETURNS int LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+BEGIN
+    IF i = 1 THEN
+        ALTER FUNCTION sec_attacker.twice(int) SECURITY INVOKER;
+    ELSE
+        PERFORM sec_attacker.take_admin('x');
+    END IF;
+    RETURN i;
+END $f$;
+RESET ROLE;
+\set VERBOSITY terse
+SELECT sec_attacker.turncoat();
+SELECT sec_attacker.replaced();
+SELECT sum(sec_attacker.twice(i)) FROM generate_series(1, 2) i;
+\set VERBOSITY default
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+DROP FUNCTION sec_attacker.turncoat(), sec_attacker.replaced(), sec_attacker.twice(int);
 -- 9g. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
 SET ROLE sec_attacker;
 SELECT rag._restrict_to_current_user();
