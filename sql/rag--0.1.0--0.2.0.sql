@@ -3475,6 +3475,7 @@ DECLARE
                           WHERE e.extname = 'rag');
     v_vectorschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
                              WHERE e.extname = 'vector');
+    v_owner oid := (SELECT e.extowner FROM pg_extension e WHERE e.extname = 'rag');
     v_path text;
     v_grantee text;
 BEGIN
@@ -3483,7 +3484,7 @@ BEGIN
     -- one of the same signature. pg_temp last: a caller's temporary objects never shadow anything.
     v_path := format('pg_catalog, %I, %I, %I, pg_temp', 'rag', v_extschema, v_vectorschema);
     FOR f IN
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
           FROM pg_depend dep
           JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
           JOIN pg_language l ON l.oid = p.prolang
@@ -3491,6 +3492,12 @@ BEGIN
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
     LOOP
+        -- One owner for every function: rag tells its own frames from a caller's by the identity they run as
+        -- (src/frames.rs), and an upgrade run by another superuser than the one who created the extension
+        -- makes the functions it adds that superuser's.
+        IF f.proowner <> v_owner THEN
+            EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
+        END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change).
         IF f.proname <> '_load_library' THEN

@@ -11,6 +11,13 @@ SELECT p.oid::regprocedure AS function_without_search_path
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
    AND p.oid <> 'rag._load_library(internal)'::regprocedure;
 
+-- Every function of the extension has the extension's owner (rag tells its own frames by that identity).
+SELECT count(*) AS functions_of_another_owner
+  FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
+   AND d.classid = 'pg_proc'::regclass
+   AND p.proowner <> (SELECT extowner FROM pg_extension WHERE extname = 'rag');
+
 -- User-facing functions are callable unqualified; internals live in schema rag.
 SELECT n.nspname, count(*) FILTER (WHERE p.proname LIKE 'rag\_%') AS user_facing,
        count(*) FILTER (WHERE p.proname LIKE '\_%') AS internal
