@@ -106,7 +106,7 @@ BEGIN
     END IF;
     IF NOT rag._caller_is_superuser()
        AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER')) THEN
+                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'USAGE')) THEN
         RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
             DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
             HINT = 'Only the role that created a provider, or a superuser, may drop it.';
@@ -136,7 +136,7 @@ BEGIN
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
         IF NOT rag._caller_is_superuser()
            AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'MEMBER')) THEN
+                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'USAGE')) THEN
             RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
                 DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
                                 coalesce(v_provider.created_by::text, 'the extension')),

@@ -186,7 +186,7 @@ CREATE OR REPLACE FUNCTION rag._has_collection_privilege(p_collection_id integer
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_role AND r.rolsuper)
         OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_owner)
-            AND pg_catalog.pg_has_role(p_role, p_owner, 'MEMBER'))
+            AND pg_catalog.pg_has_role(p_role, p_owner, 'USAGE'))
         OR EXISTS (SELECT 1 FROM rag.collection_grants g
                     WHERE g.collection_id = p_collection_id
                       AND rag._privilege_rank(g.privilege) >= rag._privilege_rank(p_privilege)
@@ -1387,7 +1387,7 @@ BEGIN
     END IF;
     IF NOT rag._caller_is_superuser()
        AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'MEMBER')) THEN
+                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'USAGE')) THEN
         RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
             DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
             HINT = 'Only the role that created a provider, or a superuser, may drop it.';
@@ -1413,7 +1413,7 @@ BEGIN
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
         IF NOT rag._caller_is_superuser()
            AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'MEMBER')) THEN
+                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'USAGE')) THEN
             RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
                 DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
                                 coalesce(v_provider.created_by::text, 'the extension')),
@@ -2743,7 +2743,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
       JOIN pg_catalog.pg_class t ON t.oid = w.source
       JOIN pg_catalog.pg_roles r ON r.rolname = p_role
      WHERE r.rolsuper
-        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER') AND NOT t.relforcerowsecurity
+        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
                  OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
@@ -3001,7 +3001,7 @@ BEGIN
         RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
             HINT = 'Watch a permanent (or unlogged) table.';
     END IF;
-    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
+    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'USAGE') THEN
         RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
@@ -3083,7 +3083,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
         PERFORM rag._require_privilege(w.collection_id, 'admin');
     END IF;
 END $$;
@@ -3114,7 +3114,7 @@ BEGIN
     PERFORM rag._require_watch_control(w);
     -- Kept documents are ordinary documents, read by every reader of the collection without the table's
     -- check: turning rows into that is a disclosure only the table's owner may make.
-    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
         RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',

@@ -286,14 +286,16 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_privilege WHEN 'read' THEN 1 WHEN 'write' THEN 2 WHEN 'admin' THEN 3 END
 $$;
 
--- Does role p_role hold p_privilege on the collection? Superusers and members of the owning role hold all.
+-- Does role p_role hold p_privilege on the collection? Superusers and roles with the owning role's privileges
+-- hold all. 'USAGE', as PostgreSQL's own ownership checks (has_privs_of_role) count: a member that does not
+-- inherit the owner's privileges (NOINHERIT; from PostgreSQL 16 also WITH INHERIT FALSE) is not the owner.
 -- A role that no longer exists (an owner or grantee dropped since) holds nothing and breaks nothing.
 CREATE FUNCTION rag._has_collection_privilege(p_collection_id integer, p_owner regrole, p_role oid,
                                               p_privilege text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_role AND r.rolsuper)
         OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p_owner)
-            AND pg_catalog.pg_has_role(p_role, p_owner, 'MEMBER'))
+            AND pg_catalog.pg_has_role(p_role, p_owner, 'USAGE'))
         OR EXISTS (SELECT 1 FROM rag.collection_grants g
                     WHERE g.collection_id = p_collection_id
                       AND rag._privilege_rank(g.privilege) >= rag._privilege_rank(p_privilege)

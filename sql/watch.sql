@@ -98,7 +98,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
       JOIN pg_catalog.pg_class t ON t.oid = w.source
       JOIN pg_catalog.pg_roles r ON r.rolname = p_role
      WHERE r.rolsuper
-        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER') AND NOT t.relforcerowsecurity
+        OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
                  OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
@@ -375,7 +375,7 @@ BEGIN
         RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
             HINT = 'Watch a permanent (or unlogged) table.';
     END IF;
-    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'MEMBER') THEN
+    IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'USAGE') THEN
         RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
@@ -459,7 +459,7 @@ END $$;
 CREATE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
         PERFORM rag._require_privilege(w.collection_id, 'admin');
     END IF;
 END $$;
@@ -490,7 +490,7 @@ BEGIN
     PERFORM rag._require_watch_control(w);
     -- Kept documents are ordinary documents, read by every reader of the collection without the table's
     -- check: turning rows into that is a disclosure only the table's owner may make.
-    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'MEMBER') THEN
+    IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
         RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',

@@ -1,8 +1,10 @@
-"""Triggers that PostgreSQL runs as another role act through rag as that role. From PostgreSQL 18 an AFTER
+"""rag acts for the role whose rights the running code has, as PostgreSQL counts them. Triggers that
+PostgreSQL runs as another role act through rag as that role. From PostgreSQL 18 an AFTER
 trigger runs as the role whose statement queued it, without a SECURITY DEFINER function (a deferred trigger
 queued inside a definer function fires at COMMIT as that function's owner); before 18 it runs as whoever is
 current when it fires, and rag follows that too. (The foreign key cascade's BEFORE triggers, which run as the
-referencing table's owner on every major, are in tests/regress/sql/11_security.sql, section 9h.)"""
+referencing table's owner on every major, are in tests/regress/sql/11_security.sql, section 9h.) A member of a
+role that has none of its privileges (PostgreSQL 16's WITH INHERIT FALSE, SET FALSE) is not its owner here."""
 import unittest
 
 from support import InItsOwnDatabase, psql, scalar
@@ -48,6 +50,38 @@ class Identity(InItsOwnDatabase):
         finally:
             psql("SELECT rag_revoke('payroll', 'id_attacker'); DROP SCHEMA id_attacker CASCADE; "
                  "DROP OWNED BY id_attacker; DROP ROLE id_attacker; SELECT rag_drop_collection('payroll')", db=DB)
+
+    def test_membership_without_the_owners_privileges(self):
+        # From PostgreSQL 16 a role can be made a member of another WITH INHERIT FALSE, SET FALSE: it is a
+        # member, but has none of that role's privileges and cannot become it. It may not act as the owner of
+        # that role's table or collection through rag either (PostgreSQL 15 has no such membership).
+        if int(scalar("SHOW server_version_num", db=DB)) < 160000:
+            self.skipTest("memberships WITH INHERIT FALSE, SET FALSE arrived in PostgreSQL 16")
+        psql("""
+            CREATE ROLE id_owner IN ROLE rag_admin;
+            CREATE ROLE id_member IN ROLE rag_admin;
+            GRANT id_owner TO id_member WITH INHERIT FALSE, SET FALSE;
+            CREATE SCHEMA id_owner AUTHORIZATION id_owner;
+            SET ROLE id_owner;
+            CREATE TABLE id_owner.notes (id int PRIMARY KEY, body text);
+            SELECT rag_create_collection('owned', embedding_model => 'hash-384');
+            RESET ROLE;
+        """, db=DB)
+        try:
+            self.assertEqual(scalar("SELECT pg_has_role('id_member', 'id_owner', 'MEMBER')::text || "
+                                    "pg_has_role('id_member', 'id_owner', 'USAGE')::text", db=DB), "truefalse")
+            code, _, err = psql("SET ROLE id_member; SELECT rag_watch('id_owner.notes', 'owned', content => 'body')",
+                                db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("only the owner of id_owner.notes may watch it", err)
+            code, _, err = psql("SET ROLE id_member; SELECT rag_grant('owned', 'id_member', 'admin')",
+                                db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("permission denied", err)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=DB), "0")
+        finally:
+            psql("SET ROLE id_owner; SELECT rag_drop_collection('owned'); RESET ROLE; DROP SCHEMA id_owner CASCADE; "
+                 "DROP OWNED BY id_owner, id_member; DROP ROLE id_member, id_owner", db=DB)
 
 
 if __name__ == "__main__":
