@@ -70,6 +70,9 @@ enum Floor {
 }
 
 thread_local! {
+    /// Utility commands running that switch identity without a function frame (see
+    /// [`enter_frameless_switch`]); emptied at every transaction's end, like the stack.
+    static FRAMELESS_SWITCHES: Cell<u32> = const { Cell::new(0) };
     static FLOOR: Cell<Floor> = const { Cell::new(Floor::Session) };
     /// True in a backend that loaded the library after it started, where frames can end unseen.
     static LOADED_LATE: Cell<bool> = const { Cell::new(false) };
@@ -96,6 +99,20 @@ pub fn install(preloaded: bool) {
         pg_sys::needs_fmgr_hook = Some(frame_triggers);
         pg_sys::RegisterXactCallback(Some(forget_frames), std::ptr::null_mut());
     }
+}
+
+/// A utility command that runs user code as another role without a function frame is starting:
+/// `CREATE SCHEMA … AUTHORIZATION` runs its subcommands as the schema's owner, and one of them can evaluate
+/// that owner's functions (a new partition's constraint over the parent's default partition). Until
+/// [`leave_frameless_switch`] (or the transaction's end, when the command fails), rag refuses to act for the
+/// session's role. Called by the utility hook, so only where the library is preloaded.
+pub fn enter_frameless_switch() {
+    FRAMELESS_SWITCHES.set(FRAMELESS_SWITCHES.get() + 1);
+}
+
+/// The command of [`enter_frameless_switch`] returned.
+pub fn leave_frameless_switch() {
+    FRAMELESS_SWITCHES.set(FRAMELESS_SWITCHES.get().saturating_sub(1));
 }
 
 /// PostgreSQL asks this, when it looks a function up, whether the function needs the handler that calls the
@@ -214,6 +231,7 @@ unsafe extern "C-unwind" fn forget_frames(
             | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
     ) {
         FRAMES.with(|frames| frames.borrow_mut().depth = 0);
+        FRAMELESS_SWITCHES.set(0);
         FLOOR.set(Floor::Session);
     }
 }
@@ -321,6 +339,9 @@ pub fn innermost_caller(
     if expected_depth != 0 {
         return Err(CallerUnknown::TriggerWithoutFrame);
     }
+    if FRAMELESS_SWITCHES.get() > 0 {
+        return Err(CallerUnknown::SchemaOwner);
+    }
     match FLOOR.get() {
         Floor::Switched => Err(CallerUnknown::LoadedInside),
         Floor::Session if foreign_key_action => Err(CallerUnknown::ForeignKeyAction),
@@ -339,6 +360,8 @@ pub enum CallerUnknown {
     /// A trigger is running that has no frame (a built-in trigger function, or one looked up before the
     /// library was loaded): whose identity it runs under cannot be told.
     TriggerWithoutFrame,
+    /// Inside `CREATE SCHEMA … AUTHORIZATION`, which runs its commands as the schema's owner.
+    SchemaOwner,
     /// The library was loaded while functions that had switched identity were running.
     LoadedInside,
 }
@@ -361,6 +384,10 @@ impl CallerUnknown {
                 "rag cannot act for a caller inside a built-in trigger (a foreign key's action, a deferred \
                  uniqueness check) or a trigger that started before the library was loaded"
             }
+            CallerUnknown::SchemaOwner => {
+                "rag cannot act for a caller inside CREATE SCHEMA ... AUTHORIZATION, which runs its commands \
+                 as the schema's owner"
+            }
             CallerUnknown::LoadedInside => {
                 "rag cannot tell who is calling: the library was loaded while functions that run as another \
                  role were running (rag is not in shared_preload_libraries)"
@@ -377,6 +404,9 @@ impl CallerUnknown {
             CallerUnknown::TriggerWithoutFrame => {
                 "Call rag from a trigger function of your own (they are tracked) or from ordinary SQL; without \
                  shared_preload_libraries, call any rag function first in the session."
+            }
+            CallerUnknown::SchemaOwner => {
+                "Create the schema first, then its objects in statements of their own."
             }
             CallerUnknown::LoadedInside => {
                 "Add rag to shared_preload_libraries (or session_preload_libraries), or call rag once at the \

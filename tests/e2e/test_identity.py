@@ -62,6 +62,7 @@ class Identity(InItsOwnDatabase):
             CREATE ROLE id_member IN ROLE rag_admin;
             GRANT id_owner TO id_member WITH INHERIT FALSE, SET FALSE;
             CREATE SCHEMA id_owner AUTHORIZATION id_owner;
+            GRANT USAGE ON SCHEMA id_owner TO id_member;
             SET ROLE id_owner;
             CREATE TABLE id_owner.notes (id int PRIMARY KEY, body text);
             SELECT rag_create_collection('owned', embedding_model => 'hash-384');

@@ -609,6 +609,32 @@ SELECT sum(sec_attacker.twice(i)) FROM generate_series(1, 2) i;
 \set VERBOSITY default
 SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
 DROP FUNCTION sec_attacker.turncoat(), sec_attacker.replaced(), sec_attacker.twice(int);
+-- 9k. CREATE SCHEMA ... AUTHORIZATION runs its commands as the schema's owner without a function frame: a
+-- superuser adding a partition to the attacker's table there makes PostgreSQL evaluate the attacker's
+-- partition key over the default partition's rows, as the attacker. rag refuses there (with the library
+-- preloaded, whose utility hook sees the command).
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.part_key(k int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+    IF coalesce(current_setting('sec.armed', true), '') = 'on' THEN
+        PERFORM sec_attacker.take_admin('x');
+    END IF;
+    RETURN k;
+END $f$;
+CREATE TABLE sec_attacker.parted (k int) PARTITION BY LIST ((sec_attacker.part_key(k)));
+CREATE TABLE sec_attacker.parted_rest PARTITION OF sec_attacker.parted DEFAULT;
+INSERT INTO sec_attacker.parted VALUES (1), (3);
+RESET ROLE;
+SET sec.armed = on;
+\set VERBOSITY terse
+CREATE SCHEMA sec_late AUTHORIZATION sec_attacker
+    CREATE TABLE parted_two PARTITION OF sec_attacker.parted FOR VALUES IN (2);
+\set VERBOSITY default
+RESET sec.armed;
+SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
+DROP SCHEMA IF EXISTS sec_late CASCADE;
+DROP TABLE sec_attacker.parted;
+DROP FUNCTION sec_attacker.part_key(int);
 -- 9g. The restriction is the trigger's own: called outside a SECURITY DEFINER function it is refused.
 SET ROLE sec_attacker;
 SELECT rag._restrict_to_current_user();
