@@ -71,18 +71,21 @@ class Identity(InItsOwnDatabase):
         try:
             self.assertEqual(scalar("SELECT pg_has_role('id_member', 'id_owner', 'MEMBER')::text || "
                                     "pg_has_role('id_member', 'id_owner', 'USAGE')::text", db=DB), "truefalse")
-            code, _, err = psql("SET ROLE id_member; SELECT rag_watch('id_owner.notes', 'owned', content => 'body')",
-                                db=DB, check=False)
-            self.assertNotEqual(code, 0)
-            self.assertIn("only the owner of id_owner.notes may watch it", err)
+            # Not the collection's owner: may not administer it.
             code, _, err = psql("SET ROLE id_member; SELECT rag_grant('owned', 'id_member', 'admin')",
                                 db=DB, check=False)
             self.assertNotEqual(code, 0)
-            self.assertIn("permission denied", err)
+            self.assertIn('permission denied for collection "owned"', err)
+            # Not the table's owner: may not watch it, even into a collection of its own.
+            code, _, err = psql("SET ROLE id_member; SELECT rag_create_collection('mine', embedding_model => 'hash-384'); "
+                                "SELECT rag_watch('id_owner.notes', 'mine', content => 'body')", db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("only the owner of id_owner.notes may watch it", err)
             self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=DB), "0")
         finally:
-            psql("SET ROLE id_owner; SELECT rag_drop_collection('owned'); RESET ROLE; DROP SCHEMA id_owner CASCADE; "
-                 "DROP OWNED BY id_owner, id_member; DROP ROLE id_member, id_owner", db=DB)
+            psql("SELECT rag_drop_collection(name) FROM rag.collections WHERE name IN ('owned', 'mine'); "
+                 "DROP SCHEMA id_owner CASCADE; DROP OWNED BY id_owner, id_member; DROP ROLE id_member, id_owner",
+                 db=DB)
 
 
 if __name__ == "__main__":
