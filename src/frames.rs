@@ -81,8 +81,8 @@ thread_local! {
 static mut PREVIOUS_HOOK: pg_sys::fmgr_hook_type = None;
 static mut PREVIOUS_NEEDS_HOOK: pg_sys::needs_fmgr_hook_type = None;
 
-/// Installs the hook (chaining whatever was installed before) and a transaction callback that empties the
-/// stack at every transaction's end. Called once per process from `_PG_init`; `preloaded` is false in a
+/// Installs the `fmgr_hook` and the `needs_fmgr_hook` (each chaining whatever was installed before) and a
+/// transaction callback that empties the stack at every transaction's end. Called once per process from `_PG_init`; `preloaded` is false in a
 /// backend that loads the library in the middle of a statement.
 pub fn install(preloaded: bool) {
     if !preloaded {
