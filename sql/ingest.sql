@@ -94,19 +94,25 @@ END $$;
 -- A provider is its creator's (or a superuser's) to drop: a name is what collections made later trust, so
 -- another rag_admin must not be able to free it and create it again pointing at a server of their own. The
 -- providers the extension makes ('ollama', 'local') have no creator and are a superuser's.
+-- Is the provider the caller's to drop or to spend directly: a superuser, or a role with the privileges of the
+-- role that created it (the extension's own providers, created by nobody, are a superuser's).
+CREATE FUNCTION rag._caller_controls_provider(p rag.providers) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT rag._caller_is_superuser()
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
+            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by, 'USAGE'))
+$$;
+
 CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
-    v_caller name := rag._calling_role();
 BEGIN
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF NOT rag._caller_is_superuser()
-       AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'USAGE')) THEN
+    IF NOT rag._caller_controls_provider(v_provider) THEN
         RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
             DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
             HINT = 'Only the role that created a provider, or a superuser, may drop it.';
@@ -124,8 +130,8 @@ END $$;
 
 -- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly. The
 -- model defaults to the local provider's default model. A provider that sends an API key bills every call to
--- that key, and here the caller chooses the text and the model: only its creator (or a member) or a superuser
--- may call it directly. Collections use it through rag_query and rag_ask, which record every call.
+-- that key, and here the caller chooses the text and the model: only its creator (or a role with its
+-- privileges) or a superuser may call it directly. Collections use it through rag_query and rag_ask, which record every call.
 CREATE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
@@ -134,9 +140,7 @@ DECLARE
 BEGIN
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
-        IF NOT rag._caller_is_superuser()
-           AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'USAGE')) THEN
+        IF NOT rag._caller_controls_provider(v_provider) THEN
             RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
                 DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
                                 coalesce(v_provider.created_by::text, 'the extension')),

@@ -1375,19 +1375,23 @@ BEGIN
     RETURN true;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._caller_controls_provider(p rag.providers) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT rag._caller_is_superuser()
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
+            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by, 'USAGE'))
+$$;
+
 CREATE OR REPLACE FUNCTION rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
-    v_caller name := rag._calling_role();
 BEGIN
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF NOT rag._caller_is_superuser()
-       AND NOT (v_provider.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                AND pg_catalog.pg_has_role(v_caller, v_provider.created_by, 'USAGE')) THEN
+    IF NOT rag._caller_controls_provider(v_provider) THEN
         RAISE EXCEPTION 'permission denied for provider "%"', name USING ERRCODE = 'insufficient_privilege',
             DETAIL = format('It was created by %s.', coalesce(v_provider.created_by::text, 'the extension')),
             HINT = 'Only the role that created a provider, or a superuser, may drop it.';
@@ -1411,9 +1415,7 @@ DECLARE
 BEGIN
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
-        IF NOT rag._caller_is_superuser()
-           AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = v_provider.created_by)
-                    AND pg_catalog.pg_has_role(rag._calling_role(), v_provider.created_by, 'USAGE')) THEN
+        IF NOT rag._caller_controls_provider(v_provider) THEN
             RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
                 DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
                                 coalesce(v_provider.created_by::text, 'the extension')),

@@ -87,7 +87,7 @@ BEGIN
 END $$;
 
 -- The watches whose whole table p_role may read without row-level security in the way: a superuser, a
--- member of the table's owner (who bypasses its policies unless they are forced), or a role with SELECT on
+-- role with the privileges of the table's owner (who bypasses its policies unless they are forced), or a role with SELECT on
 -- every column the index reads of a table with no row-level security (or with BYPASSRLS). Catalog lookups
 -- only: nothing of the table's owner's (policies, types, operators) runs for it. The policies below call it
 -- once per query.

@@ -129,21 +129,7 @@ unsafe extern "C-unwind" fn frame_triggers(function: pg_sys::Oid) -> bool {
             return true;
         }
     }
-    // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
-    // FormData_pg_proc, read before the tuple is released.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int,
-            pg_sys::Datum::from(function),
-        );
-        if tuple.is_null() {
-            return false;
-        }
-        let returns =
-            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).prorettype;
-        pg_sys::ReleaseSysCache(tuple);
-        returns == pg_sys::TRIGGEROID
-    }
+    describe(function).is_some_and(|facts| facts.trigger)
 }
 
 /// Not `#[pg_guard]`: it calls nothing that can raise an ERROR (GetUserId reads a global, the stack is a fixed
@@ -264,10 +250,40 @@ fn floor_now() -> Floor {
 
 /// What the catalog says of a function: its owner, whether it is a trigger function, and whether it is
 /// `rag._calling_role()` itself.
-pub struct FunctionFacts {
-    pub owner: pg_sys::Oid,
-    pub trigger: bool,
-    pub is_calling_role: bool,
+struct FunctionFacts {
+    owner: pg_sys::Oid,
+    trigger: bool,
+    is_calling_role: bool,
+}
+
+/// What the catalog says of a function; `None` when the catalog lacks it.
+fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
+    // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
+    // FormData_pg_proc, read before the tuple is released; get_namespace_oid with missing_ok never raises.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+        let owner = (*form).proowner;
+        let trigger = (*form).prorettype == pg_sys::TRIGGEROID;
+        let namespace = (*form).pronamespace;
+        let named_calling_role =
+            std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
+        pg_sys::ReleaseSysCache(tuple);
+        // Only the innermost frame has that name; the other frames need no second lookup.
+        let is_calling_role =
+            named_calling_role && namespace == pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
+        Some(FunctionFacts {
+            owner,
+            trigger,
+            is_calling_role,
+        })
+    }
 }
 
 /// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
@@ -286,9 +302,7 @@ pub struct FunctionFacts {
 /// `Ok(None)` when there is no such frame: the session's current role called rag. An error when the stack
 /// cannot say (too deep, the innermost frame is not `rag._calling_role()`, a trigger without a frame, a
 /// foreign key's action, or frames that started before the library was loaded had switched identity).
-pub fn innermost_caller(
-    describe: impl Fn(pg_sys::Oid) -> Option<FunctionFacts>,
-) -> Result<Option<pg_sys::Oid>, CallerUnknown> {
+pub fn innermost_caller() -> Result<Option<pg_sys::Oid>, CallerUnknown> {
     // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
     // it on every call PostgreSQL makes through the definer handler).
     let (own, callers) = FRAMES.with(|frames| {

@@ -90,10 +90,11 @@ impl Drop for RestrictedIdentity {
 }
 
 /// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the role whose
-/// code called into rag. That is the identity of the innermost SECURITY DEFINER function (its owner) or
-/// switched trigger running below rag's own frames (it runs as that role, whoever set it off:
-/// [`crate::frames`]), else the session's current role (what `SET ROLE` chose; `GetOuterUserId`). Refused in a
-/// parallel worker, which has none of the leader's frames, and in a foreign key's action that no frame explains.
+/// code called into rag. That is the identity recorded by the innermost frame below rag's own that ran under a
+/// switched identity (a SECURITY DEFINER function of another role, a trigger PostgreSQL runs as another role,
+/// or anything called inside either: [`crate::frames`]), else the session's current role (what `SET ROLE`
+/// chose; `GetOuterUserId`). Refused in a parallel worker, which has none of the leader's frames, and where
+/// the frames cannot say ([`crate::frames::CallerUnknown`]).
 /// Called only by `rag._calling_role()`, whose own frame the stack must end with.
 ///
 /// Inside a security-restricted operation neither answer is right: PostgreSQL (index expressions, REFRESH
@@ -124,7 +125,7 @@ pub fn calling_role() -> pg_sys::Oid {
         }
         .raise()
     }
-    match crate::frames::innermost_caller(describe_function) {
+    match crate::frames::innermost_caller() {
         Ok(Some(role)) => role,
         // SAFETY: reads a backend global.
         Ok(None) => unsafe { pg_sys::GetOuterUserId() },
@@ -133,36 +134,6 @@ pub fn calling_role() -> pg_sys::Oid {
             hint: why.hint().into(),
         }
         .raise(),
-    }
-}
-
-/// What the catalog says of a running function (`crate::frames`); `None` when the catalog lacks it.
-fn describe_function(function: pg_sys::Oid) -> Option<crate::frames::FunctionFacts> {
-    // SAFETY: a syscache lookup by oid returns a pinned tuple or NULL (checked); its fixed-size part is a
-    // FormData_pg_proc, read before the tuple is released; get_namespace_oid with missing_ok never raises.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int,
-            pg_sys::Datum::from(function),
-        );
-        if tuple.is_null() {
-            return None;
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let owner = (*form).proowner;
-        let trigger = (*form).prorettype == pg_sys::TRIGGEROID;
-        let namespace = (*form).pronamespace;
-        let named_calling_role =
-            std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
-        pg_sys::ReleaseSysCache(tuple);
-        // Only the innermost frame has that name; the other frames need no second lookup.
-        let is_calling_role =
-            named_calling_role && namespace == pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
-        Some(crate::frames::FunctionFacts {
-            owner,
-            trigger,
-            is_calling_role,
-        })
     }
 }
 
