@@ -3473,6 +3473,56 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 DO $$
 DECLARE
     f record;
+    v_previous regprocedure;
+    v_inputs text;
+    v_call text;
+    v_comment text;
+BEGIN
+    FOR f IN
+        SELECT p.oid, p.proname, p.pronamespace, n.nspname, p.pronargs, p.provariadic, p.proretset, p.prorettype,
+               p.proisstrict, p.provolatile, p.proparallel, p.procost, p.prorows,
+               pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
+               pg_catalog.oidvectortypes(p.proargtypes) AS argument_types,
+               pg_catalog.pg_get_function_result(p.oid) AS result,
+               (p.proretset OR p.prorettype = 'record'::regtype
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_type t WHERE t.oid = p.prorettype AND t.typtype = 'c'))
+                   AS returns_rows
+          FROM pg_depend dep
+          JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
+          JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE dep.refclassid = 'pg_extension'::regclass
+           AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
+           AND dep.deptype = 'e'
+           AND p.prosecdef AND p.prokind = 'f' AND pg_catalog.left(p.proname, 4) = 'rag_'
+           AND p.pronamespace <> 'rag'::regnamespace
+    LOOP
+        v_previous := pg_catalog.to_regprocedure(format('rag.%I(%s)', f.proname, f.argument_types));
+        IF v_previous IS NOT NULL THEN
+            EXECUTE format('DROP FUNCTION %s', v_previous);
+        END IF;
+        v_comment := pg_catalog.obj_description(f.oid, 'pg_proc');
+        EXECUTE format('ALTER FUNCTION %s SET SCHEMA rag', f.oid::regprocedure);
+        SELECT string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END || '$' || i,
+                          ', ' ORDER BY i)
+          INTO v_inputs FROM generate_series(1, f.pronargs) AS i;
+        v_call := format('rag.%I(%s)', f.proname, coalesce(v_inputs, ''));
+        EXECUTE format('CREATE FUNCTION %I.%I(%s) RETURNS %s LANGUAGE sql %s %s PARALLEL %s COST %s %s AS %L',
+                       f.nspname, f.proname, f.arguments, f.result,
+                       CASE f.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE' ELSE 'VOLATILE' END,
+                       CASE WHEN f.proisstrict THEN 'STRICT' ELSE 'CALLED ON NULL INPUT' END,
+                       CASE f.proparallel WHEN 's' THEN 'SAFE' WHEN 'r' THEN 'RESTRICTED' ELSE 'UNSAFE' END,
+                       f.procost, CASE WHEN f.proretset THEN format('ROWS %s', f.prorows) ELSE '' END,
+                       CASE WHEN f.returns_rows THEN 'SELECT * FROM ' ELSE 'SELECT ' END || v_call);
+        IF v_comment IS NOT NULL THEN
+            EXECUTE format('COMMENT ON FUNCTION %I.%I(%s) IS %L',
+                           f.nspname, f.proname, f.argument_types, v_comment);
+        END IF;
+    END LOOP;
+END $$;
+
+DO $$
+DECLARE
+    f record;
     v_extschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
                           WHERE e.extname = 'rag');
     v_vectorschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -3486,6 +3536,7 @@ BEGIN
     -- one of the same signature. pg_temp last: a caller's temporary objects never shadow anything.
     v_path := format('pg_catalog, %I, %I, %I, pg_temp', 'rag', v_extschema, v_vectorschema);
     FOR f IN
+        -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
         SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
           FROM pg_depend dep
           JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
@@ -3494,7 +3545,7 @@ BEGIN
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
     LOOP
-        -- One owner for every function: rag tells its own frames from a caller's by the identity they run as
+        -- One owner for every function: rag tells its own frames from a caller's by their owner
         -- (src/frames.rs), and an upgrade run by another superuser than the one who created the extension
         -- makes the functions it adds that superuser's.
         IF f.proowner <> v_owner THEN

@@ -1,28 +1,22 @@
-//! Whose code is running: the identity of every function PostgreSQL runs through its SECURITY DEFINER /
-//! SET-clause call handler (`fmgr_security_definer`), as a stack kept by an `fmgr_hook`.
+//! Whose code called into rag: the identity every function that PostgreSQL runs through its SECURITY DEFINER /
+//! SET-clause call handler (`fmgr_security_definer`) started with, as a stack kept by an `fmgr_hook`.
 //!
-//! A SECURITY DEFINER function of rag sees the definer as `current_user`, so it asks who called it. The
-//! session's current role (`GetOuterUserId`) is the answer only when nothing between the session and rag
-//! switched identity: a function or trigger that another role wrote as SECURITY DEFINER runs as that role, in
-//! PostgreSQL's model, even when a superuser calls it or writes to its table, and rag must not give that code
-//! the superuser's rights. The handler switches to the definer before it calls the hook, so the hook records
-//! exactly the identity each such function runs as; functions that only have SET clauses (all of rag's)
-//! record the identity they were called with, which is also right. [`innermost_caller`] walks the stack down
-//! past rag's own frames.
-//!
-//! PostgreSQL also runs trigger functions under another identity without a definer function: a foreign key's
-//! cascade runs the referencing table's triggers as that table's owner, and from PostgreSQL 18 every AFTER
-//! trigger runs as the role whose statement queued it (a deferred trigger queued inside a definer function
-//! fires at COMMIT as that function's owner). So the library also asks PostgreSQL, through `needs_fmgr_hook`,
-//! to run every trigger function through the same handler, and a trigger frame whose identity was switched
-//! counts as a caller, like a definer frame.
+//! A SECURITY DEFINER function of rag sees its owner as `current_user`, so it asks who called it. Every entry
+//! point of rag that runs as the owner is entered through a wrapper that does not switch identity
+//! (sql/security.sql): `rag_query(...)` is a SQL function with SET clauses calling `rag.rag_query(...)`. PostgreSQL runs the wrapper through the handler, which calls the hook
+//! before the wrapper's body runs and without changing identity for it, so its frame holds exactly the
+//! identity PostgreSQL would check the caller's own statements against at that point: the session's role,
+//! a definer function's owner, the role a foreign key's action or a trigger runs as, the owner of a schema
+//! being created with AUTHORIZATION. rag does not reason about how that identity came about.
+//! [`innermost_caller`] walks down from `rag._calling_role()` over rag's own frames to the outermost one, which
+//! must be such a wrapper (or another function of rag that does not switch identity).
 //!
 //! Installed in every backend that loads the library; when the library is preloaded that is from the start,
 //! so no frame is missed. A backend that loads it later (no `shared_preload_libraries`) cannot see the frames
-//! that were already running when it loaded: if any of them had switched identity, it refuses to act until
-//! they have returned ([`Floor`]). Every function of rag has a planner support function in the library
-//! (`rag._load_library`), so a call to rag loads the library when the statement calling it is planned, in
-//! the caller's own frame, rather than inside rag's.
+//! that were already running when it loaded: if any of them had switched identity (rag's own definer functions
+//! among them), it refuses to act until they have returned ([`Floor`]). Every function of rag has a planner
+//! support function in the library (`rag._load_library`), so a call to rag loads the library when the
+//! statement calling it is planned, before the wrapper starts.
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -30,13 +24,10 @@ use std::cell::{Cell, RefCell};
 /// and the caller cannot be told (callers then refuse: [`innermost_caller`] returns an error).
 const CAPACITY: usize = 512;
 
-/// One running function: the identity it runs as, its security context (which switches of identity it runs
-/// under), how many triggers deep it runs, and the function itself.
+/// One running function: the identity it runs as and the function itself.
 #[derive(Clone, Copy)]
 struct Frame {
     user: pg_sys::Oid,
-    context: std::ffi::c_int,
-    trigger_depth: i32,
     function: pg_sys::Oid,
 }
 
@@ -49,7 +40,7 @@ thread_local! {
     // PostgreSQL calls the hook on the backend's one thread only; a thread-local avoids `static mut`.
     static FRAMES: RefCell<Frames> = const {
         RefCell::new(Frames {
-            frames: [Frame { user: pg_sys::InvalidOid, context: 0, trigger_depth: 0, function: pg_sys::InvalidOid }; CAPACITY],
+            frames: [Frame { user: pg_sys::InvalidOid, function: pg_sys::InvalidOid }; CAPACITY],
             depth: 0,
         })
     };
@@ -70,19 +61,19 @@ enum Floor {
 }
 
 thread_local! {
-    /// Utility commands running that switch identity without a function frame (see
-    /// [`enter_frameless_switch`]); emptied at every transaction's end, like the stack.
-    static FRAMELESS_SWITCHES: Cell<u32> = const { Cell::new(0) };
     static FLOOR: Cell<Floor> = const { Cell::new(Floor::Session) };
     /// True in a backend that loaded the library after it started, where frames can end unseen.
     static LOADED_LATE: Cell<bool> = const { Cell::new(false) };
+    /// The extension rag (its oid), with the `rag._calling_role()` it was read for: a dropped and re-created
+    /// extension is another one.
+    static EXTENSION: Cell<(pg_sys::Oid, pg_sys::Oid)> =
+        const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
 }
 
 static mut PREVIOUS_HOOK: pg_sys::fmgr_hook_type = None;
-static mut PREVIOUS_NEEDS_HOOK: pg_sys::needs_fmgr_hook_type = None;
 
-/// Installs the `fmgr_hook` and the `needs_fmgr_hook` (each chaining whatever was installed before) and a
-/// transaction callback that empties the stack at every transaction's end. Called once per process from `_PG_init`; `preloaded` is false in a
+/// Installs the `fmgr_hook` (chaining whatever was installed before) and a transaction callback that empties
+/// the stack at every transaction's end. Called once per process from `_PG_init`; `preloaded` is false in a
 /// backend that loads the library in the middle of a statement.
 pub fn install(preloaded: bool) {
     if !preloaded {
@@ -95,41 +86,8 @@ pub fn install(preloaded: bool) {
     unsafe {
         PREVIOUS_HOOK = pg_sys::fmgr_hook;
         pg_sys::fmgr_hook = Some(track_frame);
-        PREVIOUS_NEEDS_HOOK = pg_sys::needs_fmgr_hook;
-        pg_sys::needs_fmgr_hook = Some(frame_triggers);
         pg_sys::RegisterXactCallback(Some(forget_frames), std::ptr::null_mut());
     }
-}
-
-/// A utility command that runs user code as another role without a function frame is starting:
-/// `CREATE SCHEMA … AUTHORIZATION` runs its subcommands as the schema's owner, and one of them can evaluate
-/// that owner's functions (a new partition's constraint over the parent's default partition). Until
-/// [`leave_frameless_switch`] (or the transaction's end, when the command fails), rag refuses to act for the
-/// session's role. Called by the utility hook, so only where the library is preloaded.
-pub fn enter_frameless_switch() {
-    FRAMELESS_SWITCHES.set(FRAMELESS_SWITCHES.get() + 1);
-}
-
-/// The command of [`enter_frameless_switch`] returned.
-pub fn leave_frameless_switch() {
-    FRAMELESS_SWITCHES.set(FRAMELESS_SWITCHES.get().saturating_sub(1));
-}
-
-/// PostgreSQL asks this, when it looks a function up, whether the function needs the handler that calls the
-/// hook (definer and SET-clause functions always get it). Trigger functions do, so that a trigger that
-/// PostgreSQL runs under a switched identity has a frame saying so. Built-in functions never reach it.
-// SAFETY (for callers): PostgreSQL calls it from fmgr_info with the oid of a function it has just read from the
-// catalog, inside a transaction; it may raise an ERROR there, as fmgr_info itself may.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn frame_triggers(function: pg_sys::Oid) -> bool {
-    // SAFETY: PREVIOUS_NEEDS_HOOK is written once, in `install`, before any call can reach this hook.
-    if let Some(previous) = unsafe { PREVIOUS_NEEDS_HOOK } {
-        // SAFETY: the previous hook was installed for exactly these calls.
-        if unsafe { previous(function) } {
-            return true;
-        }
-    }
-    describe(function).is_some_and(|facts| facts.trigger)
 }
 
 /// Not `#[pg_guard]`: it calls nothing that can raise an ERROR (GetUserId reads a global, the stack is a fixed
@@ -151,16 +109,10 @@ unsafe extern "C-unwind" fn track_frame(
                 // SAFETY: the previous hook was installed for exactly these calls and gets our arguments.
                 unsafe { previous(event, flinfo, argument) };
             }
-            let mut user = pg_sys::InvalidOid;
-            let mut context: std::ffi::c_int = 0;
-            // SAFETY: GetUserIdAndSecContext writes two locals from backend globals; `flinfo` is the call's
-            // lookup info, valid for the call.
+            // SAFETY: GetUserId reads a backend global; `flinfo` is the call's lookup info, valid for the call.
             let frame = unsafe {
-                pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
                 Frame {
-                    user,
-                    context,
-                    trigger_depth: trigger_depth(),
+                    user: pg_sys::GetUserId(),
                     function: (*flinfo).fn_oid,
                 }
             };
@@ -217,17 +169,8 @@ unsafe extern "C-unwind" fn forget_frames(
             | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
     ) {
         FRAMES.with(|frames| frames.borrow_mut().depth = 0);
-        FRAMELESS_SWITCHES.set(0);
         FLOOR.set(Floor::Session);
     }
-}
-
-/// How many trigger functions are running, as PostgreSQL counts them (`ExecCallTriggerFunc` counts every
-/// trigger call, built-in ones and those called before the library was loaded included). Does not raise.
-fn trigger_depth() -> i32 {
-    // SAFETY: pg_trigger_depth only returns the backend's trigger counter; it reads nothing of its argument.
-    let depth = unsafe { pg_sys::pg_trigger_depth(std::ptr::null_mut()) };
-    depth.value() as i32
 }
 
 /// Whether anything running now has switched identity: a definer function or a switched trigger sets
@@ -248,11 +191,12 @@ fn floor_now() -> Floor {
     }
 }
 
-/// What the catalog says of a function: its owner, whether it is a trigger function, and whether it is
-/// `rag._calling_role()` itself.
+/// What the catalog says of a function: its owner, its schema, whether it switches to its owner
+/// (SECURITY DEFINER), and whether it is `rag._calling_role()` itself.
 struct FunctionFacts {
     owner: pg_sys::Oid,
-    trigger: bool,
+    namespace: pg_sys::Oid,
+    definer: bool,
     is_calling_role: bool,
 }
 
@@ -270,8 +214,8 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
         let owner = (*form).proowner;
-        let trigger = (*form).prorettype == pg_sys::TRIGGEROID;
         let namespace = (*form).pronamespace;
+        let definer = (*form).prosecdef;
         let named_calling_role =
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
         pg_sys::ReleaseSysCache(tuple);
@@ -280,29 +224,25 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
             named_calling_role && namespace == pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
         Some(FunctionFacts {
             owner,
-            trigger,
+            namespace,
+            definer,
             is_calling_role,
         })
     }
 }
 
 /// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
-/// SET clause, so the handler runs it and the hook recorded it): the identity recorded by the innermost frame
-/// below it that ran under a switched identity (`SECURITY_LOCAL_USERID_CHANGE`: a SECURITY DEFINER function,
-/// a trigger PostgreSQL runs as another role, or any function called inside either), passing over frames
-/// whose identity is that of `rag._calling_role()`'s owner (the role that owns every function of rag, so its
-/// frames are rag's own). Frames with no switch are passed over: their identity is whatever was current when
-/// they started, and such a function may `SET ROLE` to a lesser role afterwards (not under a switch), which
-/// the session's current role then follows.
+/// SET clause, so the handler runs it and the hook recorded it). Below it lie rag's own frames: functions of
+/// rag's owner in the schema `rag` or members of the extension elsewhere; only a superuser can create those
+/// and only rag's owner can change them, so their catalog entries can be believed. The outermost of them was
+/// called by code that is not rag's, and must not switch identity (a wrapper of sql/security.sql, or another
+/// function of rag without SECURITY DEFINER): the identity it recorded is the caller's. A SECURITY DEFINER
+/// function of rag called directly records its owner, not its caller, so the walk refuses there.
 ///
-/// Inside a foreign key's action (`SECURITY_NOFORCE_RLS`, set without a frame while PostgreSQL runs the
-/// action's query as a table's owner) only a frame that started inside the action tells whose code runs.
-/// Every trigger running must have a frame (see the trigger depths below).
-///
-/// `Ok(None)` when there is no such frame: the session's current role called rag. An error when the stack
-/// cannot say (too deep, the innermost frame is not `rag._calling_role()`, a trigger without a frame, a
-/// foreign key's action, or frames that started before the library was loaded had switched identity).
-pub fn innermost_caller() -> Result<Option<pg_sys::Oid>, CallerUnknown> {
+/// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()`, rag's
+/// outermost frame switches identity, or frames that started before the library was loaded had switched
+/// identity.
+pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
     // it on every call PostgreSQL makes through the definer handler).
     let (own, callers) = FRAMES.with(|frames| {
@@ -315,52 +255,43 @@ pub fn innermost_caller() -> Result<Option<pg_sys::Oid>, CallerUnknown> {
             None => Err(CallerUnknown::NotThroughFmgr),
         }
     })?;
-    let foreign_key_action = own.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int != 0;
-    // Every trigger running has a frame, or something ran user code without one: a built-in trigger function
-    // (a foreign key's action, a deferred uniqueness recheck evaluating index expressions; PostgreSQL 18 runs
-    // those as the role that queued them too) or a trigger looked up before the library was loaded. Walking
-    // down, the frames' trigger depths must step down exactly at the trigger frames, to 0 below the last.
-    let mut expected_depth = own.trigger_depth;
-    let own = describe(own.function).ok_or(CallerUnknown::NotInCatalog)?;
+    let own_function = own.function;
+    let own = describe(own_function).ok_or(CallerUnknown::NotInCatalog)?;
     if !own.is_calling_role {
         return Err(CallerUnknown::NotThroughFmgr);
     }
+    let extension = match EXTENSION.get() {
+        (function, extension) if function == own_function => extension,
+        _ => {
+            let extension = extension_of(own_function);
+            EXTENSION.set((own_function, extension));
+            extension
+        }
+    };
+    let mut outermost = None;
     for frame in callers.iter().rev() {
-        if frame.trigger_depth != expected_depth {
-            return Err(CallerUnknown::TriggerWithoutFrame);
-        }
         let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
-        if facts.trigger {
-            expected_depth -= 1;
+        // The schema rag is the extension's alone; in the extension's own schema (public, often) the
+        // extension's owner may have functions of its own, so membership is asked there.
+        let rags = facts.owner == own.owner
+            && (facts.namespace == own.namespace || extension_of(frame.function) == extension);
+        if !rags {
+            break;
         }
-        if frame.user == own.owner {
-            continue;
-        }
-        // Recorded, not looked up: a definer function may ALTER itself to SECURITY INVOKER while it runs
-        // (and its call handler keeps switching for calls already set up), so the catalog cannot say whether
-        // a running frame switched. A frame under a switch, its own or one it inherited, runs as the role it
-        // recorded, which cannot change while the switch lasts (SET ROLE is refused there).
-        if frame.context & pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int != 0 {
-            if foreign_key_action
-                && frame.context & pg_sys::SECURITY_NOFORCE_RLS as std::ffi::c_int == 0
-            {
-                // The frame is below the action: the code running is the action's, as another role.
-                return Err(CallerUnknown::ForeignKeyAction);
-            }
-            return Ok(Some(frame.user));
-        }
+        outermost = Some((frame.user, facts.definer));
     }
-    if expected_depth != 0 {
-        return Err(CallerUnknown::TriggerWithoutFrame);
+    match outermost {
+        Some((_, true)) | None => Err(CallerUnknown::NotThroughEntryPoint),
+        Some((_, false)) if FLOOR.get() == Floor::Switched => Err(CallerUnknown::LoadedInside),
+        Some((user, false)) => Ok(user),
     }
-    if FRAMELESS_SWITCHES.get() > 0 {
-        return Err(CallerUnknown::SchemaOwner);
-    }
-    match FLOOR.get() {
-        Floor::Switched => Err(CallerUnknown::LoadedInside),
-        Floor::Session if foreign_key_action => Err(CallerUnknown::ForeignKeyAction),
-        Floor::Session => Ok(None),
-    }
+}
+
+/// The extension a function belongs to (`InvalidOid` for none): one index scan of `pg_depend`.
+fn extension_of(function: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: reads the catalog by oid inside the transaction of the calling function; pgrx turns an ERROR
+    // into a Rust panic at this boundary, which the calling `#[pg_extern]` raises again.
+    unsafe { pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function) }
 }
 
 /// Why the stack cannot say who called.
@@ -369,13 +300,8 @@ pub enum CallerUnknown {
     TooDeep,
     NotThroughFmgr,
     NotInCatalog,
-    /// Code runs inside a foreign key's action, as a table's owner, and no frame says whose it is.
-    ForeignKeyAction,
-    /// A trigger is running that has no frame (a built-in trigger function, or one looked up before the
-    /// library was loaded): whose identity it runs under cannot be told.
-    TriggerWithoutFrame,
-    /// Inside `CREATE SCHEMA … AUTHORIZATION`, which runs its commands as the schema's owner.
-    SchemaOwner,
+    /// A function of rag that runs as rag's owner was called directly, not through its wrapper.
+    NotThroughEntryPoint,
     /// The library was loaded while functions that had switched identity were running.
     LoadedInside,
 }
@@ -391,16 +317,9 @@ impl CallerUnknown {
             CallerUnknown::NotInCatalog => {
                 "rag cannot tell who is calling: a running function is not in the catalog"
             }
-            CallerUnknown::ForeignKeyAction => {
-                "rag cannot act for a caller inside a foreign key's action"
-            }
-            CallerUnknown::TriggerWithoutFrame => {
-                "rag cannot act for a caller inside a built-in trigger (a foreign key's action, a deferred \
-                 uniqueness check) or a trigger that started before the library was loaded"
-            }
-            CallerUnknown::SchemaOwner => {
-                "rag cannot act for a caller inside CREATE SCHEMA ... AUTHORIZATION, which runs its commands \
-                 as the schema's owner"
+            CallerUnknown::NotThroughEntryPoint => {
+                "rag cannot tell who is calling: an internal function of rag that runs as its owner was \
+                 called directly"
             }
             CallerUnknown::LoadedInside => {
                 "rag cannot tell who is calling: the library was loaded while functions that run as another \
@@ -411,16 +330,8 @@ impl CallerUnknown {
 
     pub fn hint(&self) -> &'static str {
         match self {
-            CallerUnknown::ForeignKeyAction => {
-                "A foreign key's action runs its query as a table's owner; call rag from a trigger on that \
-                 table or from ordinary SQL."
-            }
-            CallerUnknown::TriggerWithoutFrame => {
-                "Call rag from a trigger function of your own (they are tracked) or from ordinary SQL; without \
-                 shared_preload_libraries, call any rag function first in the session."
-            }
-            CallerUnknown::SchemaOwner => {
-                "Create the schema first, then its objects in statements of their own."
+            CallerUnknown::NotThroughEntryPoint => {
+                "Call rag's public functions (rag_query, rag_ask, …), which tell the function who called them."
             }
             CallerUnknown::LoadedInside => {
                 "Add rag to shared_preload_libraries (or session_preload_libraries), or call rag once at the \

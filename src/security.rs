@@ -89,20 +89,16 @@ impl Drop for RestrictedIdentity {
     }
 }
 
-/// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the role whose
-/// code called into rag. That is the identity recorded by the innermost frame below rag's own that ran under a
-/// switched identity (a SECURITY DEFINER function of another role, a trigger PostgreSQL runs as another role,
-/// or anything called inside either: [`crate::frames`]), else the session's current role (what `SET ROLE`
-/// chose; `GetOuterUserId`). Refused in a parallel worker, which has none of the leader's frames, and where
-/// the frames cannot say ([`crate::frames::CallerUnknown`]).
-/// Called only by `rag._calling_role()`, whose own frame the stack must end with.
+/// The role the extension acts for when a SECURITY DEFINER function of it checks privileges: the identity the
+/// entry point of rag that is running was called with (PostgreSQL's current user at the call, recorded by
+/// [`crate::frames`]). Refused in a parallel worker, which has none of the leader's frames, and where the
+/// frames cannot say ([`crate::frames::CallerUnknown`]). Called only by `rag._calling_role()`, whose own frame
+/// the stack must end with.
 ///
-/// Inside a security-restricted operation neither answer is right: PostgreSQL (index expressions, REFRESH
+/// Inside a security-restricted operation rag refuses to act: PostgreSQL (index expressions, REFRESH
 /// MATERIALIZED VIEW, VACUUM and ANALYZE) and the extension itself (watch expressions, [`RestrictedIdentity`];
-/// a watch's trigger, [`restrict_current_user`]) run a table owner's code there as that owner without calling
-/// a function, while the outer role stays whoever started the command: a superuser, the worker. Code an owner
-/// wrote would act through rag with that role's rights (make grants, providers that carry keys). The operation's
-/// role is not recorded anywhere a function called inside it can read, so the extension refuses to act there.
+/// a watch's trigger, [`restrict_current_user`]) run a table owner's code there under restrictions that rag's
+/// own work (grants, provider calls, writes to its tables) would step outside of.
 pub fn calling_role() -> pg_sys::Oid {
     // A parallel worker starts with the leader's outer role and none of its running functions: it cannot
     // tell, and nothing in rag needs to act for a caller there.
@@ -126,9 +122,7 @@ pub fn calling_role() -> pg_sys::Oid {
         .raise()
     }
     match crate::frames::innermost_caller() {
-        Ok(Some(role)) => role,
-        // SAFETY: reads a backend global.
-        Ok(None) => unsafe { pg_sys::GetOuterUserId() },
+        Ok(role) => role,
         Err(why) => crate::error::RagError::InsufficientPrivilege {
             message: why.message().into(),
             hint: why.hint().into(),

@@ -66,12 +66,6 @@ unsafe extern "C-unwind" fn rag_process_utility(
 ) {
     hold_workers_off(pstmt);
     let creates_rag = creates_this_extension(pstmt);
-    let switches_to_owner = creates_schema_for_a_role(pstmt);
-    if switches_to_owner {
-        // Not undone if the command raises: rag then refuses to act for anyone until the transaction ends,
-        // where the count is reset; the safe side.
-        crate::frames::enter_frameless_switch();
-    }
     // SAFETY: the arguments are PostgreSQL's own, passed on unchanged to the next hook or to the standard
     // implementation, exactly as `ProcessUtility()` would have called it without us.
     match PREVIOUS_HOOK {
@@ -96,30 +90,8 @@ unsafe extern "C-unwind" fn rag_process_utility(
             qc,
         ),
     }
-    if switches_to_owner {
-        crate::frames::leave_frameless_switch();
-    }
     if creates_rag {
         start_worker_after_commit();
-    }
-}
-
-/// True for `CREATE SCHEMA … AUTHORIZATION role`, which runs its subcommands as that role without a function
-/// frame (src/frames.rs). Reads the node only; cannot raise.
-// SAFETY (for callers): `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
-unsafe fn creates_schema_for_a_role(pstmt: *mut pg_sys::PlannedStmt) -> bool {
-    if pstmt.is_null() {
-        return false;
-    }
-    // SAFETY: a PlannedStmt of a utility command holds its parse node in utilityStmt, NULL or a valid Node
-    // whose tag says its type.
-    unsafe {
-        let node = (*pstmt).utilityStmt;
-        !node.is_null()
-            && (*node).type_ == pg_sys::NodeTag::T_CreateSchemaStmt
-            && !(*(node as *mut pg_sys::CreateSchemaStmt))
-                .authrole
-                .is_null()
     }
 }
 

@@ -51,6 +51,60 @@ class Identity(InItsOwnDatabase):
             psql("SELECT rag_revoke('payroll', 'id_attacker'); DROP SCHEMA id_attacker CASCADE; "
                  "DROP OWNED BY id_attacker; DROP ROLE id_attacker; SELECT rag_drop_collection('payroll')", db=DB)
 
+    def test_deferred_uniqueness_recheck_queued_in_a_definer_function(self):
+        # A deferred uniqueness (here exclusion) check is a built-in trigger: at COMMIT it evaluates the table's
+        # index expression, the attacker's code, with no function of its own around it. From PostgreSQL 18 it
+        # runs as the role that queued it (the attacker, inside their definer function); before 18 as whoever
+        # commits. rag acts for exactly that role: it reads the identity its entry point was called with.
+        psql("""
+            SELECT rag_create_collection('payroll', embedding_model => 'hash-384');
+            CREATE ROLE id_attacker IN ROLE rag_reader;
+            CREATE SCHEMA id_attacker AUTHORIZATION id_attacker;
+            SET ROLE id_attacker;
+            CREATE TABLE id_attacker.seen (role name);
+            CREATE FUNCTION id_attacker.take_admin() RETURNS void LANGUAGE plpgsql AS $f$
+            BEGIN
+                INSERT INTO id_attacker.seen VALUES (current_user);
+                PERFORM public.rag_grant('payroll', 'id_attacker', 'admin');
+            END $f$;
+            CREATE FUNCTION id_attacker.key_of(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $f$
+            BEGIN
+                IF pg_catalog.pg_trigger_depth() > 0 THEN
+                    PERFORM id_attacker.take_admin();
+                END IF;
+                RETURN x;
+            END $f$;
+            CREATE TABLE id_attacker.unique_later
+                (x int, EXCLUDE USING btree ((id_attacker.key_of(x)) WITH =) DEFERRABLE INITIALLY DEFERRED);
+            CREATE FUNCTION id_attacker.harmless() RETURNS int LANGUAGE plpgsql SECURITY DEFINER
+                SET search_path = pg_catalog AS $f$
+            BEGIN
+                INSERT INTO id_attacker.unique_later VALUES (1);
+                INSERT INTO id_attacker.unique_later VALUES (1);
+                DELETE FROM id_attacker.unique_later WHERE ctid = '(0,1)';
+                RETURN 1;
+            END $f$;
+            GRANT ALL ON id_attacker.seen TO PUBLIC;
+            RESET ROLE;
+        """, db=DB)
+        try:
+            version = int(scalar("SHOW server_version_num", db=DB))
+            code, _, err = psql("SELECT id_attacker.harmless()", db=DB, check=False)
+            grants = scalar("SELECT count(*) FROM rag.collection_grants WHERE grantee = 'id_attacker'::regrole", db=DB)
+            if version >= 180000:
+                self.assertNotEqual(code, 0)
+                self.assertIn("permission denied", err)
+                self.assertEqual(grants, "0")
+            else:
+                # The attacker's code runs as the superuser in PostgreSQL itself, which could do anything with
+                # that; rag acts for the same role PostgreSQL does, as the table shows.
+                self.assertEqual(code, 0, err)
+                self.assertEqual(scalar("SELECT string_agg(role, ',') FROM id_attacker.seen", db=DB), "postgres")
+                self.assertEqual(grants, "1")
+        finally:
+            psql("SELECT rag_revoke('payroll', 'id_attacker'); DROP SCHEMA id_attacker CASCADE; "
+                 "DROP OWNED BY id_attacker; DROP ROLE id_attacker; SELECT rag_drop_collection('payroll')", db=DB)
+
     def test_membership_without_the_owners_privileges(self):
         # From PostgreSQL 16 a role can be made a member of another WITH INHERIT FALSE, SET FALSE: it is a
         # member, but has none of that role's privileges and cannot become it. It may not act as the owner of

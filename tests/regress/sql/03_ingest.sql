@@ -16,11 +16,11 @@ SELECT rag_ingest('docs', 'Parking', 'Parking permits for the staff car park are
 
 SELECT rag_wait('docs', '30 seconds') AS all_done;
 SELECT title, status, failure_reason, chunks_total = chunks_embedded AS complete, embed_calls, metadata
-  FROM rag.documents WHERE collection_id = rag._collection_id('docs') ORDER BY id;
+  FROM rag.documents WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'docs') ORDER BY id;
 
 -- The same text again returns the same document and costs nothing.
 SELECT rag_ingest('docs', 'A different title', 'The canteen serves lunch from noon until two. Vegetarian and vegan dishes are available every day.') = :canteen AS deduplicated;
-SELECT count(*) AS documents, sum(embed_calls) AS provider_calls FROM rag.documents WHERE collection_id = rag._collection_id('docs');
+SELECT count(*) AS documents, sum(embed_calls) AS provider_calls FROM rag.documents WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'docs');
 
 -- Pages: each chunk knows the page it starts on.
 SELECT rag_create_collection('paged', embedding_model => 'hash-384', chunk_size => 100, chunk_overlap => 0) > 0 AS created;
