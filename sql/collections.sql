@@ -298,19 +298,29 @@ LANGUAGE sql STABLE AS $$
                 ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
 $$;
 
+-- The schema pgvector is installed in, quoted for SQL text. rag's functions keep it off their search_path (a
+-- schema others may create objects in: sql/security.sql) and name pgvector's type, operator and operator
+-- class through it.
+CREATE FUNCTION rag._vector_schema() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.quote_ident(n.nspname)
+      FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+     WHERE e.extname = 'vector'
+$$;
+
 -- The statement that builds the HNSW index of one of a collection's vector spaces, with the collection's build
 -- parameters (rag_set_search); every HNSW index of the extension is made from it.
 CREATE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops)%s '
-                  'WHERE collection_id = %s',
+LANGUAGE sql STABLE AS $$
+    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.chunks USING hnsw ((%2$I::%6$s.vector(%3$s)) '
+                  '%6$s.vector_cosine_ops)%4$s WHERE collection_id = %5$s',
                   p_index, p_column, p_dimensions,
                   CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
                        THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
                                                            'ef_construction = ' || c.hnsw_ef_construction))
                        ELSE '' END,
-                  c.id)
+                  c.id, rag._vector_schema())
 $$;
 
 -- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
@@ -728,7 +738,7 @@ BEGIN
         IF rag_set_embedding_model.dimensions IS NOT NULL THEN
             PERFORM rag._ensure_index(c.id);
         END IF;
-        RETURN rag_reindex(collection);
+        RETURN rag_definer.rag_reindex(collection);
     END IF;
     -- The collection keeps being searched with its model while every chunk is embedded into the other column;
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).

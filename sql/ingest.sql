@@ -147,7 +147,8 @@ BEGIN
                 HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
         END IF;
     END IF;
-    RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector;
+    -- real[] to the function's vector by pgvector's assignment cast (its type is off rag's search_path).
+    RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
 
 CREATE FUNCTION rag_ingest(
@@ -633,10 +634,11 @@ BEGIN
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
                to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
+               -- real[] into the vector columns by pgvector's assignment cast.
                CASE c.vector_column WHEN 'embedding'
-                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END,
                CASE c.vector_column WHEN 'embedding_alt'
-                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END
           FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
                WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, header, n)
          WHERE t.document_id = ANY (v_ready);
@@ -775,13 +777,13 @@ BEGIN
         END IF;
     END IF;
     v_column := rag._target_column(c.vector_column, p_shadow);
-    UPDATE rag.chunks ch
-       SET embedding = CASE v_column WHEN 'embedding' THEN v.vec::vector ELSE ch.embedding END,
-           embedding_alt = CASE v_column WHEN 'embedding_alt' THEN v.vec::vector ELSE ch.embedding_alt END
-      FROM (SELECT u.id, p_vectors[(u.n - 1) * p_dimensions + 1 : u.n * p_dimensions]::vector AS vec
-              FROM unnest(p_chunk_ids) WITH ORDINALITY AS u(id, n)) v
-     WHERE ch.id = v.id AND ch.document_id = p_document_id
-       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL;
+    -- The column by name, so that real[] goes in by pgvector's assignment cast (its type is off rag's
+    -- search_path) and the other space's column is not rewritten.
+    EXECUTE format('UPDATE rag.chunks ch SET %1$I = v.vec
+                      FROM (SELECT u.id, $1[(u.n - 1) * $2 + 1 : u.n * $2] AS vec
+                              FROM unnest($3) WITH ORDINALITY AS u(id, n)) v
+                     WHERE ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
+      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id;
     UPDATE rag.documents SET
            chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,

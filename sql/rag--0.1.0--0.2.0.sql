@@ -166,6 +166,10 @@ DROP FUNCTION rag._store_chunks(bigint, text[], integer[], integer[], integer[],
 DROP FUNCTION rag._replace_chunks(bigint, text[], integer[], integer[], integer[]);
 DROP FUNCTION rag._sync_row(bigint);
 
+-- The SECURITY DEFINER halves of the public functions (sql/security.sql, in the generated part, re-creates them
+-- there and leaves a wrapper in their place).
+CREATE SCHEMA rag_definer;
+
 ------------------------------------------------------------------------------------------------------------
 -- 2. Functions, views, comments, policies and grants of 0.2.0 (generated; see the top of this file).
 
@@ -823,17 +827,24 @@ LANGUAGE sql STABLE AS $$
                 ELSE coalesce(rag._model_max_distance(p_model), rag._setting('rag.max_distance')::double precision) END
 $$;
 
+CREATE OR REPLACE FUNCTION rag._vector_schema() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.quote_ident(n.nspname)
+      FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+     WHERE e.extname = 'vector'
+$$;
+
 CREATE OR REPLACE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('CREATE INDEX IF NOT EXISTS %I ON rag.chunks USING hnsw ((%I::vector(%s)) vector_cosine_ops)%s '
-                  'WHERE collection_id = %s',
+LANGUAGE sql STABLE AS $$
+    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.chunks USING hnsw ((%2$I::%6$s.vector(%3$s)) '
+                  '%6$s.vector_cosine_ops)%4$s WHERE collection_id = %5$s',
                   p_index, p_column, p_dimensions,
                   CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
                        THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
                                                            'ef_construction = ' || c.hnsw_ef_construction))
                        ELSE '' END,
-                  c.id)
+                  c.id, rag._vector_schema())
 $$;
 
 CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
@@ -1188,7 +1199,7 @@ BEGIN
         IF rag_set_embedding_model.dimensions IS NOT NULL THEN
             PERFORM rag._ensure_index(c.id);
         END IF;
-        RETURN rag_reindex(collection);
+        RETURN rag_definer.rag_reindex(collection);
     END IF;
     -- The collection keeps being searched with its model while every chunk is embedded into the other column;
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
@@ -1422,7 +1433,8 @@ BEGIN
                 HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
         END IF;
     END IF;
-    RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input)::vector;
+    -- real[] to the function's vector by pgvector's assignment cast (its type is off rag's search_path).
+    RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_ingest(
@@ -1847,10 +1859,11 @@ BEGIN
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
                to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
+               -- real[] into the vector columns by pgvector's assignment cast.
                CASE c.vector_column WHEN 'embedding'
-                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END,
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END,
                CASE c.vector_column WHEN 'embedding_alt'
-                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions]::vector END
+                    THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END
           FROM unnest(p_chunk_documents, p_ordinals, p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
                WITH ORDINALITY AS t(document_id, ordinal, content, char_start, char_end, tokens, page, header, n)
          WHERE t.document_id = ANY (v_ready);
@@ -1970,13 +1983,13 @@ BEGIN
         END IF;
     END IF;
     v_column := rag._target_column(c.vector_column, p_shadow);
-    UPDATE rag.chunks ch
-       SET embedding = CASE v_column WHEN 'embedding' THEN v.vec::vector ELSE ch.embedding END,
-           embedding_alt = CASE v_column WHEN 'embedding_alt' THEN v.vec::vector ELSE ch.embedding_alt END
-      FROM (SELECT u.id, p_vectors[(u.n - 1) * p_dimensions + 1 : u.n * p_dimensions]::vector AS vec
-              FROM unnest(p_chunk_ids) WITH ORDINALITY AS u(id, n)) v
-     WHERE ch.id = v.id AND ch.document_id = p_document_id
-       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL;
+    -- The column by name, so that real[] goes in by pgvector's assignment cast (its type is off rag's
+    -- search_path) and the other space's column is not rewritten.
+    EXECUTE format('UPDATE rag.chunks ch SET %1$I = v.vec
+                      FROM (SELECT u.id, $1[(u.n - 1) * $2 + 1 : u.n * $2] AS vec
+                              FROM unnest($3) WITH ORDINALITY AS u(id, n)) v
+                     WHERE ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
+      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id;
     UPDATE rag.documents SET
            chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,
@@ -2409,6 +2422,7 @@ DECLARE
     v_mode text;
     v_lexemes tsquery;
     v_keyword_slots integer;
+    v_vector_schema text := rag._vector_schema();
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
@@ -2446,7 +2460,10 @@ BEGIN
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k
     LOOP
-        -- The question's vector is noise in a plan; show where it goes instead.
+        -- pgvector's type and operator are named with their schema in rag's queries (off the search_path
+        -- rag runs with), and the question's vector is noise in a plan: show where it goes instead.
+        v_line := replace(replace(v_line, 'OPERATOR(' || v_vector_schema || '.<=>)', '<=>'),
+                          v_vector_schema || '.vector', 'vector');
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
     END LOOP;
 END $$;
@@ -2775,6 +2792,16 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._table_name(p_table regclass) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.relnamespace = (SELECT e.extnamespace FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+                     OR c.relpersistence = 't'
+                THEN pg_catalog.quote_ident(c.relname)
+                ELSE pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) END
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_table
+$$;
+
 CREATE OR REPLACE FUNCTION rag._plain_key_kind(p_source regclass, p_column name) RETURNS text
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE base(type_oid, depth) AS (
@@ -2994,17 +3021,17 @@ DECLARE
     v_exprs record;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
+        RAISE EXCEPTION '% is not a table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
     END IF;
     -- A temporary table goes with its session, and no event trigger sees it go: its watch, trigger functions
     -- and documents would outlive it.
     IF (SELECT relpersistence FROM pg_class WHERE oid = source) = 't' THEN
-        RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
+        RAISE EXCEPTION '% is a temporary table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'Watch a permanent (or unlogged) table.';
     END IF;
     IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'USAGE') THEN
-        RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
+        RAISE EXCEPTION 'only the owner of % may watch it', rag._table_name(source) USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
     IF format NOT IN ('text', 'html', 'markdown') THEN
@@ -3012,7 +3039,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
     END IF;
     IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
-        RAISE EXCEPTION '% is already watched', source USING ERRCODE = 'duplicate_object',
+        RAISE EXCEPTION '% is already watched', rag._table_name(source) USING ERRCODE = 'duplicate_object',
             HINT = 'rag_unwatch it first to change how it is indexed.';
     END IF;
     IF v_key IS NULL THEN
@@ -3020,13 +3047,13 @@ BEGIN
           FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
          WHERE i.indrelid = source AND i.indisprimary;
         IF v_key IS NULL THEN
-            RAISE EXCEPTION '% has no primary key', source USING ERRCODE = 'invalid_table_definition',
+            RAISE EXCEPTION '% has no primary key', rag._table_name(source) USING ERRCODE = 'invalid_table_definition',
                 HINT = 'Add one, or name the key columns with key => ARRAY[...].';
         END IF;
     END IF;
     FOREACH v_column IN ARRAY v_key || coalesce(metadata, '{}') LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = source AND attname = v_column AND attnum > 0 AND NOT attisdropped) THEN
-            RAISE EXCEPTION 'column "%" does not exist in %', v_column, source USING ERRCODE = 'undefined_column',
+            RAISE EXCEPTION 'column "%" does not exist in %', v_column, rag._table_name(source) USING ERRCODE = 'undefined_column',
                 HINT = 'key and metadata name columns of the table.';
         END IF;
     END LOOP;
@@ -3038,7 +3065,7 @@ BEGIN
     PERFORM rag._check_expression(filter, 'filter');
     INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
                              metadata_columns, format)
-    VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
+    VALUES (source, rag._table_name(source), v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
     RETURNING * INTO v_watch;
     v_id := v_watch.id;
     SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
@@ -3047,7 +3074,7 @@ BEGIN
                               format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
                                      v_exprs.content, v_exprs.title, v_exprs.filter, source));
     EXCEPTION WHEN OTHERS THEN
-        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
+        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', rag._table_name(source), SQLERRM
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
@@ -3097,7 +3124,7 @@ DECLARE
 BEGIN
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
     IF v_id IS NULL THEN
-        RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
+        RAISE EXCEPTION '% is not watched', rag._table_name(source) USING ERRCODE = 'undefined_object',
             HINT = 'Watch it with rag_watch first.';
     END IF;
     PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
@@ -3117,7 +3144,7 @@ BEGIN
     -- Kept documents are ordinary documents, read by every reader of the collection without the table's
     -- check: turning rows into that is a disclosure only the table's owner may make.
     IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
-        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
+        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', rag._table_name(source)
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
@@ -3347,7 +3374,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean, with_row_checks boolean DEFAULT true,
                                 for_rerank boolean DEFAULT false) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
     -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
     -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
@@ -3361,18 +3388,19 @@ LANGUAGE sql IMMUTABLE AS $$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                       ch.%4$I::%7$s.vector(%1$s) OPERATOR(%7$s.<=>) $1::%7$s.vector(%1$s) AS distance
                   FROM rag.chunks ch%5$s
                  WHERE ch.collection_id = %2$s%3$s
                    AND %6$s
-                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+                 ORDER BY ch.%4$I::%7$s.vector(%1$s) OPERATOR(%7$s.<=>) $1::%7$s.vector(%1$s)
                  LIMIT $5) v
          ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
          c.vector_column,
          CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
          CASE WHEN with_filter OR with_row_checks
               THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
-              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
+              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END,
+         rag._vector_schema())
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -3390,13 +3418,13 @@ LANGUAGE sql IMMUTABLE AS $$
          LIMIT $5$q$,
         CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                   ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s) AS distance
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %2$s%3$s
                AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             ORDER BY ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s)
              LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-             c.vector_column)
+             c.vector_column, rag._vector_schema())
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
                      NULL::double precision AS distance WHERE false' END,
         CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
@@ -3410,8 +3438,9 @@ LANGUAGE sql IMMUTABLE AS $$
                      NULL::real AS score WHERE false' END,
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
-            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column)
+            '(SELECT dc.%2$I::%3$s.vector(%1$s) OPERATOR(%3$s.<=>) $1::%3$s.vector(%1$s) FROM rag.chunks dc '
+            'WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column, rag._vector_schema())
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight'),
         CASE WHEN for_rerank
@@ -3470,17 +3499,19 @@ GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 
 GRANT SELECT ON rag.migrations TO rag_reader;
 
+COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';
+
 DO $$
 DECLARE
     f record;
     v_previous regprocedure;
+    v_definition text;
+    v_header text;
     v_inputs text;
-    v_call text;
-    v_comment text;
 BEGIN
     FOR f IN
-        SELECT p.oid, p.proname, p.pronamespace, n.nspname, p.pronargs, p.provariadic, p.proretset, p.prorettype,
-               p.proisstrict, p.provolatile, p.proparallel, p.procost, p.prorows,
+        SELECT p.oid, p.proname, n.nspname, p.pronargs, p.provariadic, p.proretset, p.proisstrict, p.provolatile,
+               p.proparallel, p.procost, p.prorows,
                pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
                pg_catalog.oidvectortypes(p.proargtypes) AS argument_types,
                pg_catalog.pg_get_function_result(p.oid) AS result,
@@ -3494,47 +3525,56 @@ BEGIN
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
            AND p.prosecdef AND p.prokind = 'f' AND pg_catalog.left(p.proname, 4) = 'rag_'
-           AND p.pronamespace <> 'rag'::regnamespace
+           AND n.nspname <> 'rag_definer'
     LOOP
-        v_previous := pg_catalog.to_regprocedure(format('rag.%I(%s)', f.proname, f.argument_types));
+        v_previous := pg_catalog.to_regprocedure(format('rag_definer.%I(%s)', f.proname, f.argument_types));
         IF v_previous IS NOT NULL THEN
             EXECUTE format('DROP FUNCTION %s', v_previous);
         END IF;
-        v_comment := pg_catalog.obj_description(f.oid, 'pg_proc');
-        EXECUTE format('ALTER FUNCTION %s SET SCHEMA rag', f.oid::regprocedure);
+        -- pg_get_functiondef always names the function with its schema.
+        v_definition := pg_catalog.pg_get_functiondef(f.oid);
+        v_header := format('CREATE OR REPLACE FUNCTION %I.%I(', f.nspname, f.proname);
+        IF pg_catalog.left(v_definition, pg_catalog.length(v_header)) <> v_header THEN
+            RAISE EXCEPTION 'unexpected definition of %: %', f.oid::regprocedure, pg_catalog.left(v_definition, 200);
+        END IF;
+        EXECUTE format('CREATE FUNCTION rag_definer.%I(', f.proname)
+                || pg_catalog.substr(v_definition, pg_catalog.length(v_header) + 1);
         SELECT string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END || '$' || i,
                           ', ' ORDER BY i)
           INTO v_inputs FROM generate_series(1, f.pronargs) AS i;
-        v_call := format('rag.%I(%s)', f.proname, coalesce(v_inputs, ''));
-        EXECUTE format('CREATE FUNCTION %I.%I(%s) RETURNS %s LANGUAGE sql %s %s PARALLEL %s COST %s %s AS %L',
+        EXECUTE format('CREATE OR REPLACE FUNCTION %I.%I(%s) RETURNS %s LANGUAGE sql SECURITY INVOKER %s %s '
+                       'PARALLEL %s COST %s %s AS %L',
                        f.nspname, f.proname, f.arguments, f.result,
                        CASE f.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE' ELSE 'VOLATILE' END,
                        CASE WHEN f.proisstrict THEN 'STRICT' ELSE 'CALLED ON NULL INPUT' END,
                        CASE f.proparallel WHEN 's' THEN 'SAFE' WHEN 'r' THEN 'RESTRICTED' ELSE 'UNSAFE' END,
                        f.procost, CASE WHEN f.proretset THEN format('ROWS %s', f.prorows) ELSE '' END,
-                       CASE WHEN f.returns_rows THEN 'SELECT * FROM ' ELSE 'SELECT ' END || v_call);
-        IF v_comment IS NOT NULL THEN
-            EXECUTE format('COMMENT ON FUNCTION %I.%I(%s) IS %L',
-                           f.nspname, f.proname, f.argument_types, v_comment);
-        END IF;
+                       CASE WHEN f.returns_rows THEN 'SELECT * FROM ' ELSE 'SELECT ' END
+                       || format('rag_definer.%I(%s)', f.proname, coalesce(v_inputs, '')));
     END LOOP;
 END $$;
+
+REVOKE ALL ON SCHEMA rag_definer FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA rag_definer TO rag_reader;
 
 DO $$
 DECLARE
     f record;
-    v_extschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-                          WHERE e.extname = 'rag');
-    v_vectorschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-                             WHERE e.extname = 'vector');
     v_owner oid := (SELECT e.extowner FROM pg_extension e WHERE e.extname = 'rag');
     v_path text;
     v_grantee text;
 BEGIN
-    -- pg_catalog first: a function or operator that a user creates in a schema on the path (public, where users
-    -- may create objects before PostgreSQL 15 and after many upgrades) can never take the place of a built-in
-    -- one of the same signature. pg_temp last: a caller's temporary objects never shadow anything.
-    v_path := format('pg_catalog, %I, %I, %I, pg_temp', 'rag', v_extschema, v_vectorschema);
+    -- Only schemas nobody but superusers can create objects in: pg_catalog first, rag, pg_temp last (a caller's
+    -- temporary objects never shadow anything). Not the extension's schema nor pgvector's (public, usually,
+    -- where the database's owner, and before PostgreSQL 15 everyone, may create objects): pg_catalog first
+    -- keeps out a function or operator of the same signature as a built-in one, but not one whose signature
+    -- matches a call more closely than the built-in (`*(numeric, integer)` for `numeric * 1000`), which would
+    -- then run as rag's owner. rag names pgvector's objects through rag._vector_schema() and its own public
+    -- functions through rag_definer; the watch expressions that rag evaluates as a table's owner see the
+    -- same path, so they name functions outside pg_catalog with their schema, as PostgreSQL 17's maintenance
+    -- commands require of index expressions.
+    v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
         SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
@@ -3574,7 +3614,7 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
+                               '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
                 THEN 'rag_reader'

@@ -29,7 +29,7 @@
 CREATE FUNCTION rag._search_sql(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
                                 with_lexemes boolean, with_row_checks boolean DEFAULT true,
                                 for_rerank boolean DEFAULT false) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     -- The vector side alone (vector mode, or hybrid for a question with no telling word): its own order,
     -- without the fusion's joins and window functions (then 1.11x the raw pgvector query at 100k chunks,
     -- the row-visibility join included: BENCHMARKS.md §3). Without a filter, and for a collection that
@@ -43,18 +43,19 @@ LANGUAGE sql IMMUTABLE AS $$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
           FROM (SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                       ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                       ch.%4$I::%7$s.vector(%1$s) OPERATOR(%7$s.<=>) $1::%7$s.vector(%1$s) AS distance
                   FROM rag.chunks ch%5$s
                  WHERE ch.collection_id = %2$s%3$s
                    AND %6$s
-                 ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+                 ORDER BY ch.%4$I::%7$s.vector(%1$s) OPERATOR(%7$s.<=>) $1::%7$s.vector(%1$s)
                  LIMIT $5) v
          ORDER BY rank$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
          c.vector_column,
          CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
          CASE WHEN with_filter OR with_row_checks
               THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
-              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END)
+              ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END,
+         rag._vector_schema())
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -72,13 +73,13 @@ LANGUAGE sql IMMUTABLE AS $$
          LIMIT $5$q$,
         CASE WHEN with_vector AND p_mode <> 'keyword' THEN format($v$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal,
-                   ch.%4$I::vector(%1$s) <=> $1::vector(%1$s) AS distance
+                   ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s) AS distance
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %2$s%3$s
                AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
-             ORDER BY ch.%4$I::vector(%1$s) <=> $1::vector(%1$s)
+             ORDER BY ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s)
              LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-             c.vector_column)
+             c.vector_column, rag._vector_schema())
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
                      NULL::double precision AS distance WHERE false' END,
         CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
@@ -92,8 +93,9 @@ LANGUAGE sql IMMUTABLE AS $$
                      NULL::real AS score WHERE false' END,
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
-            '(SELECT dc.%2$I::vector(%1$s) <=> $1::vector(%1$s) FROM rag.chunks dc WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column)
+            '(SELECT dc.%2$I::%3$s.vector(%1$s) OPERATOR(%3$s.<=>) $1::%3$s.vector(%1$s) FROM rag.chunks dc '
+            'WHERE dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column, rag._vector_schema())
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight'),
         CASE WHEN for_rerank
@@ -513,6 +515,7 @@ DECLARE
     v_mode text;
     v_lexemes tsquery;
     v_keyword_slots integer;
+    v_vector_schema text := rag._vector_schema();
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     IF c.dimensions IS NULL THEN
@@ -550,7 +553,10 @@ BEGIN
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k
     LOOP
-        -- The question's vector is noise in a plan; show where it goes instead.
+        -- pgvector's type and operator are named with their schema in rag's queries (off the search_path
+        -- rag runs with), and the question's vector is noise in a plan: show where it goes instead.
+        v_line := replace(replace(v_line, 'OPERATOR(' || v_vector_schema || '.<=>)', '<=>'),
+                          v_vector_schema || '.vector', 'vector');
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
     END LOOP;
 END $$;

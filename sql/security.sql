@@ -51,30 +51,35 @@ GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 GRANT SELECT ON rag.migrations TO rag_reader;
 
 -- Every entry point that runs as rag's owner is entered through a wrapper of the same name and signature that
--- does not switch identity: `rag_query(...)` is a SQL function calling `rag.rag_query(...)`, the SECURITY
--- DEFINER function written in the files before this one, moved into the schema rag (its name unchanged, since
--- PL/pgSQL bodies name their arguments after their function). The wrapper has SET clauses (the grant loop
--- below gives every function one), so PostgreSQL calls it through its definer call handler, where rag's
+-- does not switch identity: `rag_query(...)` is a SQL function calling `rag_definer.rag_query(...)`, the
+-- SECURITY DEFINER function written in the files before this one, re-created in the schema rag_definer under its
+-- own name (PL/pgSQL bodies name their arguments after their function). The wrapper has SET clauses (the grant
+-- loop below gives every function one), so PostgreSQL calls it through its definer call handler, where rag's
 -- fmgr_hook records the identity it was called with: PostgreSQL's own current user at the call, whatever
 -- switched identity on the way (a definer function, a foreign key's action, a trigger PostgreSQL runs as
 -- another role, CREATE SCHEMA … AUTHORIZATION). `rag._calling_role()` answers with that recorded identity
 -- (src/frames.rs). The SECURITY DEFINER halves stay executable by the same roles (the wrapper calls them as its
--- caller), and refuse to act when called without their wrapper.
+-- caller), and refuse to act when called without their wrapper. rag_definer is a schema of its own so that a
+-- search_path naming rag (for rag.status, say) never finds a definer half in place of its wrapper.
 --
 -- Generated here rather than written out twice: the wrapper must match its function's arguments, defaults and
--- result exactly. An update script that redefines an entry point (CREATE OR REPLACE over the wrapper) makes it
+-- result exactly. The wrapper keeps the function's oid, which views, rules and SQL-standard function bodies
+-- of users are bound to, so an update that brings this scheme to an existing database keeps them calling the
+-- wrapper. An update script that redefines an entry point (CREATE OR REPLACE over the wrapper) makes it
 -- SECURITY DEFINER again, and this block moves the new body in place of the old one.
+CREATE SCHEMA IF NOT EXISTS rag_definer;
+COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';
 DO $$
 DECLARE
     f record;
     v_previous regprocedure;
+    v_definition text;
+    v_header text;
     v_inputs text;
-    v_call text;
-    v_comment text;
 BEGIN
     FOR f IN
-        SELECT p.oid, p.proname, p.pronamespace, n.nspname, p.pronargs, p.provariadic, p.proretset, p.prorettype,
-               p.proisstrict, p.provolatile, p.proparallel, p.procost, p.prorows,
+        SELECT p.oid, p.proname, n.nspname, p.pronargs, p.provariadic, p.proretset, p.proisstrict, p.provolatile,
+               p.proparallel, p.procost, p.prorows,
                pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
                pg_catalog.oidvectortypes(p.proargtypes) AS argument_types,
                pg_catalog.pg_get_function_result(p.oid) AS result,
@@ -88,47 +93,54 @@ BEGIN
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
            AND p.prosecdef AND p.prokind = 'f' AND pg_catalog.left(p.proname, 4) = 'rag_'
-           AND p.pronamespace <> 'rag'::regnamespace
+           AND n.nspname <> 'rag_definer'
     LOOP
-        v_previous := pg_catalog.to_regprocedure(format('rag.%I(%s)', f.proname, f.argument_types));
+        v_previous := pg_catalog.to_regprocedure(format('rag_definer.%I(%s)', f.proname, f.argument_types));
         IF v_previous IS NOT NULL THEN
             EXECUTE format('DROP FUNCTION %s', v_previous);
         END IF;
-        v_comment := pg_catalog.obj_description(f.oid, 'pg_proc');
-        EXECUTE format('ALTER FUNCTION %s SET SCHEMA rag', f.oid::regprocedure);
+        -- pg_get_functiondef always names the function with its schema.
+        v_definition := pg_catalog.pg_get_functiondef(f.oid);
+        v_header := format('CREATE OR REPLACE FUNCTION %I.%I(', f.nspname, f.proname);
+        IF pg_catalog.left(v_definition, pg_catalog.length(v_header)) <> v_header THEN
+            RAISE EXCEPTION 'unexpected definition of %: %', f.oid::regprocedure, pg_catalog.left(v_definition, 200);
+        END IF;
+        EXECUTE format('CREATE FUNCTION rag_definer.%I(', f.proname)
+                || pg_catalog.substr(v_definition, pg_catalog.length(v_header) + 1);
         SELECT string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END || '$' || i,
                           ', ' ORDER BY i)
           INTO v_inputs FROM generate_series(1, f.pronargs) AS i;
-        v_call := format('rag.%I(%s)', f.proname, coalesce(v_inputs, ''));
-        EXECUTE format('CREATE FUNCTION %I.%I(%s) RETURNS %s LANGUAGE sql %s %s PARALLEL %s COST %s %s AS %L',
+        EXECUTE format('CREATE OR REPLACE FUNCTION %I.%I(%s) RETURNS %s LANGUAGE sql SECURITY INVOKER %s %s '
+                       'PARALLEL %s COST %s %s AS %L',
                        f.nspname, f.proname, f.arguments, f.result,
                        CASE f.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE' ELSE 'VOLATILE' END,
                        CASE WHEN f.proisstrict THEN 'STRICT' ELSE 'CALLED ON NULL INPUT' END,
                        CASE f.proparallel WHEN 's' THEN 'SAFE' WHEN 'r' THEN 'RESTRICTED' ELSE 'UNSAFE' END,
                        f.procost, CASE WHEN f.proretset THEN format('ROWS %s', f.prorows) ELSE '' END,
-                       CASE WHEN f.returns_rows THEN 'SELECT * FROM ' ELSE 'SELECT ' END || v_call);
-        IF v_comment IS NOT NULL THEN
-            EXECUTE format('COMMENT ON FUNCTION %I.%I(%s) IS %L',
-                           f.nspname, f.proname, f.argument_types, v_comment);
-        END IF;
+                       CASE WHEN f.returns_rows THEN 'SELECT * FROM ' ELSE 'SELECT ' END
+                       || format('rag_definer.%I(%s)', f.proname, coalesce(v_inputs, '')));
     END LOOP;
 END $$;
+REVOKE ALL ON SCHEMA rag_definer FROM PUBLIC;
+GRANT USAGE ON SCHEMA rag_definer TO rag_reader;
 
 DO $$
 DECLARE
     f record;
-    v_extschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-                          WHERE e.extname = 'rag');
-    v_vectorschema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-                             WHERE e.extname = 'vector');
     v_owner oid := (SELECT e.extowner FROM pg_extension e WHERE e.extname = 'rag');
     v_path text;
     v_grantee text;
 BEGIN
-    -- pg_catalog first: a function or operator that a user creates in a schema on the path (public, where users
-    -- may create objects before PostgreSQL 15 and after many upgrades) can never take the place of a built-in
-    -- one of the same signature. pg_temp last: a caller's temporary objects never shadow anything.
-    v_path := format('pg_catalog, %I, %I, %I, pg_temp', 'rag', v_extschema, v_vectorschema);
+    -- Only schemas nobody but superusers can create objects in: pg_catalog first, rag, pg_temp last (a caller's
+    -- temporary objects never shadow anything). Not the extension's schema nor pgvector's (public, usually,
+    -- where the database's owner, and before PostgreSQL 15 everyone, may create objects): pg_catalog first
+    -- keeps out a function or operator of the same signature as a built-in one, but not one whose signature
+    -- matches a call more closely than the built-in (`*(numeric, integer)` for `numeric * 1000`), which would
+    -- then run as rag's owner. rag names pgvector's objects through rag._vector_schema() and its own public
+    -- functions through rag_definer; the watch expressions that rag evaluates as a table's owner see the
+    -- same path, so they name functions outside pg_catalog with their schema, as PostgreSQL 17's maintenance
+    -- commands require of index expressions.
+    v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
         SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
@@ -168,7 +180,7 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
+                               '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
                 THEN 'rag_reader'

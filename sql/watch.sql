@@ -136,6 +136,19 @@ END $$;
 -- no session setting changes; NULL for any other type, whose keys go as jsonb. The worker turns the text back
 -- with a cast to numeric[] or text[] only: never to the table owner's own types, whose input functions, domain
 -- checks or casts it would otherwise run with its own rights.
+-- How a watched table is named in rag.watches, rag_watch_status and its documents' "source": as a search_path
+-- of the extension's schema (public, usually) would print it, whatever the path rag's functions run with
+-- (sql/security.sql): the bare name in that schema (and for a temporary table), with its schema elsewhere.
+CREATE FUNCTION rag._table_name(p_table regclass) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.relnamespace = (SELECT e.extnamespace FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+                     OR c.relpersistence = 't'
+                THEN pg_catalog.quote_ident(c.relname)
+                ELSE pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) END
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_table
+$$;
+
 CREATE FUNCTION rag._plain_key_kind(p_source regclass, p_column name) RETURNS text
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE base(type_oid, depth) AS (
@@ -366,17 +379,17 @@ DECLARE
     v_exprs record;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION '% is not a table', source USING ERRCODE = 'wrong_object_type',
+        RAISE EXCEPTION '% is not a table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
     END IF;
     -- A temporary table goes with its session, and no event trigger sees it go: its watch, trigger functions
     -- and documents would outlive it.
     IF (SELECT relpersistence FROM pg_class WHERE oid = source) = 't' THEN
-        RAISE EXCEPTION '% is a temporary table', source USING ERRCODE = 'wrong_object_type',
+        RAISE EXCEPTION '% is a temporary table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'Watch a permanent (or unlogged) table.';
     END IF;
     IF NOT pg_has_role(v_caller, (SELECT relowner FROM pg_class WHERE oid = source), 'USAGE') THEN
-        RAISE EXCEPTION 'only the owner of % may watch it', source USING ERRCODE = 'insufficient_privilege',
+        RAISE EXCEPTION 'only the owner of % may watch it', rag._table_name(source) USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
     IF format NOT IN ('text', 'html', 'markdown') THEN
@@ -384,7 +397,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
     END IF;
     IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
-        RAISE EXCEPTION '% is already watched', source USING ERRCODE = 'duplicate_object',
+        RAISE EXCEPTION '% is already watched', rag._table_name(source) USING ERRCODE = 'duplicate_object',
             HINT = 'rag_unwatch it first to change how it is indexed.';
     END IF;
     IF v_key IS NULL THEN
@@ -392,13 +405,13 @@ BEGIN
           FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
          WHERE i.indrelid = source AND i.indisprimary;
         IF v_key IS NULL THEN
-            RAISE EXCEPTION '% has no primary key', source USING ERRCODE = 'invalid_table_definition',
+            RAISE EXCEPTION '% has no primary key', rag._table_name(source) USING ERRCODE = 'invalid_table_definition',
                 HINT = 'Add one, or name the key columns with key => ARRAY[...].';
         END IF;
     END IF;
     FOREACH v_column IN ARRAY v_key || coalesce(metadata, '{}') LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = source AND attname = v_column AND attnum > 0 AND NOT attisdropped) THEN
-            RAISE EXCEPTION 'column "%" does not exist in %', v_column, source USING ERRCODE = 'undefined_column',
+            RAISE EXCEPTION 'column "%" does not exist in %', v_column, rag._table_name(source) USING ERRCODE = 'undefined_column',
                 HINT = 'key and metadata name columns of the table.';
         END IF;
     END LOOP;
@@ -410,7 +423,7 @@ BEGIN
     PERFORM rag._check_expression(filter, 'filter');
     INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
                              metadata_columns, format)
-    VALUES (source, source::text, v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
+    VALUES (source, rag._table_name(source), v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
     RETURNING * INTO v_watch;
     v_id := v_watch.id;
     SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
@@ -419,7 +432,7 @@ BEGIN
                               format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
                                      v_exprs.content, v_exprs.title, v_exprs.filter, source));
     EXCEPTION WHEN OTHERS THEN
-        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', source, SQLERRM
+        RAISE EXCEPTION 'invalid content, title or filter expression for %: %', rag._table_name(source), SQLERRM
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
@@ -471,7 +484,7 @@ DECLARE
 BEGIN
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
     IF v_id IS NULL THEN
-        RAISE EXCEPTION '% is not watched', source USING ERRCODE = 'undefined_object',
+        RAISE EXCEPTION '% is not watched', rag._table_name(source) USING ERRCODE = 'undefined_object',
             HINT = 'Watch it with rag_watch first.';
     END IF;
     PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
@@ -491,7 +504,7 @@ BEGIN
     -- Kept documents are ordinary documents, read by every reader of the collection without the table's
     -- check: turning rows into that is a disclosure only the table's owner may make.
     IF NOT drop_documents AND NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
-        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', source
+        RAISE EXCEPTION 'only the owner of % may keep its rows as documents of the collection', rag._table_name(source)
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));

@@ -3,7 +3,8 @@
 //!
 //! A SECURITY DEFINER function of rag sees its owner as `current_user`, so it asks who called it. Every entry
 //! point of rag that runs as the owner is entered through a wrapper that does not switch identity
-//! (sql/security.sql): `rag_query(...)` is a SQL function with SET clauses calling `rag.rag_query(...)`. PostgreSQL runs the wrapper through the handler, which calls the hook
+//! (sql/security.sql): `rag_query(...)` is a SQL function with SET clauses calling
+//! `rag_definer.rag_query(...)`. PostgreSQL runs the wrapper through the handler, which calls the hook
 //! before the wrapper's body runs and without changing identity for it, so its frame holds exactly the
 //! identity PostgreSQL would check the caller's own statements against at that point: the session's role,
 //! a definer function's owner, the role a foreign key's action or a trigger runs as, the owner of a schema
@@ -240,8 +241,8 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
 /// function of rag called directly records its owner, not its caller, so the walk refuses there.
 ///
 /// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()`, rag's
-/// outermost frame switches identity, or frames that started before the library was loaded had switched
-/// identity.
+/// outermost frame switches identity, the identities rag's inner frames recorded do not follow from the
+/// outermost one, or frames that started before the library was loaded had switched identity.
 pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
     // it on every call PostgreSQL makes through the definer handler).
@@ -255,6 +256,7 @@ pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
             None => Err(CallerUnknown::NotThroughFmgr),
         }
     })?;
+    let own_frame = own;
     let own_function = own.function;
     let own = describe(own_function).ok_or(CallerUnknown::NotInCatalog)?;
     if !own.is_calling_role {
@@ -268,7 +270,9 @@ pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
             extension
         }
     };
-    let mut outermost = None;
+    // rag's frames from the innermost (`rag._calling_role()` itself) out: the identity each recorded, and
+    // whether it switched to rag's owner.
+    let mut run = vec![(own_frame.user, false)];
     for frame in callers.iter().rev() {
         let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
         // The schema rag is the extension's alone; in the extension's own schema (public, often) the
@@ -278,13 +282,28 @@ pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
         if !rags {
             break;
         }
-        outermost = Some((frame.user, facts.definer));
+        run.push((frame.user, facts.definer));
     }
-    match outermost {
-        Some((_, true)) | None => Err(CallerUnknown::NotThroughEntryPoint),
-        Some((_, false)) if FLOOR.get() == Floor::Switched => Err(CallerUnknown::LoadedInside),
-        Some((user, false)) => Ok(user),
+    let Some(&(caller, false)) = run.last().filter(|_| run.len() > 1) else {
+        return Err(CallerUnknown::NotThroughEntryPoint);
+    };
+    // Inside rag nothing switches identity without a frame: every function of rag that does not switch
+    // recorded its caller's identity, which is the entry point's caller until a definer body of rag starts,
+    // and rag's owner from there on. Anything else means code that is not rag's ran in between under another
+    // identity (an expression rag evaluates as someone else that calls back into rag), and the outermost
+    // frame no longer speaks for it.
+    let mut inside_definer = false;
+    for &(user, definer) in run.iter().rev().skip(1) {
+        if definer {
+            inside_definer = true;
+        } else if user != if inside_definer { own.owner } else { caller } {
+            return Err(CallerUnknown::IdentityChangedInside);
+        }
     }
+    if FLOOR.get() == Floor::Switched {
+        return Err(CallerUnknown::LoadedInside);
+    }
+    Ok(caller)
 }
 
 /// The extension a function belongs to (`InvalidOid` for none): one index scan of `pg_depend`.
@@ -304,6 +323,8 @@ pub enum CallerUnknown {
     NotThroughEntryPoint,
     /// The library was loaded while functions that had switched identity were running.
     LoadedInside,
+    /// The identity changed between two of rag's frames without a frame saying so.
+    IdentityChangedInside,
 }
 
 impl CallerUnknown {
@@ -324,6 +345,9 @@ impl CallerUnknown {
             CallerUnknown::LoadedInside => {
                 "rag cannot tell who is calling: the library was loaded while functions that run as another \
                  role were running (rag is not in shared_preload_libraries)"
+            }
+            CallerUnknown::IdentityChangedInside => {
+                "rag cannot tell who is calling: the identity changed inside rag's own functions"
             }
         }
     }

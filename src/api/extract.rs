@@ -139,7 +139,7 @@ pub fn rag_ingest_file(
     };
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag_ingest($1, $2, $3, $4, $5, $6)",
+            "SELECT rag_definer.rag_ingest($1, $2, $3, $4, $5, $6)",
             Some(1),
             &[
                 collection.into(),

@@ -24,7 +24,7 @@ class Isolation(InItsOwnDatabase):
                 INSERT INTO slow_rows VALUES (1, 'a row whose content takes twenty seconds to compute');
                 SELECT rag_create_collection('slow-watch', embedding_model => 'hash-384');
                 SELECT rag_create_collection('quick', embedding_model => 'hash-384');
-                SELECT rag_watch('slow_rows', 'slow-watch', content => 'slow_text(body)');
+                SELECT rag_watch('slow_rows', 'slow-watch', content => 'public.slow_text(body)');
             """, db=DB)
             started = time.time()
             # The worker is now inside the slow expression; a document of another collection still gets done.

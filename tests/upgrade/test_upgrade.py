@@ -67,6 +67,8 @@ def fill():
         CREATE TABLE pages (id int PRIMARY KEY, body text);
         INSERT INTO pages VALUES (1, 'Parking is free for staff.'), (2, 'The office opens at eight.');
         SELECT rag_watch('pages', 'kb', content => 'body');
+        -- Bound to rag_watch_status's oid, as views, rules and SQL-standard function bodies are.
+        CREATE VIEW watched AS SELECT source, rows_watched FROM rag_watch_status();
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
@@ -168,6 +170,13 @@ class Upgrade(unittest.TestCase):
         code, _, err = psql("SET ROLE rag_upgrade_reader; SELECT rag_drop_collection('kb')", db=DB, check=False)
         self.assertNotEqual(code, 0)
         self.assertIn("permission denied", err)
+
+    def test_a_view_made_before_calls_the_entry_point(self):
+        # The update puts each public function's SECURITY DEFINER body behind a wrapper that keeps the
+        # function's oid, so a view made under the previous release calls the wrapper, which tells rag who
+        # called, and not the body, which would refuse.
+        self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched", db=DB),
+                         [["pages", "2"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for

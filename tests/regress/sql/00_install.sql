@@ -26,21 +26,23 @@ SELECT n.nspname, count(*) FILTER (WHERE p.proname LIKE 'rag\_%') AS user_facing
    AND d.classid = 'pg_proc'::regclass
  GROUP BY 1 ORDER BY 1;
 
--- Every function of rag that runs as its owner is in schema rag, and each one users call (rag_*) is entered
--- through a wrapper in the extension's schema with its name and arguments that does not switch identity: rag
--- reads who called from the wrapper's frame (src/frames.rs, sql/security.sql).
-SELECT p.oid::regprocedure AS definer_outside_rag
+-- Every function of rag that runs as its owner is in schema rag or, for each one users call (rag_*), in
+-- rag_definer behind a wrapper in the extension's schema with its name and arguments that does not switch
+-- identity: rag reads who called from the wrapper's frame (src/frames.rs, sql/security.sql).
+SELECT p.oid::regprocedure AS definer_elsewhere
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
-   AND d.classid = 'pg_proc'::regclass AND p.prosecdef AND p.pronamespace <> 'rag'::regnamespace;
+   AND d.classid = 'pg_proc'::regclass AND p.prosecdef
+   AND p.pronamespace <> CASE WHEN p.proname LIKE 'rag\_%' THEN 'rag_definer' ELSE 'rag' END::regnamespace;
 SELECT count(*) AS entry_points,
-       count(*) FILTER (WHERE w.oid IS NOT NULL AND NOT w.prosecdef AND w.prolang = (SELECT oid FROM pg_language WHERE lanname = 'sql')
-                          AND w.prosrc LIKE '%rag.' || p.proname || '(%') AS wrapped
+       count(*) FILTER (WHERE NOT w.prosecdef AND w.prolang = (SELECT oid FROM pg_language WHERE lanname = 'sql')
+                          AND w.prosrc LIKE '%rag\_definer.' || p.proname || '(%') AS wrapped
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
   LEFT JOIN pg_proc w ON w.proname = p.proname AND w.proargtypes = p.proargtypes
                      AND w.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag')
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass AND p.prosecdef AND p.proname LIKE 'rag\_%';
+SELECT has_schema_privilege('public', 'rag_definer', 'USAGE') AS public_uses_rag_definer;
 -- Nothing in schema rag is writable, or even readable, by PUBLIC.
 SELECT c.relname, has_table_privilege('public', c.oid, 'SELECT') AS public_select,
        has_table_privilege('public', c.oid, 'INSERT,UPDATE,DELETE') AS public_write

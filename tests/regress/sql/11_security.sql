@@ -294,17 +294,29 @@ SET ROLE sec_nobody;
 CREATE TABLE public.sec_shadow_log (what text);
 GRANT INSERT ON public.sec_shadow_log TO PUBLIC;
 CREATE FUNCTION public.btrim(text) RETURNS text LANGUAGE plpgsql AS $f$
-BEGIN INSERT INTO public.sec_shadow_log VALUES ('btrim as ' || current_user); RETURN pg_catalog.btrim($1); END $f$;
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('btrim as ', current_user)); RETURN pg_catalog.btrim($1); END $f$;
 CREATE FUNCTION public.jsonb_typeof(jsonb) RETURNS text LANGUAGE plpgsql AS $f$
-BEGIN INSERT INTO public.sec_shadow_log VALUES ('jsonb_typeof as ' || current_user); RETURN pg_catalog.jsonb_typeof($1); END $f$;
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('jsonb_typeof as ', current_user)); RETURN pg_catalog.jsonb_typeof($1); END $f$;
 CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE plpgsql AS $f$
-BEGIN INSERT INTO public.sec_shadow_log VALUES ('sha256 as ' || current_user); RETURN pg_catalog.sha256($1); END $f$;
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('sha256 as ', current_user)); RETURN pg_catalog.sha256($1); END $f$;
 CREATE FUNCTION public.trim_scale(numeric) RETURNS numeric LANGUAGE plpgsql AS $f$
-BEGIN INSERT INTO public.sec_shadow_log VALUES ('trim_scale as ' || current_user); RETURN pg_catalog.trim_scale($1); END $f$;
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('trim_scale as ', current_user)); RETURN pg_catalog.trim_scale($1); END $f$;
 CREATE FUNCTION public.sec_texteq(text, text) RETURNS boolean LANGUAGE plpgsql AS $f$
-BEGIN INSERT INTO public.sec_shadow_log VALUES ('= as ' || current_user); RETURN pg_catalog.texteq($1, $2); END $f$;
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('= as ', current_user)); RETURN pg_catalog.texteq($1, $2); END $f$;
 CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.sec_texteq);
+-- Closer matches than any built-in for calls rag makes (numeric * integer; pg_sleep of a numeric literal;
+-- unknown || name): found first wherever public is on the path, so rag's functions keep it off theirs.
+CREATE FUNCTION public.sec_numeric_times(numeric, integer) RETURNS numeric LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('* as ', current_user)); RETURN $1 OPERATOR(pg_catalog.*) $2::numeric; END $f$;
+CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, FUNCTION = public.sec_numeric_times);
+CREATE FUNCTION public.pg_sleep(numeric) RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('pg_sleep as ', current_user)); PERFORM pg_catalog.pg_sleep($1::double precision); END $f$;
+CREATE FUNCTION public.sec_text_name(text, name) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN INSERT INTO public.sec_shadow_log VALUES (pg_catalog.concat('|| as ', current_user)); RETURN pg_catalog.textcat($1, $2::text); END $f$;
+CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = name, FUNCTION = public.sec_text_name);
 RESET ROLE;
+-- As in a session that starts after the attacker's objects exist: plans made before them are made again.
+DISCARD PLANS;
 SET ROLE sec_owner;
 SELECT rag_ingest('owner-docs', 'Shadowed', 'Shadow functions never run here.', '{"kind": "test"}') > 0 AS ingested;
 SELECT rag_wait('owner-docs', '30 seconds') AS embedded;
@@ -313,18 +325,23 @@ SELECT outcome FROM rag_ask('owner-docs', 'when are salaries paid');
 SELECT rag_drop_collection('attacker-notes');
 RESET ROLE;
 SELECT rag_process_queue() >= 0 AS processed;
-SELECT count(*) AS shadows_that_ran FROM public.sec_shadow_log;
+SELECT count(*) >= 0 AS watch_status_read FROM rag_watch_status();
+SELECT what AS shadow_that_ran, count(*) FROM public.sec_shadow_log GROUP BY 1 ORDER BY 1;
 DROP OPERATOR public.= (text, text);
+DROP OPERATOR public.* (numeric, integer);
+DROP OPERATOR public.|| (text, name);
 DROP FUNCTION public.sec_texteq(text, text), public.btrim(text), public.jsonb_typeof(jsonb), public.sha256(bytea),
-              public.trim_scale(numeric);
+              public.trim_scale(numeric), public.sec_numeric_times(numeric, integer), public.pg_sleep(numeric),
+              public.sec_text_name(text, name);
 DROP TABLE public.sec_shadow_log;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
--- Every function of the extension pins pg_catalog first, but the planner support function, which runs no
--- SQL (a SET clause would put every planning of a call to rag through the definer call handler).
-SELECT count(*) AS functions_without_pg_catalog_first
+-- Every function of the extension runs with pg_catalog, rag and pg_temp on its path and nothing else (no
+-- schema others may create objects in), but the planner support function, which runs no SQL (a SET clause
+-- would put every planning of a call to rag through the definer call handler).
+SELECT count(*) AS functions_with_another_path
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
-   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s LIKE 'search_path=pg_catalog,%')
+   AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
    AND p.oid <> 'rag._load_library(internal)'::regprocedure;
 SELECT p.proconfig IS NULL AS support_function_unconfigured, p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
   FROM pg_proc p WHERE p.oid = 'rag._load_library(internal)'::regprocedure;
@@ -587,10 +604,14 @@ DROP FUNCTION sec_attacker.turncoat(), sec_attacker.replaced(), sec_attacker.twi
 -- caller: rag refuses to act there, for an ordinary role and for a superuser alike.
 SET ROLE sec_attacker;
 \set VERBOSITY terse
-SELECT rag.rag_grant('owner-docs', 'sec_attacker', 'admin');
+SELECT rag_definer.rag_grant('owner-docs', 'sec_attacker', 'admin');
 RESET ROLE;
-SELECT count(*) FROM rag.rag_query('owner-docs', 'anything');
+SELECT count(*) FROM rag_definer.rag_query('owner-docs', 'anything');
 \set VERBOSITY default
+-- A search_path that names rag (to read rag.status unqualified, say) finds the wrappers all the same.
+SET search_path = rag, public;
+SELECT count(*) >= 0 AS searched FROM rag_query('owner-docs', 'anything');
+RESET search_path;
 SELECT count(*) AS attacker_grants FROM rag.collection_grants g WHERE g.grantee = 'sec_attacker'::regrole;
 -- 9k. CREATE SCHEMA ... AUTHORIZATION runs its commands as the schema's owner without a function frame: a
 -- superuser adding a partition to the attacker's table there makes PostgreSQL evaluate the attacker's

@@ -37,7 +37,7 @@ SELECT count(*) FILTER (WHERE status = 'ready') AS ready
 SELECT title FROM rag_query('mig', 'Everyone gets twenty-five days of paid vacation.', 1);
 -- One space per search: the search reads the searched column only.
 SELECT rag._search_sql(c, 'hybrid', false, true, true) ~ 'embedding_alt' AS reads_the_new_column,
-       rag._search_sql(c, 'hybrid', false, true, true) ~ 'ch\.embedding::vector\(384\)' AS reads_the_old_one
+       rag._search_sql(c, 'hybrid', false, true, true) ~ 'ch\.embedding::([a-z_]+\.)?vector\(384\)' AS reads_the_old_one
   FROM rag.collections c WHERE c.name = 'mig';
 
 -- Cancelling leaves the old model in place, and the worker clears what was made for the new one.
@@ -62,7 +62,7 @@ SELECT count(ch.embedding) AS old_vectors_left, count(ch.embedding_alt) = count(
   FROM rag.collections c JOIN rag.chunks ch ON ch.collection_id = c.id WHERE c.name = 'mig';
 SELECT count(*) AS old_index_left FROM pg_indexes
  WHERE schemaname = 'rag' AND indexname = 'chunks_embedding_c' || (SELECT id FROM rag.collections WHERE name = 'mig');
-SELECT rag._search_sql(c, 'vector', false, true, false) ~ 'ch\.embedding_alt::vector\(768\)' AS reads_the_new_column
+SELECT rag._search_sql(c, 'vector', false, true, false) ~ 'ch\.embedding_alt::([a-z_]+\.)?vector\(768\)' AS reads_the_new_column
   FROM rag.collections c WHERE c.name = 'mig';
 
 -- And back: the spaces alternate.
