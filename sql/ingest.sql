@@ -147,7 +147,8 @@ BEGIN
                 HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
         END IF;
     END IF;
-    -- real[] to the function's vector by pgvector's assignment cast (its type is off rag's search_path).
+    -- Text (pgvector's input form) to the function's vector: PL/pgSQL's RETURN converts through the types'
+    -- text forms where no cast applies, so pgvector's type need not be named (it is off rag's search_path).
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
 

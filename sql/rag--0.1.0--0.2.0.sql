@@ -1433,7 +1433,8 @@ BEGIN
                 HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
         END IF;
     END IF;
-    -- real[] to the function's vector by pgvector's assignment cast (its type is off rag's search_path).
+    -- Text (pgvector's input form) to the function's vector: PL/pgSQL's RETURN converts through the types'
+    -- text forms where no cast applies, so pgvector's type need not be named (it is off rag's search_path).
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
 
@@ -2839,14 +2840,13 @@ BEGIN
     v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     -- An UPDATE that changes none of the columns the index depends on cannot change what is indexed, and is
-    -- recognised without evaluating any expression.
+    -- recognised without evaluating any expression. Compared by their stored images (record_image_eq, called
+    -- as a function: ROW(...) *= ROW(...) would compare column by column), not with each type's own =: that needs no operator of the column's type (hstore's, pgvector's, a user's
+    -- type's are outside rag's search_path), and it errs towards "changed" (1.0 and 1.00 differ).
     v_referenced := rag._watch_columns(w);
-    v_changed := format('(%s) IS DISTINCT FROM (%s)',
+    v_changed := format('NOT pg_catalog.record_image_eq(ROW(%s), ROW(%s))',
                         (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
                         (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
-    IF cardinality(v_referenced) = 1 THEN
-        v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
-    END IF;
     -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
     -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
     -- back into {"column": value} when it spreads the batch.
@@ -3559,6 +3559,12 @@ REVOKE ALL ON SCHEMA rag_definer FROM PUBLIC;
 GRANT USAGE ON SCHEMA rag_definer TO rag_reader;
 
 DO $$
+BEGIN
+    EXECUTE format('ALTER SCHEMA rag_definer OWNER TO %I',
+                   (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_extension e WHERE e.extname = 'rag'));
+END $$;
+
+DO $$
 DECLARE
     f record;
     v_owner oid := (SELECT e.extowner FROM pg_extension e WHERE e.extname = 'rag');
@@ -3685,5 +3691,33 @@ BEGIN
                 EXECUTE format('ALTER EXTENSION rag DROP FUNCTION rag.%I()', v_function);
             END IF;
         END LOOP;
+    END LOOP;
+END $$;
+
+-- From 0.2.0 watch expressions are evaluated with rag's search_path, pg_catalog, rag and pg_temp (0.1.0's also
+-- held the extension's and pgvector's schemas, where a closer overload someone else made would have run as
+-- the table's owner; README, Security). An expression naming a function, operator or type of another schema
+-- without its schema no longer evaluates: each such watch is named here, with why. Its rows fail
+-- (rag_watch_status.last_error) until it is made again with qualified names; nothing indexed is lost.
+DO $$
+DECLARE
+    w rag.watches;
+    e record;
+BEGIN
+    FOR w IN SELECT * FROM rag.watches ORDER BY id LOOP
+        SELECT * INTO e FROM rag._watch_exprs(w);
+        BEGIN
+            -- The table with its schema: this script's search_path is not the one the expressions run with.
+            PERFORM rag._query_as(rag._watch_owner(w),
+                                  format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %I.%I AS r LIMIT 0',
+                                         e.content, e.title, e.filter, n.nspname, c.relname))
+              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = w.source;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'the watch of % no longer evaluates its expressions: %', w.source_name, SQLERRM
+                USING HINT = 'rag evaluates them with search_path pg_catalog, rag, pg_temp from 0.2.0: name functions, '
+                             'operators and types of other schemas with their schema, then rag_unwatch the table and '
+                             'rag_watch it again.';
+        END;
     END LOOP;
 END $$;

@@ -123,6 +123,12 @@ BEGIN
 END $$;
 REVOKE ALL ON SCHEMA rag_definer FROM PUBLIC;
 GRANT USAGE ON SCHEMA rag_definer TO rag_reader;
+-- The extension's owner's, like everything of rag, whichever superuser ran the update that made it.
+DO $$
+BEGIN
+    EXECUTE format('ALTER SCHEMA rag_definer OWNER TO %I',
+                   (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_extension e WHERE e.extname = 'rag'));
+END $$;
 
 DO $$
 DECLARE

@@ -189,14 +189,13 @@ BEGIN
     v_key_new := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, NEW.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     v_key_old := format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, OLD.%I', k, k), ', ') FROM unnest(w.key_columns) k));
     -- An UPDATE that changes none of the columns the index depends on cannot change what is indexed, and is
-    -- recognised without evaluating any expression.
+    -- recognised without evaluating any expression. Compared by their stored images (record_image_eq, called
+    -- as a function: ROW(...) *= ROW(...) would compare column by column), not with each type's own =: that needs no operator of the column's type (hstore's, pgvector's, a user's
+    -- type's are outside rag's search_path), and it errs towards "changed" (1.0 and 1.00 differ).
     v_referenced := rag._watch_columns(w);
-    v_changed := format('(%s) IS DISTINCT FROM (%s)',
+    v_changed := format('NOT pg_catalog.record_image_eq(ROW(%s), ROW(%s))',
                         (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(v_referenced) c),
                         (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(v_referenced) c));
-    IF cardinality(v_referenced) = 1 THEN
-        v_changed := format('NEW.%1$I IS DISTINCT FROM OLD.%1$I', v_referenced[1]);
-    END IF;
     -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
     -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
     -- back into {"column": value} when it spreads the batch.

@@ -65,10 +65,10 @@ thread_local! {
     static FLOOR: Cell<Floor> = const { Cell::new(Floor::Session) };
     /// True in a backend that loaded the library after it started, where frames can end unseen.
     static LOADED_LATE: Cell<bool> = const { Cell::new(false) };
-    /// The extension rag (its oid), with the `rag._calling_role()` it was read for: a dropped and re-created
-    /// extension is another one.
-    static EXTENSION: Cell<(pg_sys::Oid, pg_sys::Oid)> =
-        const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+    /// The extension rag (its oid) and its schema rag_definer, with the `rag._calling_role()` they were read
+    /// for: a dropped and re-created extension is another one.
+    static EXTENSION: Cell<(pg_sys::Oid, pg_sys::Oid, pg_sys::Oid)> =
+        const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid, pg_sys::InvalidOid)) };
 }
 
 static mut PREVIOUS_HOOK: pg_sys::fmgr_hook_type = None;
@@ -262,12 +262,14 @@ pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     if !own.is_calling_role {
         return Err(CallerUnknown::NotThroughFmgr);
     }
-    let extension = match EXTENSION.get() {
-        (function, extension) if function == own_function => extension,
+    let (extension, bodies) = match EXTENSION.get() {
+        (function, extension, bodies) if function == own_function => (extension, bodies),
         _ => {
             let extension = extension_of(own_function);
-            EXTENSION.set((own_function, extension));
-            extension
+            // SAFETY: a syscache lookup by name; with missing_ok it returns InvalidOid rather than raising.
+            let bodies = unsafe { pg_sys::get_namespace_oid(c"rag_definer".as_ptr(), true) };
+            EXTENSION.set((own_function, extension, bodies));
+            (extension, bodies)
         }
     };
     // rag's frames from the innermost (`rag._calling_role()` itself) out: the identity each recorded, and
@@ -275,10 +277,12 @@ pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     let mut run = vec![(own_frame.user, false)];
     for frame in callers.iter().rev() {
         let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
-        // The schema rag is the extension's alone; in the extension's own schema (public, often) the
-        // extension's owner may have functions of its own, so membership is asked there.
+        // The schemas rag and rag_definer are the extension's alone; in the extension's own schema (public,
+        // often) the extension's owner may have functions of its own, so membership is asked there.
         let rags = facts.owner == own.owner
-            && (facts.namespace == own.namespace || extension_of(frame.function) == extension);
+            && (facts.namespace == own.namespace
+                || facts.namespace == bodies
+                || extension_of(frame.function) == extension);
         if !rags {
             break;
         }

@@ -152,7 +152,8 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 /// not wait for rag.chunks's writers); returns how many. `idle`: the caller has nothing it may claim
 /// (`rag._collections_missing_indexes`).
 pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
-    let look = format!("SELECT cardinality(rag._collections_missing_indexes({idle})) > 0");
+    let look =
+        format!("SELECT pg_catalog.cardinality(rag._collections_missing_indexes({idle})) > 0");
     if idle_read::<bool>(&look)? != Some(true) {
         return Ok(Some(0));
     }
@@ -176,7 +177,7 @@ pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
 /// Takes the due steps of model changes (switching a complete one, clearing a column left behind); returns how
 /// many.
 pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
-    let due = idle_read::<bool>("SELECT cardinality(rag._migrations_due()) > 0")?;
+    let due = idle_read::<bool>("SELECT pg_catalog.cardinality(rag._migrations_due()) > 0")?;
     if due != Some(true) {
         return Ok(Some(0));
     }

@@ -69,10 +69,16 @@ def fill():
         SELECT rag_watch('pages', 'kb', content => 'body');
         -- Bound to rag_watch_status's oid, as views, rules and SQL-standard function bodies are.
         CREATE VIEW watched AS SELECT source, rows_watched FROM rag_watch_status();
+        -- An expression calling a function of public by its bare name, as the previous release's search_path
+        -- allowed: the update names the watch, which no longer evaluates.
+        CREATE FUNCTION shout(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $f$ SELECT upper(t) $f$;
+        CREATE TABLE notices (id int PRIMARY KEY, body text);
+        INSERT INTO notices VALUES (1, 'Fire drill on Friday.');
+        SELECT rag_watch('notices', 'kb', content => 'shout(body)');
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                      "AND (SELECT count(*) FROM rag.documents) = 4 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                      "AND (SELECT count(*) FROM rag.documents) = 5 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
                       "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", DB), \
         "the previous release did not embed the documents"
     psql("""
@@ -112,8 +118,10 @@ class Upgrade(unittest.TestCase):
         # By another superuser than the one who created the extension: the functions the update adds would be
         # that role's, and rag tells its own frames from a caller's by their identity (the catalog comparison
         # below checks every function's owner).
-        psql("SELECT 'CREATE ROLE rag_upgrader SUPERUSER' WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
-             "'rag_upgrader') \\gexec\nSET ROLE rag_upgrader;\nALTER EXTENSION rag UPDATE;", db=DB)
+        code, _, cls.update_messages = psql(
+            "SELECT 'CREATE ROLE rag_upgrader SUPERUSER' WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+            "'rag_upgrader') \\gexec\nSET ROLE rag_upgrader;\nALTER EXTENSION rag UPDATE;", db=DB, check=False)
+        assert code == 0, cls.update_messages
         psql(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)", db="postgres")
         psql(f"CREATE DATABASE {FRESH}", db="postgres")
         psql("CREATE EXTENSION rag CASCADE", db=FRESH)
@@ -171,12 +179,18 @@ class Upgrade(unittest.TestCase):
         self.assertNotEqual(code, 0)
         self.assertIn("permission denied", err)
 
+    def test_the_update_names_watches_whose_expressions_no_longer_evaluate(self):
+        self.assertIn("the watch of notices no longer evaluates its expressions", self.update_messages)
+        self.assertIn("shout(text) does not exist", self.update_messages)
+        self.assertNotIn("the watch of pages", self.update_messages)
+
     def test_a_view_made_before_calls_the_entry_point(self):
         # The update puts each public function's SECURITY DEFINER body behind a wrapper that keeps the
         # function's oid, so a view made under the previous release calls the wrapper, which tells rag who
         # called, and not the body, which would refuse.
-        self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched", db=DB),
-                         [["pages", "2"]])
+        self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched ORDER BY 1",
+                              db=DB),
+                         [["notices", "1"], ["pages", "2"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for

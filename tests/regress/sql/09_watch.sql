@@ -167,6 +167,17 @@ SELECT rag_watch('faq', 'site', content => 'answer') > 0;
 SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT outcome, citations -> 0 -> 'source' AS source, citations -> 0 -> 'source_key' AS source_key
   FROM rag_ask('site', 'Where are badges replaced and what is the fee?');
+-- A column whose type's = is not in pg_catalog (pgvector's, here) can be watched: rag's functions run with
+-- pg_catalog, rag and pg_temp on their path, and an update is told from the columns' stored images.
+CREATE TABLE tagged (id int PRIMARY KEY, body text, tag vector(2));
+INSERT INTO tagged VALUES (1, 'The library opens at nine.', '[1,0]');
+SELECT rag_watch('tagged', 'site', content => 'body || '' '' || tag::text') > 0 AS watching;
+SELECT rag_wait('site', '30 seconds') AS settled;
+UPDATE tagged SET tag = '[0,1]' WHERE id = 1;
+SELECT rag_wait('site', '30 seconds') AS settled;
+SELECT body FROM rag.documents WHERE source = 'tagged';
+SELECT rag_unwatch('tagged', drop_documents => true);
+DROP TABLE tagged;
 SELECT rag_revoke('site', 'watch_reader');
 DROP OWNED BY watch_reader;
 DROP ROLE watch_reader;
