@@ -2727,6 +2727,30 @@ LANGUAGE sql STABLE AS $$
             OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'))
 $$;
 
+CREATE OR REPLACE FUNCTION rag._equality_schema(p_type oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT pg_catalog.quote_ident(n.nspname)
+                       FROM pg_catalog.pg_type t
+                       JOIN pg_catalog.pg_opclass c
+                         ON c.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+                        AND c.opcmethod = 403 AND c.opcdefault
+                       JOIN pg_catalog.pg_amop a ON a.amopfamily = c.opcfamily AND a.amopstrategy = 3
+                        AND a.amoplefttype = c.opcintype AND a.amoprighttype = c.opcintype
+                       JOIN pg_catalog.pg_operator o ON o.oid = a.amopopr
+                       JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
+                      WHERE t.oid = p_type
+                      LIMIT 1), 'pg_catalog')
+$$;
+
+CREATE OR REPLACE FUNCTION rag._key_condition(w rag.watches) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
+                             k.column_name, rag._equality_schema(a.atttypid), w.source::regclass),
+                      ' AND ' ORDER BY k.n)
+      FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name
+$$;
+
 CREATE OR REPLACE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -2734,7 +2758,6 @@ DECLARE
     v_caller oid;
     v_super boolean;
     v_column text;
-    v_keys text;
 BEGIN
     SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
@@ -2748,11 +2771,9 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    v_keys := (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k);
     RETURN EXISTS (
         SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)',
-                   w.source::regclass, v_keys, v_keys, w.source::regclass),
+            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE %s', w.source::regclass, rag._key_condition(w)),
             p_key));
 END $$;
 
@@ -3226,11 +3247,8 @@ BEGIN
       INTO v_found, v_content, v_title, v_pass, v_metadata
       FROM rag._query_as(rag._watch_owner(w),
              format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
-                         FROM ONLY %s AS r WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) AS r)$q$,
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass,
-                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                    (SELECT string_agg(format('r.%I', k), ', ') FROM unnest(w.key_columns) k),
-                    w.source::regclass),
+                         FROM ONLY %s AS r WHERE %s$q$,
+                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
     v_content := rag._to_text(v_content, w.format);
 

@@ -178,6 +178,24 @@ SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT body FROM rag.documents WHERE source = 'tagged';
 SELECT rag_unwatch('tagged', drop_documents => true);
 DROP TABLE tagged;
+-- A key whose type's = is outside pg_catalog (pgvector's btree operator class, here) finds its row: rag names
+-- the operator with its schema.
+CREATE TABLE vector_keyed (tag vector(2) PRIMARY KEY, body text);
+INSERT INTO vector_keyed VALUES ('[1,2]', 'The lift is serviced on Mondays.');
+SELECT rag_watch('vector_keyed', 'site', content => 'body') > 0 AS watching;
+SELECT rag_wait('site', '30 seconds') AS settled;
+SELECT source_key, body, status FROM rag.documents WHERE source = 'vector_keyed';
+SELECT rag_unwatch('vector_keyed', drop_documents => true);
+DROP TABLE vector_keyed;
+-- The worker evaluates watch expressions with rag's own search_path: its session's is pg_catalog, pg_temp,
+-- and a function's SET clause replaces that while the function runs.
+CREATE TABLE path_probe (id int PRIMARY KEY);
+INSERT INTO path_probe VALUES (1);
+SELECT rag_watch('path_probe', 'site', content => 'current_setting(''search_path'')') > 0 AS watching;
+SELECT rag_wait('site', '30 seconds') AS settled;
+SELECT body FROM rag.documents WHERE source = 'path_probe';
+SELECT rag_unwatch('path_probe', drop_documents => true);
+DROP TABLE path_probe;
 SELECT rag_revoke('site', 'watch_reader');
 DROP OWNED BY watch_reader;
 DROP ROLE watch_reader;
