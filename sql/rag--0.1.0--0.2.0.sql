@@ -3526,9 +3526,10 @@ DECLARE
     v_definition text;
     v_header text;
     v_inputs text;
+    v_grantee oid;
 BEGIN
     FOR f IN
-        SELECT p.oid, p.proname, n.nspname, p.pronargs, p.provariadic, p.proretset, p.proisstrict, p.provolatile,
+        SELECT p.oid, p.proname, p.proacl, p.proowner, n.nspname, p.pronargs, p.provariadic, p.proretset, p.proisstrict, p.provolatile,
                p.proparallel, p.procost, p.prorows,
                pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
                pg_catalog.oidvectortypes(p.proargtypes) AS argument_types,
@@ -3557,6 +3558,18 @@ BEGIN
         END IF;
         EXECUTE format('CREATE FUNCTION rag_definer.%I(', f.proname)
                 || pg_catalog.substr(v_definition, pg_catalog.length(v_header) + 1);
+        -- A role granted EXECUTE on the entry point by hand (not one of rag's, whose grants the loop below
+        -- makes) keeps it on the wrapper's oid through an update, and gets the body it calls.
+        FOR v_grantee IN
+            SELECT DISTINCT a.grantee FROM pg_catalog.aclexplode(f.proacl) a
+             WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> f.proowner
+               AND a.grantee NOT IN (SELECT r.oid FROM pg_catalog.pg_roles r
+                                      WHERE r.rolname IN ('rag_reader', 'rag_writer', 'rag_admin'))
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION rag_definer.%I(%s) TO %I', f.proname, f.argument_types,
+                           pg_catalog.pg_get_userbyid(v_grantee));
+            EXECUTE format('GRANT USAGE ON SCHEMA rag_definer TO %I', pg_catalog.pg_get_userbyid(v_grantee));
+        END LOOP;
         SELECT string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END || '$' || i,
                           ', ' ORDER BY i)
           INTO v_inputs FROM generate_series(1, f.pronargs) AS i;

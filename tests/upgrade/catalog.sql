@@ -36,7 +36,7 @@ WITH ext AS (
             UNION ALL
             SELECT 'function acl', f.oid::regprocedure::text, f.proacl FROM funcs f
             UNION ALL
-            SELECT 'schema acl', nspname, nspacl FROM pg_catalog.pg_namespace WHERE nspname = 'rag') x,
+            SELECT 'schema acl', nspname, nspacl FROM pg_catalog.pg_namespace WHERE nspname IN ('rag', 'rag_definer')) x,
            LATERAL pg_catalog.aclexplode(x.acl) a
      WHERE a.grantee = 0 OR a.grantee IN (SELECT oid FROM own_roles)
      GROUP BY x.kind, x.object
