@@ -3401,7 +3401,7 @@ LANGUAGE sql STABLE AS $$
     -- Planning the join was most of the search's cost over the raw query at a million chunks (BENCHMARKS.md
     -- §3). The query then returns nothing at all if the collection watches a table by the time it runs, in
     -- its own snapshot (a watch made since rag._watched looked): never a chunk without its row's check, and
-    -- rag._search runs the checked query when it finds nothing.
+    -- rag._search runs the checked query when it finds nothing. pgvector's schema is read once (vs).
     SELECT CASE WHEN with_vector AND p_mode <> 'keyword' AND (p_mode = 'vector' OR NOT with_lexemes) THEN format($v$
         SELECT v.chunk_id, v.document_id, v.ordinal, v.distance,
                (row_number() OVER (ORDER BY v.distance, v.chunk_id))::integer AS rank
@@ -3418,7 +3418,7 @@ LANGUAGE sql STABLE AS $$
          CASE WHEN with_filter OR with_row_checks
               THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
               ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END,
-         rag._vector_schema())
+         pgvector.vs)
     ELSE format($q$
         WITH vector_side AS (%1$s),
              keyword_side AS (%2$s),
@@ -3442,7 +3442,7 @@ LANGUAGE sql STABLE AS $$
                AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
              ORDER BY ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s)
              LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
-             c.vector_column, rag._vector_schema())
+             c.vector_column, pgvector.vs)
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,
                      NULL::double precision AS distance WHERE false' END,
         CASE WHEN with_lexemes AND p_mode <> 'vector' THEN format($k$
@@ -3458,13 +3458,14 @@ LANGUAGE sql STABLE AS $$
         CASE WHEN with_vector THEN format(
             '(SELECT dc.%2$I::%3$s.vector(%1$s) OPERATOR(%3$s.<=>) $1::%3$s.vector(%1$s) FROM rag.chunks dc '
             'WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column, rag._vector_schema())
+            c.dimensions, c.vector_column, pgvector.vs)
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight'),
         CASE WHEN for_rerank
              THEN format('coalesce(f.keyword_rank <= $5 / %1$s OR f.vector_rank <= $5 - $5 / %1$s, false) DESC, ',
                          rag._limit('rerank_keyword_one_in'))
              ELSE '' END) END
+      FROM (SELECT rag._vector_schema() AS vs) pgvector
 $$;
 
 DO $$

@@ -9,7 +9,7 @@
 //! identity PostgreSQL would check the caller's own statements against at that point: the session's role,
 //! a definer function's owner, the role a foreign key's action or a trigger runs as, the owner of a schema
 //! being created with AUTHORIZATION. rag does not reason about how that identity came about.
-//! [`innermost_caller`] walks down from `rag._calling_role()` over rag's own frames to the outermost one, which
+//! [`entry_point_caller`] walks down from `rag._calling_role()` over rag's own frames to the outermost one, which
 //! must be such a wrapper (or another function of rag that does not switch identity).
 //!
 //! Installed in every backend that loads the library; when the library is preloaded that is from the start,
@@ -22,7 +22,7 @@ use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
 /// Deeper than any call chain `max_stack_depth` allows in practice; beyond it frames are counted, not kept,
-/// and the caller cannot be told (callers then refuse: [`innermost_caller`] returns an error).
+/// and the caller cannot be told (callers then refuse: [`entry_point_caller`] returns an error).
 const CAPACITY: usize = 512;
 
 /// One running function: the identity it runs as and the function itself.
@@ -53,10 +53,10 @@ thread_local! {
 enum Floor {
     /// Nothing had switched identity: the session's current role.
     Session,
-    /// Something had: a definer function or a trigger that started before the library was loaded, a
-    /// security-restricted operation, a foreign key's action, or an unseen frame that ended in an error (at
-    /// ABORT PostgreSQL has not restored the identity below it yet). Which role's code that is cannot be read
-    /// any more, and such a switch can also end without calling the hook, so rag refuses to act until an
+    /// Something had: a function or trigger running as another role that started before the library was
+    /// loaded (one of rag's own definer bodies among them), a security-restricted operation, a foreign key's
+    /// action, or an unseen frame that ended in an error (at ABORT PostgreSQL has not restored the identity
+    /// below it yet). rag's frames above it may then not be all of rag's, so rag refuses to act until an
     /// unseen frame returns to an identity that is the session's again, or the transaction ends.
     Switched,
 }
@@ -243,7 +243,7 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
 /// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()`, rag's
 /// outermost frame switches identity, the identities rag's inner frames recorded do not follow from the
 /// outermost one, or frames that started before the library was loaded had switched identity.
-pub fn innermost_caller() -> Result<pg_sys::Oid, CallerUnknown> {
+pub fn entry_point_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
     // it on every call PostgreSQL makes through the definer handler).
     let (own, callers) = FRAMES.with(|frames| {

@@ -121,7 +121,7 @@ pub fn calling_role() -> pg_sys::Oid {
         }
         .raise()
     }
-    match crate::frames::innermost_caller() {
+    match crate::frames::entry_point_caller() {
         Ok(role) => role,
         Err(why) => crate::error::RagError::InsufficientPrivilege {
             message: why.message().into(),
