@@ -460,6 +460,11 @@ STRICT STABLE PARALLEL RESTRICTED
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_calling_search_path"() RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_search_path_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -493,15 +498,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_window_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_query_as"(
-	"role" oid, /* pg_sys :: Oid */
-	"sql" TEXT, /* & str */
-	"argument" jsonb DEFAULT NULL /* Option < JsonB > */
-) RETURNS SETOF jsonb /* JsonB */
-VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'query_as_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_check_expression"(
 	"expression" TEXT, /* Option < & str > */
 	"role" TEXT /* & str */
@@ -509,6 +505,16 @@ CREATE OR REPLACE FUNCTION rag."_check_expression"(
 STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_expression_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_query_as"(
+	"role" oid, /* pg_sys :: Oid */
+	"sql" TEXT, /* & str */
+	"argument" jsonb DEFAULT NULL, /* Option < JsonB > */
+	"search_path" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS SETOF jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_restrict_to_current_user"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
@@ -2742,10 +2748,17 @@ LANGUAGE sql STABLE AS $$
                       LIMIT 1), 'pg_catalog')
 $$;
 
+CREATE OR REPLACE FUNCTION rag._qualified_name(p_table regclass) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_table
+$$;
+
 CREATE OR REPLACE FUNCTION rag._key_condition(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
-                             k.column_name, rag._equality_schema(a.atttypid), w.source::regclass),
+                             k.column_name, rag._equality_schema(a.atttypid), rag._qualified_name(w.source)),
                       ' AND ' ORDER BY k.n)
       FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name
@@ -2773,8 +2786,9 @@ BEGIN
     END IF;
     RETURN EXISTS (
         SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE %s', w.source::regclass, rag._key_condition(w)),
-            p_key));
+            format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s',
+                   rag._qualified_name(w.source), rag._key_condition(w)),
+            p_key, rag._calling_search_path()));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
@@ -3615,9 +3629,14 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner,
+               (NOT p.prosecdef AND n.nspname <> 'rag_definer'
+                AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
+                             WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
+                               AND b.proargtypes = p.proargtypes)) AS is_wrapper
           FROM pg_depend dep
           JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
+          JOIN pg_namespace n ON n.oid = p.pronamespace
           JOIN pg_language l ON l.oid = p.prolang
          WHERE dep.refclassid = 'pg_extension'::regclass
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
@@ -3631,7 +3650,14 @@ BEGIN
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change).
-        IF f.proname <> '_load_library' THEN
+        IF f.is_wrapper THEN
+            -- A wrapper runs as its caller and calls nothing but its body, named with its schema, so the
+            -- caller's search_path cannot change what it runs; keeping that path in force when the hook
+            -- records the wrapper's frame is what lets a reader's row checks run the watched table's
+            -- policies with it (rag._row_visible), as PostgreSQL runs them for the reader's own SELECT.
+            EXECUTE format('ALTER FUNCTION %s RESET search_path', f.signature);
+            EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        ELSIF f.proname <> '_load_library' THEN
             EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
             -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
             -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose
@@ -3648,7 +3674,7 @@ BEGIN
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_calling_role',
+                               '_calling_role', '_calling_search_path',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',

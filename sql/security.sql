@@ -55,7 +55,8 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 -- SECURITY DEFINER function written in the files before this one, re-created in the schema rag_definer under its
 -- own name (PL/pgSQL bodies name their arguments after their function). The wrapper has SET clauses (the grant
 -- loop below gives every function one), so PostgreSQL calls it through its definer call handler, where rag's
--- fmgr_hook records the identity it was called with: PostgreSQL's own current user at the call, whatever
+-- fmgr_hook records the identity it was called with (and the caller's search_path, which the wrapper leaves
+-- as it is): PostgreSQL's own current user at the call, whatever
 -- switched identity on the way (a definer function, a foreign key's action, a trigger PostgreSQL runs as
 -- another role, CREATE SCHEMA … AUTHORIZATION). `rag._calling_role()` answers with that recorded identity
 -- (src/frames.rs). The SECURITY DEFINER halves stay executable by the same roles (the wrapper calls them as its
@@ -162,9 +163,14 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner,
+               (NOT p.prosecdef AND n.nspname <> 'rag_definer'
+                AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
+                             WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
+                               AND b.proargtypes = p.proargtypes)) AS is_wrapper
           FROM pg_depend dep
           JOIN pg_proc p ON p.oid = dep.objid AND dep.classid = 'pg_proc'::regclass
+          JOIN pg_namespace n ON n.oid = p.pronamespace
           JOIN pg_language l ON l.oid = p.prolang
          WHERE dep.refclassid = 'pg_extension'::regclass
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
@@ -178,7 +184,14 @@ BEGIN
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change).
-        IF f.proname <> '_load_library' THEN
+        IF f.is_wrapper THEN
+            -- A wrapper runs as its caller and calls nothing but its body, named with its schema, so the
+            -- caller's search_path cannot change what it runs; keeping that path in force when the hook
+            -- records the wrapper's frame is what lets a reader's row checks run the watched table's
+            -- policies with it (rag._row_visible), as PostgreSQL runs them for the reader's own SELECT.
+            EXECUTE format('ALTER FUNCTION %s RESET search_path', f.signature);
+            EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        ELSIF f.proname <> '_load_library' THEN
             EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
             -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
             -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose
@@ -195,7 +208,7 @@ BEGIN
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_calling_role',
+                               '_calling_role', '_calling_search_path',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',

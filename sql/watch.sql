@@ -70,6 +70,16 @@ LANGUAGE sql STABLE AS $$
                       LIMIT 1), 'pg_catalog')
 $$;
 
+-- A table's name with its schema, whatever search_path reads it: a reader's row check runs with the reader's
+-- own path (rag._row_visible), where regclass's output (qualified only as rag's own path needs) could name
+-- another table.
+CREATE FUNCTION rag._qualified_name(p_table regclass) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = p_table
+$$;
+
 -- The condition that finds a watched row (as r) by its key ($1, jsonb): each key column compared with its
 -- type's own equality operator, named with its schema. rag's search_path holds only pg_catalog and rag, and a
 -- key of citext or isbn13 has its = elsewhere (unnamed, citext's would compare as text and miss the primary
@@ -77,7 +87,7 @@ $$;
 CREATE FUNCTION rag._key_condition(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
-                             k.column_name, rag._equality_schema(a.atttypid), w.source::regclass),
+                             k.column_name, rag._equality_schema(a.atttypid), rag._qualified_name(w.source)),
                       ' AND ' ORDER BY k.n)
       FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name
@@ -86,7 +96,10 @@ $$;
 -- May the calling role SELECT the watched row a document was made from, now? Table or column privileges on
 -- every column the index reads, and the table's row-level security policies, evaluated as the caller (in a
 -- security-restricted operation) by key: one indexed lookup. Retrieval asks this of every candidate chunk
--- that came from a watched table, so a reader finds only what the table itself would show them.
+-- that came from a watched table, so a reader finds only what the table itself would show them. The policies
+-- (and the functions they call, which often name tables without a schema) run with the search_path the
+-- caller called rag with, as they would in the caller's own SELECT of the table; the query itself names
+-- everything with its schema, so that path cannot change what it reads.
 CREATE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -109,8 +122,9 @@ BEGIN
     END IF;
     RETURN EXISTS (
         SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE %s', w.source::regclass, rag._key_condition(w)),
-            p_key));
+            format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s',
+                   rag._qualified_name(w.source), rag._key_condition(w)),
+            p_key, rag._calling_search_path()));
 END $$;
 
 -- The watches whose whole table p_role may read without row-level security in the way: a superuser, a

@@ -10,7 +10,9 @@
 //! a definer function's owner, the role a foreign key's action or a trigger runs as, the owner of a schema
 //! being created with AUTHORIZATION. rag does not reason about how that identity came about.
 //! [`entry_point_caller`] walks down from `rag._calling_role()` over rag's own frames to the outermost one, which
-//! must be such a wrapper (or another function of rag that does not switch identity).
+//! must be such a wrapper (or another function of rag that does not switch identity). The wrapper sets no
+//! `search_path` of its own, so its frame also holds the path its caller had, which a reader's row checks
+//! run the watched table's policies with (`rag._calling_search_path()`).
 //!
 //! Installed in every backend that loads the library; when the library is preloaded that is from the start,
 //! so no frame is missed. A backend that loads it later (no `shared_preload_libraries`) cannot see the frames
@@ -20,17 +22,29 @@
 //! statement calling it is planned, before the wrapper starts.
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+use std::rc::Rc;
 
 /// Deeper than any call chain `max_stack_depth` allows in practice; beyond it frames are counted, not kept,
 /// and the caller cannot be told (callers then refuse: [`entry_point_caller`] returns an error).
 const CAPACITY: usize = 512;
 
-/// One running function: the identity it runs as and the function itself.
-#[derive(Clone, Copy)]
+/// One running function: the identity it runs as, the function itself, and the `search_path` in force when it
+/// started. For a wrapper, which sets no `search_path`, that is its caller's: a reader's row checks run the
+/// watched table's row-level security policies with it, as PostgreSQL runs them for the reader's own SELECT.
+/// Frames that start with the same path as the frame below them share its copy.
+#[derive(Clone)]
 struct Frame {
     user: pg_sys::Oid,
     function: pg_sys::Oid,
+    search_path: Option<Rc<CStr>>,
 }
+
+const NO_FRAME: Frame = Frame {
+    user: pg_sys::InvalidOid,
+    function: pg_sys::InvalidOid,
+    search_path: None,
+};
 
 struct Frames {
     frames: [Frame; CAPACITY],
@@ -41,7 +55,7 @@ thread_local! {
     // PostgreSQL calls the hook on the backend's one thread only; a thread-local avoids `static mut`.
     static FRAMES: RefCell<Frames> = const {
         RefCell::new(Frames {
-            frames: [Frame { user: pg_sys::InvalidOid, function: pg_sys::InvalidOid }; CAPACITY],
+            frames: [NO_FRAME; CAPACITY],
             depth: 0,
         })
     };
@@ -65,8 +79,8 @@ thread_local! {
     static FLOOR: Cell<Floor> = const { Cell::new(Floor::Session) };
     /// True in a backend that loaded the library after it started, where frames can end unseen.
     static LOADED_LATE: Cell<bool> = const { Cell::new(false) };
-    /// The extension rag (its oid) and its schema rag_definer, with the `rag._calling_role()` they were read
-    /// for: a dropped and re-created extension is another one.
+    /// The extension rag (its oid) and its schema rag_definer, with the schema rag they were read for: a
+    /// dropped and re-created extension is another one, with another schema.
     static EXTENSION: Cell<(pg_sys::Oid, pg_sys::Oid, pg_sys::Oid)> =
         const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid, pg_sys::InvalidOid)) };
 }
@@ -111,17 +125,29 @@ unsafe extern "C-unwind" fn track_frame(
                 unsafe { previous(event, flinfo, argument) };
             }
             // SAFETY: GetUserId reads a backend global; `flinfo` is the call's lookup info, valid for the call.
-            let frame = unsafe {
-                Frame {
-                    user: pg_sys::GetUserId(),
-                    function: (*flinfo).fn_oid,
-                }
+            let (user, function) = unsafe { (pg_sys::GetUserId(), (*flinfo).fn_oid) };
+            // SAFETY: the search_path parameter's current value, a NUL-terminated string PostgreSQL keeps
+            // allocated while it is in force; read here, never kept as a pointer.
+            let path = unsafe {
+                let value = pg_sys::namespace_search_path;
+                (!value.is_null()).then(|| CStr::from_ptr(value))
             };
             FRAMES.with(|frames| {
                 let mut frames = frames.borrow_mut();
                 let depth = frames.depth;
                 if depth < CAPACITY {
-                    frames.frames[depth] = frame;
+                    let below = depth
+                        .checked_sub(1)
+                        .and_then(|i| frames.frames[i].search_path.clone());
+                    let search_path = match (path, below) {
+                        (Some(path), Some(below)) if *below == *path => Some(below),
+                        (path, _) => path.map(Rc::from),
+                    };
+                    frames.frames[depth] = Frame {
+                        user,
+                        function,
+                        search_path,
+                    };
                 }
                 frames.depth = depth + 1;
             });
@@ -133,6 +159,10 @@ unsafe extern "C-unwind" fn track_frame(
                 let mut frames = frames.borrow_mut();
                 let unseen = frames.depth == 0;
                 frames.depth = frames.depth.saturating_sub(1);
+                let depth = frames.depth;
+                if !unseen && depth < CAPACITY {
+                    frames.frames[depth].search_path = None;
+                }
                 unseen
             });
             // A frame that started before the library was loaded returned. At END PostgreSQL has already
@@ -169,7 +199,12 @@ unsafe extern "C-unwind" fn forget_frames(
             | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
             | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
     ) {
-        FRAMES.with(|frames| frames.borrow_mut().depth = 0);
+        FRAMES.with(|frames| {
+            let mut frames = frames.borrow_mut();
+            let kept = frames.depth.min(CAPACITY);
+            frames.frames[..kept].fill(NO_FRAME);
+            frames.depth = 0;
+        });
         FLOOR.set(Floor::Session);
     }
 }
@@ -193,7 +228,7 @@ fn floor_now() -> Floor {
 }
 
 /// What the catalog says of a function: its owner, its schema, whether it switches to its owner
-/// (SECURITY DEFINER), and whether it is `rag._calling_role()` itself.
+/// (SECURITY DEFINER), and whether it is `rag._calling_role()` or `rag._calling_search_path()` itself.
 struct FunctionFacts {
     owner: pg_sys::Oid,
     namespace: pg_sys::Oid,
@@ -217,8 +252,10 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
         let owner = (*form).proowner;
         let namespace = (*form).pronamespace;
         let definer = (*form).prosecdef;
-        let named_calling_role =
-            std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes() == b"_calling_role";
+        let named_calling_role = matches!(
+            std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes(),
+            b"_calling_role" | b"_calling_search_path"
+        );
         pg_sys::ReleaseSysCache(tuple);
         // Only the innermost frame has that name; the other frames need no second lookup.
         let is_calling_role =
@@ -240,10 +277,11 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
 /// function of rag without SECURITY DEFINER): the identity it recorded is the caller's. A SECURITY DEFINER
 /// function of rag called directly records its owner, not its caller, so the walk refuses there.
 ///
-/// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()`, rag's
-/// outermost frame switches identity, the identities rag's inner frames recorded do not follow from the
-/// outermost one, or frames that started before the library was loaded had switched identity.
-pub fn entry_point_caller() -> Result<pg_sys::Oid, CallerUnknown> {
+/// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()` (or
+/// `rag._calling_search_path()`), rag's outermost frame switches identity, the identities rag's inner frames
+/// recorded do not follow from the outermost one, or frames that started before the library was loaded had
+/// switched identity.
+pub fn entry_point_caller() -> Result<Caller, CallerUnknown> {
     // Copied out first: the catalog lookups below must not run while the stack is borrowed (the hook borrows
     // it on every call PostgreSQL makes through the definer handler).
     let (own, callers) = FRAMES.with(|frames| {
@@ -252,29 +290,30 @@ pub fn entry_point_caller() -> Result<pg_sys::Oid, CallerUnknown> {
             return Err(CallerUnknown::TooDeep);
         }
         match frames.frames[..frames.depth].split_last() {
-            Some((own, rest)) => Ok((*own, rest.to_vec())),
+            Some((own, rest)) => Ok((own.clone(), rest.to_vec())),
             None => Err(CallerUnknown::NotThroughFmgr),
         }
     })?;
-    let own_frame = own;
     let own_function = own.function;
+    let own_user = own.user;
     let own = describe(own_function).ok_or(CallerUnknown::NotInCatalog)?;
     if !own.is_calling_role {
         return Err(CallerUnknown::NotThroughFmgr);
     }
     let (extension, bodies) = match EXTENSION.get() {
-        (function, extension, bodies) if function == own_function => (extension, bodies),
+        (schema, extension, bodies) if schema == own.namespace => (extension, bodies),
         _ => {
             let extension = extension_of(own_function);
             // SAFETY: a syscache lookup by name; with missing_ok it returns InvalidOid rather than raising.
             let bodies = unsafe { pg_sys::get_namespace_oid(c"rag_definer".as_ptr(), true) };
-            EXTENSION.set((own_function, extension, bodies));
+            EXTENSION.set((own.namespace, extension, bodies));
             (extension, bodies)
         }
     };
     // rag's frames from the innermost (`rag._calling_role()` itself) out: the identity each recorded, and
     // whether it switched to rag's owner.
-    let mut run = vec![(own_frame.user, false)];
+    let mut run = vec![(own_user, false)];
+    let mut outermost_path = None;
     for frame in callers.iter().rev() {
         let facts = describe(frame.function).ok_or(CallerUnknown::NotInCatalog)?;
         // The schemas rag and rag_definer are the extension's alone; in the extension's own schema (public,
@@ -287,6 +326,7 @@ pub fn entry_point_caller() -> Result<pg_sys::Oid, CallerUnknown> {
             break;
         }
         run.push((frame.user, facts.definer));
+        outermost_path = frame.search_path.clone();
     }
     let Some(&(caller, false)) = run.last().filter(|_| run.len() > 1) else {
         return Err(CallerUnknown::NotThroughEntryPoint);
@@ -307,7 +347,17 @@ pub fn entry_point_caller() -> Result<pg_sys::Oid, CallerUnknown> {
     if FLOOR.get() == Floor::Switched {
         return Err(CallerUnknown::LoadedInside);
     }
-    Ok(caller)
+    Ok(Caller {
+        role: caller,
+        search_path: outermost_path.map(|path| path.to_string_lossy().into_owned()),
+    })
+}
+
+/// Who called into rag, as the outermost frame of rag recorded it: the identity, and the `search_path` the
+/// caller had (a wrapper sets none of its own).
+pub struct Caller {
+    pub role: pg_sys::Oid,
+    pub search_path: Option<String>,
 }
 
 /// The extension a function belongs to (`InvalidOid` for none): one index scan of `pg_depend`.

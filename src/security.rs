@@ -35,8 +35,9 @@ pub struct RestrictedIdentity {
 
 impl RestrictedIdentity {
     /// Becomes `role` for the SQL run while the guard lives. `timeout_ms > 0` arms a statement timeout for
-    /// that SQL, for callers (the worker) where no client statement timeout applies.
-    pub fn enter(role: pg_sys::Oid, timeout_ms: i32) -> Self {
+    /// that SQL, for callers (the worker) where no client statement timeout applies. `search_path`, when
+    /// given, is in force until the guard drops (it is only ever the path of the role entered, at its call).
+    pub fn enter(role: pg_sys::Oid, timeout_ms: i32, search_path: Option<&str>) -> Self {
         let mut saved_user = pg_sys::InvalidOid;
         let mut saved_context: std::ffi::c_int = 0;
         // SAFETY: both pointers are to live locals; these calls only read and write process-global state that
@@ -52,6 +53,9 @@ impl RestrictedIdentity {
             pg_sys::NewGUCNestLevel()
         };
         set_local("standard_conforming_strings", "on");
+        if let Some(search_path) = search_path {
+            set_local("search_path", search_path);
+        }
         let timeout_armed = timeout_ms > 0;
         if timeout_armed {
             // SAFETY: the STATEMENT_TIMEOUT reason is registered by InitPostgres in every backend and
@@ -100,6 +104,17 @@ impl Drop for RestrictedIdentity {
 /// a watch's trigger, [`restrict_current_user`]) run a table owner's code there under restrictions that rag's
 /// own work (grants, provider calls, writes to its tables) would step outside of.
 pub fn calling_role() -> pg_sys::Oid {
+    caller().role
+}
+
+/// The `search_path` the caller of rag's entry point had when it called ([`crate::frames::Caller`]), under the
+/// same refusals as [`calling_role`]; `None` where nothing was recorded. A reader's row checks run the watched
+/// table's policies with it (`rag._row_visible`).
+pub fn calling_search_path() -> Option<String> {
+    caller().search_path
+}
+
+fn caller() -> crate::frames::Caller {
     // A parallel worker starts with the leader's outer role and none of its running functions: it cannot
     // tell, and nothing in rag needs to act for a caller there.
     // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
@@ -122,7 +137,7 @@ pub fn calling_role() -> pg_sys::Oid {
         .raise()
     }
     match crate::frames::entry_point_caller() {
-        Ok(role) => role,
+        Ok(caller) => caller,
         Err(why) => crate::error::RagError::InsufficientPrivilege {
             message: why.message().into(),
             hint: why.hint().into(),

@@ -74,6 +74,15 @@ pub mod rag {
         }
     }
 
+    /// The search_path the caller had when it called rag's entry point (NULL where none was recorded): a
+    /// reader's check of a watched row runs the table's row-level security policies, and the functions they
+    /// call, with it and as the reader, as PostgreSQL runs them for the reader's own SELECT of the table.
+    /// Refused where `rag._calling_role()` is.
+    #[pg_extern(stable, parallel_restricted, name = "_calling_search_path")]
+    pub fn calling_search_path() -> Option<String> {
+        crate::security::calling_search_path()
+    }
+
     /// Puts the rest of the calling SECURITY DEFINER function in a security-restricted operation as its
     /// owner: a watch's trigger calls it before it evaluates the owner's filter in the writer's statement.
     #[pg_extern(volatile, parallel_unsafe, name = "_restrict_to_current_user")]

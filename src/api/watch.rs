@@ -19,12 +19,15 @@ pub mod rag {
     /// Runs `sql` (one query returning one jsonb column, with `$1` bound to `argument`) as `role`, in a
     /// security-restricted operation, and returns its rows. The only door through which watch expressions
     /// are evaluated outside the table's own triggers: creating a watch, reindexing, status and the worker.
-    /// In a background worker the query also runs under `rag.expression_timeout`.
+    /// In a background worker the query also runs under `rag.expression_timeout`. `search_path`, when given,
+    /// is in force for that query alone (a reader's row check passes the reader's own); otherwise the query
+    /// sees rag's (`pg_catalog, rag, pg_temp`), so `sql` names everything else with its schema either way.
     #[pg_extern(volatile, parallel_unsafe, name = "_query_as")]
     pub fn query_as(
         role: pg_sys::Oid,
         sql: &str,
         argument: default!(Option<JsonB>, "NULL"),
+        search_path: default!(Option<&str>, "NULL"),
     ) -> SetOfIterator<'static, JsonB> {
         let in_worker = crate::pg::is_background_worker();
         let timeout_ms = if in_worker {
@@ -34,7 +37,7 @@ pub mod rag {
         };
         let argument = argument.map(|JsonB(value)| value);
         let rows = PgTryBuilder::new(|| {
-            let _identity = RestrictedIdentity::enter(role, timeout_ms);
+            let _identity = RestrictedIdentity::enter(role, timeout_ms, search_path);
             Spi::connect(|client| {
                 let table = client.select(sql, None, &[argument.clone().map(JsonB).into()])?;
                 table

@@ -3,13 +3,34 @@ CREATE EXTENSION rag CASCADE;
 SELECT extname, extrelocatable FROM pg_extension WHERE extname IN ('rag', 'vector') ORDER BY 1;
 
 -- No function of the extension may run with the caller's search_path; but the planner support function,
--- which runs no SQL (11_security checks it has no settings at all).
+-- which runs no SQL (11_security checks it has no settings at all), and the wrappers of the entry points,
+-- which run as their caller and call only their body, named with its schema (below).
 SELECT p.oid::regprocedure AS function_without_search_path
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-   AND p.oid <> 'rag._load_library(internal)'::regprocedure;
+   AND p.oid <> 'rag._load_library(internal)'::regprocedure
+   AND NOT (NOT p.prosecdef AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag')
+            AND p.proname LIKE 'rag\_%'
+            AND p.prosrc = format('SELECT %srag_definer.%I(%s)',
+                                  CASE WHEN p.proretset OR p.prorettype = 'record'::regtype
+                                            OR EXISTS (SELECT 1 FROM pg_type t WHERE t.oid = p.prorettype AND t.typtype = 'c')
+                                       THEN '* FROM ' ELSE '' END,
+                                  p.proname,
+                                  (SELECT string_agg(CASE WHEN i = p.pronargs AND p.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END
+                                                     || '$' || i, ', ' ORDER BY i)
+                                     FROM generate_series(1, p.pronargs) i)));
+-- Those wrappers still have a SET clause (so PostgreSQL calls them through the handler whose hook records
+-- them), and none switches identity.
+SELECT count(*) AS wrappers, count(*) FILTER (WHERE p.proconfig IS NOT NULL AND NOT p.prosecdef) AS hooked_invokers,
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')) AS with_path
+  FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
+   AND d.classid = 'pg_proc'::regclass
+   AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag')
+   AND EXISTS (SELECT 1 FROM pg_proc b WHERE b.pronamespace = 'rag_definer'::regnamespace
+                                         AND b.proname = p.proname AND b.proargtypes = p.proargtypes);
 
 -- Every function of the extension has the extension's owner (rag tells its own frames by that identity).
 SELECT count(*) AS functions_of_another_owner

@@ -237,6 +237,49 @@ SET ROLE sec_writer;
 SELECT count(*) AS hits, count(*) FILTER (WHERE (source_key->>'id')::int % 4 <> 0) AS own_hits
   FROM rag_query('tickets', 'printer out of toner', 8);
 RESET ROLE;
+-- The table's policies run as the reader with the reader's own search_path, as in the reader's own SELECT:
+-- a policy whose function names a table without its schema (and has no SET search_path) finds it on the
+-- reader's path. Here the owner delegates ticket 1 (the writer's) to the reader through such a function.
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.ticket_delegates (ticket int NOT NULL, who name NOT NULL);
+INSERT INTO sec_owner.ticket_delegates VALUES (1, 'sec_reader');
+GRANT SELECT ON sec_owner.ticket_delegates TO sec_reader, sec_writer;
+CREATE FUNCTION sec_owner.delegated(p_ticket int) RETURNS boolean LANGUAGE sql STABLE
+    AS $$ SELECT EXISTS (SELECT 1 FROM ticket_delegates WHERE ticket = p_ticket AND who = current_user) $$;
+CREATE POLICY delegated_tickets ON sec_owner.tickets FOR SELECT USING (sec_owner.delegated(id));
+RESET ROLE;
+SET ROLE sec_reader;
+SET search_path = sec_owner, public;
+SELECT count(*) AS readable_directly, count(*) FILTER (WHERE id = 1) AS delegated_directly FROM sec_owner.tickets;
+-- Ticket 1 is the only one whose text has the word "1" (keyword mode: exact, unlike HNSW on a tiny graph).
+SELECT count(*) AS delegated_hits, bool_and(source_key->>'id' = '1') AS only_ticket_1
+  FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+SELECT count(*) FILTER (WHERE (source_key->>'id')::int % 4 <> 0) AS others_found
+  FROM rag_query('tickets', 'printer out of toner', 40, mode => 'keyword');
+-- Where the reader's own SELECT fails (the function's table is not on the path), so does the search, with
+-- PostgreSQL's own error.
+SET search_path = public;
+\set VERBOSITY terse
+SELECT count(*) FROM sec_owner.tickets;
+SELECT count(*) FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+\set VERBOSITY default
+RESET search_path;
+RESET ROLE;
+-- rag's own query for the row names the watched table with its schema: a reader's search_path that puts a
+-- schema of theirs with an empty table of the same name first still finds ticket 1 in sec_owner.tickets.
+CREATE SCHEMA sec_reader_own AUTHORIZATION sec_reader;
+SET ROLE sec_reader;
+CREATE TABLE sec_reader_own.tickets (id int PRIMARY KEY, author name, body text);
+SET search_path = sec_reader_own, sec_owner, public;
+SELECT count(*) AS delegated_hits_behind_own_schema FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+RESET search_path;
+RESET ROLE;
+DROP SCHEMA sec_reader_own CASCADE;
+SET ROLE sec_owner;
+DROP POLICY delegated_tickets ON sec_owner.tickets;
+DROP FUNCTION sec_owner.delegated(int);
+DROP TABLE sec_owner.ticket_delegates;
+RESET ROLE;
 -- A plain SELECT of the extension's tables keeps the table's rules too. This table shows the reader only
 -- some of its rows (row-level security), so a plain SELECT shows none of its documents or chunks, and runs
 -- none of the owner's policies to find out which: retrieval, above, checks each row by key.
@@ -337,12 +380,16 @@ DROP TABLE public.sec_shadow_log;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 -- Every function of the extension runs with pg_catalog, rag and pg_temp on its path and nothing else (no
 -- schema others may create objects in), but the planner support function, which runs no SQL (a SET clause
--- would put every planning of a call to rag through the definer call handler).
+-- would put every planning of a call to rag through the definer call handler), and the entry points'
+-- wrappers, which run as their caller with the caller's path and call their body by its schema (00_install
+-- pins their text).
 SELECT count(*) AS functions_with_another_path
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
-   AND p.oid <> 'rag._load_library(internal)'::regprocedure;
+   AND p.oid <> 'rag._load_library(internal)'::regprocedure
+   AND NOT (NOT p.prosecdef AND p.prosrc LIKE 'SELECT %rag\_definer.' || p.proname || '(%'
+            AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag'));
 SELECT p.proconfig IS NULL AS support_function_unconfigured, p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
   FROM pg_proc p WHERE p.oid = 'rag._load_library(internal)'::regprocedure;
 
