@@ -44,7 +44,7 @@ END $$;
 
 CREATE FUNCTION rag._caller_is_superuser() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
+    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = (SELECT rag._calling_role())), false)
 $$;
 
 -- Where a key may be sent is a superuser's decision.

@@ -516,6 +516,13 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_row_lookup_sql"(
+	"watch_id" INT /* i32 */
+) RETURNS TEXT /* Option < String > */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'row_lookup_sql_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_restrict_to_current_user"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -1348,7 +1355,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._caller_is_superuser() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
+    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = (SELECT rag._calling_role())), false)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._require_superuser_for_keys() RETURNS void
@@ -2734,8 +2741,9 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._equality_schema(p_type oid) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT pg_catalog.quote_ident(n.nspname)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT pg_catalog.quote_ident(n.nspname)
                        FROM pg_catalog.pg_type t
                        JOIN pg_catalog.pg_opclass c
                          ON c.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
@@ -2745,34 +2753,41 @@ LANGUAGE sql STABLE AS $$
                        JOIN pg_catalog.pg_operator o ON o.oid = a.amopopr
                        JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
                       WHERE t.oid = p_type
-                      LIMIT 1), 'pg_catalog')
-$$;
+                      LIMIT 1), 'pg_catalog');
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._qualified_name(p_table regclass) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
-      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid = p_table
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = p_table);
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._key_condition(w rag.watches) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
-                             k.column_name, rag._equality_schema(a.atttypid), rag._qualified_name(w.source)),
-                      ' AND ' ORDER BY k.n)
-      FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
-      JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_table text := rag._qualified_name(w.source);
+BEGIN
+    RETURN (SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
+                                     k.column_name, rag._equality_schema(a.atttypid), v_table),
+                              ' AND ' ORDER BY k.n)
+              FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
+              JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name);
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
+    v_caller_name name;
     v_caller oid;
     v_super boolean;
     v_column text;
 BEGIN
-    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    -- The caller's name first: compared in the query, the function would run once per role in pg_roles.
+    v_caller_name := rag._calling_role();
+    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     IF NOT FOUND OR v_super THEN
         RETURN true;
@@ -2784,11 +2799,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    RETURN EXISTS (
-        SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s',
-                   rag._qualified_name(w.source), rag._key_condition(w)),
-            p_key, rag._calling_search_path()));
+    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, rag._calling_search_path()));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]

@@ -55,9 +55,13 @@ $$;
 
 -- The schema of a type's equality operator (its default btree operator class's), quoted; pg_catalog where
 -- there is none of its own (arrays, enums, records and domains over built-in types compare with pg_catalog's).
+-- This and the two functions below are PL/pgSQL, not SQL, for their speed: a reader's search asks for a
+-- watched row's condition once per candidate, and a SQL function with SET clauses is planned again at every
+-- call (0.5 ms for this one; BENCHMARKS.md §4), where PL/pgSQL keeps its plans for the session.
 CREATE FUNCTION rag._equality_schema(p_type oid) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT pg_catalog.quote_ident(n.nspname)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT pg_catalog.quote_ident(n.nspname)
                        FROM pg_catalog.pg_type t
                        JOIN pg_catalog.pg_opclass c
                          ON c.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
@@ -67,31 +71,35 @@ LANGUAGE sql STABLE AS $$
                        JOIN pg_catalog.pg_operator o ON o.oid = a.amopopr
                        JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
                       WHERE t.oid = p_type
-                      LIMIT 1), 'pg_catalog')
-$$;
+                      LIMIT 1), 'pg_catalog');
+END $$;
 
 -- A table's name with its schema, whatever search_path reads it: a reader's row check runs with the reader's
 -- own path (rag._row_visible), where regclass's output (qualified only as rag's own path needs) could name
 -- another table.
 CREATE FUNCTION rag._qualified_name(p_table regclass) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
-      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid = p_table
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = p_table);
+END $$;
 
 -- The condition that finds a watched row (as r) by its key ($1, jsonb): each key column compared with its
 -- type's own equality operator, named with its schema. rag's search_path holds only pg_catalog and rag, and a
 -- key of citext or isbn13 has its = elsewhere (unnamed, citext's would compare as text and miss the primary
 -- key's index, and isbn13's would not be found at all).
 CREATE FUNCTION rag._key_condition(w rag.watches) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
-                             k.column_name, rag._equality_schema(a.atttypid), rag._qualified_name(w.source)),
-                      ' AND ' ORDER BY k.n)
-      FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
-      JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_table text := rag._qualified_name(w.source);
+BEGIN
+    RETURN (SELECT string_agg(format('r.%1$I OPERATOR(%2$s.=) (SELECT k.%1$I FROM pg_catalog.jsonb_populate_record(NULL::%3$s, $1) AS k)',
+                                     k.column_name, rag._equality_schema(a.atttypid), v_table),
+                              ' AND ' ORDER BY k.n)
+              FROM unnest(w.key_columns) WITH ORDINALITY AS k(column_name, n)
+              JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name);
+END $$;
 
 -- May the calling role SELECT the watched row a document was made from, now? Table or column privileges on
 -- every column the index reads, and the table's row-level security policies, evaluated as the caller (in a
@@ -104,11 +112,14 @@ CREATE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolea
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
+    v_caller_name name;
     v_caller oid;
     v_super boolean;
     v_column text;
 BEGIN
-    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    -- The caller's name first: compared in the query, the function would run once per role in pg_roles.
+    v_caller_name := rag._calling_role();
+    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     IF NOT FOUND OR v_super THEN
         RETURN true;
@@ -120,11 +131,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    RETURN EXISTS (
-        SELECT 1 FROM rag._query_as(v_caller,
-            format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s',
-                   rag._qualified_name(w.source), rag._key_condition(w)),
-            p_key, rag._calling_search_path()));
+    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, rag._calling_search_path()));
 END $$;
 
 -- The watches whose whole table p_role may read without row-level security in the way: a superuser, a

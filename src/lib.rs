@@ -86,6 +86,7 @@ pub extern "C-unwind" fn _PG_init() {
     // In every process that loads the library, preloaded or not: rag's privilege checks need to know whose
     // code is running (frames.rs).
     frames::install(pg::preloading());
+    api::watch::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();

@@ -1,12 +1,53 @@
 //! The Rust half of `rag_watch`: checking user expressions with PostgreSQL's parser, and running the SQL
 //! built from them as the table's owner in a security-restricted operation (see [`crate::security`]).
 use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// The query that finds a watched row by its key, per watch, as built during one command (see
+/// `rag._row_lookup_sql`).
+struct RowLookups {
+    command: pg_sys::CommandId,
+    by_watch: HashMap<i32, String>,
+}
+
+thread_local! {
+    // PostgreSQL runs a backend's SQL on one thread.
+    static ROW_LOOKUPS: RefCell<Option<RowLookups>> = const { RefCell::new(None) };
+}
+
+/// Registers the transaction callback that forgets the row lookups built in a transaction when it ends.
+/// Called once per process from `_PG_init`.
+pub fn install() {
+    // SAFETY: `_PG_init` runs once per process on its only thread; RegisterXactCallback copies the pointer
+    // into a list it owns.
+    unsafe { pg_sys::RegisterXactCallback(Some(forget_row_lookups), std::ptr::null_mut()) };
+}
+
+// SAFETY (for callers): PostgreSQL calls it at transaction events with the argument registered (NULL).
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_row_lookups(
+    event: pg_sys::XactEvent::Type,
+    _argument: *mut std::ffi::c_void,
+) {
+    if matches!(
+        event,
+        pg_sys::XactEvent::XACT_EVENT_COMMIT
+            | pg_sys::XactEvent::XACT_EVENT_ABORT
+            | pg_sys::XactEvent::XACT_EVENT_PREPARE
+            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
+            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
+    ) {
+        ROW_LOOKUPS.with(|lookups| *lookups.borrow_mut() = None);
+    }
+}
 
 #[pg_schema]
 pub mod rag {
     use crate::security::{require_single_expression, RestrictedIdentity};
     use pgrx::prelude::*;
     use pgrx::{JsonB, PgSqlErrorCode};
+    use std::collections::HashMap;
 
     /// Raises unless `expression` is one SQL expression; NULL (an absent title or filter) passes.
     #[pg_extern(stable, parallel_safe, name = "_check_expression")]
@@ -14,6 +55,55 @@ pub mod rag {
         if let Some(expression) = expression {
             require_single_expression(expression, role);
         }
+    }
+
+    /// The query that finds watch `watch_id`'s row by its key (`$1`, jsonb), returning one jsonb when the role
+    /// running it may see the row: the table, its key's operators and every function named with their
+    /// schemas (`rag._qualified_name`, `rag._key_condition`). A reader's search asks it for every candidate
+    /// from a watched table, so it is built once per watch and command and kept until the command or the
+    /// transaction changes: a rename or a new column type takes a command of its own, and the next command
+    /// builds the query again. NULL for a watch that does not exist.
+    #[pg_extern(stable, parallel_restricted, name = "_row_lookup_sql")]
+    pub fn row_lookup_sql(watch_id: i32) -> Option<String> {
+        // SAFETY: reads the current transaction's command counter; never raises.
+        let command = unsafe { pg_sys::GetCurrentCommandId(false) };
+        let kept = super::ROW_LOOKUPS.with(|lookups| {
+            lookups
+                .borrow()
+                .as_ref()
+                .filter(|lookups| lookups.command == command)
+                .and_then(|lookups| lookups.by_watch.get(&watch_id).cloned())
+        });
+        if kept.is_some() {
+            return kept;
+        }
+        let built = Spi::get_one_with_args::<String>(
+            "SELECT pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
+                                      rag._qualified_name(w.source), rag._key_condition(w)) \
+               FROM rag.watches w WHERE w.id = $1",
+            &[watch_id.into()],
+        )
+        .unwrap_or_else(|error| {
+            crate::error::RagError::Spi {
+                doing: format!("building the row lookup of watch {watch_id}"),
+                error,
+            }
+            .raise()
+        });
+        if let Some(sql) = &built {
+            super::ROW_LOOKUPS.with(|lookups| {
+                let mut lookups = lookups.borrow_mut();
+                let lookups = match lookups.as_mut() {
+                    Some(kept) if kept.command == command => kept,
+                    _ => lookups.insert(super::RowLookups {
+                        command,
+                        by_watch: HashMap::new(),
+                    }),
+                };
+                lookups.by_watch.insert(watch_id, sql.clone());
+            });
+        }
+        built
     }
 
     /// Runs `sql` (one query returning one jsonb column, with `$1` bound to `argument`) as `role`, in a

@@ -256,6 +256,15 @@ SELECT count(*) AS delegated_hits, bool_and(source_key->>'id' = '1') AS only_tic
   FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
 SELECT count(*) FILTER (WHERE (source_key->>'id')::int % 4 <> 0) AS others_found
   FROM rag_query('tickets', 'printer out of toner', 40, mode => 'keyword');
+-- The query that looks a row up is built once per watch and command (rag._row_lookup_sql): a rename later in
+-- the same transaction is seen by the next search, which would otherwise name a table that is gone.
+BEGIN;
+SELECT count(*) AS before_rename FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+RESET ROLE;
+ALTER TABLE sec_owner.tickets RENAME TO tickets_renamed;
+SET ROLE sec_reader;
+SELECT count(*) AS after_rename FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+ROLLBACK;
 -- Where the reader's own SELECT fails (the function's table is not on the path), so does the search, with
 -- PostgreSQL's own error.
 SET search_path = public;
