@@ -191,14 +191,7 @@ unsafe extern "C-unwind" fn forget_frames(
     event: pg_sys::XactEvent::Type,
     _argument: *mut std::ffi::c_void,
 ) {
-    if matches!(
-        event,
-        pg_sys::XactEvent::XACT_EVENT_COMMIT
-            | pg_sys::XactEvent::XACT_EVENT_ABORT
-            | pg_sys::XactEvent::XACT_EVENT_PREPARE
-            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
-            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
-    ) {
+    if crate::pg::ends_transaction(event) {
         FRAMES.with(|frames| {
             let mut frames = frames.borrow_mut();
             let kept = frames.depth.min(CAPACITY);

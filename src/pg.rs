@@ -42,6 +42,38 @@ pub fn is_background_worker() -> bool {
     unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER }
 }
 
+/// Whether a transaction callback's event ends the transaction (committed, aborted or prepared, in a backend or
+/// a parallel worker): what the backend keeps per transaction is forgotten there.
+pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
+    matches!(
+        event,
+        pg_sys::XactEvent::XACT_EVENT_COMMIT
+            | pg_sys::XactEvent::XACT_EVENT_ABORT
+            | pg_sys::XactEvent::XACT_EVENT_PREPARE
+            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
+            | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
+    )
+}
+
+/// Gives a background worker's session `search_path = pg_catalog, pg_temp`, right after it connects. The
+/// workers run as the bootstrap superuser: no schema where others may create objects goes on their path (a
+/// closer overload there, or one a database owner's `ALTER DATABASE … SET search_path` puts first, would run
+/// with that superuser's rights); rag's functions pin their own path themselves. A session-level setting, as
+/// SET would make: it outranks the database's and role's defaults applied at connection, and a function's SET
+/// clause (also session-level) still replaces it while that function runs.
+pub fn pin_worker_search_path() {
+    // SAFETY: both strings are NUL-terminated constants; search_path's check hook only parses the value and
+    // its assign hook only marks the cached path stale, so neither needs a transaction.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        )
+    };
+}
+
 /// True while the postmaster loads shared_preload_libraries, the only time shared memory, background
 /// workers and hooks may be registered.
 pub fn preloading() -> bool {

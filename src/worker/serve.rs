@@ -203,21 +203,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = registry::slot_database(slot);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    // The worker is a superuser running rag's SQL: no schema where others may create objects goes on its path
-    // (a closer overload there would run with its rights; rag's functions pin their own path themselves).
-    // A session-level setting, as SET would make: it outranks the database's and role's defaults applied at
-    // connection, and a function's SET clause (also session-level) still replaces it while that function
-    // runs; an override would silently win over those clauses (guc.c ignores a lower-priority source).
-    // SAFETY: both strings are NUL-terminated constants; search_path's check hook only parses the value and
-    // its assign hook only marks the cached path stale, so neither needs a transaction.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-        )
-    };
+    crate::pg::pin_worker_search_path();
     registry::mark_running(slot);
     // Started just before a DROP DATABASE (or similar) paused this database: leave it to that command.
     if registry::database_paused(database) {
