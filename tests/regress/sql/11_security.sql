@@ -284,8 +284,18 @@ SELECT count(*) AS delegated_hits_behind_own_schema FROM rag_query('tickets', 'f
 RESET search_path;
 RESET ROLE;
 DROP SCHEMA sec_reader_own CASCADE;
+-- The row check's statement is prepared once per backend and kept (rag._query_as): once the owner drops the
+-- policy that delegated ticket 1, the reader's next search in the same session, on the same path, no longer
+-- finds it.
+SET ROLE sec_reader;
+SET search_path = sec_owner, public;
+SELECT count(*) AS delegated_hits_before_the_policy_is_dropped FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
 SET ROLE sec_owner;
 DROP POLICY delegated_tickets ON sec_owner.tickets;
+SET ROLE sec_reader;
+SELECT count(*) AS delegated_hits_after_the_policy_is_gone FROM rag_query('tickets', 'floor 1', 5, mode => 'keyword');
+RESET search_path;
+SET ROLE sec_owner;
 DROP FUNCTION sec_owner.delegated(int);
 DROP TABLE sec_owner.ticket_delegates;
 RESET ROLE;
