@@ -460,11 +460,6 @@ STRICT STABLE PARALLEL RESTRICTED
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_role_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_calling_search_path"() RETURNS TEXT /* Option < String > */
-STRICT STABLE PARALLEL RESTRICTED 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'calling_search_path_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
 	"overlap" INT, /* i32 */
@@ -527,6 +522,14 @@ CREATE OR REPLACE FUNCTION rag."_restrict_to_current_user"() RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'restrict_to_current_user_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_calling_identity"() RETURNS TABLE (
+	"role" TEXT,  /* String */
+	"search_path" TEXT  /* Option < String > */
+)
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'calling_identity_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -2781,12 +2784,14 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
     v_caller_name name;
+    v_caller_path text;
     v_caller oid;
     v_super boolean;
     v_column text;
 BEGIN
-    -- The caller's name first: compared in the query, the function would run once per role in pg_roles.
-    v_caller_name := rag._calling_role();
+    -- Role and path from one walk of the frames, read before the lookup: compared inside the query, the
+    -- function would run once per role in pg_roles.
+    SELECT i.role, i.search_path INTO v_caller_name, v_caller_path FROM rag._calling_identity() i;
     SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     IF NOT FOUND OR v_super THEN
@@ -2799,7 +2804,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, rag._calling_search_path()));
+    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, v_caller_path));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
@@ -3685,7 +3690,7 @@ BEGIN
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_calling_role', '_calling_search_path',
+                               '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',

@@ -208,7 +208,7 @@ BEGIN
         v_grantee := CASE
             WHEN f.proname IN ('rag_query', 'rag_chunk', 'rag_wait', 'rag_explain', 'rag_models', 'rag_known_models',
                                '_collection_id', '_search_sql', '_validate_chunking', '_setting',
-                               '_calling_role', '_calling_search_path',
+                               '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',

@@ -113,12 +113,14 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
     v_caller_name name;
+    v_caller_path text;
     v_caller oid;
     v_super boolean;
     v_column text;
 BEGIN
-    -- The caller's name first: compared in the query, the function would run once per role in pg_roles.
-    v_caller_name := rag._calling_role();
+    -- Role and path from one walk of the frames, read before the lookup: compared inside the query, the
+    -- function would run once per role in pg_roles.
+    SELECT i.role, i.search_path INTO v_caller_name, v_caller_path FROM rag._calling_identity() i;
     SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     IF NOT FOUND OR v_super THEN
@@ -131,7 +133,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, rag._calling_search_path()));
+    RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, v_caller_path));
 END $$;
 
 -- The watches whose whole table p_role may read without row-level security in the way: a superuser, a

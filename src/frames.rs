@@ -12,7 +12,7 @@
 //! [`entry_point_caller`] walks down from `rag._calling_role()` over rag's own frames to the outermost one, which
 //! must be such a wrapper (or another function of rag that does not switch identity). The wrapper sets no
 //! `search_path` of its own, so its frame also holds the path its caller had, which a reader's row checks
-//! run the watched table's policies with (`rag._calling_search_path()`).
+//! run the watched table's policies with (`rag._calling_identity()`).
 //!
 //! Installed in every backend that loads the library; when the library is preloaded that is from the start,
 //! so no frame is missed. A backend that loads it later (no `shared_preload_libraries`) cannot see the frames
@@ -221,7 +221,7 @@ fn floor_now() -> Floor {
 }
 
 /// What the catalog says of a function: its owner, its schema, whether it switches to its owner
-/// (SECURITY DEFINER), and whether it is `rag._calling_role()` or `rag._calling_search_path()` itself.
+/// (SECURITY DEFINER), and whether it is `rag._calling_role()` or `rag._calling_identity()` itself.
 struct FunctionFacts {
     owner: pg_sys::Oid,
     namespace: pg_sys::Oid,
@@ -247,7 +247,7 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
         let definer = (*form).prosecdef;
         let named_calling_role = matches!(
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes(),
-            b"_calling_role" | b"_calling_search_path"
+            b"_calling_role" | b"_calling_identity"
         );
         pg_sys::ReleaseSysCache(tuple);
         // Only the innermost frame has that name; the other frames need no second lookup.
@@ -271,7 +271,7 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
 /// function of rag called directly records its owner, not its caller, so the walk refuses there.
 ///
 /// An error when the stack cannot say: too deep, the innermost frame is not `rag._calling_role()` (or
-/// `rag._calling_search_path()`), rag's outermost frame switches identity, the identities rag's inner frames
+/// `rag._calling_identity()`), rag's outermost frame switches identity, the identities rag's inner frames
 /// recorded do not follow from the outermost one, or frames that started before the library was loaded had
 /// switched identity.
 pub fn entry_point_caller() -> Result<Caller, CallerUnknown> {

@@ -107,14 +107,10 @@ pub fn calling_role() -> pg_sys::Oid {
     caller().role
 }
 
-/// The `search_path` the caller of rag's entry point had when it called ([`crate::frames::Caller`]), under the
-/// same refusals as [`calling_role`]; `None` where nothing was recorded. A reader's row checks run the watched
-/// table's policies with it (`rag._row_visible`).
-pub fn calling_search_path() -> Option<String> {
-    caller().search_path
-}
-
-fn caller() -> crate::frames::Caller {
+/// The caller of rag's entry point with the `search_path` it had when it called ([`crate::frames::Caller`]),
+/// under the refusals described at [`calling_role`]; the path is `None` where nothing was recorded. A reader's
+/// row checks run the watched table's policies as that role with that path (`rag._calling_identity()`).
+pub fn caller() -> crate::frames::Caller {
     // A parallel worker starts with the leader's outer role and none of its running functions: it cannot
     // tell, and nothing in rag needs to act for a caller there.
     // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).

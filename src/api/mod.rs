@@ -60,7 +60,21 @@ pub mod rag {
     /// worker does not see the leader's stack of running functions (`crate::frames`).
     #[pg_extern(stable, parallel_restricted, name = "_calling_role")]
     pub fn calling_role() -> String {
-        let role = crate::security::calling_role();
+        role_name(crate::security::calling_role())
+    }
+
+    /// Who called rag's entry point and the search_path it had then, from one walk of the frames (see
+    /// [`crate::security::caller`]): a reader's check of a watched row (`rag._row_visible`, once per candidate)
+    /// runs the table's row-level security policies, and the functions they call, as that role with that path,
+    /// as PostgreSQL runs them for the reader's own SELECT of the table. Refused where `rag._calling_role()` is.
+    #[pg_extern(stable, parallel_restricted, name = "_calling_identity")]
+    pub fn calling_identity(
+    ) -> TableIterator<'static, (name!(role, String), name!(search_path, Option<String>))> {
+        let caller = crate::security::caller();
+        TableIterator::once((role_name(caller.role), caller.search_path))
+    }
+
+    fn role_name(role: pgrx::pg_sys::Oid) -> String {
         // SAFETY: GetUserNameFromId with noerr returns a palloc'd NUL-terminated string or NULL (checked),
         // which is copied before the memory context can go away.
         unsafe {
@@ -72,15 +86,6 @@ pub mod rag {
                 .to_string_lossy()
                 .into_owned()
         }
-    }
-
-    /// The search_path the caller had when it called rag's entry point (NULL where none was recorded): a
-    /// reader's check of a watched row runs the table's row-level security policies, and the functions they
-    /// call, with it and as the reader, as PostgreSQL runs them for the reader's own SELECT of the table.
-    /// Refused where `rag._calling_role()` is.
-    #[pg_extern(stable, parallel_restricted, name = "_calling_search_path")]
-    pub fn calling_search_path() -> Option<String> {
-        crate::security::calling_search_path()
     }
 
     /// Puts the rest of the calling SECURITY DEFINER function in a security-restricted operation as its
