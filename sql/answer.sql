@@ -107,7 +107,12 @@ CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
                relevance real, rank integer, close boolean)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL, so that each look into rag.chunks is planned knowing the collection, over its partition alone
+    -- (a SQL function's query is planned without its arguments' values).
+    RETURN QUERY
     WITH anchors AS MATERIALIZED (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
                rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
@@ -118,17 +123,18 @@ LANGUAGE sql AS $$
         UNION ALL
         SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
           FROM anchors a
-          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+          JOIN rag.chunks n ON n.collection_id = p_collection_id AND n.document_id = a.document_id
+                           AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
          WHERE a.close)
     SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
            CASE WHEN ch.page IS NULL THEN NULL
                 ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
            w.relevance, w.rank, w.close
       FROM wanted w
-      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.chunks ch ON ch.collection_id = p_collection_id AND ch.id = w.chunk_id
       JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
-$$;
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id;
+END $$;
 
 -- One exchange of a conversation: the question and what was answered (or why not), tied to its ledger row.
 CREATE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,

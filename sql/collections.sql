@@ -269,24 +269,69 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    -- The other vector space's index, which a model change leaves until its column is cleared.
-    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), 0);
-    EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
-    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
+    -- The collection's chunks and every index on them go at once with its partition of rag.chunks, before the
+    -- documents' cascade would delete them row by row (rag._documents_deleted then finds none).
+    EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
     DELETE FROM rag.collections WHERE id = c.id;
     -- The ledger keeps its rows, without the id (no foreign key there: see rag.queries).
     UPDATE rag.queries SET collection_id = NULL WHERE collection_id = c.id;
     RETURN true;
 END $$;
 
--- The partial GIN index of a collection's full-text side (one per collection, like its HNSW index).
+-- The GIN index of a collection's full-text side, on its partition of rag.chunks (like its HNSW index).
 CREATE FUNCTION rag._keyword_index_name(p_collection_id integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT 'chunks_tsv_c' || p_collection_id
 $$;
+
+-- The GIN index of a collection's full-text side, made with its partition, and again by rag_reindex if it has
+-- gone; nothing else makes it, so that a worker never races a restore that is about to.
+CREATE FUNCTION rag._ensure_keyword_index(p_collection_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF to_regclass(format('rag.%I', rag._keyword_index_name(p_collection_id))) IS NULL THEN
+        EXECUTE format('CREATE INDEX %I ON rag.%I USING gin (tsv)', rag._keyword_index_name(p_collection_id),
+                       rag._chunk_partition(p_collection_id));
+    END IF;
+END $$;
+
+-- A collection's partition of rag.chunks, which holds its chunks and their indexes. rag.chunks is partitioned
+-- by collection so that a search is planned over one collection's table and indexes: with every collection's
+-- partial indexes on one table, the planner opened and tested all of them for each question (at 1,000
+-- collections, 100 ms of a 103 ms search: BENCHMARKS.md §3, "Many collections").
+CREATE FUNCTION rag._chunk_partition(p_collection_id integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'chunks_c' || p_collection_id
+$$;
+
+-- Makes a collection's partition of rag.chunks if it has none, with what every partition has: its keys, the
+-- worker's index of chunks still to embed and the full-text side's GIN index. It is made apart and then attached,
+-- which takes only a SHARE UPDATE EXCLUSIVE lock on rag.chunks: CREATE TABLE ... PARTITION OF would take an ACCESS
+-- EXCLUSIVE one, waiting for every search under way (a rag_ask holds its lock through the chat call) while
+-- every new one queued behind it. The partition is not an extension member (it is made at run time, not by the
+-- extension's script), so pg_dump writes it, its rows and its indexes like any table of the database, and
+-- restores attach it again. Its rows belong to documents (the keys are the partition's own: a foreign key on
+-- rag.chunks would be restored before the documents it names); deleting documents deletes their chunks
+-- (rag._documents_deleted).
+CREATE FUNCTION rag._ensure_partition(p_collection_id integer) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_partition text := rag._chunk_partition(p_collection_id);
+BEGIN
+    IF to_regclass(format('rag.%I', v_partition)) IS NULL THEN
+        -- Its rows stay whole in the heap up to a page (schema.sql says why).
+        EXECUTE format('CREATE TABLE rag.%I (LIKE rag.chunks INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMPRESSION,
+                                             PRIMARY KEY (id), UNIQUE (document_id, ordinal))
+                            WITH (toast_tuple_target = 8160)', v_partition);
+        -- The worker's question, "what is still to embed for this document?", must not scan the partition.
+        EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
+                       v_partition || '_pending', v_partition);
+        PERFORM rag._ensure_keyword_index(p_collection_id);
+        EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
+                       p_collection_id);
+    END IF;
+    RETURN v_partition;
+END $$;
 
 -- The distance ceiling of a new collection that names none: rag.max_distance when it is set (in the session, the
 -- database, the server), else the one measured for the model (rag_known_models()), else rag.max_distance's
@@ -313,17 +358,17 @@ $$;
 CREATE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.chunks USING hnsw ((%2$I::%6$s.vector(%3$s)) '
-                  '%6$s.vector_cosine_ops)%4$s WHERE collection_id = %5$s',
+    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.%5$I USING hnsw ((%2$I::%6$s.vector(%3$s)) '
+                  '%6$s.vector_cosine_ops)%4$s',
                   p_index, p_column, p_dimensions,
                   CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
                        THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
                                                            'ef_construction = ' || c.hnsw_ef_construction))
                        ELSE '' END,
-                  c.id, rag._vector_schema())
+                  rag._chunk_partition(c.id), rag._vector_schema())
 $$;
 
--- One partial HNSW index per collection, on the embedding cast to the collection's dimension: pgvector
+-- One HNSW index per collection, on its partition, on the embedding cast to the collection's dimension: pgvector
 -- indexes only fixed-dimension vectors, and collections of different models share one table.
 CREATE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -337,11 +382,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    -- The full-text side's index needs no dimension: it exists from the start.
-    IF to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL THEN
-        EXECUTE format('CREATE INDEX %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
-                       rag._keyword_index_name(c.id), c.id);
-    END IF;
+    -- The partition and the full-text side's index need no dimension: they exist from the start.
+    PERFORM rag._ensure_partition(c.id);
     IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
@@ -398,8 +440,8 @@ BEGIN
                            AND d.status <> 'failed' OFFSET v_limit - 1));
 END $$;
 
--- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs rag.chunks to itself
--- for a moment, so it waits at most 100 ms for running searches and otherwise leaves the index in place; the
+-- Drops a collection's HNSW index for a bulk load (rag._bulk_loading). DROP INDEX needs the collection's partition to
+-- itself for a moment, so it waits at most 100 ms for running searches and otherwise leaves the index in place; the
 -- next batch tries again. Returns whether the index is gone.
 CREATE FUNCTION rag._suspend_index(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -470,7 +512,7 @@ END $$;
 -- The build at the end of a bulk load, in a transaction of its own after the load's last documents are ready
 -- (the worker calls it after every stored batch; rag._fit_index_to_load leaves it here), and a small
 -- collection's build inside its store's transaction (rag._fit_index_to_load): when the collection has vectors,
--- no HNSW index and no bulk load under way. It waits at most a second for the writers of rag.chunks
+-- no HNSW index and no bulk load under way. It waits at most a second for the writers of the collection's partition
 -- (CREATE INDEX holds writes, not reads, while it runs, and a build waiting for a long transaction would make
 -- every store queue behind it), and skips a collection whose row another store shares; the next batch or the
 -- idle repair tries again. Returns whether it built the index.
@@ -506,32 +548,43 @@ BEGIN
     RETURN (SELECT u.index_name IS NOT NULL FROM rag.collections u WHERE u.id = c.id);
 END $$;
 
--- Collections with chunks whose HNSW index (when their dimension allows one) or GIN index is missing: the one
--- test of it, for the worker's read-only look (src/store) and for rag._repair_indexes. A bulk load builds its
--- index when it ends, not while another worker looks meanwhile. p_idle: the caller has nothing it may claim (an
+-- Collections with chunks that should have an HNSW index (their dimension allows one) and have none recorded:
+-- the one test of it, for the worker's read-only look (src/store) and for rag._repair_indexes. A bulk load builds
+-- its index when it ends, not while another worker looks meanwhile. An index recorded in index_name and missing
+-- is not built here: pg_dump writes each partition's indexes, and a restore creates them after the partition's
+-- rows, so a worker building it meanwhile would make the restore's CREATE INDEX fail (rag_reindex forgets an
+-- index that is gone, and the worker builds it then). p_idle: the caller has nothing it may claim (an
 -- idle worker, rag_process_queue at the end of the queue); then a collection whose load has fewer than
 -- rag._limit('bulk_load_documents') documents left, none of them in a worker's hands, counts as ended: what
 -- keeps them due is an open breaker (a provider down), and a few documents held back must not keep a large
 -- collection without its index for the outage.
 CREATE FUNCTION rag._collections_missing_indexes(p_idle boolean DEFAULT false) RETURNS integer[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
-     WHERE ((c.dimensions BETWEEN 1 AND 2000
-             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-             AND (NOT rag._bulk_loading(c.id)
-                  OR (p_idle
-                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
-                                       OFFSET rag._limit('bulk_load_documents')::integer - 1)
-                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
-                                         AND q.claimed_by IS NOT NULL))))
-            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_missing integer[] := '{}';
+    v_id integer;
+BEGIN
+    FOR v_id IN SELECT c.id FROM rag.collections c
+                 WHERE c.dimensions BETWEEN 1 AND 2000 AND c.index_name IS NULL
+                   AND (NOT rag._bulk_loading(c.id)
+                        OR (p_idle
+                            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                             OFFSET rag._limit('bulk_load_documents')::integer - 1)
+                            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                               AND q.claimed_by IS NOT NULL)))
+                 ORDER BY c.id LOOP
+        -- One collection at a time, so that the look is planned over its partition alone.
+        IF EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = v_id) THEN
+            v_missing := v_missing || v_id;
+        END IF;
+    END LOOP;
+    RETURN v_missing;
+END $$;
 
--- Creates the HNSW and GIN indexes of every collection that should have one and has not (pg_dump leaves these
--- indexes out, so a restored database gets them back here; a build after a load that could not wait for the
--- writers of rag.chunks is done here too), one at a time; a worker calls it when idle (p_idle) and every few
--- seconds while busy. It gives up at once when a restore still holds the chunks table, and tries again later.
+-- Creates the HNSW index of every collection that should have one and has none (rag._collections_missing_indexes:
+-- a build after a load that could not wait for the writers of its partition, a collection whose build
+-- parameters changed), one at a time; a worker calls it when idle (p_idle) and every few seconds while busy. It
+-- gives up at once when another session holds the partition, and tries again later.
 CREATE FUNCTION rag._repair_indexes(p_idle boolean DEFAULT false) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -581,8 +634,16 @@ BEGIN
     -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
     -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
     PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
+    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex.
+    UPDATE rag.collections c SET index_name = NULL
+     WHERE c.id = v_collection
+       AND CASE WHEN c.index_name IS NULL THEN false ELSE to_regclass(format('rag.%I', c.index_name)) IS NULL END;
+    -- Likewise the full-text side's index.
+    PERFORM rag._ensure_partition(v_collection);
+    PERFORM rag._ensure_keyword_index(v_collection);
     DELETE FROM rag.chunks ch USING rag.documents d
-     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
+     WHERE ch.collection_id = v_collection
+       AND d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
     UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
            updated_at = now()
      WHERE collection_id = v_collection AND watch_id IS NULL;
@@ -604,7 +665,7 @@ END $$;
 -- How a collection is searched: its search mode, pgvector's hnsw.ef_search for it (0: the server's setting
 -- again), and the build parameters of its HNSW index, m and ef_construction (0: pgvector's defaults again); NULL
 -- keeps a value as it is. New build parameters drop the collection's index (waiting at most a second for the
--- lock: searches of every collection pass through rag.chunks) and the worker builds it again with them when idle;
+-- lock: searches of the collection hold its partition) and the worker builds it again with them when idle;
 -- meanwhile the collection is searched exactly (rag_explain says so).
 CREATE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
                                m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
@@ -651,7 +712,7 @@ BEGIN
             EXCEPTION WHEN lock_not_available THEN
                 RAISE EXCEPTION 'the index of collection "%" is in use: its build parameters were not changed', c.name
                     USING ERRCODE = 'lock_not_available',
-                          HINT = 'Long searches or writes on rag.chunks hold it; try again when they are over.';
+                          HINT = 'Long searches or writes of the collection hold it; try again when they are over.';
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
         END IF;
@@ -783,7 +844,9 @@ BEGIN
     IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
         EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
     END IF;
-    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL WHERE id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
+    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL
+                     WHERE collection_id = $1
+                       AND id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
                    p_column)
       USING p_collection_id, coalesce(p_limit, 2147483647);
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -793,21 +856,31 @@ END $$;
 -- Model changes whose worker step is due: one whose every ready document has its vectors in the new space, with
 -- nothing of the collection queued, or one clearing the column left behind. The idle worker's read-only look.
 CREATE FUNCTION rag._migrations_due() RETURNS integer[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(m.collection_id ORDER BY m.collection_id), '{}')
-      FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
-     WHERE m.state = 'clearing'
-        OR (m.state = 'embedding'
-            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id)
-            AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-                             WHERE ch.collection_id = c.id AND d.status = 'ready'
-                               AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt
-                                                        ELSE ch.embedding END IS NULL))
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_due integer[] := '{}';
+    r record;
+BEGIN
+    -- One collection at a time, so that each look into rag.chunks is planned over that collection's partition.
+    FOR r IN SELECT m.collection_id, m.state, c.vector_column
+               FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
+              ORDER BY m.collection_id LOOP
+        IF r.state = 'clearing'
+           OR (r.state = 'embedding'
+               AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = r.collection_id)
+               AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                                WHERE ch.collection_id = r.collection_id AND d.status = 'ready'
+                                  AND CASE r.vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                           ELSE ch.embedding END IS NULL)) THEN
+            v_due := v_due || r.collection_id;
+        END IF;
+    END LOOP;
+    RETURN v_due;
+END $$;
 
--- The worker's step of model changes, each in this transaction: a complete one switches (the new space's HNSW
--- index is built first, which holds writes to rag.chunks, not reads, while it runs; then the collection's model,
--- prefixes, dimension, index and searched column change together, so a search sees the old space or the new,
+-- The worker's step of model changes, each in this transaction: a complete one switches (the new space's HNSW index
+-- is built first, which holds writes to the collection's partition, not reads, while it runs; then the collection's
+-- model, prefixes, dimension, index and searched column change together, so a search sees the old space or the new,
 -- never both); a clearing one empties up to 10,000 rows of the column left behind. Returns the steps taken.
 CREATE FUNCTION rag._advance_migrations() RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -819,8 +892,8 @@ DECLARE
     v_index text;
     v_steps integer := 0;
 BEGIN
-    -- Building and dropping an index wait for locks on rag.chunks; behind long queries the step gives up at once
-    -- and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    -- Building and dropping an index wait for locks on the collection's partition; behind long queries the step gives
+    -- up at once and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
     PERFORM set_config('lock_timeout', '100ms', true);
     FOREACH v_id IN ARRAY rag._migrations_due() LOOP
         SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;

@@ -254,6 +254,26 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- A document's chunks go with it, whatever deletes it (rag_delete_document, a watched row deleted, a reindex of
+-- a watch, a dropped collection's cascade), as a foreign key's cascade would: rag.chunks has none
+-- (rag._ensure_partition says why). One statement per collection of the deleted documents, with the
+-- collection's id as a value, so that each is planned over that collection's partition alone. Every writer of
+-- a document's chunks holds the document's row locked (FOR UPDATE) while it writes them, so none adds chunks to
+-- a document being deleted. As the table's owner, as a foreign key's cascade runs: whoever may delete a
+-- document deletes its chunks, whatever rag.chunks' policies would show them.
+CREATE FUNCTION rag._documents_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g GROUP BY g.collection_id LOOP
+        DELETE FROM rag.chunks ch WHERE ch.collection_id = r.collection_id AND ch.document_id = ANY (r.ids);
+    END LOOP;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER documents_deleted AFTER DELETE ON rag.documents REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._documents_deleted();
+
 -- Whether rows of the collection's watched tables wait for the worker: written (a trigger's batch not yet
 -- spread into the queue) or queued. A row whose last try failed and that waits out its back-off (up to an
 -- hour; rag_watch_status shows it) does not count: it is failed until it is written to again, as a failed
@@ -376,7 +396,8 @@ BEGIN
         v_shadow := rag._needs_shadow(q.document_id);
         RETURN QUERY
         SELECT q.id, d.id, c.id,
-               NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id),
+               NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = q.collection_id
+                                                        AND ch.document_id = d.id),
                q.attempts,
                extract(epoch FROM now() - q.first_failure_at)::double precision,
                extract(epoch FROM coalesce(c.retry_deadline, rag._setting('rag.retry_deadline')::interval))::integer,
@@ -404,32 +425,44 @@ $$;
 -- A document's chunks that have their vector in the collection's searched space.
 CREATE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
     -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
-    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session.
-    RETURN (SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                               ELSE ch.embedding_alt IS NOT NULL END)::integer
-              FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-             WHERE ch.document_id = p_document_id);
+    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session. The collection
+    -- is looked up first, so that the count is planned over its partition of rag.chunks alone.
+    SELECT c.id, c.vector_column INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
+    RETURN (SELECT count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
+              FROM rag.chunks ch
+             WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id);
 END $$;
 
 -- Whether the worker's next step for this document is the new space of a model change: the document is chunked,
 -- every chunk has its vector in the searched space, some chunk lacks one in the other, and the change is going.
 CREATE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
     -- Without a change going (nearly always) one indexed lookup answers; the worker asks for every document.
-    IF NOT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
-                    WHERE d.id = p_document_id AND m.state = 'embedding') THEN
+    SELECT c.id, c.vector_column INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+      JOIN rag.collections c ON c.id = d.collection_id
+     WHERE d.id = p_document_id AND m.state = 'embedding';
+    IF v_collection IS NULL THEN
         RETURN false;
     END IF;
-    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
-       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-                        WHERE ch.document_id = p_document_id
-                          AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-                    WHERE ch.document_id = p_document_id
-                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
+    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch
+                        WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+                          AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch
+                    WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+                      AND CASE v_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
 END $$;
 
 -- 'provider/model' of the embedding the worker's next step for a queued document would ask for: the
@@ -456,13 +489,17 @@ $$;
 CREATE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
 RETURNS TABLE (chunk_id bigint, header text, content text)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
+    SELECT c.id, rag._target_column(c.vector_column, p_shadow) INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
     RETURN QUERY
     SELECT ch.id, ch.header, ch.content
-      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-     WHERE ch.document_id = p_document_id
-       AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
-                                                             ELSE ch.embedding_alt END IS NULL
+      FROM rag.chunks ch
+     WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL
      ORDER BY ch.ordinal
      LIMIT p_limit;
 END $$;
@@ -495,8 +532,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN -1;
     END IF;
-    IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
-        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+    IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks
+                                        WHERE collection_id = d.collection_id AND document_id = p_document_id) THEN
+        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks
+                                                  WHERE collection_id = d.collection_id AND document_id = p_document_id),
                chunks_embedded = rag._embedded_count(p_document_id),
                updated_at = now()
          WHERE id = p_document_id;
@@ -630,7 +669,7 @@ BEGIN
           FROM (SELECT d.id FROM rag.documents d
                  WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
                  ORDER BY d.id FOR UPDATE) d
-         WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
+         WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id AND ch.document_id = d.id);
         INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
@@ -707,7 +746,8 @@ BEGIN
     LOOP
         SELECT octet_length(d.body) INTO v_bytes FROM rag.documents d WHERE d.id = r.document_id;
         CONTINUE WHEN v_bytes IS NULL OR v_bytes > p_max_bytes
-                      OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = r.document_id);
+                      OR EXISTS (SELECT 1 FROM rag.chunks ch
+                                  WHERE ch.collection_id = v_collection AND ch.document_id = r.document_id);
         v_total := v_total + v_bytes;
         -- The total only grows: every later item would be over the budget too.
         EXIT WHEN v_budget IS NOT NULL AND v_total > v_budget;
@@ -783,8 +823,8 @@ BEGIN
     EXECUTE format('UPDATE rag.chunks ch SET %1$I = v.vec
                       FROM (SELECT u.id, $1[(u.n - 1) * $2 + 1 : u.n * $2] AS vec
                               FROM unnest($3) WITH ORDINALITY AS u(id, n)) v
-                     WHERE ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
-      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id;
+                     WHERE ch.collection_id = $5 AND ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
+      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id, c.id;
     UPDATE rag.documents SET
            chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,
@@ -805,10 +845,13 @@ END $$;
 CREATE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_collection integer;
     v_done boolean;
 BEGIN
+    SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = p_document_id;
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_total = (SELECT count(*) FROM rag.chunks
+                            WHERE collection_id = v_collection AND document_id = p_document_id),
            chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;

@@ -136,6 +136,39 @@ CREATE TABLE rag.migrations (
     failure_reason     text
 );
 
+-- Chunks are partitioned by collection (schema.sql; rag._ensure_partition says what a partition holds). The
+-- 0.1.0 table is set aside here, as a table of the database rather than of the extension, and its rows move
+-- into each collection's partition in part 3, which needs 0.2.0's functions.
+ALTER EXTENSION rag DROP TABLE rag.chunks;
+ALTER TABLE rag.chunks RENAME TO chunks_0_1_0;
+ALTER SEQUENCE rag.chunks_id_seq RENAME TO chunks_0_1_0_id_seq;
+CREATE TABLE rag.chunks (
+    id             bigint GENERATED ALWAYS AS IDENTITY,
+    -- Its document's chunks go with it (rag._documents_deleted; no foreign key: rag._ensure_partition).
+    document_id    bigint NOT NULL,
+    -- Denormalised from the document: the partition key.
+    collection_id  integer NOT NULL,
+    ordinal        integer NOT NULL,
+    content        text NOT NULL,
+    -- What the chunk sits under: its document's title and the section heading above it ("Routine Vacuuming >
+    -- Cost-based Vacuum Delay"), put in front of the content where the chunk is embedded, indexed for full text
+    -- and reranked (rag._with_header), never in what is quoted. NULL when neither says anything, and for chunks
+    -- stored before 0.2.0 (embedded without one).
+    header         text,
+    token_estimate integer NOT NULL,
+    page           integer,
+    char_start     integer NOT NULL,
+    char_end       integer NOT NULL,
+    embedding      vector,
+    -- The collection's other vector space. A model change (rag_set_embedding_model) embeds every chunk into
+    -- the column its collection does not search, then switches to it (collections.vector_column), and the
+    -- column left behind is cleared: queries never wait for a model change, and never mix two models.
+    embedding_alt  vector,
+    -- The content's lexemes in the collection's text-search configuration, for the full-text side of the
+    -- search (the GIN index on each collection's partition).
+    tsv            tsvector
+) PARTITION BY LIST (collection_id);
+
 -- The answering limits' defaults come from rag_create_collection (src/limits.rs through rag._limit), not from
 -- the table; its checks are re-made on rag._limit in part 3.
 ALTER TABLE rag.collections ALTER COLUMN context_budget DROP DEFAULT,
@@ -258,6 +291,16 @@ ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
     USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
 
+CREATE OR REPLACE FUNCTION rag._migration_chunks_embedded(p_collection_id integer) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_column text := (SELECT c.vector_column FROM rag.collections c WHERE c.id = p_collection_id);
+BEGIN
+    RETURN (SELECT count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding_alt IS NOT NULL
+                                                                         ELSE ch.embedding IS NOT NULL END)
+              FROM rag.chunks ch WHERE ch.collection_id = p_collection_id);
+END $$;
+
 CREATE OR REPLACE VIEW rag.status AS
 SELECT c.name AS collection,
        c.embedding_provider,
@@ -273,15 +316,12 @@ SELECT c.name AS collection,
        e.last_error,
        m.embedding_model AS migrating_to,
        m.state AS migration_state,
-       mc.embedded AS migration_chunks_embedded,
+       -- Counted only while a model change runs.
+       CASE WHEN m.state = 'embedding' THEN rag._migration_chunks_embedded(c.id) ELSE 0 END
+           AS migration_chunks_embedded,
        m.failure_reason AS migration_error
   FROM rag.collections c
   LEFT JOIN rag.migrations m ON m.collection_id = c.id
-  LEFT JOIN LATERAL (
-        -- How many chunks have their vector in the new space; counted only while a model change runs.
-        SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt IS NOT NULL
-                                                                            ELSE ch.embedding IS NOT NULL END) AS embedded
-          FROM rag.chunks ch WHERE ch.collection_id = c.id AND m.state = 'embedding') mc ON true
   LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
                count(*) FILTER (WHERE status = 'ready') AS ready,
@@ -818,13 +858,9 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
-    IF c.index_name IS NOT NULL THEN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', c.index_name);
-    END IF;
-    -- The other vector space's index, which a model change leaves until its column is cleared.
-    PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), 0);
-    EXECUTE format('DROP INDEX IF EXISTS rag.%I', rag._keyword_index_name(c.id));
-    -- Chunks carry the collection only denormalised, so they go through their documents' cascade.
+    -- The collection's chunks and every index on them go at once with its partition of rag.chunks, before the
+    -- documents' cascade would delete them row by row (rag._documents_deleted then finds none).
+    EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
     DELETE FROM rag.collections WHERE id = c.id;
     -- The ledger keeps its rows, without the id (no foreign key there: see rag.queries).
     UPDATE rag.queries SET collection_id = NULL WHERE collection_id = c.id;
@@ -835,6 +871,40 @@ CREATE OR REPLACE FUNCTION rag._keyword_index_name(p_collection_id integer) RETU
 LANGUAGE sql IMMUTABLE AS $$
     SELECT 'chunks_tsv_c' || p_collection_id
 $$;
+
+CREATE OR REPLACE FUNCTION rag._ensure_keyword_index(p_collection_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF to_regclass(format('rag.%I', rag._keyword_index_name(p_collection_id))) IS NULL THEN
+        EXECUTE format('CREATE INDEX %I ON rag.%I USING gin (tsv)', rag._keyword_index_name(p_collection_id),
+                       rag._chunk_partition(p_collection_id));
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._chunk_partition(p_collection_id integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'chunks_c' || p_collection_id
+$$;
+
+CREATE OR REPLACE FUNCTION rag._ensure_partition(p_collection_id integer) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_partition text := rag._chunk_partition(p_collection_id);
+BEGIN
+    IF to_regclass(format('rag.%I', v_partition)) IS NULL THEN
+        -- Its rows stay whole in the heap up to a page (schema.sql says why).
+        EXECUTE format('CREATE TABLE rag.%I (LIKE rag.chunks INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMPRESSION,
+                                             PRIMARY KEY (id), UNIQUE (document_id, ordinal))
+                            WITH (toast_tuple_target = 8160)', v_partition);
+        -- The worker's question, "what is still to embed for this document?", must not scan the partition.
+        EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
+                       v_partition || '_pending', v_partition);
+        PERFORM rag._ensure_keyword_index(p_collection_id);
+        EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
+                       p_collection_id);
+    END IF;
+    RETURN v_partition;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._default_max_distance(p_model text) RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -853,14 +923,14 @@ $$;
 CREATE OR REPLACE FUNCTION rag._hnsw_index_sql(c rag.collections, p_index text, p_column text, p_dimensions integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.chunks USING hnsw ((%2$I::%6$s.vector(%3$s)) '
-                  '%6$s.vector_cosine_ops)%4$s WHERE collection_id = %5$s',
+    SELECT format('CREATE INDEX IF NOT EXISTS %1$I ON rag.%5$I USING hnsw ((%2$I::%6$s.vector(%3$s)) '
+                  '%6$s.vector_cosine_ops)%4$s',
                   p_index, p_column, p_dimensions,
                   CASE WHEN c.hnsw_m IS NOT NULL OR c.hnsw_ef_construction IS NOT NULL
                        THEN format(' WITH (%s)', concat_ws(', ', 'm = ' || c.hnsw_m,
                                                            'ef_construction = ' || c.hnsw_ef_construction))
                        ELSE '' END,
-                  c.id, rag._vector_schema())
+                  rag._chunk_partition(c.id), rag._vector_schema())
 $$;
 
 CREATE OR REPLACE FUNCTION rag._ensure_index(p_collection_id integer) RETURNS text
@@ -875,11 +945,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    -- The full-text side's index needs no dimension: it exists from the start.
-    IF to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL THEN
-        EXECUTE format('CREATE INDEX %I ON rag.chunks USING gin (tsv) WHERE collection_id = %s',
-                       rag._keyword_index_name(c.id), c.id);
-    END IF;
+    -- The partition and the full-text side's index need no dimension: they exist from the start.
+    PERFORM rag._ensure_partition(c.id);
     IF c.dimensions IS NULL THEN
         RETURN NULL;
     END IF;
@@ -1014,19 +1081,27 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._collections_missing_indexes(p_idle boolean DEFAULT false) RETURNS integer[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM rag.collections c
-     WHERE ((c.dimensions BETWEEN 1 AND 2000
-             AND (c.index_name IS NULL OR to_regclass(format('rag.%I', c.index_name)) IS NULL)
-             AND (NOT rag._bulk_loading(c.id)
-                  OR (p_idle
-                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
-                                       OFFSET rag._limit('bulk_load_documents')::integer - 1)
-                      AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
-                                         AND q.claimed_by IS NOT NULL))))
-            OR to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_missing integer[] := '{}';
+    v_id integer;
+BEGIN
+    FOR v_id IN SELECT c.id FROM rag.collections c
+                 WHERE c.dimensions BETWEEN 1 AND 2000 AND c.index_name IS NULL
+                   AND (NOT rag._bulk_loading(c.id)
+                        OR (p_idle
+                            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                             OFFSET rag._limit('bulk_load_documents')::integer - 1)
+                            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id
+                                               AND q.claimed_by IS NOT NULL)))
+                 ORDER BY c.id LOOP
+        -- One collection at a time, so that the look is planned over its partition alone.
+        IF EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = v_id) THEN
+            v_missing := v_missing || v_id;
+        END IF;
+    END LOOP;
+    RETURN v_missing;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._repair_indexes(p_idle boolean DEFAULT false) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1073,8 +1148,16 @@ BEGIN
     -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
     -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
     PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
+    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex.
+    UPDATE rag.collections c SET index_name = NULL
+     WHERE c.id = v_collection
+       AND CASE WHEN c.index_name IS NULL THEN false ELSE to_regclass(format('rag.%I', c.index_name)) IS NULL END;
+    -- Likewise the full-text side's index.
+    PERFORM rag._ensure_partition(v_collection);
+    PERFORM rag._ensure_keyword_index(v_collection);
     DELETE FROM rag.chunks ch USING rag.documents d
-     WHERE d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
+     WHERE ch.collection_id = v_collection
+       AND d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
     UPDATE rag.documents SET status = 'processing', failure_reason = NULL, chunks_total = 0, chunks_embedded = 0,
            updated_at = now()
      WHERE collection_id = v_collection AND watch_id IS NULL;
@@ -1138,7 +1221,7 @@ BEGIN
             EXCEPTION WHEN lock_not_available THEN
                 RAISE EXCEPTION 'the index of collection "%" is in use: its build parameters were not changed', c.name
                     USING ERRCODE = 'lock_not_available',
-                          HINT = 'Long searches or writes on rag.chunks hold it; try again when they are over.';
+                          HINT = 'Long searches or writes of the collection hold it; try again when they are over.';
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
         END IF;
@@ -1256,7 +1339,9 @@ BEGIN
     IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
         EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
     END IF;
-    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL WHERE id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
+    EXECUTE format('UPDATE rag.chunks SET %1$I = NULL
+                     WHERE collection_id = $1
+                       AND id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
                    p_column)
       USING p_collection_id, coalesce(p_limit, 2147483647);
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -1264,17 +1349,27 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._migrations_due() RETURNS integer[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(m.collection_id ORDER BY m.collection_id), '{}')
-      FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
-     WHERE m.state = 'clearing'
-        OR (m.state = 'embedding'
-            AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = c.id)
-            AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-                             WHERE ch.collection_id = c.id AND d.status = 'ready'
-                               AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt
-                                                        ELSE ch.embedding END IS NULL))
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_due integer[] := '{}';
+    r record;
+BEGIN
+    -- One collection at a time, so that each look into rag.chunks is planned over that collection's partition.
+    FOR r IN SELECT m.collection_id, m.state, c.vector_column
+               FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
+              ORDER BY m.collection_id LOOP
+        IF r.state = 'clearing'
+           OR (r.state = 'embedding'
+               AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = r.collection_id)
+               AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                                WHERE ch.collection_id = r.collection_id AND d.status = 'ready'
+                                  AND CASE r.vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                           ELSE ch.embedding END IS NULL)) THEN
+            v_due := v_due || r.collection_id;
+        END IF;
+    END LOOP;
+    RETURN v_due;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._advance_migrations() RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1286,8 +1381,8 @@ DECLARE
     v_index text;
     v_steps integer := 0;
 BEGIN
-    -- Building and dropping an index wait for locks on rag.chunks; behind long queries the step gives up at once
-    -- and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    -- Building and dropping an index wait for locks on the collection's partition; behind long queries the step gives
+    -- up at once and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
     PERFORM set_config('lock_timeout', '100ms', true);
     FOREACH v_id IN ARRAY rag._migrations_due() LOOP
         SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
@@ -1555,6 +1650,17 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._documents_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g GROUP BY g.collection_id LOOP
+        DELETE FROM rag.chunks ch WHERE ch.collection_id = r.collection_id AND ch.document_id = ANY (r.ids);
+    END LOOP;
+    RETURN NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._rows_waiting(p_collection integer) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 BEGIN
@@ -1659,7 +1765,8 @@ BEGIN
         v_shadow := rag._needs_shadow(q.document_id);
         RETURN QUERY
         SELECT q.id, d.id, c.id,
-               NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id),
+               NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = q.collection_id
+                                                        AND ch.document_id = d.id),
                q.attempts,
                extract(epoch FROM now() - q.first_failure_at)::double precision,
                extract(epoch FROM coalesce(c.retry_deadline, rag._setting('rag.retry_deadline')::interval))::integer,
@@ -1684,30 +1791,42 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
     -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
-    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session.
-    RETURN (SELECT count(*) FILTER (WHERE CASE c.vector_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                               ELSE ch.embedding_alt IS NOT NULL END)::integer
-              FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-             WHERE ch.document_id = p_document_id);
+    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session. The collection
+    -- is looked up first, so that the count is planned over its partition of rag.chunks alone.
+    SELECT c.id, c.vector_column INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
+    RETURN (SELECT count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
+              FROM rag.chunks ch
+             WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
     -- Without a change going (nearly always) one indexed lookup answers; the worker asks for every document.
-    IF NOT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
-                    WHERE d.id = p_document_id AND m.state = 'embedding') THEN
+    SELECT c.id, c.vector_column INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.migrations m ON m.collection_id = d.collection_id
+      JOIN rag.collections c ON c.id = d.collection_id
+     WHERE d.id = p_document_id AND m.state = 'embedding';
+    IF v_collection IS NULL THEN
         RETURN false;
     END IF;
-    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = p_document_id)
-       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-                        WHERE ch.document_id = p_document_id
-                          AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
-       AND EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-                    WHERE ch.document_id = p_document_id
-                      AND CASE c.vector_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
+    RETURN EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch
+                        WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+                          AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL)
+       AND EXISTS (SELECT 1 FROM rag.chunks ch
+                    WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+                      AND CASE v_column WHEN 'embedding' THEN ch.embedding_alt ELSE ch.embedding END IS NULL);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._embedding_key(p_queue_id bigint) RETURNS text
@@ -1727,13 +1846,17 @@ $$;
 CREATE OR REPLACE FUNCTION rag._pending_chunks(p_document_id bigint, p_limit integer, p_shadow boolean)
 RETURNS TABLE (chunk_id bigint, header text, content text)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_collection integer;
+    v_column text;
 BEGIN
+    SELECT c.id, rag._target_column(c.vector_column, p_shadow) INTO v_collection, v_column
+      FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
     RETURN QUERY
     SELECT ch.id, ch.header, ch.content
-      FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
-     WHERE ch.document_id = p_document_id
-       AND CASE rag._target_column(c.vector_column, p_shadow) WHEN 'embedding' THEN ch.embedding
-                                                             ELSE ch.embedding_alt END IS NULL
+      FROM rag.chunks ch
+     WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id
+       AND CASE v_column WHEN 'embedding' THEN ch.embedding ELSE ch.embedding_alt END IS NULL
      ORDER BY ch.ordinal
      LIMIT p_limit;
 END $$;
@@ -1758,8 +1881,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN -1;
     END IF;
-    IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks WHERE document_id = p_document_id) THEN
-        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+    IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks
+                                        WHERE collection_id = d.collection_id AND document_id = p_document_id) THEN
+        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks
+                                                  WHERE collection_id = d.collection_id AND document_id = p_document_id),
                chunks_embedded = rag._embedded_count(p_document_id),
                updated_at = now()
          WHERE id = p_document_id;
@@ -1871,7 +1996,7 @@ BEGIN
           FROM (SELECT d.id FROM rag.documents d
                  WHERE d.id = ANY (p_document_ids) AND d.collection_id = c.id
                  ORDER BY d.id FOR UPDATE) d
-         WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = d.id);
+         WHERE NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id AND ch.document_id = d.id);
         INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
@@ -1936,7 +2061,8 @@ BEGIN
     LOOP
         SELECT octet_length(d.body) INTO v_bytes FROM rag.documents d WHERE d.id = r.document_id;
         CONTINUE WHEN v_bytes IS NULL OR v_bytes > p_max_bytes
-                      OR EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.document_id = r.document_id);
+                      OR EXISTS (SELECT 1 FROM rag.chunks ch
+                                  WHERE ch.collection_id = v_collection AND ch.document_id = r.document_id);
         v_total := v_total + v_bytes;
         -- The total only grows: every later item would be over the budget too.
         EXIT WHEN v_budget IS NOT NULL AND v_total > v_budget;
@@ -2005,8 +2131,8 @@ BEGIN
     EXECUTE format('UPDATE rag.chunks ch SET %1$I = v.vec
                       FROM (SELECT u.id, $1[(u.n - 1) * $2 + 1 : u.n * $2] AS vec
                               FROM unnest($3) WITH ORDINALITY AS u(id, n)) v
-                     WHERE ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
-      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id;
+                     WHERE ch.collection_id = $5 AND ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
+      USING p_vectors, p_dimensions, p_chunk_ids, p_document_id, c.id;
     UPDATE rag.documents SET
            chunks_embedded = rag._embedded_count(p_document_id),
            embed_calls = embed_calls + 1,
@@ -2024,10 +2150,13 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_collection integer;
     v_done boolean;
 BEGIN
+    SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = p_document_id;
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_total = (SELECT count(*) FROM rag.chunks
+                            WHERE collection_id = v_collection AND document_id = p_document_id),
            chunks_embedded = rag._embedded_count(p_document_id),
            updated_at = now()
      WHERE id = p_document_id;
@@ -2208,7 +2337,8 @@ BEGIN
         -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
         FOREACH v_sampled_by IN ARRAY ARRAY['d.id', 'ch.id'] LOOP
             v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                              'WHERE d.collection_id = %s AND hashint8(%s) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              'WHERE d.collection_id = %1$s AND ch.collection_id = %1$s AND hashint8(%2$s) %% %3$s = 0 '
+                              'AND ch.tsv IS NOT NULL',
                               v_id, v_sampled_by, v_step);
             EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
             EXIT WHEN v_sampled > 0;
@@ -2323,7 +2453,7 @@ BEGIN
     -- visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
                             ARRAY(SELECT rag._with_header(ch.header, ch.content) FROM unnest(v_ids) WITH ORDINALITY u(id, n)
-                                    JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+                                    JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = u.id ORDER BY u.n));
     -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
     -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
@@ -2338,7 +2468,7 @@ BEGIN
               FROM (SELECT u.id, u.distance, u.score, u.n,
                            u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
                       FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
-      JOIN rag.chunks ch ON ch.id = r.id
+      JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = r.id
      ORDER BY r.place
      LIMIT p_k;
 END $$;
@@ -2410,7 +2540,7 @@ BEGIN
         SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
                d.source_key, u.relevance
           FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
-          JOIN rag.chunks ch ON ch.id = u.chunk_id
+          JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = u.chunk_id
           JOIN rag.documents d ON d.id = ch.document_id
          ORDER BY u.n;
         v_count := coalesce(cardinality(v_ids), 0);
@@ -2579,7 +2709,12 @@ CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vect
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
                relevance real, rank integer, close boolean)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL, so that each look into rag.chunks is planned knowing the collection, over its partition alone
+    -- (a SQL function's query is planned without its arguments' values).
+    RETURN QUERY
     WITH anchors AS MATERIALIZED (
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
                rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
@@ -2590,17 +2725,18 @@ LANGUAGE sql AS $$
         UNION ALL
         SELECT n.id, NULL::double precision, a.chunk_id, NULL::real, a.rank, NULL::boolean
           FROM anchors a
-          JOIN rag.chunks n ON n.document_id = a.document_id AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
+          JOIN rag.chunks n ON n.collection_id = p_collection_id AND n.document_id = a.document_id
+                           AND n.ordinal IN (a.ordinal - 1, a.ordinal + 1)
          WHERE a.close)
     SELECT ch.id, ch.document_id, d.title, ch.ordinal, ch.char_start, ch.char_end, ch.content, w.distance, w.anchor,
            CASE WHEN ch.page IS NULL THEN NULL
                 ELSE coalesce(d.page_labels[ch.page], 'p. ' || ch.page) END,
            w.relevance, w.rank, w.close
       FROM wanted w
-      JOIN rag.chunks ch ON ch.id = w.chunk_id
+      JOIN rag.chunks ch ON ch.collection_id = p_collection_id AND ch.id = w.chunk_id
       JOIN rag.documents d ON d.id = ch.document_id
-     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id
-$$;
+     ORDER BY w.rank, w.anchor NULLS FIRST, ch.id;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, p_rewritten text,
                                      p_query_id bigint, p_reply text) RETURNS void
@@ -3331,11 +3467,14 @@ DECLARE
     v_collection integer;
     v_missing integer;
 BEGIN
-    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
+    -- then deletes these chunks with it (rag._documents_deleted).
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id FOR UPDATE;
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, header, embedding, embedding_alt
+        DELETE FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id
+        RETURNING content, header, embedding, embedding_alt
     ), kept AS (
         SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
          WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
@@ -3349,9 +3488,11 @@ BEGIN
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
-    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
+    v_missing := (SELECT count(*) FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id)
+                 - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_total = (SELECT count(*) FROM rag.chunks
+                            WHERE collection_id = v_collection AND document_id = p_document_id),
            chunks_embedded = rag._embedded_count(p_document_id),
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
@@ -3379,7 +3520,8 @@ SELECT w.source_name AS source,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
-       (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
+       -- The documents' counts, not a look into rag.chunks, which a view would plan over every partition.
+       (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint AS chunks,
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)
@@ -3487,8 +3629,8 @@ LANGUAGE sql STABLE AS $$
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
             '(SELECT dc.%2$I::%3$s.vector(%1$s) OPERATOR(%3$s.<=>) $1::%3$s.vector(%1$s) FROM rag.chunks dc '
-            'WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column, pgvector.vs)
+            'WHERE dc.collection_id = %4$s AND dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column, pgvector.vs, c.id)
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight'),
         CASE WHEN for_rerank
@@ -3523,7 +3665,7 @@ DECLARE
 BEGIN
     -- One call per statement: each call rewrites the extension's catalog row.
     FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'migrations', 'watches', 'row_queue',
-                                    'row_batches', 'documents', 'chunks', 'queue', 'prices', 'conversations',
+                                    'row_batches', 'documents', 'queue', 'prices', 'conversations',
                                     'queries', 'messages', 'collections_id_seq', 'watches_id_seq',
                                     'row_queue_id_seq', 'row_batches_id_seq', 'documents_id_seq', 'chunks_id_seq',
                                     'queue_id_seq', 'conversations_id_seq', 'queries_id_seq', 'messages_id_seq'] LOOP
@@ -3696,7 +3838,8 @@ BEGIN
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
+                               '_migration_chunks_embedded')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')
@@ -3744,6 +3887,40 @@ ALTER TABLE rag.collections
 UPDATE rag.collections SET rerank_candidates = rag._limit('rerank_candidates_default')::integer,
                            min_relevance = rag._limit('min_relevance_default')::real,
                            min_lead = rag._limit('min_lead_default')::real;
+
+-- Each collection's chunks move into its partition, with their ids; the next id follows the highest. The
+-- partitions are made here, inside the extension's script, so they would become members (and pg_dump would
+-- leave them and their rows out): they are handed back to the database as rag_create_collection would have
+-- made them. HNSW indexes are built by the worker once 0.2.0 runs (index_name NULL; searches are exact until
+-- then); a document's chunks go with it by rag._documents_deleted, no longer by a foreign key.
+-- Whoever runs the update, the table and its partitions belong to the extension's owner, as in a fresh install
+-- (where rag_create_collection, SECURITY DEFINER, makes each partition).
+DO $$
+DECLARE
+    v_id integer;
+    v_owner text := (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
+                      WHERE e.extname = 'rag');
+BEGIN
+    EXECUTE format('ALTER TABLE rag.chunks OWNER TO %I', v_owner);
+    FOR v_id IN SELECT id FROM rag.collections ORDER BY id LOOP
+        PERFORM rag._ensure_partition(v_id);
+        EXECUTE format('ALTER EXTENSION rag DROP TABLE rag.%I', rag._chunk_partition(v_id));
+        EXECUTE format('ALTER TABLE rag.%I OWNER TO %I', rag._chunk_partition(v_id), v_owner);
+    END LOOP;
+END $$;
+INSERT INTO rag.chunks (id, document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
+                        char_end, embedding, embedding_alt, tsv)
+OVERRIDING SYSTEM VALUE
+SELECT id, document_id, collection_id, ordinal, content, header, token_estimate, page, char_start, char_end,
+       embedding, embedding_alt, tsv
+  FROM rag.chunks_0_1_0;
+SELECT pg_catalog.setval(pg_catalog.pg_get_serial_sequence('rag.chunks', 'id'),
+                         greatest((SELECT max(id) FROM rag.chunks_0_1_0), 1),
+                         (SELECT max(id) FROM rag.chunks_0_1_0) IS NOT NULL);
+DROP TABLE rag.chunks_0_1_0;
+UPDATE rag.collections SET index_name = NULL;
+CREATE TRIGGER documents_deleted AFTER DELETE ON rag.documents REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._documents_deleted();
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are

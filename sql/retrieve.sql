@@ -94,8 +94,8 @@ LANGUAGE sql STABLE AS $$
         rag._limit('rrf_k'),
         CASE WHEN with_vector THEN format(
             '(SELECT dc.%2$I::%3$s.vector(%1$s) OPERATOR(%3$s.<=>) $1::%3$s.vector(%1$s) FROM rag.chunks dc '
-            'WHERE dc.id = f.chunk_id)',
-            c.dimensions, c.vector_column, pgvector.vs)
+            'WHERE dc.collection_id = %4$s AND dc.id = f.chunk_id)',
+            c.dimensions, c.vector_column, pgvector.vs, c.id)
         ELSE 'NULL::double precision' END,
         rag._limit('keyword_weight'),
         CASE WHEN for_rerank
@@ -262,7 +262,8 @@ BEGIN
         -- large documents leave it empty, chunks by a hash of theirs (every chunk row is read then).
         FOREACH v_sampled_by IN ARRAY ARRAY['d.id', 'ch.id'] LOOP
             v_query := format('SELECT ch.tsv FROM rag.documents d JOIN rag.chunks ch ON ch.document_id = d.id '
-                              'WHERE d.collection_id = %s AND hashint8(%s) %% %s = 0 AND ch.tsv IS NOT NULL',
+                              'WHERE d.collection_id = %1$s AND ch.collection_id = %1$s AND hashint8(%2$s) %% %3$s = 0 '
+                              'AND ch.tsv IS NOT NULL',
                               v_id, v_sampled_by, v_step);
             EXECUTE format('SELECT count(*) FROM (%s) s', v_query) INTO v_sampled;
             EXIT WHEN v_sampled > 0;
@@ -388,7 +389,7 @@ BEGIN
     -- visibility checks above.
     v_scores := rag._rerank(c.id, p_question,
                             ARRAY(SELECT rag._with_header(ch.header, ch.content) FROM unnest(v_ids) WITH ORDINALITY u(id, n)
-                                    JOIN rag.chunks ch ON ch.id = u.id ORDER BY u.n));
+                                    JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = u.id ORDER BY u.n));
     -- The order is the cross-encoder's logit plus the bi-encoder's cosine similarity, weighted
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
     -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
@@ -403,7 +404,7 @@ BEGIN
               FROM (SELECT u.id, u.distance, u.score, u.n,
                            u.score + v_similarity_weight * (1 - coalesce(u.distance, 1)) AS combined
                       FROM unnest(v_ids, v_distances, v_scores) WITH ORDINALITY u(id, distance, score, n)) b) r
-      JOIN rag.chunks ch ON ch.id = r.id
+      JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = r.id
      ORDER BY r.place
      LIMIT p_k;
 END $$;
@@ -483,7 +484,7 @@ BEGIN
         SELECT d.id, d.title, ch.id, ch.ordinal, ch.content, u.distance, d.metadata, ch.page, d.source,
                d.source_key, u.relevance
           FROM unnest(v_ids, v_distances, v_relevances) WITH ORDINALITY u(chunk_id, distance, relevance, n)
-          JOIN rag.chunks ch ON ch.id = u.chunk_id
+          JOIN rag.chunks ch ON ch.collection_id = c.id AND ch.id = u.chunk_id
           JOIN rag.documents d ON d.id = ch.document_id
          ORDER BY u.n;
         v_count := coalesce(cardinality(v_ids), 0);

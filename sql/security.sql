@@ -18,8 +18,8 @@ GRANT rag_writer TO rag_admin;
 
 -- Everything users create is dumped with their database: every table's rows (the seeded 'ollama' and 'local'
 -- providers are re-created by CREATE EXTENSION, so they are left out) and every identity sequence's position.
--- The per-collection HNSW indexes are not extension members and pg_dump leaves them out; the worker rebuilds
--- any that is missing (rag._repair_indexes).
+-- rag.chunks itself holds no rows: each collection's partition is a table of the database, not an extension
+-- member (rag._ensure_partition), and pg_dump writes it with its rows and indexes and attaches it again.
 SELECT pg_catalog.pg_extension_config_dump('rag.providers', $$WHERE name NOT IN ('ollama', 'local')$$);
 DO $$
 DECLARE
@@ -27,7 +27,7 @@ DECLARE
 BEGIN
     -- One call per statement: each call rewrites the extension's catalog row.
     FOREACH v_object IN ARRAY ARRAY['key_grants', 'collections', 'collection_grants', 'migrations', 'watches', 'row_queue',
-                                    'row_batches', 'documents', 'chunks', 'queue', 'prices', 'conversations',
+                                    'row_batches', 'documents', 'queue', 'prices', 'conversations',
                                     'queries', 'messages', 'collections_id_seq', 'watches_id_seq',
                                     'row_queue_id_seq', 'row_batches_id_seq', 'documents_id_seq', 'chunks_id_seq',
                                     'queue_id_seq', 'conversations_id_seq', 'queries_id_seq', 'messages_id_seq'] LOOP
@@ -214,7 +214,8 @@ BEGIN
                                '_refuse_writes_on_standby',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole')
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
+                               '_migration_chunks_embedded')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')

@@ -698,11 +698,14 @@ DECLARE
     v_collection integer;
     v_missing integer;
 BEGIN
-    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
+    -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
+    -- then deletes these chunks with it (rag._documents_deleted).
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id FOR UPDATE;
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
-        DELETE FROM rag.chunks WHERE document_id = p_document_id RETURNING content, header, embedding, embedding_alt
+        DELETE FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id
+        RETURNING content, header, embedding, embedding_alt
     ), kept AS (
         SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
          WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
@@ -716,9 +719,11 @@ BEGIN
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
-    v_missing := (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id) - rag._embedded_count(p_document_id);
+    v_missing := (SELECT count(*) FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id)
+                 - rag._embedded_count(p_document_id);
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks WHERE document_id = p_document_id),
+           chunks_total = (SELECT count(*) FROM rag.chunks
+                            WHERE collection_id = v_collection AND document_id = p_document_id),
            chunks_embedded = rag._embedded_count(p_document_id),
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
@@ -748,7 +753,8 @@ SELECT w.source_name AS source,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
-       (SELECT count(*) FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id WHERE d.watch_id = w.id) AS chunks,
+       -- The documents' counts, not a look into rag.chunks, which a view would plan over every partition.
+       (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint AS chunks,
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)

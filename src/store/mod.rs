@@ -148,9 +148,9 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
     Spi::connect(|client| client.select(query, Some(1), &[])?.first().get_one::<T>())
 }
 
-/// Builds the HNSW and GIN indexes collections are missing (after a restore, or a build after a load that could
-/// not wait for rag.chunks's writers); returns how many. `idle`: the caller has nothing it may claim
-/// (`rag._collections_missing_indexes`).
+/// Builds the HNSW indexes collections are waiting for (a build after a load that could not wait for the
+/// writers of the collection's partition, new build parameters); returns how many. `idle`: the caller has
+/// nothing it may claim (`rag._collections_missing_indexes`).
 pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
     let look =
         format!("SELECT pg_catalog.cardinality(rag._collections_missing_indexes({idle})) > 0");

@@ -73,7 +73,7 @@ const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 /// whole to look up one document's chunks: cheap at that moment, 0.5 ms a lookup 9,000 chunks later, until
 /// autovacuum's ANALYZE happens to invalidate them (a first load of 3,000 documents took 7.9 s instead of about
 /// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
-/// at most a second for rag.chunks's writers) are built, rather than when this worker is next idle, which
+/// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
 /// work for other collections can put off for hours.
 fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the

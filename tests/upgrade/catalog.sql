@@ -1,6 +1,6 @@
 -- Everything the extension defines in a database, one row per fact: (kind, object, definition). An upgraded
 -- database and a fresh install of the same version must give the same rows. User data is left out on purpose:
--- the per-collection HNSW and GIN indexes (named in rag.collections.index_name, and chunks_tsv_c<id>), and grants to roles other than the
+-- each collection's partition of rag.chunks with its indexes (rag._ensure_partition), and grants to roles other than the
 -- extension's own (rag_watch grants the owner of each watched table what its trigger needs).
 -- Column order is not compared: ALTER TABLE can only append a column, and nothing in the extension reads
 -- columns by position (every INSERT and SELECT names them; pg_dump does too).
@@ -13,9 +13,14 @@ WITH ext AS (
 ), own_roles AS (
     SELECT oid FROM pg_catalog.pg_roles WHERE rolname IN ('rag_reader', 'rag_writer', 'rag_admin')
 ), data_indexes AS (
-    SELECT format('rag.%I', index_name) AS name FROM rag.collections WHERE index_name IS NOT NULL
+    SELECT format('rag.%I', c.relname) AS name
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'rag.chunks'::regclass
     UNION ALL
-    SELECT format('rag.%I', rag._keyword_index_name(id)) FROM rag.collections
+    SELECT format('rag.%I', x.relname)
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_index ix ON ix.indrelid = i.inhrelid
+      JOIN pg_catalog.pg_class x ON x.oid = ix.indexrelid
+     WHERE i.inhparent = 'rag.chunks'::regclass
 ), rels AS (
     SELECT c.oid, c.relname, c.relkind, c.relacl, c.relrowsecurity, c.relforcerowsecurity, c.reloptions,
            c.relpersistence

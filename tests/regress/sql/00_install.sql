@@ -67,7 +67,7 @@ SELECT has_schema_privilege('public', 'rag_definer', 'USAGE') AS public_uses_rag
 -- Nothing in schema rag is writable, or even readable, by PUBLIC.
 SELECT c.relname, has_table_privilege('public', c.oid, 'SELECT') AS public_select,
        has_table_privilege('public', c.oid, 'INSERT,UPDATE,DELETE') AS public_write
-  FROM pg_class c WHERE c.relnamespace = 'rag'::regnamespace AND c.relkind IN ('r', 'v') ORDER BY 1;
+  FROM pg_class c WHERE c.relnamespace = 'rag'::regnamespace AND c.relkind IN ('r', 'p', 'v') ORDER BY 1;
 
 -- The worker was preloaded and a launcher runs.
 SELECT count(*) > 0 AS launcher_running FROM pg_stat_activity WHERE backend_type = 'rag launcher';

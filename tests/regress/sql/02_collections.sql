@@ -28,6 +28,21 @@ SELECT rag_create_collection('tokens', embedding_model => 'hash-384', chunk_size
 -- A collection created with its dimension gets its HNSW index at once.
 SELECT rag_create_collection('sized', embedding_model => 'hash-16', dimensions => 16) > 0 AS created;
 SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
+-- Each collection's chunks are a partition of rag.chunks with its own keys and indexes. It is a table of the
+-- database, not an extension member (pg_dump writes it and its rows), and only its owner may read or write it
+-- directly: everyone else goes through rag.chunks and its policy.
+SELECT format('rag.%I', rag._chunk_partition(id)) AS sized_partition FROM rag.collections WHERE name = 'sized' \gset
+SELECT pg_get_expr(c.relpartbound, c.oid) AS bound, i.inhparent::regclass AS parent,
+       c.reloptions, c.relowner = (SELECT relowner FROM pg_class WHERE oid = 'rag.chunks'::regclass) AS same_owner
+  FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+ WHERE c.oid = :'sized_partition'::regclass AND pg_get_expr(c.relpartbound, c.oid) =
+       format('FOR VALUES IN (%s)', (SELECT id FROM rag.collections WHERE name = 'sized'));
+SELECT regexp_replace(indexdef, '_c\d+', '_cN', 'g') AS partition_index FROM pg_indexes
+ WHERE schemaname = 'rag' AND tablename = rag._chunk_partition((SELECT id FROM rag.collections WHERE name = 'sized'))
+ ORDER BY 1;
+SELECT EXISTS (SELECT 1 FROM pg_depend WHERE objid = :'sized_partition'::regclass AND deptype = 'e') AS extension_member,
+       has_table_privilege('rag_admin', :'sized_partition', 'SELECT, INSERT, UPDATE, DELETE') AS rag_admin_may_touch,
+       has_table_privilege('public', :'sized_partition', 'SELECT') AS public_may_read;
 
 -- Per-model defaults (rag_known_models): a ceiling where one was measured, rag.max_distance when it is set,
 -- the caller's above both; an unknown model gets the setting's default and no prefix.
@@ -48,4 +63,5 @@ SELECT count(*) FILTER (WHERE rag_drop_collection(name)) AS dropped FROM rag.col
 
 SELECT rag_drop_collection('defaults'), rag_drop_collection('sized'), rag_drop_collection('never-existed');
 SELECT count(*) AS leftover_indexes FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
+SELECT to_regclass(:'sized_partition') IS NULL AS partition_dropped;
 SELECT name FROM rag.collections ORDER BY name;

@@ -198,9 +198,11 @@ SELECT s.title, d.status, d.chunks_total, d.chunks_embedded, d.embed_calls, d.em
   FROM storecheck s JOIN rag.documents d ON d.id = s.document_id ORDER BY s.title;
 SELECT dimensions FROM rag.collections WHERE name = 'storecheck';
 -- A chunk's row stays whole in the heap up to a page: a 384-d vector with a 1,000-character chunk and its
--- lexemes writes nothing to the TOAST table (with the default target every such vector went there).
-SELECT reloptions FROM pg_class WHERE oid = 'rag.chunks'::regclass;
-SELECT pg_relation_size(reltoastrelid) AS toast_bytes_before FROM pg_class WHERE oid = 'rag.chunks'::regclass \gset
+-- lexemes writes nothing to the TOAST table (with the default target every such vector went there). The
+-- setting is each collection's partition's.
+SELECT format('rag.%I', rag._chunk_partition(id)) AS partition FROM rag.collections WHERE name = 'storecheck' \gset
+SELECT reloptions FROM pg_class WHERE oid = :'partition'::regclass;
+SELECT pg_relation_size(reltoastrelid) AS toast_bytes_before FROM pg_class WHERE oid = :'partition'::regclass \gset
 INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, tsv,
                         embedding)
 SELECT s.document_id, c.id, 9, t.text, 250, 0, 1000, to_tsvector('english', t.text),
@@ -211,7 +213,7 @@ SELECT s.document_id, c.id, 9, t.text, 250, 0, 1000, to_tsvector('english', t.te
 SELECT pg_relation_size(reltoastrelid) = :toast_bytes_before AS nothing_toasted,
        (SELECT pg_column_size(ch.*) > 3000 FROM rag.chunks ch WHERE ch.ordinal = 9
            AND ch.document_id = (SELECT document_id FROM storecheck WHERE title = 'Doc 2')) AS row_over_the_default_target
-  FROM pg_class WHERE oid = 'rag.chunks'::regclass;
+  FROM pg_class WHERE oid = :'partition'::regclass;
 ROLLBACK;
 
 -- rag._seconds_until_due, which an idle worker sleeps by: NULL with nothing queued (it then naps for

@@ -65,11 +65,37 @@ SELECT outcome, citations->0->>'title' AS cited FROM rag_ask('hybrid', 'What doe
 SELECT * FROM rag_query('hybrid', 'x', mode => 'fuzzy');
 SELECT rag_create_collection('bad-mode', embedding_model => 'hash-384', search_mode => 'fuzzy');
 
--- The plan uses the collection's GIN index for the full-text side and its HNSW index for the vector side.
+-- The plan can use the collection's GIN index for the full-text side and its HNSW index for the vector side,
+-- both on the collection's partition of rag.chunks. At five chunks the planner prefers reading the partition
+-- through its key and sorting, so the plans are shown with that made dear.
 SET enable_seqscan = off;
-SELECT count(*) FILTER (WHERE line ~ 'chunks_tsv_c') > 0 AS gin_used,
-       count(*) FILTER (WHERE line ~ 'chunks_embedding_c') > 0 AS hnsw_used
-  FROM rag_explain('hybrid', 'disk full', 3) AS line;
+SET enable_sort = off;
+-- Only the collection's own partition is read (planned), with other collections' partitions beside it.
+SELECT count(*) FILTER (WHERE line ~ 'Index Scan using chunks_embedding_c\d+ on chunks_c\d+ ') > 0 AS hnsw_used,
+       count(DISTINCT substring(line FROM ' on (chunks_c\d+)')) AS partitions_read,
+       (SELECT count(*) FROM pg_inherits WHERE inhparent = 'rag.chunks'::regclass) > 1 AS other_partitions_exist
+  FROM rag_explain('hybrid', 'disk full', 3, mode => 'vector') AS line;
+RESET enable_sort;
+SELECT count(DISTINCT substring(line FROM ' on (chunks_c\d+)')) AS partitions_read
+  FROM rag_explain('hybrid', 'disk full', 3, mode => 'keyword') AS line;
+-- The keyword side's match, through rag.chunks with the collection's id, finds the partition's GIN index (the
+-- search's own plan at five chunks depends on the server's version).
+CREATE FUNCTION pg_temp.plan_of(p_query text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    v_line text;
+BEGIN
+    FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || p_query LOOP
+        RETURN NEXT v_line;
+    END LOOP;
+END $$;
+SET enable_indexscan = off;
+SELECT count(*) FILTER (WHERE line ~ 'Bitmap Index Scan on chunks_tsv_c\d+') > 0 AS gin_used,
+       count(DISTINCT substring(line FROM ' on (chunks_c\d+)')) AS partitions_read
+  FROM rag.collections c,
+       pg_temp.plan_of(format('SELECT id FROM rag.chunks WHERE collection_id = %s AND tsv @@ %L::tsquery',
+                              c.id, 'disk | full')) AS line
+ WHERE c.name = 'hybrid';
+RESET enable_indexscan;
 RESET enable_seqscan;
 -- A collection's own hnsw.ef_search: stored per collection, applied to its searches, and the session's own
 -- setting is what it was afterwards. Only an admin of the collection sets it; 0 goes back to the server's.
@@ -96,7 +122,7 @@ BEGIN
         SELECT x.indexdef INTO v_def FROM rag.collections c JOIN pg_indexes x ON x.schemaname = 'rag' AND x.indexname = c.index_name
          WHERE c.name = p_collection;
         IF v_def IS NOT NULL THEN
-            RETURN substring(v_def FROM 'vector_cosine_ops\)(.*) WHERE');
+            RETURN substring(v_def FROM 'vector_cosine_ops\)(.*)$');
         END IF;
         PERFORM pg_sleep(0.05);
     END LOOP;
