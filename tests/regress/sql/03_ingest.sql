@@ -55,6 +55,20 @@ SELECT count(*) AS rolled_back_rows FROM rag.documents WHERE title = 'Rolled bac
 -- Deleting a document removes its chunks and queue row in one transaction.
 SELECT rag_delete_document(:parking) AS deleted, rag_delete_document(:parking) AS deleted_again;
 SELECT count(*) AS parking_chunks FROM rag.chunks WHERE document_id = :parking;
+-- However documents are deleted, their chunks go with them, in each collection's partition (rag.chunks has no
+-- foreign key: rag._documents_deleted), and only theirs: one statement over two collections.
+BEGIN;
+SELECT rag_create_collection('cascade_a', embedding_model => 'hash-384') AS cascade_a,
+       rag_create_collection('cascade_b', embedding_model => 'hash-384') AS cascade_b \gset
+INSERT INTO rag.documents (collection_id, title, body, content_sha256, status)
+SELECT c, t, 'body', decode(md5(t), 'hex'), 'ready'
+  FROM (VALUES (:cascade_a, 'a1'), (:cascade_a, 'a2'), (:cascade_b, 'b1'), (:cascade_b, 'b2')) v(c, t);
+INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end)
+SELECT d.id, d.collection_id, g, d.title || ' part ' || g, 1, 0, 1
+  FROM rag.documents d, generate_series(0, 2) g WHERE d.title IN ('a1', 'a2', 'b1', 'b2');
+DELETE FROM rag.documents WHERE title IN ('a1', 'b1');
+SELECT ch.content FROM rag.chunks ch WHERE ch.collection_id IN (:cascade_a, :cascade_b) ORDER BY 1;
+ROLLBACK;
 
 -- A bulk load starts at 200 documents waiting for a collection without an HNSW index or with fewer than 200 ready
 -- documents (inside one transaction, so the worker sees none of it): its vectors are then stored without the index.
