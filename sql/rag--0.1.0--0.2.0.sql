@@ -2583,9 +2583,13 @@ BEGIN
     IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
-                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, or a restore, the idle worker builds it)',
+                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, the idle worker builds it)',
                                      rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
                                      rag._limit('bulk_load_tail_documents')) END;
+    ELSIF v_mode <> 'keyword' AND to_regclass(format('rag.%I', c.index_name)) IS NULL THEN
+        -- The worker never builds a recorded index itself (rag._collections_missing_indexes says why).
+        RETURN NEXT format('Vector side: exact search: its HNSW index rag.%s is missing (dropped, or left out of a restore); rag_reindex(%L) has the worker build it again',
+                           c.index_name, c.name);
     END IF;
     IF c.reranker IS NOT NULL THEN
         -- The search reranks at least the collection's candidates (rag._search's v_wanted).

@@ -199,6 +199,18 @@ SELECT rag_set_search('hybrid', m => 4);
 RESET ROLE;
 SELECT hnsw_m, index_name IS NOT NULL AS index_kept FROM rag.collections WHERE name = 'hybrid';
 DROP ROLE hybrid_other_admin;
+-- An HNSW index that is gone (dropped by hand, or left out of a restore): the worker does not build it by itself
+-- (a restore may be about to), rag_explain says the search is exact and why, and rag_reindex has it built again.
+SELECT index_name AS hybrid_index FROM rag.collections WHERE name = 'hybrid' \gset
+DROP INDEX rag.:"hybrid_index";
+SELECT regexp_replace(line, '_c\d+', '_cN') AS said FROM rag_explain('hybrid', 'disk full', 3, mode => 'vector') AS line
+ WHERE line LIKE 'Vector side%';
+SELECT pg_sleep(1);
+SELECT to_regclass('rag.' || :'hybrid_index') IS NULL AS still_missing;
+SELECT rag_reindex('hybrid') > 0 AS requeued;
+SELECT rag_wait('hybrid', '60 seconds') AS ready;
+SELECT pg_temp.rebuilt_index('hybrid') <> 'not rebuilt' AS rebuilt,
+       (SELECT index_name FROM rag.collections WHERE name = 'hybrid') = :'hybrid_index' AS same_name;
 SELECT rag_drop_collection('hybrid');
 DROP ROLE hybrid_reader;
 SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
