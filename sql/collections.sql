@@ -598,7 +598,6 @@ BEGIN
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
     v_missing := rag._collections_missing_indexes(p_idle);
     FOREACH v_id IN ARRAY v_missing LOOP
-        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -631,16 +630,17 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
-    -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
-    -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
-    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
-    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex.
+    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
+    -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
-     WHERE c.id = v_collection
-       AND CASE WHEN c.index_name IS NULL THEN false ELSE to_regclass(format('rag.%I', c.index_name)) IS NULL END;
+     WHERE c.id = v_collection AND c.index_name IS NOT NULL
+       AND to_regclass('rag.' || quote_ident(c.index_name)) IS NULL;
     -- Likewise the full-text side's index.
     PERFORM rag._ensure_partition(v_collection);
     PERFORM rag._ensure_keyword_index(v_collection);
+    -- The documents in id order, as rag._delete_watch_documents does and for the same reason: the UPDATEs
+    -- below meet them in their rows' order, a store under way locks them in id order.
+    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE ch.collection_id = v_collection
        AND d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;

@@ -422,22 +422,29 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN (p_vector_column = 'embedding') <> p_shadow THEN 'embedding' ELSE 'embedding_alt' END
 $$;
 
--- A document's chunks that have their vector in the collection's searched space.
-CREATE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
+-- A document's collection, its chunks, and those of them that have their vector in the collection's searched
+-- space, from one look at the document and one count over the collection's partition of rag.chunks (the
+-- collection is looked up first so that the count is planned over that partition alone). rag.documents'
+-- counters are set from here, never incremented, so a batch written twice or a worker killed half-way leaves
+-- them exact. All NULL when the document is gone. PL/pgSQL, not SQL: the worker calls this for every document,
+-- and a SQL function that is not inlined is parsed and planned again on every call.
+CREATE FUNCTION rag._chunk_counts(p_document_id bigint, OUT collection integer, OUT total integer,
+                                  OUT embedded integer)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_collection integer;
     v_column text;
 BEGIN
-    -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
-    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session. The collection
-    -- is looked up first, so that the count is planned over its partition of rag.chunks alone.
-    SELECT c.id, c.vector_column INTO v_collection, v_column
+    SELECT c.id, c.vector_column INTO collection, v_column
       FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
-    RETURN (SELECT count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
-              FROM rag.chunks ch
-             WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id);
+    IF collection IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT count(*)::integer,
+           count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                ELSE ch.embedding_alt IS NOT NULL END)::integer
+      INTO total, embedded
+      FROM rag.chunks ch
+     WHERE ch.collection_id = collection AND ch.document_id = p_document_id;
 END $$;
 
 -- Whether the worker's next step for this document is the new space of a model change: the document is chunked,
@@ -534,9 +541,8 @@ BEGIN
     END IF;
     IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks
                                         WHERE collection_id = d.collection_id AND document_id = p_document_id) THEN
-        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks
-                                                  WHERE collection_id = d.collection_id AND document_id = p_document_id),
-               chunks_embedded = rag._embedded_count(p_document_id),
+        UPDATE rag.documents
+           SET (chunks_total, chunks_embedded) = (SELECT k.total, k.embedded FROM rag._chunk_counts(p_document_id) k),
                updated_at = now()
          WHERE id = p_document_id;
         RETURN -2;
@@ -826,7 +832,7 @@ BEGIN
                      WHERE ch.collection_id = $5 AND ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
       USING p_vectors, p_dimensions, p_chunk_ids, p_document_id, c.id;
     UPDATE rag.documents SET
-           chunks_embedded = rag._embedded_count(p_document_id),
+           chunks_embedded = (SELECT k.embedded FROM rag._chunk_counts(p_document_id) k),
            embed_calls = embed_calls + 1,
            embed_tokens = embed_tokens + coalesce(p_tokens, 0),
            updated_at = now()
@@ -845,22 +851,19 @@ END $$;
 CREATE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer;
-    v_done boolean;
+    k record;
 BEGIN
-    SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = p_document_id;
-    UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks
-                            WHERE collection_id = v_collection AND document_id = p_document_id),
-           chunks_embedded = rag._embedded_count(p_document_id),
-           updated_at = now()
+    SELECT * INTO k FROM rag._chunk_counts(p_document_id);
+    UPDATE rag.documents SET chunks_total = k.total, chunks_embedded = k.embedded, updated_at = now()
      WHERE id = p_document_id;
-    SELECT chunks_total = chunks_embedded INTO v_done FROM rag.documents WHERE id = p_document_id;
-    IF v_done IS NULL OR v_done THEN
+    -- A document gone meanwhile (k.collection NULL) leaves the queue too.
+    IF k.collection IS NULL OR k.total = k.embedded THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
         PERFORM rag._dequeue(p_queue_id, p_document_id);
-        PERFORM rag._fit_index_to_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
+        IF k.collection IS NOT NULL THEN
+            PERFORM rag._fit_index_to_load(k.collection);
+        END IF;
         RETURN true;
     END IF;
     RETURN false;

@@ -1116,7 +1116,6 @@ BEGIN
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
     v_missing := rag._collections_missing_indexes(p_idle);
     FOREACH v_id IN ARRAY v_missing LOOP
-        UPDATE rag.collections SET index_name = NULL WHERE id = v_id;
         PERFORM rag._ensure_index(v_id);
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -1145,16 +1144,17 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
-    -- The documents in id order first, as rag._delete_watch_documents does and for the same reason: the
-    -- UPDATEs below meet them in their rows' order, a store under way locks them in id order.
-    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
-    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex.
+    -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
+    -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
-     WHERE c.id = v_collection
-       AND CASE WHEN c.index_name IS NULL THEN false ELSE to_regclass(format('rag.%I', c.index_name)) IS NULL END;
+     WHERE c.id = v_collection AND c.index_name IS NOT NULL
+       AND to_regclass('rag.' || quote_ident(c.index_name)) IS NULL;
     -- Likewise the full-text side's index.
     PERFORM rag._ensure_partition(v_collection);
     PERFORM rag._ensure_keyword_index(v_collection);
+    -- The documents in id order, as rag._delete_watch_documents does and for the same reason: the UPDATEs
+    -- below meet them in their rows' order, a store under way locks them in id order.
+    PERFORM 1 FROM rag.documents WHERE collection_id = v_collection ORDER BY id FOR UPDATE;
     DELETE FROM rag.chunks ch USING rag.documents d
      WHERE ch.collection_id = v_collection
        AND d.id = ch.document_id AND d.collection_id = v_collection AND d.watch_id IS NULL;
@@ -1789,21 +1789,23 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN (p_vector_column = 'embedding') <> p_shadow THEN 'embedding' ELSE 'embedding_alt' END
 $$;
 
-CREATE OR REPLACE FUNCTION rag._embedded_count(p_document_id bigint) RETURNS integer
+CREATE OR REPLACE FUNCTION rag._chunk_counts(p_document_id bigint, OUT collection integer, OUT total integer,
+                                  OUT embedded integer)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_collection integer;
     v_column text;
 BEGIN
-    -- PL/pgSQL, not SQL: the worker calls this for every document, and a SQL function that is not inlined is
-    -- parsed and planned again on every call, while PL/pgSQL keeps its plan for the session. The collection
-    -- is looked up first, so that the count is planned over its partition of rag.chunks alone.
-    SELECT c.id, c.vector_column INTO v_collection, v_column
+    SELECT c.id, c.vector_column INTO collection, v_column
       FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id WHERE d.id = p_document_id;
-    RETURN (SELECT count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
-                                                       ELSE ch.embedding_alt IS NOT NULL END)::integer
-              FROM rag.chunks ch
-             WHERE ch.collection_id = v_collection AND ch.document_id = p_document_id);
+    IF collection IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT count(*)::integer,
+           count(*) FILTER (WHERE CASE v_column WHEN 'embedding' THEN ch.embedding IS NOT NULL
+                                                ELSE ch.embedding_alt IS NOT NULL END)::integer
+      INTO total, embedded
+      FROM rag.chunks ch
+     WHERE ch.collection_id = collection AND ch.document_id = p_document_id;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._needs_shadow(p_document_id bigint) RETURNS boolean
@@ -1883,9 +1885,8 @@ BEGIN
     END IF;
     IF p_first_ordinal = 0 AND EXISTS (SELECT 1 FROM rag.chunks
                                         WHERE collection_id = d.collection_id AND document_id = p_document_id) THEN
-        UPDATE rag.documents SET chunks_total = (SELECT count(*) FROM rag.chunks
-                                                  WHERE collection_id = d.collection_id AND document_id = p_document_id),
-               chunks_embedded = rag._embedded_count(p_document_id),
+        UPDATE rag.documents
+           SET (chunks_total, chunks_embedded) = (SELECT k.total, k.embedded FROM rag._chunk_counts(p_document_id) k),
                updated_at = now()
          WHERE id = p_document_id;
         RETURN -2;
@@ -2134,7 +2135,7 @@ BEGIN
                      WHERE ch.collection_id = $5 AND ch.id = v.id AND ch.document_id = $4 AND ch.%1$I IS NULL', v_column)
       USING p_vectors, p_dimensions, p_chunk_ids, p_document_id, c.id;
     UPDATE rag.documents SET
-           chunks_embedded = rag._embedded_count(p_document_id),
+           chunks_embedded = (SELECT k.embedded FROM rag._chunk_counts(p_document_id) k),
            embed_calls = embed_calls + 1,
            embed_tokens = embed_tokens + coalesce(p_tokens, 0),
            updated_at = now()
@@ -2150,22 +2151,19 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._finish(p_queue_id bigint, p_document_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer;
-    v_done boolean;
+    k record;
 BEGIN
-    SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = p_document_id;
-    UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks
-                            WHERE collection_id = v_collection AND document_id = p_document_id),
-           chunks_embedded = rag._embedded_count(p_document_id),
-           updated_at = now()
+    SELECT * INTO k FROM rag._chunk_counts(p_document_id);
+    UPDATE rag.documents SET chunks_total = k.total, chunks_embedded = k.embedded, updated_at = now()
      WHERE id = p_document_id;
-    SELECT chunks_total = chunks_embedded INTO v_done FROM rag.documents WHERE id = p_document_id;
-    IF v_done IS NULL OR v_done THEN
+    -- A document gone meanwhile (k.collection NULL) leaves the queue too.
+    IF k.collection IS NULL OR k.total = k.embedded THEN
         UPDATE rag.documents SET status = 'ready', failure_reason = NULL, ready_at = now()
          WHERE id = p_document_id AND status <> 'ready';
         PERFORM rag._dequeue(p_queue_id, p_document_id);
-        PERFORM rag._fit_index_to_load(d.collection_id) FROM rag.documents d WHERE d.id = p_document_id;
+        IF k.collection IS NOT NULL THEN
+            PERFORM rag._fit_index_to_load(k.collection);
+        END IF;
         RETURN true;
     END IF;
     RETURN false;
@@ -3469,6 +3467,8 @@ CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer;
+    v_total integer;
+    v_embedded integer;
     v_missing integer;
 BEGIN
     -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
@@ -3492,12 +3492,11 @@ BEGIN
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
-    v_missing := (SELECT count(*) FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id)
-                 - rag._embedded_count(p_document_id);
+    SELECT k.total, k.embedded INTO v_total, v_embedded FROM rag._chunk_counts(p_document_id) k;
+    v_missing := v_total - v_embedded;
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks
-                            WHERE collection_id = v_collection AND document_id = p_document_id),
-           chunks_embedded = rag._embedded_count(p_document_id),
+           chunks_total = v_total,
+           chunks_embedded = v_embedded,
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
      WHERE id = p_document_id;

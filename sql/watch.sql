@@ -696,6 +696,8 @@ CREATE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_s
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer;
+    v_total integer;
+    v_embedded integer;
     v_missing integer;
 BEGIN
     -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
@@ -719,12 +721,11 @@ BEGIN
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection
       LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
-    v_missing := (SELECT count(*) FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id)
-                 - rag._embedded_count(p_document_id);
+    SELECT k.total, k.embedded INTO v_total, v_embedded FROM rag._chunk_counts(p_document_id) k;
+    v_missing := v_total - v_embedded;
     UPDATE rag.documents SET
-           chunks_total = (SELECT count(*) FROM rag.chunks
-                            WHERE collection_id = v_collection AND document_id = p_document_id),
-           chunks_embedded = rag._embedded_count(p_document_id),
+           chunks_total = v_total,
+           chunks_embedded = v_embedded,
            status = CASE WHEN v_missing = 0 THEN 'ready' ELSE 'processing' END,
            ready_at = CASE WHEN v_missing = 0 THEN now() ELSE ready_at END
      WHERE id = p_document_id;
