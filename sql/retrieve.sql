@@ -312,6 +312,7 @@ DECLARE
     v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
     v_rerank boolean := p_rerank AND c.reranker IS NOT NULL AND p_question IS NOT NULL;
     v_wanted integer := CASE WHEN v_rerank THEN greatest(p_k, c.rerank_candidates) ELSE p_k END;
+    v_key text;
     v_sql text;
     v_ids bigint[];
     v_distances double precision[];
@@ -344,19 +345,29 @@ BEGIN
     v_row_checks := rag._watched(c);
     -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
     v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
-    v_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
-                             v_rerank);
+    -- Built once per backend for what it is built from (rag._kept_search_sql): building it cost as much as
+    -- the rest of this function's own work.
+    v_key := concat_ws('|', c.id, c.dimensions, c.vector_column, v_mode, p_filter IS NOT NULL, v_with_vector,
+                       v_lexemes IS NOT NULL, v_row_checks, v_rerank);
+    v_sql := coalesce(rag._kept_search_sql(v_key),
+                      rag._keep_search_sql(v_key, rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector,
+                                                                  v_lexemes IS NOT NULL, v_row_checks, v_rerank)));
+    -- The query runs with its plan kept for the session (rag._search_rows): planning it again on every call
+    -- cost as much as a third of running it.
     IF NOT v_rerank THEN
-        RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_sql)
-            USING p_vector, v_pool, p_filter, v_lexemes, p_k;
+        RETURN QUERY SELECT s.*, NULL::real, NULL::real
+                       FROM rag._search_rows(v_sql, p_vector, v_pool, p_filter::text, v_lexemes::text, p_k) s
+                      ORDER BY s.rank;
         GET DIAGNOSTICS v_found = ROW_COUNT;
         -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
         -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
         IF v_found = 0 AND NOT v_row_checks THEN
             v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
             IF v_checked_sql <> v_sql THEN
-                RETURN QUERY EXECUTE format('SELECT s.*, NULL::real, NULL::real FROM (%s) s ORDER BY s.rank', v_checked_sql)
-                    USING p_vector, v_pool, p_filter, v_lexemes, p_k;
+                RETURN QUERY SELECT s.*, NULL::real, NULL::real
+                               FROM rag._search_rows(v_checked_sql, p_vector, v_pool, p_filter::text, v_lexemes::text,
+                                                     p_k) s
+                              ORDER BY s.rank;
             END IF;
         END IF;
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
@@ -364,18 +375,15 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
-                   v_sql)
-       INTO v_ids, v_distances
-      USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
+    SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) INTO v_ids, v_distances
+      FROM rag._search_rows(v_sql, p_vector, v_pool, p_filter::text, v_lexemes::text, v_wanted) s;
     IF v_ids IS NULL AND NOT v_row_checks THEN
         v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true,
                                          true);
         IF v_checked_sql <> v_sql THEN
-            EXECUTE format('SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) FROM (%s) s',
-                           v_checked_sql)
-               INTO v_ids, v_distances
-              USING p_vector, v_pool, p_filter, v_lexemes, v_wanted;
+            SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank)
+              INTO v_ids, v_distances
+              FROM rag._search_rows(v_checked_sql, p_vector, v_pool, p_filter::text, v_lexemes::text, v_wanted) s;
         END IF;
     END IF;
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN

@@ -12,6 +12,7 @@ use pgrx::prelude::*;
 pub mod api;
 pub mod error;
 pub mod frames;
+pub mod kept;
 pub mod limits;
 pub mod pg;
 pub mod provider;
@@ -87,6 +88,7 @@ pub extern "C-unwind" fn _PG_init() {
     // code is running (frames.rs).
     frames::install(pg::preloading());
     api::watch::install();
+    api::search::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();

@@ -124,6 +124,10 @@ pub const BULK_LOAD_TAIL_DOCUMENTS: i32 = 1;
 /// large or already chunked ones are passed over, and a queue full of them must not make every claim walk it.
 pub const CLAIM_MORE_LOOKAHEAD: i32 = 64;
 
+/// Statements a backend keeps prepared (`crate::kept`): the search's, a few per collection searched and mode,
+/// and the row checks', a few per watch. Past it the lot is dropped and prepared again as needed.
+pub const KEPT_STATEMENTS: usize = 128;
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {

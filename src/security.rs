@@ -168,7 +168,7 @@ pub fn restrict_current_user() {
 }
 
 /// Sets a parameter for the current GUC nest level only, as a function's `SET` clause does.
-fn set_local(name: &str, value: &str) {
+pub(crate) fn set_local(name: &str, value: &str) {
     let name = CString::new(name).expect("parameter names have no NUL");
     let value = CString::new(value).expect("parameter values have no NUL");
     // SAFETY: valid C strings that outlive the call; GUC_ACTION_SAVE ties the value to the nest level opened

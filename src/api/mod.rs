@@ -7,6 +7,7 @@ pub mod models;
 pub mod process;
 pub mod query;
 pub mod rerank;
+pub mod search;
 pub mod watch;
 
 /// The interrupt hook for a provider call made in a user's session: a cancel request or statement_timeout

@@ -3,7 +3,6 @@
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 
 /// The query that finds a watched row by its key, per watch, as built during one command (see
 /// `rag._row_lookup_sql`).
@@ -15,39 +14,6 @@ struct RowLookups {
 thread_local! {
     // PostgreSQL runs a backend's SQL on one thread.
     static ROW_LOOKUPS: RefCell<Option<RowLookups>> = const { RefCell::new(None) };
-    /// `rag._query_as`'s statements, prepared once per backend by their text and kept (SPI_keepplan):
-    /// a reader's search runs the same row lookup for every candidate of a watch, the worker the same
-    /// expressions for every row. PostgreSQL's plan cache plans them again when what they read changes, when
-    /// the role differs under row-level security, and when the search_path differs, so one kept statement
-    /// serves every role and path. In an `Rc` so that a statement is never freed while it runs.
-    static PREPARED: RefCell<HashMap<String, Rc<pgrx::spi::OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
-}
-
-/// How many statements `rag._query_as` keeps prepared per backend: a few per watch. Past it the lot is
-/// dropped and prepared again as needed.
-const PREPARED_KEPT: usize = 128;
-
-/// `sql` prepared with one jsonb parameter, from the backend's kept statements or prepared now and kept.
-fn prepared(
-    client: &pgrx::spi::SpiClient<'_>,
-    sql: &str,
-) -> pgrx::spi::SpiResult<Rc<pgrx::spi::OwnedPreparedStatement>> {
-    if let Some(statement) = PREPARED.with(|prepared| prepared.borrow().get(sql).cloned()) {
-        return Ok(statement);
-    }
-    let statement = Rc::new(
-        client
-            .prepare(sql, &[pgrx::PgOid::BuiltIn(pgrx::PgBuiltInOids::JSONBOID)])?
-            .keep(),
-    );
-    PREPARED.with(|prepared| {
-        let mut prepared = prepared.borrow_mut();
-        if prepared.len() >= PREPARED_KEPT {
-            prepared.clear();
-        }
-        prepared.insert(sql.to_string(), Rc::clone(&statement));
-    });
-    Ok(statement)
 }
 
 /// Registers the transaction callback that forgets the row lookups built in a transaction when it ends.
@@ -156,7 +122,7 @@ pub mod rag {
         let rows = PgTryBuilder::new(|| {
             let _identity = RestrictedIdentity::enter(role, timeout_ms, search_path);
             Spi::connect(|client| {
-                let statement = super::prepared(client, sql)?;
+                let statement = crate::kept::statement(client, sql, &[pg_sys::JSONBOID])?;
                 let table = client.select(&*statement, None, &[argument.clone().map(JsonB).into()])?;
                 table
                     .map(|row| row.get::<JsonB>(1))

@@ -191,6 +191,11 @@ SELECT rag_grant('hybrid', 'hybrid_reader', 'read');
 SET ROLE hybrid_reader;
 SELECT rag_set_search('hybrid', ef_search => 5);
 SELECT rag_set_search('hybrid', m => 4);
+-- The search's kept statements and built queries are rag's own: a reader can neither run SQL through the
+-- function that runs them nor plant a query for rag's SECURITY DEFINER search to run later in this session.
+SELECT * FROM rag._search_rows('SELECT 1, 1, 1, 1, 1', NULL, 1, NULL, NULL, 1);
+SELECT rag._keep_search_sql('1|384|embedding|vector|f|t|f|f|f', 'SELECT 1, 1, 1, 1, 1');
+SELECT rag._kept_search_sql('1|384|embedding|vector|f|t|f|f|f');
 RESET ROLE;
 -- An admin of other collections may not change this one's index (nor drop it by doing so).
 CREATE ROLE hybrid_other_admin LOGIN IN ROLE rag_admin;
@@ -202,7 +207,15 @@ DROP ROLE hybrid_other_admin;
 -- An HNSW index that is gone (dropped by hand, or left out of a restore): the worker does not build it by itself
 -- (a restore may be about to), rag_explain says the search is exact and why, and rag_reindex has it built again.
 SELECT index_name AS hybrid_index FROM rag.collections WHERE name = 'hybrid' \gset
+-- The search runs with its plan kept for the session (rag._search_rows); PostgreSQL plans it again when the
+-- index goes and when it is back, so this session finds the same chunks through all three (by document and
+-- place: rag_reindex embeds the documents again, as new chunks).
+SELECT array_agg(document_id || '/' || ordinal ORDER BY distance, document_id, ordinal)::text AS with_index
+  FROM rag_query('hybrid', 'disk full', 3, max_distance => 2, mode => 'vector') \gset
 DROP INDEX rag.:"hybrid_index";
+SELECT array_agg(document_id || '/' || ordinal ORDER BY distance, document_id, ordinal)::text = :'with_index'
+       AS same_without_index
+  FROM rag_query('hybrid', 'disk full', 3, max_distance => 2, mode => 'vector');
 SELECT regexp_replace(line, '_c\d+', '_cN') AS said FROM rag_explain('hybrid', 'disk full', 3, mode => 'vector') AS line
  WHERE line LIKE 'Vector side%';
 SELECT pg_sleep(1);
@@ -211,6 +224,9 @@ SELECT rag_reindex('hybrid') > 0 AS requeued;
 SELECT rag_wait('hybrid', '60 seconds') AS ready;
 SELECT pg_temp.rebuilt_index('hybrid') <> 'not rebuilt' AS rebuilt,
        (SELECT index_name FROM rag.collections WHERE name = 'hybrid') = :'hybrid_index' AS same_name;
+SELECT array_agg(document_id || '/' || ordinal ORDER BY distance, document_id, ordinal)::text = :'with_index'
+       AS same_with_index_rebuilt
+  FROM rag_query('hybrid', 'disk full', 3, max_distance => 2, mode => 'vector');
 SELECT rag_drop_collection('hybrid');
 DROP ROLE hybrid_reader;
 SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
