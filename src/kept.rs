@@ -29,7 +29,10 @@ pub fn statement(
     if let Some(statement) = KEPT.with(|kept| kept.borrow().get(&key).cloned()) {
         return Ok(statement);
     }
-    let types: Vec<PgOid> = arg_types.iter().map(|oid| PgOid::from_untagged(*oid)).collect();
+    let types: Vec<PgOid> = arg_types
+        .iter()
+        .map(|oid| PgOid::from_untagged(*oid))
+        .collect();
     let statement = Rc::new(client.prepare(sql, &types)?.keep());
     KEPT.with(|kept| {
         let mut kept = kept.borrow_mut();

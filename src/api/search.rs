@@ -14,8 +14,8 @@
 //! The parameters are typed as the query reads them, not passed as text: a generic plan would otherwise
 //! parse the question's vector from its text wherever the query uses it, once per row for an exact scan.
 use crate::error::{RagError, SpiContext};
-use pgrx::prelude::*;
 use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -42,7 +42,11 @@ pub fn install() {
         // SAFETY: `_PG_init` runs once per process on its only thread; the callback list is the process's own
         // and the function lives as long as the library, which is never unloaded.
         unsafe {
-            pg_sys::CacheRegisterSyscacheCallback(cache as std::ffi::c_int, Some(forget), pg_sys::Datum::from(0))
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as std::ffi::c_int,
+                Some(forget),
+                pg_sys::Datum::from(0),
+            )
         };
     }
 }
@@ -162,7 +166,13 @@ pub fn run(
         let statement = crate::kept::statement(
             client,
             sql,
-            &[vector_type, pg_sys::INT4OID, pg_sys::JSONBOID, pg_sys::TSQUERYOID, pg_sys::INT4OID],
+            &[
+                vector_type,
+                pg_sys::INT4OID,
+                pg_sys::JSONBOID,
+                pg_sys::TSQUERYOID,
+                pg_sys::INT4OID,
+            ],
         )
         .doing(|| "preparing the search".to_string())?;
         let arguments = [
@@ -234,10 +244,14 @@ pub mod rag {
         ),
     > {
         let found = super::run(sql, vector, pool, filter, lexemes, k).unwrap_or_raise();
-        TableIterator::new(
-            found
-                .into_iter()
-                .map(|chunk| (chunk.chunk_id, chunk.document_id, chunk.ordinal, chunk.distance, chunk.rank)),
-        )
+        TableIterator::new(found.into_iter().map(|chunk| {
+            (
+                chunk.chunk_id,
+                chunk.document_id,
+                chunk.ordinal,
+                chunk.distance,
+                chunk.rank,
+            )
+        }))
     }
 }
