@@ -286,6 +286,21 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = c.id)
 $$;
 
+-- rag._search_sql's query, built once per backend for what it is built from and kept there
+-- (rag._kept_search_sql; forgotten when a function, type or schema changes): building it cost rag._search as
+-- much as the rest of its own work (BENCHMARKS.md §3). Its arguments are rag._search_sql's.
+CREATE FUNCTION rag._search_query(c rag.collections, p_mode text, with_filter boolean, with_vector boolean,
+                                  with_lexemes boolean, with_row_checks boolean, for_rerank boolean) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key text := concat_ws('|', c.id, c.dimensions, c.vector_column, p_mode, with_filter, with_vector,
+                            with_lexemes, with_row_checks, for_rerank);
+BEGIN
+    RETURN coalesce(rag._kept_search_sql(v_key),
+                    rag._keep_search_sql(v_key, rag._search_sql(c, p_mode, with_filter, with_vector, with_lexemes,
+                                                                with_row_checks, for_rerank)));
+END $$;
+
 -- How much of the cosine similarity is added to a reranked candidate's relevance to order it (rag._search,
 -- rag_explain): rag._limit('rerank_similarity_weight') for a reranker run in process, whose logits it was
 -- measured on; 0 for a server's, whose scores are on its own scale (a probability would be swamped).
@@ -312,7 +327,6 @@ DECLARE
     v_with_vector boolean := c.dimensions IS NOT NULL AND p_vector IS NOT NULL;
     v_rerank boolean := p_rerank AND c.reranker IS NOT NULL AND p_question IS NOT NULL;
     v_wanted integer := CASE WHEN v_rerank THEN greatest(p_k, c.rerank_candidates) ELSE p_k END;
-    v_key text;
     v_sql text;
     v_ids bigint[];
     v_distances double precision[];
@@ -345,13 +359,8 @@ BEGIN
     v_row_checks := rag._watched(c);
     -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
     v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
-    -- Built once per backend for what it is built from (rag._kept_search_sql): building it cost as much as
-    -- the rest of this function's own work.
-    v_key := concat_ws('|', c.id, c.dimensions, c.vector_column, v_mode, p_filter IS NOT NULL, v_with_vector,
-                       v_lexemes IS NOT NULL, v_row_checks, v_rerank);
-    v_sql := coalesce(rag._kept_search_sql(v_key),
-                      rag._keep_search_sql(v_key, rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector,
-                                                                  v_lexemes IS NOT NULL, v_row_checks, v_rerank)));
+    v_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
+                               v_rerank);
     -- The query runs with its plan kept for the session (rag._search_rows): planning it again on every call
     -- cost as much as a third of running it.
     IF NOT v_rerank THEN
@@ -362,7 +371,8 @@ BEGIN
         -- Nothing found without the row checks (see rag._search_sql): also what a watch made after
         -- rag._watched looked gives, so the checked search runs; it is the same search when checks were on.
         IF v_found = 0 AND NOT v_row_checks THEN
-            v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true);
+            v_checked_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL,
+                                               true, false);
             IF v_checked_sql <> v_sql THEN
                 RETURN QUERY SELECT s.*, NULL::real, NULL::real
                                FROM rag._search_rows(v_checked_sql, p_vector, v_pool, p_filter::text, v_lexemes::text,
@@ -378,8 +388,8 @@ BEGIN
     SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) INTO v_ids, v_distances
       FROM rag._search_rows(v_sql, p_vector, v_pool, p_filter::text, v_lexemes::text, v_wanted) s;
     IF v_ids IS NULL AND NOT v_row_checks THEN
-        v_checked_sql := rag._search_sql(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, true,
-                                         true);
+        v_checked_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL,
+                                           true, true);
         IF v_checked_sql <> v_sql THEN
             SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank)
               INTO v_ids, v_distances

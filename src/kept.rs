@@ -1,6 +1,6 @@
 //! Statements prepared once per backend and kept (SPI_keepplan), by their text and parameter types: the
 //! reader's row checks (`rag._query_as`) and the search (`rag._search_rows`) run the same few statements over
-//! and over, and planning them each time costs as much as running them (BENCHMARKS.md §3). PostgreSQL's plan
+//! and over, and planning the search each time cost a third of running it (BENCHMARKS.md §3). PostgreSQL's plan
 //! cache plans a kept statement again when what it reads changes (a partition attached, an index dropped),
 //! when the role differs under row-level security and when the search_path differs, so one kept statement
 //! serves every role and path.

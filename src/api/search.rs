@@ -143,13 +143,9 @@ impl Drop for GenericPlans {
     }
 }
 
-pub struct FoundChunk {
-    pub chunk_id: i64,
-    pub document_id: i64,
-    pub ordinal: i32,
-    pub distance: Option<f64>,
-    pub rank: i32,
-}
+/// A found chunk: its id, document, ordinal, vector distance (none for a chunk only the full-text side found,
+/// in keyword mode) and rank, the columns of rag._search_sql's query.
+type FoundChunk = (i64, i64, i32, Option<f64>, i32);
 
 /// Runs a query of `rag._search_sql` with its parameters: $1 the question's vector, $2 candidates per side,
 /// $3 the metadata filter, $4 the question's lexemes, $5 how many to return.
@@ -189,18 +185,26 @@ pub fn run(
         let table = client
             .select(&*statement, None, &arguments)
             .doing(|| "running the search".to_string())?;
+        // Only the distance may be NULL: anything else is a query of rag._search_sql gone wrong, raised
+        // rather than returned as chunk 0.
         table
             .map(|row| {
-                Ok(FoundChunk {
-                    chunk_id: row.get::<i64>(1)?.unwrap_or_default(),
-                    document_id: row.get::<i64>(2)?.unwrap_or_default(),
-                    ordinal: row.get::<i32>(3)?.unwrap_or_default(),
-                    distance: row.get::<f64>(4)?,
-                    rank: row.get::<i32>(5)?.unwrap_or_default(),
-                })
+                let read = || "reading the search's rows".to_string();
+                let chunk_id = row.get::<i64>(1).doing(read)?;
+                let document_id = row.get::<i64>(2).doing(read)?;
+                let ordinal = row.get::<i32>(3).doing(read)?;
+                let distance = row.get::<f64>(4).doing(read)?;
+                let rank = row.get::<i32>(5).doing(read)?;
+                match (chunk_id, document_id, ordinal, rank) {
+                    (Some(chunk_id), Some(document_id), Some(ordinal), Some(rank)) => {
+                        Ok((chunk_id, document_id, ordinal, distance, rank))
+                    }
+                    _ => Err(RagError::Internal(
+                        "the search query returned a row without its chunk, document, ordinal or rank".to_string(),
+                    )),
+                }
             })
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-            .doing(|| "reading the search's rows".to_string())
+            .collect()
     })
 }
 
@@ -243,15 +247,6 @@ pub mod rag {
             name!(rank, i32),
         ),
     > {
-        let found = super::run(sql, vector, pool, filter, lexemes, k).unwrap_or_raise();
-        TableIterator::new(found.into_iter().map(|chunk| {
-            (
-                chunk.chunk_id,
-                chunk.document_id,
-                chunk.ordinal,
-                chunk.distance,
-                chunk.rank,
-            )
-        }))
+        TableIterator::new(super::run(sql, vector, pool, filter, lexemes, k).unwrap_or_raise())
     }
 }
