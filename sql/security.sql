@@ -183,7 +183,8 @@ BEGIN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
-        -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change).
+        -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change). Nor does the
+        -- row trigger that gathers a watch's inserted keys (rag._watch_key), called once per inserted row.
         IF f.is_wrapper THEN
             -- A wrapper runs as its caller and calls nothing but its body, named with its schema, so the
             -- caller's search_path cannot change what it runs; keeping that path in force when the hook
@@ -191,7 +192,7 @@ BEGIN
             -- policies with it (rag._row_visible), as PostgreSQL runs them for the reader's own SELECT.
             EXECUTE format('ALTER FUNCTION %s RESET search_path', f.signature);
             EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
-        ELSIF f.proname <> '_load_library' THEN
+        ELSIF f.proname NOT IN ('_load_library', '_watch_key') THEN
             EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.signature, v_path);
             -- Planning a call to rag loads the library in the caller's frame (src/frames.rs): without
             -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose

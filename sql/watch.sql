@@ -231,6 +231,11 @@ DECLARE
     v_row_function text;
     v_aggregate text;
     v_body text;
+    v_key_kind text;
+    v_gather_keys boolean;
+    v_inserts_by_row boolean;
+    v_insert_keys text;
+    v_delete_keys text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -249,10 +254,27 @@ BEGIN
     -- A single-column key is kept as the text of a plain array of values (the cheapest to build for 100,000
     -- rows: to_jsonb of the array took longer than the array); the worker makes it jsonb, then turns each value
     -- back into {"column": value} when it spreads the batch.
+    v_key_kind := CASE WHEN cardinality(w.key_columns) = 1 THEN rag._plain_key_kind(w.source, w.key_columns[1]) END;
     v_aggregate := CASE WHEN cardinality(w.key_columns) > 1 THEN format('jsonb_agg(%s), NULL::text', v_key)
-                        WHEN rag._plain_key_kind(w.source, w.key_columns[1]) IS NOT NULL
+                        WHEN v_key_kind IS NOT NULL
                         THEN format('NULL::jsonb, array_agg(r.%I)::text', w.key_columns[1])
                         ELSE format('to_jsonb(array_agg(r.%I)), NULL::text', w.key_columns[1]) END;
+    -- The keys of inserted, updated and deleted rows are gathered by a row trigger in Rust (rag._watch_key,
+    -- src/api/watch_keys.rs) and queued as one batch by the statement trigger, rather than read from a
+    -- transition table (which copies every inserted or deleted row whole) or queued row by row by PL/pgSQL (an
+    -- UPDATE of 100,000 rows' content: 100,000 function calls and batches). It takes a plain table (a partition written
+    -- directly fires no statement trigger of its parent) and a one-column key whose text needs no encoding
+    -- conversion; for inserts, no filter as well (the owner's expression needs the owner's rights, which the
+    -- statement trigger gives once, and a row trigger would have to give per row; an UPDATE's keys are
+    -- queued whatever the filter says, and the worker applies it).
+    v_gather_keys := v_key_kind IS NOT NULL
+                     AND (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = w.source) = 'r'
+                     AND (v_key_kind = 'number' OR pg_catalog.getdatabaseencoding() = 'UTF8');
+    v_inserts_by_row := v_gather_keys AND w.filter_expr IS NULL;
+    v_insert_keys := CASE WHEN v_inserts_by_row THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+                          ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
+    v_delete_keys := CASE WHEN v_gather_keys THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+                          ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
     -- The bodies are made first and passed as one quoted literal (%L): an expression holds whatever a string
@@ -269,9 +291,11 @@ BEGIN
             -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
             PERFORM rag._restrict_to_current_user();
             IF TG_OP = 'INSERT' THEN
-                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;
+                %5$s
+            ELSIF TG_OP = 'UPDATE' THEN
+                v_key_values := rag._watch_keys_taken(%1$s, TG_RELID);
             ELSE
-                SELECT %2$s INTO v_keys, v_key_values FROM old_rows r;
+                %6$s
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
                 INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
@@ -279,14 +303,15 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
                     SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_function, v_body);
-    -- UPDATE is row-level behind a WHEN clause over the columns the index depends on: an UPDATE of other
-    -- columns never calls a function and captures no transition table, which a statement-level trigger
-    -- cannot avoid (PostgreSQL captures every updated row for it first). It evaluates no expression of the
-    -- owner's: only the key columns.
+    -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
+    -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
+    -- function and captures no transition table, which a statement-level trigger with one cannot avoid
+    -- (PostgreSQL captures every updated row for it first). It evaluates no expression of the owner's: only
+    -- the key columns.
     v_body := format($f$
         DECLARE
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
@@ -310,13 +335,42 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
+    -- The owner runs the statement trigger that takes the keys; and restoring a dump of the table as its
+    -- owner creates the row trigger, which needs EXECUTE on its function (firing it needs none).
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', v_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
-    EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_changed, v_row_function);
-    EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   w.source::regclass, v_function);
+    -- PostgreSQL fires a statement's row events before its statement event, so a statement trigger finds
+    -- every key of its statement gathered.
+    IF v_inserts_by_row THEN
+        EXECUTE format('CREATE TRIGGER rag_watch_insert_key AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
+                       w.source::regclass, w.id, w.key_columns[1]);
+        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_function);
+    ELSE
+        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_function);
+    END IF;
+    IF v_gather_keys THEN
+        -- The statement trigger fires for every UPDATE of the table, a few microseconds for one that changed
+        -- nothing indexed; UPDATE OF its columns would not fire when a BEFORE trigger of the owner's changed them.
+        EXECUTE format('CREATE TRIGGER rag_watch_update_key AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION rag._watch_key(%L, %L)',
+                       w.source::regclass, v_changed, w.id, w.key_columns[1]);
+        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_function);
+    ELSE
+        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_changed, v_row_function);
+    END IF;
+    IF v_gather_keys THEN
+        EXECUTE format('CREATE TRIGGER rag_watch_delete_key AFTER DELETE ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
+                       w.source::regclass, w.id, w.key_columns[1]);
+        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_function);
+    ELSE
+        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       w.source::regclass, v_function);
+    END IF;
     EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
                    w.source::regclass);
 END $$;

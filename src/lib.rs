@@ -67,6 +67,7 @@ extension_sql_file!(
         "ingest",
         api::watch::rag::check_expression,
         api::watch::rag::query_as,
+        api::watch_keys::rag::watch_keys_taken,
         api::rag::restrict_to_current_user,
         api::extract::rag::to_text,
         api::query::rag::local_model_window,
@@ -88,6 +89,7 @@ pub extern "C-unwind" fn _PG_init() {
     // code is running (frames.rs).
     frames::install(pg::preloading());
     api::watch::install();
+    api::watch_keys::install();
     api::search::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();

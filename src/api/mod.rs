@@ -9,6 +9,7 @@ pub mod query;
 pub mod rerank;
 pub mod search;
 pub mod watch;
+pub mod watch_keys;
 
 /// The interrupt hook for a provider call made in a user's session: a cancel request or statement_timeout
 /// raises its ERROR from inside the call's wait, like any other statement's.

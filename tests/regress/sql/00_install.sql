@@ -2,15 +2,16 @@
 CREATE EXTENSION rag CASCADE;
 SELECT extname, extrelocatable FROM pg_extension WHERE extname IN ('rag', 'vector') ORDER BY 1;
 
--- No function of the extension may run with the caller's search_path; but the planner support function,
--- which runs no SQL (11_security checks it has no settings at all), and the wrappers of the entry points,
--- which run as their caller and call only their body, named with its schema (below).
+-- No function of the extension may run with the caller's search_path; but the planner support function and
+-- the row trigger that gathers a watch's keys, which run no SQL (11_security checks they have no settings at
+-- all), and the wrappers of the entry points, which run as their caller and call only their body, named with
+-- its schema (below).
 SELECT p.oid::regprocedure AS function_without_search_path
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-   AND p.oid <> 'rag._load_library(internal)'::regprocedure
+   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
    AND NOT (NOT p.prosecdef AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag')
             AND p.proname LIKE 'rag\_%'
             AND p.prosrc = format('SELECT %srag_definer.%I(%s)',

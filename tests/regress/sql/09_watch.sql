@@ -8,7 +8,10 @@ INSERT INTO articles (title, body, author, lang) VALUES
 SELECT rag_watch('articles', collection => 'site', content => 'title || E''\n\n'' || body', title => 'title',
                  filter => 'published', metadata => ARRAY['author', 'lang'], format => 'html') > 0 AS watching;
 SELECT source_name, key_columns, metadata_columns, format FROM rag.watches;
-SELECT tgname FROM pg_trigger WHERE tgrelid = 'articles'::regclass ORDER BY 1;
+-- With a filter, inserts are read from a transition table by a statement trigger that runs the filter as the
+-- table's owner; updates and deletes queue their keys whatever the filter says (the worker applies it).
+SELECT tgname, pg_get_triggerdef(oid) ~ 'REFERENCING' AS transition_table FROM pg_trigger
+ WHERE tgrelid = 'articles'::regclass ORDER BY 1;
 
 -- rag_wait waits for the rows a watch queued too, not only for documents already made from them.
 SELECT rag_wait('site', '30 seconds') AS settled;
@@ -33,10 +36,10 @@ SELECT rag_wait('site', '30 seconds') AS settled;
 
 -- An update of an unrelated column queues nothing.
 UPDATE articles SET views = views + 1 WHERE id = 1;
-SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_length(keys)), 0) FROM rag.row_batches) AS queued_after_unrelated_update;
+SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(coalesce(jsonb_array_length(keys), cardinality(key_values::text[]))), 0) FROM rag.row_batches) AS queued_after_unrelated_update;
 -- An update of indexed content is picked up.
 UPDATE articles SET body = '<p>All staff must give <b>sixty days</b> notice.</p>' WHERE id = 1;
-SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_length(keys)), 0) FROM rag.row_batches) AS queued_after_content_update;
+SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(coalesce(jsonb_array_length(keys), cardinality(key_values::text[]))), 0) FROM rag.row_batches) AS queued_after_content_update;
 SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT body FROM rag.documents WHERE source_key = '{"id": 1}';
 -- Unpublishing takes it out of the index.
@@ -47,7 +50,7 @@ SELECT count(*) AS unpublished_documents FROM rag.documents WHERE source_key = '
 BEGIN;
 INSERT INTO articles (title, body) VALUES ('Never', '<p>Rolled back.</p>');
 ROLLBACK;
-SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(jsonb_array_length(keys)), 0) FROM rag.row_batches) AS queued_after_rollback;
+SELECT (SELECT count(*) FROM rag.row_queue) + (SELECT coalesce(sum(coalesce(jsonb_array_length(keys), cardinality(key_values::text[]))), 0) FROM rag.row_batches) AS queued_after_rollback;
 -- A primary-key change is a delete and an insert.
 UPDATE articles SET id = 20 WHERE id = 2;
 SELECT rag_wait('site', '30 seconds') AS settled;
@@ -80,8 +83,7 @@ SELECT rag_wait('site', '30 seconds') AS settled;
 SELECT source_key, body FROM rag.documents WHERE source = 'pages' ORDER BY source_key;
 
 -- A one-column key of a statement's rows travels as the text of an array of the column's type; awkward text
--- values come back intact, and an UPDATE of one (a row trigger, which makes its key as jsonb) lands on the same
--- document.
+-- values come back intact, and an UPDATE of one lands on the same document.
 CREATE TABLE slugs (slug text PRIMARY KEY, content text);
 SELECT rag_watch('slugs', 'site', content => 'content') > 0 AS watching;
 INSERT INTO slugs VALUES ('plain', 'A plain slug.'), ('with "quotes", {braces} and \back', 'An awkward slug.'),
@@ -115,6 +117,84 @@ SELECT count(*) AS ticket_documents, count(*) FILTER (WHERE body = 'Ticket seven
 DROP TABLE tickets;
 DROP TABLE days;
 DROP DOMAIN ticket_no;
+
+-- Without a filter, a plain table's one-column keys are gathered by a row trigger in Rust (rag._watch_key) and
+-- queued as one batch per statement, for inserts, updates and deletes alike; no transition table copies the rows.
+CREATE TABLE gathered (id bigint PRIMARY KEY, body text);
+SELECT rag_watch('gathered', 'site', content => 'body') > 0 AS watching;
+SELECT tgname, pg_get_triggerdef(oid) ~ 'REFERENCING' AS transition_table,
+       pg_get_triggerdef(oid) ~ 'FOR EACH ROW' AS row_level FROM pg_trigger
+ WHERE tgrelid = 'gathered'::regclass ORDER BY 1;
+CREATE FUNCTION pg_temp.gathered_batches() RETURNS text LANGUAGE sql AS $$
+    SELECT string_agg(coalesce(b.key_values, b.keys::text), ' ' ORDER BY b.id) FROM rag.row_batches b
+     WHERE b.watch_id = (SELECT w.id FROM rag.watches w WHERE w.source_name = 'gathered') $$;
+BEGIN;
+INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
+-- A conflict skipped inserts nothing; an upsert gathers the rows it inserts and those it updates.
+INSERT INTO gathered VALUES (3, 'three again') ON CONFLICT (id) DO NOTHING;
+INSERT INTO gathered VALUES (3, 'three again'), (4, 'four') ON CONFLICT (id) DO UPDATE SET body = excluded.body;
+-- An update that leaves the indexed columns as they were gathers nothing; a key change gathers both keys.
+UPDATE gathered SET body = body WHERE id = 1;
+UPDATE gathered SET id = 20 WHERE id = 2;
+DELETE FROM gathered WHERE id IN (1, 3);
+-- Rows rolled back to a savepoint leave no key behind.
+SAVEPOINT before_six;
+INSERT INTO gathered VALUES (6, 'six');
+ROLLBACK TO before_six;
+COPY gathered FROM STDIN;
+7	seven
+8	eight
+\.
+SELECT pg_temp.gathered_batches() AS batches;
+ROLLBACK;
+-- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
+-- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
+CREATE FUNCTION gathered_echo() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.id < 100 THEN
+        BEGIN
+            INSERT INTO gathered VALUES (NEW.id + 100, 'echo');
+            IF NEW.id = 2 THEN
+                RAISE EXCEPTION 'undone';
+            END IF;
+        EXCEPTION WHEN raise_exception THEN
+            NULL;
+        END;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER zz_echo AFTER INSERT ON gathered FOR EACH ROW EXECUTE FUNCTION gathered_echo();
+BEGIN;
+INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
+SELECT pg_temp.gathered_batches() AS batches;
+ROLLBACK;
+DROP TRIGGER zz_echo ON gathered;
+DROP FUNCTION gathered_echo();
+-- Keys whose statement trigger did not run are not lost silently: the commit warns.
+ALTER TABLE gathered DISABLE TRIGGER rag_watch_insert;
+INSERT INTO gathered VALUES (9, 'nine');
+ALTER TABLE gathered ENABLE TRIGGER rag_watch_insert;
+SELECT pg_temp.gathered_batches() AS batches;
+-- Keys gathered by the row trigger put on another table (a superuser's doing: nobody else may) are not taken by
+-- the watch's statement trigger, which takes only what was gathered on its own table.
+SELECT id AS gathered_watch FROM rag.watches WHERE source_name = 'gathered' \gset
+CREATE TABLE elsewhere (id bigint PRIMARY KEY);
+CREATE TRIGGER planted AFTER INSERT ON elsewhere FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'gathered_watch', 'id');
+BEGIN;
+INSERT INTO elsewhere VALUES (42);
+INSERT INTO gathered VALUES (10, 'ten');
+SELECT pg_temp.gathered_batches() AS batches;
+COMMIT;
+DROP TABLE elsewhere;
+-- An ordinary role may neither take a session's gathered keys nor put the row trigger on a table of its own.
+SET ROLE watch_reader;
+SELECT rag._watch_keys_taken(1, 'gathered'::regclass);
+CREATE TEMPORARY TABLE own_rows (id int PRIMARY KEY);
+CREATE TRIGGER gather_mine AFTER INSERT ON own_rows FOR EACH ROW EXECUTE FUNCTION rag._watch_key('1', 'id');
+SELECT rag._watch_key();
+RESET ROLE;
+SELECT rag_unwatch('gathered', drop_documents => true);
+DROP TABLE gathered;
 
 -- Hostile or broken definitions are refused when the watch is made.
 CREATE TABLE notes (id int PRIMARY KEY, txt text);

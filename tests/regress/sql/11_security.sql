@@ -398,19 +398,22 @@ DROP FUNCTION public.sec_texteq(text, text), public.btrim(text), public.jsonb_ty
 DROP TABLE public.sec_shadow_log;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 -- Every function of the extension runs with pg_catalog, rag and pg_temp on its path and nothing else (no
--- schema others may create objects in), but the planner support function, which runs no SQL (a SET clause
--- would put every planning of a call to rag through the definer call handler), and the entry points'
+-- schema others may create objects in), but the planner support function and the row trigger that gathers a
+-- watch's keys, which run no SQL (a SET clause would put every planning of a call to rag, or every row
+-- written to a watched table, through the definer call handler), and the entry points'
 -- wrappers, which run as their caller with the caller's path and call their body by its schema (00_install
 -- pins their text).
 SELECT count(*) AS functions_with_another_path
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
-   AND p.oid <> 'rag._load_library(internal)'::regprocedure
+   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
    AND NOT (NOT p.prosecdef AND p.prosrc LIKE 'SELECT %rag\_definer.' || p.proname || '(%'
             AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag'));
-SELECT p.proconfig IS NULL AS support_function_unconfigured, p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
-  FROM pg_proc p WHERE p.oid = 'rag._load_library(internal)'::regprocedure;
+SELECT p.oid::regprocedure AS function, p.proconfig IS NULL AS unconfigured, NOT p.prosecdef AS invoker,
+       p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
+  FROM pg_proc p WHERE p.oid IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+ ORDER BY 1;
 
 ------------------------------------------------------------------------------------------------------------
 -- 7. Keys go only where a superuser allowed them.

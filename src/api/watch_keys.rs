@@ -1,0 +1,396 @@
+//! The keys of rows inserted into, updated in or deleted from a watched table, gathered by a row trigger in Rust
+//! (`rag._watch_key`) and queued by the watch's statement trigger as one batch per statement
+//! (`rag._watch_keys_taken`).
+//!
+//! For inserts and deletes this replaces a statement trigger with a transition table (`REFERENCING NEW
+//! TABLE`, `OLD TABLE`), for which PostgreSQL copies every row, whole, into a tuplestore that spills to disk past `work_mem`, and which the trigger
+//! then reads back to build the key array: about 50 ms over a 175 ms INSERT of 100,000 rows of 550 bytes,
+//! against 15 ms for a row trigger in C that does nothing (BENCHMARKS.md §3, "Trigger overhead"). For updates
+//! it replaces a PL/pgSQL row trigger that queued one batch per changed row. The row trigger reads the key
+//! column from the row in hand and appends its text to a buffer of the backend; the statement trigger, which
+//! PostgreSQL fires after every row event of its statement, takes the buffer as one array literal.
+//!
+//! It serves watches of a plain table whose key is one column of a number type (or of a string type in a
+//! UTF-8 database); for inserts, only without a filter (`rag._watch_install` decides). The row trigger runs no
+//! expression of the owner's and reads no other column, so it may run as whoever writes. A filter needs the
+//! owner's rights in a security-restricted operation (`rag._restrict_to_current_user`), which a statement
+//! trigger gives once and a row trigger would have to give per row; a partition written directly fires its
+//! own row triggers but not its parent's statement trigger.
+//!
+//! What is gathered but not yet taken follows the transaction: a subtransaction's rollback drops the keys
+//! gathered since it began (its rows are gone), the end of the transaction drops everything, and a statement
+//! trigger takes only the keys gathered since its own subtransaction began (`rag_keys` explains why that is
+//! right). A commit that finds keys no statement trigger took (that trigger disabled while the row trigger was
+//! not) warns: those rows will not be indexed until the table is reindexed.
+use crate::error::{RagError, UnwrapOrRaise};
+use pgrx::prelude::*;
+use pgrx::PgTupleDesc;
+use rag_keys::PendingKeys;
+use std::cell::{Cell, RefCell};
+
+/// A watch's id and the oid of the table a row trigger fired on.
+type Target = (i32, u32);
+
+/// How a key column's values are written into the array literal.
+#[derive(Clone, Copy, PartialEq)]
+enum KeyForm {
+    /// int2, int4, int8 (or a domain over one): the integer's text, bare.
+    Integer(i16),
+    /// text or varchar (or a domain over one): its bytes, quoted.
+    Text,
+    /// Anything else (numeric, uuid, a type the column was altered to): its output function's text, quoted.
+    Output(pg_sys::Oid),
+}
+
+/// Where a trigger finds its key column, kept from one row to the next: a statement's rows all come through
+/// the same trigger, and finding the column by name takes a scan of the table's attributes.
+#[derive(Clone, Copy)]
+struct KeyColumn {
+    trigger: pg_sys::Oid,
+    attribute: i32,
+    type_oid: pg_sys::Oid,
+    form: KeyForm,
+}
+
+thread_local! {
+    // PostgreSQL runs a backend's SQL on one thread.
+    // By watch and by the table the row trigger fired on: a statement trigger takes only what its watch's
+    // row trigger gathered on its own table, so a trigger put on another table cannot add keys to a watch.
+    static PENDING: RefCell<PendingKeys<Target>> = RefCell::new(PendingKeys::new());
+    static KEY_COLUMN: Cell<Option<KeyColumn>> = const { Cell::new(None) };
+    // The output function of a KeyForm::Output column, looked up once per type (in TopMemoryContext).
+    static OUTPUT: RefCell<Option<(pg_sys::Oid, Box<pg_sys::FmgrInfo>)>> = const { RefCell::new(None) };
+}
+
+/// Registers the callbacks that drop gathered keys when their (sub)transaction ends. Called once per process
+/// from `_PG_init`.
+pub fn install() {
+    // SAFETY: `_PG_init` runs once per process on its only thread; both calls copy the pointer into lists they
+    // own.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+    }
+}
+
+// SAFETY (for callers): PostgreSQL calls it at transaction events with the argument registered (NULL).
+#[pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(
+    event: pg_sys::XactEvent::Type,
+    _argument: *mut std::ffi::c_void,
+) {
+    let committing = matches!(
+        event,
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT | pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE
+    );
+    if !committing && !crate::pg::ends_transaction(event) {
+        return;
+    }
+    let left = PENDING.with(|pending| {
+        let mut pending = pending.borrow_mut();
+        if pending.is_empty() {
+            Vec::new()
+        } else {
+            pending.clear()
+        }
+    });
+    if committing {
+        for ((watch, table), keys) in left {
+            // SAFETY: a syscache lookup by oid, still inside the transaction; NULL when the table is gone.
+            let name = unsafe { pg_sys::get_rel_name(pg_sys::Oid::from(table)) };
+            let name = if name.is_null() {
+                format!("the table of oid {table}")
+            } else {
+                // SAFETY: get_rel_name returns a palloc'd NUL-terminated copy of the name.
+                let name = unsafe { std::ffi::CStr::from_ptr(name) };
+                format!("\"{}\"", name.to_string_lossy())
+            };
+            warning!(
+                "rag: the keys of {keys} row(s) written to {name} for watch {watch} were not queued for \
+                 indexing: the watch's statement trigger did not run (disabled, or not on that table); \
+                 rag_reindex on the watched table queues its rows again"
+            );
+        }
+    }
+}
+
+// SAFETY (for callers): PostgreSQL calls it at subtransaction events with the subtransaction's id.
+#[pg_guard]
+unsafe extern "C-unwind" fn at_subtransaction_end(
+    event: pg_sys::SubXactEvent::Type,
+    subtransaction: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _argument: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        PENDING.with(|pending| {
+            let mut pending = pending.borrow_mut();
+            if !pending.is_empty() {
+                pending.forget_since(subtransaction);
+            }
+        });
+    }
+}
+
+/// The attribute of `descriptor` at zero-based `index`, which must be below its `natts` (PostgreSQL 18 lays
+/// the attributes out after a compact copy of them, so pgrx finds them).
+///
+/// # Safety
+/// `descriptor` is a live tuple descriptor.
+unsafe fn attribute_at(
+    descriptor: pg_sys::TupleDesc,
+    index: usize,
+) -> *const pg_sys::FormData_pg_attribute {
+    // Borrowed, not released: the relation owns the descriptor.
+    let borrowed = PgTupleDesc::from_pg_unchecked(descriptor);
+    borrowed
+        .get(index)
+        .map_or(std::ptr::null(), |attribute| attribute as *const _)
+}
+
+/// The column named `column` of `descriptor`, and how to write its values; an error when it is gone.
+///
+/// # Safety
+/// `descriptor` is the tuple descriptor of the relation the trigger fired on.
+unsafe fn find_key_column(
+    descriptor: pg_sys::TupleDesc,
+    trigger: pg_sys::Oid,
+    column: &std::ffi::CStr,
+) -> Result<KeyColumn, RagError> {
+    let natts = (*descriptor).natts;
+    for index in 0..natts {
+        let attribute = attribute_at(descriptor, index as usize);
+        if (*attribute).attisdropped
+            || std::ffi::CStr::from_ptr((*attribute).attname.data.as_ptr()) != column
+        {
+            continue;
+        }
+        let type_oid = (*attribute).atttypid;
+        let form = match pg_sys::getBaseType(type_oid) {
+            pg_sys::INT2OID => KeyForm::Integer(2),
+            pg_sys::INT4OID => KeyForm::Integer(4),
+            pg_sys::INT8OID => KeyForm::Integer(8),
+            pg_sys::TEXTOID | pg_sys::VARCHAROID => KeyForm::Text,
+            _ => KeyForm::Output(type_oid),
+        };
+        return Ok(KeyColumn {
+            trigger,
+            attribute: index + 1,
+            type_oid,
+            form,
+        });
+    }
+    Err(RagError::undefined(
+        format!(
+            "the key column \"{}\" of a watched table is gone",
+            column.to_string_lossy()
+        ),
+        "Run rag_watch again for the table (or rag_unwatch it).",
+    ))
+}
+
+/// Whether the kept column still describes `descriptor` (a column renamed, dropped or altered since changes
+/// the table's descriptor between statements, never within one).
+///
+/// # Safety
+/// As for [`find_key_column`].
+unsafe fn still_fits(
+    kept: &KeyColumn,
+    descriptor: pg_sys::TupleDesc,
+    trigger: pg_sys::Oid,
+    column: &std::ffi::CStr,
+) -> bool {
+    if kept.trigger != trigger || kept.attribute > (*descriptor).natts {
+        return false;
+    }
+    let attribute = attribute_at(descriptor, kept.attribute as usize - 1);
+    !(*attribute).attisdropped
+        && (*attribute).atttypid == kept.type_oid
+        && std::ffi::CStr::from_ptr((*attribute).attname.data.as_ptr()) == column
+}
+
+/// The text of a non-NULL key as its output function writes it.
+///
+/// # Safety
+/// `value` is a datum of type `type_oid`.
+unsafe fn output_text(type_oid: pg_sys::Oid, value: pg_sys::Datum) -> Vec<u8> {
+    OUTPUT.with(|output| {
+        let mut output = output.borrow_mut();
+        if output.as_ref().map(|(kept, _)| *kept) != Some(type_oid) {
+            let mut function = pg_sys::InvalidOid;
+            let mut varlena = false;
+            pg_sys::getTypeOutputInfo(type_oid, &mut function, &mut varlena);
+            // SAFETY: FmgrInfo is plain data that fmgr_info_cxt fills in; what it allocates lives in
+            // TopMemoryContext, as long as the Box that holds it (which is replaced, never freed, per type).
+            let mut info: Box<pg_sys::FmgrInfo> = Box::new(std::mem::zeroed());
+            pg_sys::fmgr_info_cxt(function, info.as_mut(), pg_sys::TopMemoryContext);
+            *output = Some((type_oid, info));
+        }
+        let (_, info) = output
+            .as_mut()
+            .expect("the output function was just looked up");
+        let text = pg_sys::OutputFunctionCall(info.as_mut(), value);
+        let bytes = std::ffi::CStr::from_ptr(text).to_bytes().to_vec();
+        pg_sys::pfree(text.cast());
+        bytes
+    })
+}
+
+/// A key's text as the array literal takes it: None for NULL, else whether it goes bare (an integer) and its
+/// bytes.
+///
+/// # Safety
+/// `tuple` is a row of the relation `descriptor` describes, and `key` was found in that descriptor.
+unsafe fn key_text(
+    key: &KeyColumn,
+    tuple: pg_sys::HeapTuple,
+    descriptor: pg_sys::TupleDesc,
+) -> Option<(bool, Vec<u8>)> {
+    let mut is_null = false;
+    let value = pg_sys::heap_getattr(tuple, key.attribute, descriptor, &mut is_null);
+    if is_null {
+        return None;
+    }
+    Some(match key.form {
+        KeyForm::Integer(width) => {
+            let number: i64 = match width {
+                2 => i64::from(value.value() as i16),
+                4 => i64::from(value.value() as i32),
+                _ => value.value() as i64,
+            };
+            (true, number.to_string().into_bytes())
+        }
+        KeyForm::Text => {
+            let detoasted = pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr());
+            (
+                false,
+                pgrx::varlena::varlena_to_byte_slice(detoasted).to_vec(),
+            )
+        }
+        KeyForm::Output(type_oid) => (false, output_text(type_oid, value)),
+    })
+}
+
+fn keep(watch: Target, subtransaction: pg_sys::SubTransactionId, text: Option<(bool, Vec<u8>)>) {
+    PENDING.with(|pending| {
+        let mut pending = pending.borrow_mut();
+        match text {
+            None => pending.push_null(watch, subtransaction),
+            Some((true, bytes)) => pending.push_bare(watch, subtransaction, &bytes),
+            Some((false, bytes)) => pending.push_quoted(watch, subtransaction, &bytes),
+        }
+    });
+}
+
+/// Gathers the key of the row an AFTER INSERT, UPDATE or DELETE row trigger fired for: the new row's, and the
+/// old row's too when an UPDATE changed the key (the document of the old key must go); a deleted row's.
+///
+/// # Safety
+/// `data` is the TriggerData PostgreSQL passed to the trigger function.
+unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
+    let event = data.tg_event;
+    let trigger = &*data.tg_trigger;
+    let operation = event & pg_sys::TRIGGER_EVENT_OPMASK;
+    let is_update = operation == pg_sys::TRIGGER_EVENT_UPDATE;
+    if !(operation == pg_sys::TRIGGER_EVENT_INSERT
+        || is_update
+        || operation == pg_sys::TRIGGER_EVENT_DELETE)
+        || event & pg_sys::TRIGGER_EVENT_ROW == 0
+        || event & pg_sys::TRIGGER_EVENT_TIMINGMASK != pg_sys::TRIGGER_EVENT_AFTER
+        || trigger.tgnargs != 2
+        || data.tg_trigtuple.is_null()
+        || (is_update && data.tg_newtuple.is_null())
+    {
+        return Err(RagError::invalid(
+            "rag._watch_key is only the AFTER INSERT, UPDATE or DELETE row trigger rag_watch installs",
+            "Run rag_watch again for the table.",
+        ));
+    }
+    let arguments = std::slice::from_raw_parts(trigger.tgargs, 2);
+    let watch: i32 = std::ffi::CStr::from_ptr(arguments[0])
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| {
+            RagError::invalid(
+                "rag._watch_key was given no watch id",
+                "Run rag_watch again for the table.",
+            )
+        })?;
+    let column = std::ffi::CStr::from_ptr(arguments[1]);
+    let descriptor = (*data.tg_relation).rd_att;
+    let key = match KEY_COLUMN.with(Cell::get) {
+        Some(kept) if still_fits(&kept, descriptor, trigger.tgoid, column) => kept,
+        _ => {
+            let found = find_key_column(descriptor, trigger.tgoid, column)?;
+            KEY_COLUMN.with(|kept| kept.set(Some(found)));
+            found
+        }
+    };
+    let subtransaction = pg_sys::GetCurrentSubTransactionId();
+    let watch = (watch, (*data.tg_relation).rd_id.to_u32());
+    // For an UPDATE, tg_trigtuple is the old row and tg_newtuple the new one.
+    if is_update {
+        let new = key_text(&key, data.tg_newtuple, descriptor);
+        let old = key_text(&key, data.tg_trigtuple, descriptor);
+        let key_changed = new != old;
+        keep(watch, subtransaction, new);
+        if key_changed {
+            keep(watch, subtransaction, old);
+        }
+    } else {
+        // The inserted row, or the deleted one.
+        keep(
+            watch,
+            subtransaction,
+            key_text(&key, data.tg_trigtuple, descriptor),
+        );
+    }
+    Ok(())
+}
+
+/// The keys of `watch` gathered on `table` since the current subtransaction began, as array text.
+fn take(watch: i32, table: pg_sys::Oid) -> Result<Option<String>, RagError> {
+    // SAFETY: reads the current subtransaction's id; never raises.
+    let subtransaction = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let Some(literal) = PENDING.with(|pending| {
+        pending
+            .borrow_mut()
+            .take((watch, table.to_u32()), subtransaction)
+    }) else {
+        return Ok(None);
+    };
+    // Text keys are gathered this way only in a UTF-8 database (rag._watch_install), numbers are ASCII.
+    String::from_utf8(literal).map(Some).map_err(|_| {
+        RagError::Internal(format!("the keys gathered for watch {watch} are not UTF-8"))
+    })
+}
+
+#[pg_schema]
+pub mod rag {
+    use super::*;
+    use pgrx::heap_tuple::PgHeapTuple;
+    use pgrx::{AllocatedByRust, PgTrigger};
+
+    /// The row trigger of a watch's writes (`AFTER INSERT`, `UPDATE` or `DELETE … FOR EACH ROW`,
+    /// arguments: the watch's id and its key column): keeps the row's key for the watch's statement trigger. Runs as whoever inserts, reads
+    /// only the key column, and runs no SQL.
+    #[pg_trigger]
+    fn _watch_key<'a>(
+        trigger: &'a PgTrigger<'a>,
+    ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, std::convert::Infallible> {
+        // SAFETY: PostgreSQL called this as a trigger (PgTrigger checked), so its TriggerData is live for the call.
+        unsafe { gather(trigger.trigger_data()) }.unwrap_or_raise();
+        Ok(None)
+    }
+
+    /// The keys of rows inserted into, updated in or deleted from `source` that watch `watch_id`'s row trigger gathered
+    /// there since the current subtransaction began, as the text of an array; NULL when there are none. They
+    /// are forgotten here, so that each is queued once. Called by the watch's statement trigger with its
+    /// TG_RELID (granted to the table's owner, as whom that trigger runs): another caller could take only
+    /// keys its own session gathered.
+    #[pg_extern(volatile, parallel_unsafe, name = "_watch_keys_taken")]
+    pub fn watch_keys_taken(watch_id: i32, source: pg_sys::Oid) -> Option<String> {
+        super::take(watch_id, source).unwrap_or_raise()
+    }
+}
