@@ -3067,6 +3067,32 @@ LANGUAGE sql STABLE AS $$
       FROM base b ORDER BY b.depth DESC LIMIT 1
 $$;
 
+CREATE OR REPLACE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
+             OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
+        WHEN cardinality(w.key_columns) = 1
+             AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
+                          OR (rag._plain_key_kind(w.source, w.key_columns[1]) = 'string'
+                              AND pg_catalog.getdatabaseencoding() = 'UTF8'), false)
+             AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relkind = 'r') THEN 'gather'
+        ELSE 'statement' END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname LIKE 'rag\_watch\_%')
+            THEN NULL
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_update_key')
+            THEN 'gather'
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_insert'
+                                                             AND t.tgtype & 1 = 1)
+            THEN 'rows'
+        ELSE 'statement' END
+$$;
+
 CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3083,8 +3109,11 @@ DECLARE
     v_aggregate text;
     v_body text;
     v_key_kind text;
-    v_gather_keys boolean;
-    v_inserts_by_row boolean;
+    v_mode text;
+    v_event text;
+    v_transition text;
+    v_trigger name;
+    v_when text;
     v_insert_keys text;
     v_delete_keys text;
 BEGIN
@@ -3113,18 +3142,14 @@ BEGIN
     -- The keys of inserted, updated and deleted rows are gathered by a row trigger in Rust (rag._watch_key,
     -- src/api/watch_keys.rs) and queued as one batch by the statement trigger, rather than read from a
     -- transition table (which copies every inserted or deleted row whole) or queued row by row by PL/pgSQL (an
-    -- UPDATE of 100,000 rows' content: 100,000 function calls and batches). It takes a plain table (a partition written
-    -- directly fires no statement trigger of its parent) and a one-column key whose text needs no encoding
-    -- conversion; for inserts, no filter as well (the owner's expression needs the owner's rights, which the
-    -- statement trigger gives once, and a row trigger would have to give per row; an UPDATE's keys are
-    -- queued whatever the filter says, and the worker applies it).
-    v_gather_keys := v_key_kind IS NOT NULL
-                     AND (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = w.source) = 'r'
-                     AND (v_key_kind = 'number' OR pg_catalog.getdatabaseencoding() = 'UTF8');
-    v_inserts_by_row := v_gather_keys AND w.filter_expr IS NULL;
-    v_insert_keys := CASE WHEN v_inserts_by_row THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    -- UPDATE of 100,000 rows' content: 100,000 function calls and batches), where rag._watch_trigger_mode
+    -- says it can; for inserts, only without a filter (the owner's expression needs the owner's rights, which
+    -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
+    -- DELETE's keys are queued whatever the filter says, and the worker applies it).
+    v_mode := rag._watch_trigger_mode(w);
+    v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
-    v_delete_keys := CASE WHEN v_gather_keys THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    v_delete_keys := CASE WHEN v_mode = 'gather' THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
@@ -3161,17 +3186,27 @@ BEGIN
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
     -- function and captures no transition table, which a statement-level trigger with one cannot avoid
-    -- (PostgreSQL captures every updated row for it first). It evaluates no expression of the owner's: only
-    -- the key columns.
+    -- (PostgreSQL captures every updated row for it first). In the 'rows' mode INSERT and DELETE are
+    -- row-level too. It evaluates no expression of the owner's: only the key columns (the worker applies the
+    -- filter).
     v_body := format($f$
         DECLARE
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
-            v_new jsonb := %2$s;
-            v_old jsonb := %3$s;
+            v_new jsonb;
+            v_old jsonb;
+            v_keys jsonb;
         BEGIN
+            IF TG_OP = 'INSERT' THEN
+                v_keys := jsonb_build_array(%2$s);
+            ELSIF TG_OP = 'DELETE' THEN
+                v_keys := jsonb_build_array(%3$s);
+            ELSE
+                v_new := %2$s;
+                v_old := %3$s;
+                v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
+            END IF;
             INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%1$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
-                    clock_timestamp() + v_delay);
+            VALUES (%1$s, v_keys, clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
@@ -3181,6 +3216,10 @@ BEGIN
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
+    -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
+    -- as the watched table's owner and queue keys for this watch.
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
@@ -3191,37 +3230,26 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
-    -- PostgreSQL fires a statement's row events before its statement event, so a statement trigger finds
-    -- every key of its statement gathered.
-    IF v_inserts_by_row THEN
-        EXECUTE format('CREATE TRIGGER rag_watch_insert_key AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    END IF;
-    IF v_gather_keys THEN
-        -- The statement trigger fires for every UPDATE of the table, a few microseconds for one that changed
-        -- nothing indexed; UPDATE OF its columns would not fire when a BEFORE trigger of the owner's changed them.
-        EXECUTE format('CREATE TRIGGER rag_watch_update_key AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, v_changed, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_changed, v_row_function);
-    END IF;
-    IF v_gather_keys THEN
-        EXECUTE format('CREATE TRIGGER rag_watch_delete_key AFTER DELETE ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    END IF;
+    FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
+        v_trigger := 'rag_watch_' || lower(v_event);
+        v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+        IF v_mode = 'gather' AND NOT (v_event = 'INSERT' AND w.filter_expr IS NOT NULL) THEN
+            -- PostgreSQL fires a statement's row events before its statement event, so the statement trigger
+            -- finds every key of its statement gathered. It fires for every UPDATE of the table, a few
+            -- microseconds for one that changed nothing indexed; UPDATE OF its columns would not fire when a
+            -- BEFORE trigger of the owner's changed them.
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION rag._watch_key(%L, %L)',
+                           v_trigger || '_key', v_event, w.source::regclass, v_when, w.id, w.key_columns[1]);
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_function);
+        ELSIF v_mode = 'rows' OR v_transition IS NULL THEN
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_when, v_row_function);
+        ELSE
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s REFERENCING %s TABLE AS %I FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_transition, lower(v_transition) || '_rows', v_function);
+        END IF;
+    END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
                    w.source::regclass);
 END $$;
@@ -3476,6 +3504,21 @@ BEGIN
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
         DELETE FROM rag.watches WHERE id = w.id;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._on_alter_table() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_watch integer;
+BEGIN
+    FOR v_watch IN
+        SELECT w.id FROM rag.watches w
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source)
+           AND rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+         ORDER BY w.id
+    LOOP
+        PERFORM rag._watch_install(v_watch);
     END LOOP;
 END $$;
 
@@ -3926,7 +3969,7 @@ BEGIN
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change). Nor does the
-        -- row trigger that gathers a watch's inserted keys (rag._watch_key), called once per inserted row.
+        -- row trigger that gathers a watch's keys (rag._watch_key), called once per row written.
         IF f.is_wrapper THEN
             -- A wrapper runs as its caller and calls nothing but its body, named with its schema, so the
             -- caller's search_path cannot change what it runs; keeping that path in force when the hook
@@ -4040,6 +4083,10 @@ DROP TABLE rag.chunks_0_1_0;
 UPDATE rag.collections SET index_name = NULL;
 CREATE TRIGGER documents_deleted AFTER DELETE ON rag.documents REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._documents_deleted();
+
+-- A watched table that becomes a partition or an inheritance child gets the triggers its place needs
+-- (watch.sql, rag._on_alter_table).
+CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are

@@ -184,7 +184,7 @@ BEGIN
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change). Nor does the
-        -- row trigger that gathers a watch's inserted keys (rag._watch_key), called once per inserted row.
+        -- row trigger that gathers a watch's keys (rag._watch_key), called once per row written.
         IF f.is_wrapper THEN
             -- A wrapper runs as its caller and calls nothing but its body, named with its schema, so the
             -- caller's search_path cannot change what it runs; keeping that path in force when the hook

@@ -213,6 +213,44 @@ LANGUAGE sql STABLE AS $$
       FROM base b ORDER BY b.depth DESC LIMIT 1
 $$;
 
+-- How a watch's triggers find the keys of written rows:
+-- - 'rows': a PL/pgSQL row trigger queues each row's key, for a partition or an inheritance child, which rows
+--   written through its parent reach: PostgreSQL fires the child's row triggers then, but only the parent's
+--   statement triggers;
+-- - 'gather': the row trigger in Rust (rag._watch_key) gathers them and the statement trigger queues them, for
+--   a one-column key whose text needs no encoding conversion (rag._plain_key_kind; text only in a UTF-8
+--   database);
+-- - 'statement': statement triggers with transition tables for INSERT and DELETE, and the PL/pgSQL row
+--   trigger for UPDATE.
+CREATE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
+             OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
+        WHEN cardinality(w.key_columns) = 1
+             AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
+                          OR (rag._plain_key_kind(w.source, w.key_columns[1]) = 'string'
+                              AND pg_catalog.getdatabaseencoding() = 'UTF8'), false)
+             AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relkind = 'r') THEN 'gather'
+        ELSE 'statement' END
+$$;
+
+-- The mode (rag._watch_trigger_mode) of the triggers a watched table has now; NULL when it has none of rag's
+-- triggers (a restore that has not created them yet: it will, and making them here would make its CREATE
+-- TRIGGER fail).
+CREATE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname LIKE 'rag\_watch\_%')
+            THEN NULL
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_update_key')
+            THEN 'gather'
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_insert'
+                                                             AND t.tgtype & 1 = 1)
+            THEN 'rows'
+        ELSE 'statement' END
+$$;
+
 -- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
 -- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
 -- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
@@ -232,8 +270,11 @@ DECLARE
     v_aggregate text;
     v_body text;
     v_key_kind text;
-    v_gather_keys boolean;
-    v_inserts_by_row boolean;
+    v_mode text;
+    v_event text;
+    v_transition text;
+    v_trigger name;
+    v_when text;
     v_insert_keys text;
     v_delete_keys text;
 BEGIN
@@ -262,18 +303,14 @@ BEGIN
     -- The keys of inserted, updated and deleted rows are gathered by a row trigger in Rust (rag._watch_key,
     -- src/api/watch_keys.rs) and queued as one batch by the statement trigger, rather than read from a
     -- transition table (which copies every inserted or deleted row whole) or queued row by row by PL/pgSQL (an
-    -- UPDATE of 100,000 rows' content: 100,000 function calls and batches). It takes a plain table (a partition written
-    -- directly fires no statement trigger of its parent) and a one-column key whose text needs no encoding
-    -- conversion; for inserts, no filter as well (the owner's expression needs the owner's rights, which the
-    -- statement trigger gives once, and a row trigger would have to give per row; an UPDATE's keys are
-    -- queued whatever the filter says, and the worker applies it).
-    v_gather_keys := v_key_kind IS NOT NULL
-                     AND (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = w.source) = 'r'
-                     AND (v_key_kind = 'number' OR pg_catalog.getdatabaseencoding() = 'UTF8');
-    v_inserts_by_row := v_gather_keys AND w.filter_expr IS NULL;
-    v_insert_keys := CASE WHEN v_inserts_by_row THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    -- UPDATE of 100,000 rows' content: 100,000 function calls and batches), where rag._watch_trigger_mode
+    -- says it can; for inserts, only without a filter (the owner's expression needs the owner's rights, which
+    -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
+    -- DELETE's keys are queued whatever the filter says, and the worker applies it).
+    v_mode := rag._watch_trigger_mode(w);
+    v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
-    v_delete_keys := CASE WHEN v_gather_keys THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    v_delete_keys := CASE WHEN v_mode = 'gather' THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
@@ -310,17 +347,27 @@ BEGIN
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
     -- function and captures no transition table, which a statement-level trigger with one cannot avoid
-    -- (PostgreSQL captures every updated row for it first). It evaluates no expression of the owner's: only
-    -- the key columns.
+    -- (PostgreSQL captures every updated row for it first). In the 'rows' mode INSERT and DELETE are
+    -- row-level too. It evaluates no expression of the owner's: only the key columns (the worker applies the
+    -- filter).
     v_body := format($f$
         DECLARE
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
-            v_new jsonb := %2$s;
-            v_old jsonb := %3$s;
+            v_new jsonb;
+            v_old jsonb;
+            v_keys jsonb;
         BEGIN
+            IF TG_OP = 'INSERT' THEN
+                v_keys := jsonb_build_array(%2$s);
+            ELSIF TG_OP = 'DELETE' THEN
+                v_keys := jsonb_build_array(%3$s);
+            ELSE
+                v_new := %2$s;
+                v_old := %3$s;
+                v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
+            END IF;
             INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%1$s, CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END,
-                    clock_timestamp() + v_delay);
+            VALUES (%1$s, v_keys, clock_timestamp() + v_delay);
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
@@ -330,6 +377,10 @@ BEGIN
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
+    -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
+    -- as the watched table's owner and queue keys for this watch.
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
     EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
     EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
@@ -340,37 +391,26 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', v_owner);
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
-    -- PostgreSQL fires a statement's row events before its statement event, so a statement trigger finds
-    -- every key of its statement gathered.
-    IF v_inserts_by_row THEN
-        EXECUTE format('CREATE TRIGGER rag_watch_insert_key AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    END IF;
-    IF v_gather_keys THEN
-        -- The statement trigger fires for every UPDATE of the table, a few microseconds for one that changed
-        -- nothing indexed; UPDATE OF its columns would not fire when a BEFORE trigger of the owner's changed them.
-        EXECUTE format('CREATE TRIGGER rag_watch_update_key AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, v_changed, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_update AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_changed, v_row_function);
-    END IF;
-    IF v_gather_keys THEN
-        EXECUTE format('CREATE TRIGGER rag_watch_delete_key AFTER DELETE ON %s FOR EACH ROW EXECUTE FUNCTION rag._watch_key(%L, %L)',
-                       w.source::regclass, w.id, w.key_columns[1]);
-        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    ELSE
-        EXECUTE format('CREATE TRIGGER rag_watch_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       w.source::regclass, v_function);
-    END IF;
+    FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
+        v_trigger := 'rag_watch_' || lower(v_event);
+        v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+        IF v_mode = 'gather' AND NOT (v_event = 'INSERT' AND w.filter_expr IS NOT NULL) THEN
+            -- PostgreSQL fires a statement's row events before its statement event, so the statement trigger
+            -- finds every key of its statement gathered. It fires for every UPDATE of the table, a few
+            -- microseconds for one that changed nothing indexed; UPDATE OF its columns would not fire when a
+            -- BEFORE trigger of the owner's changed them.
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION rag._watch_key(%L, %L)',
+                           v_trigger || '_key', v_event, w.source::regclass, v_when, w.id, w.key_columns[1]);
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_function);
+        ELSIF v_mode = 'rows' OR v_transition IS NULL THEN
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_when, v_row_function);
+        ELSE
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s REFERENCING %s TABLE AS %I FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_transition, lower(v_transition) || '_rows', v_function);
+        END IF;
+    END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
                    w.source::regclass);
 END $$;
@@ -639,6 +679,26 @@ BEGIN
     END LOOP;
 END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
+
+-- A watched table that becomes a partition or an inheritance child (ATTACH PARTITION, INHERIT), or stops being
+-- one, gets the triggers its new place needs (rag._watch_trigger_mode): its triggers are made again whenever
+-- they no longer match (not while it has none: a restore makes them itself). Every ALTER TABLE pays a look
+-- at rag.watches.
+CREATE FUNCTION rag._on_alter_table() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_watch integer;
+BEGIN
+    FOR v_watch IN
+        SELECT w.id FROM rag.watches w
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source)
+           AND rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+         ORDER BY w.id
+    LOOP
+        PERFORM rag._watch_install(v_watch);
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
 
 ------------------------------------------------------------------------------------------------------------
 -- The worker's side.

@@ -128,6 +128,11 @@ pub const CLAIM_MORE_LOOKAHEAD: i32 = 64;
 /// and the row checks', a few per watch. Past it the lot is dropped and prepared again as needed.
 pub const KEPT_STATEMENTS: usize = 128;
 
+/// Bytes of key text a backend keeps between a watched table's row triggers and its statement trigger
+/// (`crate::api::watch_keys`): a statement's keys become one text value, which PostgreSQL caps at a gigabyte
+/// (MaxAllocSize). About 90 million bigint keys; past it the statement fails with an error.
+pub const WATCH_KEYS_BYTES: usize = 1_000_000_000;
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {

@@ -25,8 +25,9 @@
 use crate::error::{RagError, UnwrapOrRaise};
 use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
-use rag_keys::PendingKeys;
-use std::cell::{Cell, RefCell};
+use rag_keys::{KeysError, PendingKeys};
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// A watch's id and the oid of the table a row trigger fired on.
 type Target = (i32, u32);
@@ -38,7 +39,8 @@ enum KeyForm {
     Integer(i16),
     /// text or varchar (or a domain over one): its bytes, quoted.
     Text,
-    /// Anything else (numeric, uuid, a type the column was altered to): its output function's text, quoted.
+    /// numeric or uuid (or a domain over one): its output function's text, quoted. (The key column's type
+    /// cannot change under the trigger: the UPDATE trigger's WHEN clause names it.)
     Output(pg_sys::Oid),
 }
 
@@ -56,10 +58,13 @@ thread_local! {
     // PostgreSQL runs a backend's SQL on one thread.
     // By watch and by the table the row trigger fired on: a statement trigger takes only what its watch's
     // row trigger gathered on its own table, so a trigger put on another table cannot add keys to a watch.
-    static PENDING: RefCell<PendingKeys<Target>> = RefCell::new(PendingKeys::new());
-    static KEY_COLUMN: Cell<Option<KeyColumn>> = const { Cell::new(None) };
-    // The output function of a KeyForm::Output column, looked up once per type (in TopMemoryContext).
-    static OUTPUT: RefCell<Option<(pg_sys::Oid, Box<pg_sys::FmgrInfo>)>> = const { RefCell::new(None) };
+    static PENDING: RefCell<PendingKeys<Target>> =
+        RefCell::new(PendingKeys::with_limit(crate::limits::WATCH_KEYS_BYTES));
+    // By trigger: two watched tables written in turn (a trigger of one writing the other) keep theirs.
+    static KEY_COLUMNS: RefCell<HashMap<pg_sys::Oid, KeyColumn>> = RefCell::new(HashMap::new());
+    // The output function of a KeyForm::Output type, looked up once per type; what fmgr_info_cxt allocates
+    // lives in TopMemoryContext as long as the entry, which is never dropped (there are a few key types).
+    static OUTPUTS: RefCell<HashMap<pg_sys::Oid, Box<pg_sys::FmgrInfo>>> = RefCell::new(HashMap::new());
 }
 
 /// Registers the callbacks that drop gathered keys when their (sub)transaction ends. Called once per process
@@ -86,16 +91,14 @@ unsafe extern "C-unwind" fn at_transaction_end(
     if !committing && !crate::pg::ends_transaction(event) {
         return;
     }
-    let left = PENDING.with(|pending| {
-        let mut pending = pending.borrow_mut();
-        if pending.is_empty() {
-            Vec::new()
-        } else {
-            pending.clear()
-        }
+    // try_borrow_mut: no borrow can be live here (every one is plain Rust that cannot raise), and a panic
+    // inside transaction end must not be risked on the chance.
+    let left = PENDING.with(|pending| match pending.try_borrow_mut() {
+        Ok(mut pending) if !pending.is_empty() => pending.clear(),
+        _ => Vec::new(),
     });
     if committing {
-        for ((watch, table), keys) in left {
+        for ((_, table), keys) in left {
             // SAFETY: a syscache lookup by oid, still inside the transaction; NULL when the table is gone.
             let name = unsafe { pg_sys::get_rel_name(pg_sys::Oid::from(table)) };
             let name = if name.is_null() {
@@ -106,9 +109,10 @@ unsafe extern "C-unwind" fn at_transaction_end(
                 format!("\"{}\"", name.to_string_lossy())
             };
             warning!(
-                "rag: the keys of {keys} row(s) written to {name} for watch {watch} were not queued for \
-                 indexing: the watch's statement trigger did not run (disabled, or not on that table); \
-                 rag_reindex on the watched table queues its rows again"
+                "rag: the keys of {keys} row(s) written to {name} were not queued for indexing: the \
+                 watch's statement trigger did not run (disabled, or the rows were written through a parent \
+                 table, or the trigger is not on the watched table); rag_reindex on the watched table \
+                 queues its rows again"
             );
         }
     }
@@ -124,9 +128,10 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         PENDING.with(|pending| {
-            let mut pending = pending.borrow_mut();
-            if !pending.is_empty() {
-                pending.forget_since(subtransaction);
+            if let Ok(mut pending) = pending.try_borrow_mut() {
+                if !pending.is_empty() {
+                    pending.forget_since(subtransaction);
+                }
             }
         });
     }
@@ -214,26 +219,26 @@ unsafe fn still_fits(
 /// # Safety
 /// `value` is a datum of type `type_oid`.
 unsafe fn output_text(type_oid: pg_sys::Oid, value: pg_sys::Datum) -> Vec<u8> {
-    OUTPUT.with(|output| {
-        let mut output = output.borrow_mut();
-        if output.as_ref().map(|(kept, _)| *kept) != Some(type_oid) {
-            let mut function = pg_sys::InvalidOid;
-            let mut varlena = false;
-            pg_sys::getTypeOutputInfo(type_oid, &mut function, &mut varlena);
-            // SAFETY: FmgrInfo is plain data that fmgr_info_cxt fills in; what it allocates lives in
-            // TopMemoryContext, as long as the Box that holds it (which is replaced, never freed, per type).
-            let mut info: Box<pg_sys::FmgrInfo> = Box::new(std::mem::zeroed());
-            pg_sys::fmgr_info_cxt(function, info.as_mut(), pg_sys::TopMemoryContext);
-            *output = Some((type_oid, info));
-        }
-        let (_, info) = output
-            .as_mut()
-            .expect("the output function was just looked up");
+    // The FmgrInfo is taken out of the map for the call, so that no borrow is live if the output function
+    // raises, and put back after.
+    let kept = OUTPUTS.with(|outputs| outputs.borrow_mut().remove(&type_oid));
+    let mut info = kept.unwrap_or_else(|| {
+        let mut function = pg_sys::InvalidOid;
+        let mut varlena = false;
+        pg_sys::getTypeOutputInfo(type_oid, &mut function, &mut varlena);
+        // SAFETY: FmgrInfo is plain data that fmgr_info_cxt fills in; what it allocates lives in
+        // TopMemoryContext, as long as the Box that holds it.
+        let mut info: Box<pg_sys::FmgrInfo> = Box::new(std::mem::zeroed());
+        pg_sys::fmgr_info_cxt(function, info.as_mut(), pg_sys::TopMemoryContext);
+        info
+    });
+    {
         let text = pg_sys::OutputFunctionCall(info.as_mut(), value);
         let bytes = std::ffi::CStr::from_ptr(text).to_bytes().to_vec();
         pg_sys::pfree(text.cast());
+        OUTPUTS.with(|outputs| outputs.borrow_mut().insert(type_oid, info));
         bytes
-    })
+    }
 }
 
 /// A key's text as the array literal takes it: None for NULL, else whether it goes bare (an integer) and its
@@ -271,15 +276,36 @@ unsafe fn key_text(
     })
 }
 
-fn keep(watch: Target, subtransaction: pg_sys::SubTransactionId, text: Option<(bool, Vec<u8>)>) {
-    PENDING.with(|pending| {
-        let mut pending = pending.borrow_mut();
-        match text {
-            None => pending.push_null(watch, subtransaction),
-            Some((true, bytes)) => pending.push_bare(watch, subtransaction, &bytes),
-            Some((false, bytes)) => pending.push_quoted(watch, subtransaction, &bytes),
+fn keep(
+    watch: Target,
+    subtransaction: pg_sys::SubTransactionId,
+    text: Option<(bool, Vec<u8>)>,
+) -> Result<(), RagError> {
+    PENDING
+        .with(|pending| {
+            let mut pending = pending.borrow_mut();
+            match text {
+                None => pending.push_null(watch, subtransaction),
+                Some((true, bytes)) => pending.push_bare(watch, subtransaction, &bytes),
+                Some((false, bytes)) => pending.push_quoted(watch, subtransaction, &bytes),
+            }
+        })
+        .map_err(too_many_keys)
+}
+
+fn too_many_keys(error: KeysError) -> RagError {
+    let message = match error {
+        KeysError::TooLarge { limit } => format!(
+            "the keys of the rows this statement wrote to a watched table pass {limit} bytes of text"
+        ),
+        KeysError::OutOfMemory => {
+            "out of memory keeping the keys of the rows this statement wrote to a watched table".to_string()
         }
-    });
+    };
+    RagError::Resources {
+        message,
+        hint: "Write the rows in several statements.".to_string(),
+    }
 }
 
 /// Gathers the key of the row an AFTER INSERT, UPDATE or DELETE row trigger fired for: the new row's, and the
@@ -319,11 +345,18 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         })?;
     let column = std::ffi::CStr::from_ptr(arguments[1]);
     let descriptor = (*data.tg_relation).rd_att;
-    let key = match KEY_COLUMN.with(Cell::get) {
+    let kept = KEY_COLUMNS.with(|columns| columns.borrow().get(&trigger.tgoid).copied());
+    let key = match kept {
         Some(kept) if still_fits(&kept, descriptor, trigger.tgoid, column) => kept,
         _ => {
             let found = find_key_column(descriptor, trigger.tgoid, column)?;
-            KEY_COLUMN.with(|kept| kept.set(Some(found)));
+            KEY_COLUMNS.with(|columns| {
+                let mut columns = columns.borrow_mut();
+                if columns.len() >= crate::limits::KEPT_STATEMENTS {
+                    columns.clear();
+                }
+                columns.insert(trigger.tgoid, found);
+            });
             found
         }
     };
@@ -334,9 +367,9 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         let new = key_text(&key, data.tg_newtuple, descriptor);
         let old = key_text(&key, data.tg_trigtuple, descriptor);
         let key_changed = new != old;
-        keep(watch, subtransaction, new);
+        keep(watch, subtransaction, new)?;
         if key_changed {
-            keep(watch, subtransaction, old);
+            keep(watch, subtransaction, old)?;
         }
     } else {
         // The inserted row, or the deleted one.
@@ -344,7 +377,7 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
             watch,
             subtransaction,
             key_text(&key, data.tg_trigtuple, descriptor),
-        );
+        )?;
     }
     Ok(())
 }
@@ -353,11 +386,14 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
 fn take(watch: i32, table: pg_sys::Oid) -> Result<Option<String>, RagError> {
     // SAFETY: reads the current subtransaction's id; never raises.
     let subtransaction = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    let Some(literal) = PENDING.with(|pending| {
-        pending
-            .borrow_mut()
-            .take((watch, table.to_u32()), subtransaction)
-    }) else {
+    let Some(literal) = PENDING
+        .with(|pending| {
+            pending
+                .borrow_mut()
+                .take((watch, table.to_u32()), subtransaction)
+        })
+        .map_err(too_many_keys)?
+    else {
         return Ok(None);
     };
     // Text keys are gathered this way only in a UTF-8 database (rag._watch_install), numbers are ASCII.

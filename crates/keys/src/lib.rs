@@ -1,21 +1,33 @@
-//! The keys of rows a transaction inserted into watched tables, between the row trigger that sees each row and
-//! the statement trigger that queues them (`src/api/watch_keys.rs` is the PostgreSQL side).
+//! The keys of rows a transaction wrote to watched tables, between the row trigger that sees each row and the
+//! statement trigger that queues them (`src/api/watch_keys.rs` is the PostgreSQL side).
 //!
 //! Keys are kept as the text of a PostgreSQL array literal's elements, the form the watch's queue row stores
 //! (`rag.row_batches.key_values`), so that a statement's keys become one string without another pass.
 //!
-//! Each key is tagged with the subtransaction that was current when its row trigger ran. Two rules follow from
-//! PostgreSQL numbering subtransactions in the order they start, and from keys arriving in time order:
-//! - the keys gathered since subtransaction `S` started are exactly those tagged `S` or higher, and they are
-//!   a suffix of what is kept;
-//! - so a statement trigger running in `S` takes only that suffix ([`PendingKeys::take`]): keys an outer
+//! Each key is tagged with the subtransaction that was current when its row trigger ran. PostgreSQL numbers
+//! subtransactions in the order they start, and keys arrive in time order, so the keys gathered since
+//! subtransaction `S` started are exactly those tagged `S` or higher, and they are a suffix of what is kept.
+//! Hence:
+//! - a statement trigger running in `S` takes only that suffix ([`PendingKeys::take`]): keys an outer
 //!   statement gathered before `S` began stay for that statement's own trigger, and are not queued by a batch
 //!   that `S`'s rollback would undo;
-//! - and when `S` rolls back, that suffix is dropped ([`PendingKeys::forget_since`]): those rows are gone.
+//! - when `S` rolls back, that suffix is dropped ([`PendingKeys::forget_since`]): those rows are gone.
+//!
+//! What is kept is bounded ([`PendingKeys::with_limit`]), and growing it never aborts the process: the
+//! caller gets an error to raise instead, as PostgreSQL raises one when a statement's memory runs out.
 use std::collections::HashMap;
 
 /// A subtransaction's number within its top-level transaction (PostgreSQL's `SubTransactionId`).
 pub type Subtransaction = u32;
+
+/// Why a key could not be kept, or a statement's keys not be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeysError {
+    /// The keys kept would pass the limit given to [`PendingKeys::with_limit`], in bytes of array text.
+    TooLarge { limit: usize },
+    /// The allocator refused the memory.
+    OutOfMemory,
+}
 
 /// Keys gathered in one subtransaction, in order: the array elements, comma-separated.
 #[derive(Debug, Default)]
@@ -30,19 +42,19 @@ struct Run {
 #[derive(Debug)]
 pub struct PendingKeys<W> {
     by_watch: HashMap<W, Vec<Run>>,
-}
-
-impl<W> Default for PendingKeys<W> {
-    fn default() -> Self {
-        PendingKeys {
-            by_watch: HashMap::new(),
-        }
-    }
+    bytes: usize,
+    limit: usize,
 }
 
 impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
-    pub fn new() -> PendingKeys<W> {
-        PendingKeys::default()
+    /// Keeps at most `limit` bytes of array text in all (a statement's keys become one text value, which
+    /// PostgreSQL caps at a gigabyte).
+    pub fn with_limit(limit: usize) -> PendingKeys<W> {
+        PendingKeys {
+            by_watch: HashMap::new(),
+            bytes: 0,
+            limit,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -50,15 +62,30 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
     }
 
     /// Keeps a key that is written as it is inside an array literal (an integer's text).
-    pub fn push_bare(&mut self, watch: W, subtransaction: Subtransaction, text: &[u8]) {
-        self.run(watch, subtransaction).extend_from_slice(text);
+    pub fn push_bare(
+        &mut self,
+        watch: W,
+        subtransaction: Subtransaction,
+        text: &[u8],
+    ) -> Result<(), KeysError> {
+        let elements = self.run(watch, subtransaction, text.len())?;
+        elements.extend_from_slice(text);
+        Ok(())
     }
 
     /// Keeps a key written in double quotes inside an array literal, with `"` and `\` escaped: right for any
     /// text, including the empty string, `NULL`, and text with commas, braces or spaces in it.
-    pub fn push_quoted(&mut self, watch: W, subtransaction: Subtransaction, text: &[u8]) {
-        let elements = self.run(watch, subtransaction);
-        elements.reserve(text.len() + 2);
+    pub fn push_quoted(
+        &mut self,
+        watch: W,
+        subtransaction: Subtransaction,
+        text: &[u8],
+    ) -> Result<(), KeysError> {
+        let escapes = text
+            .iter()
+            .filter(|&&byte| byte == b'"' || byte == b'\\')
+            .count();
+        let elements = self.run(watch, subtransaction, text.len() + escapes + 2)?;
         elements.push(b'"');
         for &byte in text {
             if byte == b'"' || byte == b'\\' {
@@ -67,17 +94,27 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
             elements.push(byte);
         }
         elements.push(b'"');
+        Ok(())
     }
 
     /// Keeps a NULL key (a key column without a NOT NULL constraint).
-    pub fn push_null(&mut self, watch: W, subtransaction: Subtransaction) {
-        self.run(watch, subtransaction).extend_from_slice(b"NULL");
+    pub fn push_null(&mut self, watch: W, subtransaction: Subtransaction) -> Result<(), KeysError> {
+        let elements = self.run(watch, subtransaction, 4)?;
+        elements.extend_from_slice(b"NULL");
+        Ok(())
     }
 
     /// The keys of `watch` gathered since `current` started, as an array literal (`{1,2,3}`), and forgets
-    /// them; None when there are none.
-    pub fn take(&mut self, watch: W, current: Subtransaction) -> Option<Vec<u8>> {
-        let runs = self.by_watch.get_mut(&watch)?;
+    /// them; None when there are none. When the literal cannot be allocated, they are forgotten all the same
+    /// (the caller raises, which rolls the statement back).
+    pub fn take(
+        &mut self,
+        watch: W,
+        current: Subtransaction,
+    ) -> Result<Option<Vec<u8>>, KeysError> {
+        let Some(runs) = self.by_watch.get_mut(&watch) else {
+            return Ok(None);
+        };
         let first = runs
             .iter()
             .rposition(|run| run.subtransaction < current)
@@ -86,15 +123,17 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
         if runs.is_empty() {
             self.by_watch.remove(&watch);
         }
+        let taken_bytes: usize = taken.iter().map(|run| run.elements.len() + 1).sum();
+        self.bytes -= taken_bytes;
+        // A run left empty by a refused allocation holds no key.
+        let taken: Vec<&Run> = taken.iter().filter(|run| run.count > 0).collect();
         if taken.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let length = taken
-            .iter()
-            .map(|run| run.elements.len() + 1)
-            .sum::<usize>()
-            + 1;
-        let mut literal = Vec::with_capacity(length);
+        let mut literal = Vec::new();
+        literal
+            .try_reserve_exact(taken_bytes + 1)
+            .map_err(|_| KeysError::OutOfMemory)?;
         literal.push(b'{');
         for (i, run) in taken.iter().enumerate() {
             if i > 0 {
@@ -103,22 +142,28 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
             literal.extend_from_slice(&run.elements);
         }
         literal.push(b'}');
-        Some(literal)
+        Ok(Some(literal))
     }
 
     /// Drops every key gathered since `aborted` started: the subtransaction rolled back, and its rows with it.
     pub fn forget_since(&mut self, aborted: Subtransaction) {
+        let mut dropped = 0;
         self.by_watch.retain(|_, runs| {
             let first = runs
                 .iter()
                 .rposition(|run| run.subtransaction < aborted)
                 .map_or(0, |i| i + 1);
+            dropped += runs[first..]
+                .iter()
+                .map(|run| run.elements.len() + 1)
+                .sum::<usize>();
             runs.truncate(first);
             !runs.is_empty()
         });
+        self.bytes -= dropped;
     }
 
-    /// Forgets everything (the transaction ended) and says how many keys of which watches were still kept:
+    /// Forgets everything (the transaction ended) and says how many keys of which targets were still kept:
     /// at a commit, keys whose statement trigger never ran.
     pub fn clear(&mut self) -> Vec<(W, usize)> {
         let mut left: Vec<(W, usize)> = self
@@ -127,25 +172,43 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
             .map(|(watch, runs)| (watch, runs.iter().map(|run| run.count).sum()))
             .collect();
         left.sort_unstable();
+        self.bytes = 0;
         left
     }
 
-    /// The buffer the next key of `watch` is appended to, after a comma when the run has keys already; a new
-    /// run when the current subtransaction is not the last run's.
-    fn run(&mut self, watch: W, subtransaction: Subtransaction) -> &mut Vec<u8> {
+    /// The buffer the next key of `watch` is appended to, with room for `length` more bytes, after a comma when
+    /// the run has keys already; a new run when the current subtransaction is not the last run's. Each run
+    /// counts one byte more than its elements: the comma or brace that joins it into the literal.
+    fn run(
+        &mut self,
+        watch: W,
+        subtransaction: Subtransaction,
+        length: usize,
+    ) -> Result<&mut Vec<u8>, KeysError> {
+        let needed = length + 2;
+        if self.bytes.saturating_add(needed) > self.limit {
+            return Err(KeysError::TooLarge { limit: self.limit });
+        }
         let runs = self.by_watch.entry(watch).or_default();
         if runs.last().map(|run| run.subtransaction) != Some(subtransaction) {
+            runs.try_reserve(1).map_err(|_| KeysError::OutOfMemory)?;
             runs.push(Run {
                 subtransaction,
                 ..Run::default()
             });
+            self.bytes += 1;
         }
         let run = runs.last_mut().expect("a run was just pushed");
+        run.elements
+            .try_reserve(needed)
+            .map_err(|_| KeysError::OutOfMemory)?;
         if run.count > 0 {
             run.elements.push(b',');
+            self.bytes += 1;
         }
         run.count += 1;
-        &mut run.elements
+        self.bytes += length;
+        Ok(&mut run.elements)
     }
 }
 
@@ -155,24 +218,31 @@ mod tests {
 
     type Keys = PendingKeys<i32>;
 
+    fn empty() -> Keys {
+        Keys::with_limit(usize::MAX)
+    }
+
     fn text(literal: Option<Vec<u8>>) -> Option<String> {
         literal.map(|bytes| String::from_utf8(bytes).unwrap())
     }
 
     #[test]
     fn a_statement_takes_its_keys_as_one_array_literal() {
-        let mut keys = Keys::new();
-        keys.push_bare(7, 1, b"1");
-        keys.push_bare(7, 1, b"22");
-        keys.push_null(7, 1);
-        assert_eq!(text(keys.take(7, 1)).as_deref(), Some("{1,22,NULL}"));
-        assert_eq!(keys.take(7, 1), None);
+        let mut keys = empty();
+        keys.push_bare(7, 1, b"1").unwrap();
+        keys.push_bare(7, 1, b"22").unwrap();
+        keys.push_null(7, 1).unwrap();
+        assert_eq!(
+            text(keys.take(7, 1).unwrap()).as_deref(),
+            Some("{1,22,NULL}")
+        );
+        assert_eq!(keys.take(7, 1).unwrap(), None);
         assert!(keys.is_empty());
     }
 
     #[test]
     fn quoting_survives_every_character_an_array_literal_treats_specially() {
-        let mut keys = Keys::new();
+        let mut keys = empty();
         for key in [
             "",
             "NULL",
@@ -183,75 +253,101 @@ mod tests {
             "back\\slash",
             "héllo",
         ] {
-            keys.push_quoted(1, 1, key.as_bytes());
+            keys.push_quoted(1, 1, key.as_bytes()).unwrap();
         }
         assert_eq!(
-            text(keys.take(1, 1)).as_deref(),
+            text(keys.take(1, 1).unwrap()).as_deref(),
             Some(r#"{"","NULL","a,b","{x}"," spaced ","quote\"d","back\\slash","héllo"}"#)
         );
     }
 
     #[test]
     fn watches_are_kept_apart() {
-        let mut keys = Keys::new();
-        keys.push_bare(1, 1, b"10");
-        keys.push_bare(2, 1, b"20");
-        keys.push_bare(1, 1, b"11");
-        assert_eq!(text(keys.take(2, 1)).as_deref(), Some("{20}"));
-        assert_eq!(text(keys.take(1, 1)).as_deref(), Some("{10,11}"));
+        let mut keys = empty();
+        keys.push_bare(1, 1, b"10").unwrap();
+        keys.push_bare(2, 1, b"20").unwrap();
+        keys.push_bare(1, 1, b"11").unwrap();
+        assert_eq!(text(keys.take(2, 1).unwrap()).as_deref(), Some("{20}"));
+        assert_eq!(text(keys.take(1, 1).unwrap()).as_deref(), Some("{10,11}"));
     }
 
     #[test]
     fn a_statement_in_a_subtransaction_takes_only_what_was_gathered_since_it_began() {
         // An outer statement's row triggers ran (subtransaction 1); one of them opened subtransaction 5 and
         // inserted more rows, whose statement trigger now runs in 5.
-        let mut keys = Keys::new();
-        keys.push_bare(3, 1, b"1");
-        keys.push_bare(3, 1, b"2");
-        keys.push_bare(3, 5, b"3");
-        keys.push_bare(3, 6, b"4");
-        assert_eq!(text(keys.take(3, 5)).as_deref(), Some("{3,4}"));
+        let mut keys = empty();
+        keys.push_bare(3, 1, b"1").unwrap();
+        keys.push_bare(3, 1, b"2").unwrap();
+        keys.push_bare(3, 5, b"3").unwrap();
+        keys.push_bare(3, 6, b"4").unwrap();
+        assert_eq!(text(keys.take(3, 5).unwrap()).as_deref(), Some("{3,4}"));
         // The outer statement's trigger, back in 1, takes the rest.
-        assert_eq!(text(keys.take(3, 1)).as_deref(), Some("{1,2}"));
+        assert_eq!(text(keys.take(3, 1).unwrap()).as_deref(), Some("{1,2}"));
     }
 
     #[test]
     fn a_committed_subtransaction_keys_belong_to_its_parent_statement() {
         // Keys gathered in 5, which committed; its parent 2 goes on gathering: the parent's statement takes
         // all of them, and a rollback of the parent drops all of them.
-        let mut keys = Keys::new();
-        keys.push_bare(3, 2, b"1");
-        keys.push_bare(3, 5, b"2");
-        keys.push_bare(3, 2, b"3");
-        let mut rolled_back = Keys::new();
-        rolled_back.push_bare(3, 1, b"0");
-        rolled_back.push_bare(3, 2, b"1");
-        rolled_back.push_bare(3, 5, b"2");
-        rolled_back.push_bare(3, 2, b"3");
-        assert_eq!(text(keys.take(3, 2)).as_deref(), Some("{1,2,3}"));
+        let mut keys = empty();
+        keys.push_bare(3, 2, b"1").unwrap();
+        keys.push_bare(3, 5, b"2").unwrap();
+        keys.push_bare(3, 2, b"3").unwrap();
+        let mut rolled_back = empty();
+        rolled_back.push_bare(3, 1, b"0").unwrap();
+        rolled_back.push_bare(3, 2, b"1").unwrap();
+        rolled_back.push_bare(3, 5, b"2").unwrap();
+        rolled_back.push_bare(3, 2, b"3").unwrap();
+        assert_eq!(text(keys.take(3, 2).unwrap()).as_deref(), Some("{1,2,3}"));
         rolled_back.forget_since(2);
-        assert_eq!(text(rolled_back.take(3, 1)).as_deref(), Some("{0}"));
+        assert_eq!(
+            text(rolled_back.take(3, 1).unwrap()).as_deref(),
+            Some("{0}")
+        );
     }
 
     #[test]
     fn a_rollback_drops_the_keys_of_its_rows_only() {
-        let mut keys = Keys::new();
-        keys.push_bare(1, 1, b"1");
-        keys.push_bare(2, 4, b"2");
-        keys.push_bare(1, 4, b"3");
-        keys.push_bare(1, 9, b"4");
+        let mut keys = empty();
+        keys.push_bare(1, 1, b"1").unwrap();
+        keys.push_bare(2, 4, b"2").unwrap();
+        keys.push_bare(1, 4, b"3").unwrap();
+        keys.push_bare(1, 9, b"4").unwrap();
         keys.forget_since(4);
-        assert_eq!(text(keys.take(1, 1)).as_deref(), Some("{1}"));
-        assert_eq!(keys.take(2, 1), None);
+        assert_eq!(text(keys.take(1, 1).unwrap()).as_deref(), Some("{1}"));
+        assert_eq!(keys.take(2, 1).unwrap(), None);
         assert!(keys.is_empty());
     }
 
     #[test]
+    fn the_limit_refuses_a_key_and_counts_what_was_taken_or_dropped() {
+        // "{1,22}" is 6 bytes; the limit counts each key's bytes, its separator and one byte per run.
+        let mut keys = Keys::with_limit(12);
+        keys.push_bare(1, 1, b"1").unwrap();
+        keys.push_bare(1, 1, b"22").unwrap();
+        assert_eq!(
+            keys.push_quoted(1, 1, b"long key"),
+            Err(KeysError::TooLarge { limit: 12 })
+        );
+        assert_eq!(text(keys.take(1, 1).unwrap()).as_deref(), Some("{1,22}"));
+        // Taken keys no longer count, nor do keys a rollback dropped.
+        keys.push_bare(1, 2, b"333").unwrap();
+        keys.push_bare(1, 3, b"4444").unwrap();
+        keys.forget_since(2);
+        keys.push_quoted(1, 4, b"long").unwrap();
+        assert_eq!(
+            text(keys.take(1, 1).unwrap()).as_deref(),
+            Some("{\"long\"}")
+        );
+        assert_eq!(keys.bytes, 0);
+    }
+
+    #[test]
     fn clearing_counts_what_no_statement_took() {
-        let mut keys = Keys::new();
-        keys.push_bare(2, 1, b"1");
-        keys.push_bare(1, 1, b"1");
-        keys.push_bare(1, 3, b"2");
+        let mut keys = empty();
+        keys.push_bare(2, 1, b"1").unwrap();
+        keys.push_bare(1, 1, b"1").unwrap();
+        keys.push_bare(1, 3, b"2").unwrap();
         assert_eq!(keys.clear(), vec![(1, 2), (2, 1)]);
         assert!(keys.is_empty());
         assert_eq!(keys.clear(), vec![]);

@@ -343,7 +343,18 @@ SET ROLE sec_attacker;
 SELECT rag_unwatch(:'tickets');
 SELECT rag_reindex(:'tickets'::regclass);
 INSERT INTO rag.row_batches (watch_id, keys) VALUES (:tickets_watch, '[1]');
+-- Nor by putting the watch's trigger functions on a table of their own: its statement trigger runs as the
+-- watched table's owner and would queue the decoy's keys for that watch. The row trigger that gathers keys may
+-- be put there (the owner of a watched table may create it, for a restore), but what it gathers on another
+-- table is never taken for the watch: the commit warns instead.
+SELECT format('rag.%I', '_watch_' || :tickets_watch) AS tickets_function \gset
+CREATE TABLE sec_attacker.decoy (id int PRIMARY KEY);
+CREATE TRIGGER decoy_queue AFTER INSERT ON sec_attacker.decoy FOR EACH STATEMENT EXECUTE FUNCTION :tickets_function();
+CREATE TRIGGER decoy_keys AFTER INSERT ON sec_attacker.decoy FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'tickets_watch', 'id');
+INSERT INTO sec_attacker.decoy VALUES (424242);
+DROP TABLE sec_attacker.decoy;
 RESET ROLE;
+SELECT count(*) AS decoy_batches FROM rag.row_batches WHERE watch_id = :tickets_watch AND key_values LIKE '%424242%';
 -- Not even the table's owner writes batches outside its triggers.
 SET ROLE sec_owner;
 INSERT INTO rag.row_batches (watch_id, keys) VALUES (:tickets_watch, '[1]');
