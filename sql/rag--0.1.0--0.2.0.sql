@@ -3070,7 +3070,7 @@ $$;
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND (c.relispartition OR c.relkind = 'p'))
              OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
         WHEN cardinality(w.key_columns) = 1
              AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'

@@ -216,7 +216,8 @@ $$;
 -- How a watch's triggers find the keys of written rows:
 -- - 'rows': a PL/pgSQL row trigger queues each row's key, for a partition or an inheritance child, which rows
 --   written through its parent reach: PostgreSQL fires the child's row triggers then, but only the parent's
---   statement triggers;
+--   statement triggers; and for a partitioned table, whose partitions may be written directly: its row
+--   triggers are cloned onto every partition, its statement triggers are not;
 -- - 'gather': the row trigger in Rust (rag._watch_key) gathers them and the statement trigger queues them, for
 --   a one-column key whose text needs no encoding conversion (rag._plain_key_kind; text only in a UTF-8
 --   database);
@@ -225,7 +226,7 @@ $$;
 CREATE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND (c.relispartition OR c.relkind = 'p'))
              OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
         WHEN cardinality(w.key_columns) = 1
              AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
