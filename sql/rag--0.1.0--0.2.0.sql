@@ -3038,7 +3038,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
 BEGIN
-    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgname LIKE 'rag\_watch\_%' LOOP
+    -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
+    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
+                                                     AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
     END LOOP;
 END $$;
@@ -3070,7 +3072,7 @@ $$;
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND (c.relispartition OR c.relkind = 'p'))
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
              OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
         WHEN cardinality(w.key_columns) = 1
              AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
@@ -3082,13 +3084,17 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
+    WITH own AS (SELECT t.tgname, t.tgtype FROM pg_catalog.pg_trigger t
+                  WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
-        WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname LIKE 'rag\_watch\_%')
+        WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
+                                                        'rag_watch_truncate')) < 4
             THEN NULL
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_update_key')
-            THEN 'gather'
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_insert'
-                                                             AND t.tgtype & 1 = 1)
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_update_key')
+            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key') THEN 'gather' END
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname LIKE 'rag\_watch\_%\_key')
+            THEN NULL
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1)
             THEN 'rows'
         ELSE 'statement' END
 $$;
@@ -3352,7 +3358,14 @@ DECLARE
     v_watch rag.watches;
     v_exprs record;
 BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
+    -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
+    -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
+    -- statement triggers. Each partition is watched instead.
+    IF (SELECT relkind FROM pg_class WHERE oid = source) = 'p' THEN
+        RAISE EXCEPTION '% is a partitioned table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
+            HINT = 'Watch each of its partitions.';
+    END IF;
+    IF (SELECT relkind FROM pg_class WHERE oid = source) <> 'r' THEN
         RAISE EXCEPTION '% is not a table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
     END IF;
@@ -3513,9 +3526,28 @@ DECLARE
     v_watch integer;
 BEGIN
     FOR v_watch IN
-        SELECT w.id FROM rag.watches w
-         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source)
-           AND rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+        -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
+        -- the parent); never inside an extension's script, which may not replace objects it does not own.
+        WITH altered AS (
+            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            -- DETACH names the parent, which the detached table no longer is a child of.
+            SELECT w.source FROM rag.watches w
+             WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
+               AND rag._watch_trigger_mode_installed(w.source) = 'rows' AND rag._watch_trigger_mode(w) <> 'rows')
+        SELECT w.id FROM rag.watches w JOIN altered a ON a.objid = w.source
+          JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+            -- A new owner: the trigger functions run as the table's owner, whom the queue's policy checks.
+            OR (rag._watch_trigger_mode_installed(w.source) IS NOT NULL
+                AND (SELECT p.proowner FROM pg_catalog.pg_proc p
+                      WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || w.id)))
+                    IS DISTINCT FROM c.relowner)
          ORDER BY w.id
     LOOP
         PERFORM rag._watch_install(v_watch);

@@ -1,7 +1,8 @@
 -- Content tables that stay indexed by themselves. rag_watch puts triggers on a table that queue only the keys
--- of rows whose indexed content changed, in the writer's transaction: statement-level with transition tables
--- for INSERT and DELETE (one queue row per statement), row-level behind a WHEN clause for UPDATE (an update of
--- unrelated columns runs no trigger at all). The worker reads each row's current content by key, so a burst of updates costs one
+-- of rows whose indexed content changed, in the writer's transaction, one queue row per statement where it can
+-- (rag._watch_trigger_mode says how: a row trigger in Rust gathering keys, transition tables, or PL/pgSQL row
+-- triggers for partitions); an UPDATE's row trigger sits behind a WHEN clause, so an update of unrelated
+-- columns calls no row trigger function. The worker reads each row's current content by key, so a burst of updates costs one
 -- embedding of the final text, and only chunks whose text changed are embedded again.
 
 -- jsonb_build_object('col', r.col, ...) for a list of columns.
@@ -176,7 +177,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
 BEGIN
-    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgname LIKE 'rag\_watch\_%' LOOP
+    -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
+    FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
+                                                     AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
     END LOOP;
 END $$;
@@ -216,8 +219,7 @@ $$;
 -- How a watch's triggers find the keys of written rows:
 -- - 'rows': a PL/pgSQL row trigger queues each row's key, for a partition or an inheritance child, which rows
 --   written through its parent reach: PostgreSQL fires the child's row triggers then, but only the parent's
---   statement triggers; and for a partitioned table, whose partitions may be written directly: its row
---   triggers are cloned onto every partition, its statement triggers are not;
+--   statement triggers (rag_watch refuses a partitioned table itself);
 -- - 'gather': the row trigger in Rust (rag._watch_key) gathers them and the statement trigger queues them, for
 --   a one-column key whose text needs no encoding conversion (rag._plain_key_kind; text only in a UTF-8
 --   database);
@@ -226,7 +228,7 @@ $$;
 CREATE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND (c.relispartition OR c.relkind = 'p'))
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
              OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
         WHEN cardinality(w.key_columns) = 1
              AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
@@ -236,18 +238,23 @@ LANGUAGE sql STABLE AS $$
         ELSE 'statement' END
 $$;
 
--- The mode (rag._watch_trigger_mode) of the triggers a watched table has now; NULL when it has none of rag's
--- triggers (a restore that has not created them yet: it will, and making them here would make its CREATE
--- TRIGGER fail).
+-- The mode (rag._watch_trigger_mode) of the triggers a watched table has now, its own (not clones of a
+-- parent's); NULL when the set is not whole: a restore creates them one at a time, in name order across
+-- tables, with an ALTER TABLE … DISABLE TRIGGER between them for a disabled one, and making them here would
+-- make its next CREATE TRIGGER fail.
 CREATE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
+    WITH own AS (SELECT t.tgname, t.tgtype FROM pg_catalog.pg_trigger t
+                  WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
-        WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname LIKE 'rag\_watch\_%')
+        WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
+                                                        'rag_watch_truncate')) < 4
             THEN NULL
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_update_key')
-            THEN 'gather'
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = p_source AND t.tgname = 'rag_watch_insert'
-                                                             AND t.tgtype & 1 = 1)
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_update_key')
+            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key') THEN 'gather' END
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname LIKE 'rag\_watch\_%\_key')
+            THEN NULL
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1)
             THEN 'rows'
         ELSE 'statement' END
 $$;
@@ -522,7 +529,14 @@ DECLARE
     v_watch rag.watches;
     v_exprs record;
 BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = source) NOT IN ('r', 'p') THEN
+    -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
+    -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
+    -- statement triggers. Each partition is watched instead.
+    IF (SELECT relkind FROM pg_class WHERE oid = source) = 'p' THEN
+        RAISE EXCEPTION '% is a partitioned table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
+            HINT = 'Watch each of its partitions.';
+    END IF;
+    IF (SELECT relkind FROM pg_class WHERE oid = source) <> 'r' THEN
         RAISE EXCEPTION '% is not a table', rag._table_name(source) USING ERRCODE = 'wrong_object_type',
             HINT = 'rag_watch keeps an ordinary table indexed.';
     END IF;
@@ -683,17 +697,36 @@ CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_dro
 
 -- A watched table that becomes a partition or an inheritance child (ATTACH PARTITION, INHERIT), or stops being
 -- one, gets the triggers its new place needs (rag._watch_trigger_mode): its triggers are made again whenever
--- they no longer match (not while it has none: a restore makes them itself). Every ALTER TABLE pays a look
--- at rag.watches.
+-- they no longer match (not while its set is not whole: a restore makes them itself), or when the table
+-- changes owner. Every ALTER TABLE pays a look at rag.watches for the tables it altered.
 CREATE FUNCTION rag._on_alter_table() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_watch integer;
 BEGIN
     FOR v_watch IN
-        SELECT w.id FROM rag.watches w
-         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source)
-           AND rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+        -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
+        -- the parent); never inside an extension's script, which may not replace objects it does not own.
+        WITH altered AS (
+            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            -- DETACH names the parent, which the detached table no longer is a child of.
+            SELECT w.source FROM rag.watches w
+             WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
+               AND rag._watch_trigger_mode_installed(w.source) = 'rows' AND rag._watch_trigger_mode(w) <> 'rows')
+        SELECT w.id FROM rag.watches w JOIN altered a ON a.objid = w.source
+          JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)
+            -- A new owner: the trigger functions run as the table's owner, whom the queue's policy checks.
+            OR (rag._watch_trigger_mode_installed(w.source) IS NOT NULL
+                AND (SELECT p.proowner FROM pg_catalog.pg_proc p
+                      WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || w.id)))
+                    IS DISTINCT FROM c.relowner)
          ORDER BY w.id
     LOOP
         PERFORM rag._watch_install(v_watch);

@@ -129,9 +129,10 @@ pub const CLAIM_MORE_LOOKAHEAD: i32 = 64;
 pub const KEPT_STATEMENTS: usize = 128;
 
 /// Bytes of key text a backend keeps between a watched table's row triggers and its statement trigger
-/// (`crate::api::watch_keys`): a statement's keys become one text value, which PostgreSQL caps at a gigabyte
-/// (MaxAllocSize). About 90 million bigint keys; past it the statement fails with an error.
-pub const WATCH_KEYS_BYTES: usize = 1_000_000_000;
+/// (`crate::api::watch_keys`): a statement's keys become one queue row that the worker turns into jsonb,
+/// which PostgreSQL caps at 256 MB; a batch past that would be dropped with a warning after its commit.
+/// About 18 million bigint keys; past it the statement fails with an error instead.
+pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
