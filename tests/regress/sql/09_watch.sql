@@ -264,6 +264,21 @@ SELECT rag_unwatch('parted_low'), rag_unwatch('parted_high');
 SELECT rag_watch('parted', 'site', content => 'body', key => ARRAY['id']);
 DROP TABLE parted, parted_high;
 
+-- A watched table that changes owner keeps being indexed: the event trigger on ALTER TABLE gives its trigger
+-- functions the new owner, whom the queue's row-level policy checks.
+CREATE TABLE handed_over (id int PRIMARY KEY, body text);
+SELECT rag_watch('handed_over', 'site', content => 'body') > 0 AS watching;
+ALTER TABLE handed_over OWNER TO watch_reader;
+SELECT DISTINCT pg_get_userbyid(p.proowner) AS trigger_functions_owner
+  FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+ WHERE t.tgrelid = 'handed_over'::regclass AND p.proname ~ '^_watch_[0-9]+(_row)?$';
+BEGIN;
+INSERT INTO handed_over VALUES (1, 'still indexed');
+SELECT b.key_values FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'handed_over';
+ROLLBACK;
+SELECT rag_unwatch('handed_over');
+DROP TABLE handed_over;
+
 -- Hostile or broken definitions are refused when the watch is made.
 CREATE TABLE notes (id int PRIMARY KEY, txt text);
 SELECT rag_watch('notes', 'site', content => 'txt); DROP TABLE articles; --');
