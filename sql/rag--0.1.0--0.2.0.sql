@@ -3075,11 +3075,10 @@ LANGUAGE sql STABLE AS $$
         WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
              OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
         WHEN cardinality(w.key_columns) = 1
-             AND coalesce(rag._plain_key_kind(w.source, w.key_columns[1]) = 'number'
-                          OR (rag._plain_key_kind(w.source, w.key_columns[1]) = 'string'
-                              AND pg_catalog.getdatabaseencoding() = 'UTF8'), false)
+             AND (k.kind = 'number' OR (k.kind = 'string' AND pg_catalog.getdatabaseencoding() = 'UTF8'))
              AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relkind = 'r') THEN 'gather'
         ELSE 'statement' END
+      FROM (SELECT rag._plain_key_kind(w.source, w.key_columns[1]) AS kind) k
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
@@ -3122,6 +3121,7 @@ DECLARE
     v_when text;
     v_insert_keys text;
     v_delete_keys text;
+    v_take_keys text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -3153,9 +3153,10 @@ BEGIN
     -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
     -- DELETE's keys are queued whatever the filter says, and the worker applies it).
     v_mode := rag._watch_trigger_mode(w);
-    v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
+    v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
-    v_delete_keys := CASE WHEN v_mode = 'gather' THEN format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id)
+    v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
     v_row_function := format('rag.%I', '_watch_' || w.id || '_row');
@@ -3175,7 +3176,7 @@ BEGIN
             IF TG_OP = 'INSERT' THEN
                 %5$s
             ELSIF TG_OP = 'UPDATE' THEN
-                v_key_values := rag._watch_keys_taken(%1$s, TG_RELID);
+                %7$s
             ELSE
                 %6$s
             END IF;
@@ -3185,7 +3186,7 @@ BEGIN
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys);
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
                     SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_function, v_body);

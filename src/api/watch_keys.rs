@@ -137,20 +137,28 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
     }
 }
 
-/// The attribute of `descriptor` at zero-based `index`, which must be below its `natts` (PostgreSQL 18 lays
-/// the attributes out after a compact copy of them, so pgrx finds them).
+/// The attribute of `descriptor` at zero-based `index`; None past its `natts` (PostgreSQL 18 lays the
+/// attributes out after a compact copy of them, so pgrx finds them).
 ///
 /// # Safety
-/// `descriptor` is a live tuple descriptor.
-unsafe fn attribute_at(
+/// `descriptor` is a live tuple descriptor, which outlives the reference returned ('a).
+unsafe fn attribute_at<'a>(
     descriptor: pg_sys::TupleDesc,
     index: usize,
-) -> *const pg_sys::FormData_pg_attribute {
-    // Borrowed, not released: the relation owns the descriptor.
+) -> Option<&'a pg_sys::FormData_pg_attribute> {
+    // SAFETY: the caller vouches for the descriptor; it is borrowed, not released (the relation owns it), and
+    // the attribute lives in it, so the reference may outlive the wrapper.
     let borrowed = PgTupleDesc::from_pg_unchecked(descriptor);
     borrowed
         .get(index)
-        .map_or(std::ptr::null(), |attribute| attribute as *const _)
+        .map(|attribute| &*(attribute as *const pg_sys::FormData_pg_attribute))
+}
+
+/// The name of an attribute, which PostgreSQL keeps NUL-terminated in its NameData; as bytes, not pgrx's
+/// `FormData_pg_attribute::name()`, which unwraps it as UTF-8 and would panic on another encoding's name.
+fn attribute_name(attribute: &pg_sys::FormData_pg_attribute) -> &std::ffi::CStr {
+    // SAFETY: NameData is a fixed NAMEDATALEN buffer that PostgreSQL always NUL-terminates.
+    unsafe { std::ffi::CStr::from_ptr(attribute.attname.data.as_ptr()) }
 }
 
 /// The column named `column` of `descriptor`, and how to write its values; an error when it is gone.
@@ -162,15 +170,16 @@ unsafe fn find_key_column(
     trigger: pg_sys::Oid,
     column: &std::ffi::CStr,
 ) -> Result<KeyColumn, RagError> {
+    // SAFETY: the caller vouches for the descriptor (the trigger's relation, open and locked for the call).
     let natts = (*descriptor).natts;
     for index in 0..natts {
-        let attribute = attribute_at(descriptor, index as usize);
-        if (*attribute).attisdropped
-            || std::ffi::CStr::from_ptr((*attribute).attname.data.as_ptr()) != column
-        {
+        let Some(attribute) = attribute_at(descriptor, index as usize) else {
+            break;
+        };
+        if attribute.attisdropped || attribute_name(attribute) != column {
             continue;
         }
-        let type_oid = (*attribute).atttypid;
+        let type_oid = attribute.atttypid;
         let form = match pg_sys::getBaseType(type_oid) {
             pg_sys::INT2OID => KeyForm::Integer(2),
             pg_sys::INT4OID => KeyForm::Integer(4),
@@ -205,13 +214,18 @@ unsafe fn still_fits(
     trigger: pg_sys::Oid,
     column: &std::ffi::CStr,
 ) -> bool {
-    if kept.trigger != trigger || kept.attribute > (*descriptor).natts {
+    if kept.trigger != trigger {
         return false;
     }
-    let attribute = attribute_at(descriptor, kept.attribute as usize - 1);
-    !(*attribute).attisdropped
-        && (*attribute).atttypid == kept.type_oid
-        && std::ffi::CStr::from_ptr((*attribute).attname.data.as_ptr()) == column
+    // SAFETY: the caller vouches for the descriptor; attribute_at checks the index against its natts.
+    match attribute_at(descriptor, kept.attribute as usize - 1) {
+        Some(attribute) => {
+            !attribute.attisdropped
+                && attribute.atttypid == kept.type_oid
+                && attribute_name(attribute) == column
+        }
+        None => false,
+    }
 }
 
 /// The text of a non-NULL key as its output function writes it.
@@ -232,17 +246,26 @@ unsafe fn output_text(type_oid: pg_sys::Oid, value: pg_sys::Datum) -> Vec<u8> {
         pg_sys::fmgr_info_cxt(function, info.as_mut(), pg_sys::TopMemoryContext);
         info
     });
-    {
-        let text = pg_sys::OutputFunctionCall(info.as_mut(), value);
-        let bytes = std::ffi::CStr::from_ptr(text).to_bytes().to_vec();
-        pg_sys::pfree(text.cast());
-        OUTPUTS.with(|outputs| outputs.borrow_mut().insert(type_oid, info));
-        bytes
-    }
+    // SAFETY: the caller vouches that `value` is of `type_oid`, whose output function `info` holds; it returns
+    // a palloc'd NUL-terminated string, copied before it is freed.
+    let text = pg_sys::OutputFunctionCall(info.as_mut(), value);
+    let bytes = std::ffi::CStr::from_ptr(text).to_bytes().to_vec();
+    pg_sys::pfree(text.cast());
+    OUTPUTS.with(|outputs| outputs.borrow_mut().insert(type_oid, info));
+    bytes
 }
 
-/// A key's text as the array literal takes it: None for NULL, else whether it goes bare (an integer) and its
-/// bytes.
+/// A key's text as the array literal takes it.
+#[derive(PartialEq)]
+enum KeyText {
+    Null,
+    /// An integer's text, written as it is.
+    Bare(Vec<u8>),
+    /// Any other value's text, written in double quotes.
+    Quoted(Vec<u8>),
+}
+
+/// The key column's text in `tuple`.
 ///
 /// # Safety
 /// `tuple` is a row of the relation `descriptor` describes, and `key` was found in that descriptor.
@@ -250,44 +273,44 @@ unsafe fn key_text(
     key: &KeyColumn,
     tuple: pg_sys::HeapTuple,
     descriptor: pg_sys::TupleDesc,
-) -> Option<(bool, Vec<u8>)> {
+) -> KeyText {
     let mut is_null = false;
+    // SAFETY: the caller vouches that tuple and descriptor match and that the attribute is the key's; its
+    // form was read from the attribute's type, so the datum is an integer of that width, a text varlena
+    // (detoasted into the trigger's memory context), or a value of the type output_text is given.
     let value = pg_sys::heap_getattr(tuple, key.attribute, descriptor, &mut is_null);
     if is_null {
-        return None;
+        return KeyText::Null;
     }
-    Some(match key.form {
+    match key.form {
         KeyForm::Integer(width) => {
             let number: i64 = match width {
                 2 => i64::from(value.value() as i16),
                 4 => i64::from(value.value() as i32),
                 _ => value.value() as i64,
             };
-            (true, number.to_string().into_bytes())
+            KeyText::Bare(number.to_string().into_bytes())
         }
         KeyForm::Text => {
             let detoasted = pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr());
-            (
-                false,
-                pgrx::varlena::varlena_to_byte_slice(detoasted).to_vec(),
-            )
+            KeyText::Quoted(pgrx::varlena::varlena_to_byte_slice(detoasted).to_vec())
         }
-        KeyForm::Output(type_oid) => (false, output_text(type_oid, value)),
-    })
+        KeyForm::Output(type_oid) => KeyText::Quoted(output_text(type_oid, value)),
+    }
 }
 
 fn keep(
     watch: Target,
     subtransaction: pg_sys::SubTransactionId,
-    text: Option<(bool, Vec<u8>)>,
+    text: KeyText,
 ) -> Result<(), RagError> {
     PENDING
         .with(|pending| {
             let mut pending = pending.borrow_mut();
             match text {
-                None => pending.push_null(watch, subtransaction),
-                Some((true, bytes)) => pending.push_bare(watch, subtransaction, &bytes),
-                Some((false, bytes)) => pending.push_quoted(watch, subtransaction, &bytes),
+                KeyText::Null => pending.push_null(watch, subtransaction),
+                KeyText::Bare(bytes) => pending.push_bare(watch, subtransaction, &bytes),
+                KeyText::Quoted(bytes) => pending.push_quoted(watch, subtransaction, &bytes),
             }
         })
         .map_err(too_many_keys)
@@ -315,6 +338,9 @@ fn too_many_keys(error: KeysError) -> RagError {
 /// `data` is the TriggerData PostgreSQL passed to the trigger function.
 unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
     let event = data.tg_event;
+    // SAFETY: PostgreSQL's TriggerData points at its live Trigger, relation and tuples for the call; the
+    // checks below make sure it is the row event this function is installed for, with its two arguments
+    // (C strings in the trigger's catalog copy) and the tuples read below, before any of them is read.
     let trigger = &*data.tg_trigger;
     let operation = event & pg_sys::TRIGGER_EVENT_OPMASK;
     let is_update = operation == pg_sys::TRIGGER_EVENT_UPDATE;

@@ -360,10 +360,16 @@ END $f$;
 SELECT pg_temp.attempt(format('CREATE TRIGGER decoy_queue AFTER INSERT ON sec_attacker.decoy FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                               :'tickets_function')) AS attaching_the_watch_function;
 CREATE TRIGGER decoy_keys AFTER INSERT ON sec_attacker.decoy FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'tickets_watch', 'id');
+-- Counted in the inserting transaction, before the worker could spread a batch into the row queue.
+BEGIN;
 INSERT INTO sec_attacker.decoy VALUES (424242);
+RESET ROLE;
+SELECT count(*) AS decoy_batches FROM rag.row_batches
+ WHERE watch_id = :tickets_watch AND coalesce(key_values, keys::text) LIKE '%424242%';
+COMMIT;
+SET ROLE sec_attacker;
 DROP TABLE sec_attacker.decoy;
 RESET ROLE;
-SELECT count(*) AS decoy_batches FROM rag.row_batches WHERE watch_id = :tickets_watch AND key_values LIKE '%424242%';
 -- Not even the table's owner writes batches outside its triggers.
 SET ROLE sec_owner;
 INSERT INTO rag.row_batches (watch_id, keys) VALUES (:tickets_watch, '[1]');
