@@ -4144,6 +4144,23 @@ BEGIN
     END LOOP;
 END $$;
 
+-- 0.1.0 let a partitioned table be watched, but such a watch never indexed a row: the worker reads a watched
+-- row FROM ONLY the table it watches, where a partitioned table holds none, and rows written straight to a
+-- partition fired none of its statement triggers. 0.2.0 refuses to make one (rag_watch); one made before is
+-- kept as it was (its collection may hold other documents, and dropping what a user made is not this
+-- script's to decide) and named here, with what to do instead.
+DO $$
+DECLARE
+    v_source text;
+BEGIN
+    FOR v_source IN SELECT pw.source_name FROM rag.watches pw JOIN pg_catalog.pg_class c ON c.oid = pw.source
+                     WHERE c.relkind = 'p' ORDER BY pw.id LOOP
+        RAISE WARNING 'the watch of % indexes nothing: % is a partitioned table', v_source, v_source
+            USING HINT = 'A partitioned table holds no rows of its own, and 0.1.0 read watched rows from the table '
+                         'itself. rag_unwatch it, then rag_watch each of its partitions into the same collection.';
+    END LOOP;
+END $$;
+
 -- From 0.2.0 watch expressions are evaluated with rag's search_path, pg_catalog, rag and pg_temp (0.1.0's also
 -- held the extension's and pgvector's schemas, where a closer overload someone else made would have run as
 -- the table's owner; README, Security). An expression naming a function, operator or type of another schema

@@ -32,6 +32,11 @@ def fingerprint(db):
     return {table: scalar(sql, db=db) for table, sql in FINGERPRINTS.items()}
 
 
+def trigger_states(db):
+    return psql("SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "WHERE t.tgname LIKE 'rag\\_watch\\_%' ORDER BY 1, 2", db=db)
+
+
 def run(command):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
@@ -56,12 +61,21 @@ class Backup(unittest.TestCase):
             CREATE TABLE pages (id int PRIMARY KEY, body text);
             INSERT INTO pages VALUES (1, 'Parking is free for staff.'), (2, 'The office opens at eight.');
             SELECT rag_watch('pages', 'kb', content => 'body');
+            -- A watched table with two of rag's triggers disabled by its owner: pg_dump makes the triggers one at
+            -- a time, each disabled one with an ALTER TABLE right after it, which rag's event trigger on ALTER
+            -- TABLE must leave alone (the first and the last of the set in the order a restore makes them).
+            -- Into a collection of its own: kb's search plan, checked below, is left as it was.
+            SELECT rag_create_collection('drafts', embedding_model => 'hash-384', max_distance => 2);
+            CREATE TABLE drafts (id int PRIMARY KEY, body text);
+            INSERT INTO drafts VALUES (1, 'Drafts are kept for a year.');
+            SELECT rag_watch('drafts', 'drafts', content => 'body');
+            ALTER TABLE drafts DISABLE TRIGGER rag_watch_delete, DISABLE TRIGGER rag_watch_update_key;
             SELECT rag_grant('kb', 'rag_e2e_backup_reader', 'read');
             SELECT rag_set_price('hash-384', 1.5, 0);
             SELECT rag_create_provider('elsewhere', 'openai', base_url => 'http://127.0.0.1:9/v1');
         """, db=SOURCE)
         assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                          "AND (SELECT count(*) FROM rag.documents) = 4 AND NOT EXISTS (SELECT 1 FROM rag.row_queue)",
+                          "AND (SELECT count(*) FROM rag.documents) = 5 AND NOT EXISTS (SELECT 1 FROM rag.row_queue)",
                           SOURCE), "the source database did not settle"
         psql("""
             SELECT rag_conversation_start('kb') AS c \\gset
@@ -75,6 +89,7 @@ class Backup(unittest.TestCase):
             COMMIT;
         """, db=SOURCE)
         cls.original = fingerprint(SOURCE)
+        cls.triggers = trigger_states(SOURCE)
         cls.dump = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_backup.dump")
         run(["pg_dump", "-Fc", "-f", cls.dump, SOURCE])
         cls.plain = run(["pg_dump", "-Fp", SOURCE])
@@ -92,7 +107,7 @@ class Backup(unittest.TestCase):
         # The HNSW index came back with the collection's partition, and the search uses it.
         self.assertEqual(scalar("SELECT to_regclass('rag.' || index_name) IS NOT NULL FROM rag.collections "
                                 "WHERE name = 'kb'", db=db), "t", "the HNSW index was not restored")
-        self.assertEqual(scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = 'rag.chunks'::regclass", db=db), "2")
+        self.assertEqual(scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = 'rag.chunks'::regclass", db=db), "3")
         plan = "\n".join(row[0] for row in psql("SET enable_seqscan = off; SELECT * FROM rag_explain('kb');", db=db))
         self.assertIn("Index Scan using chunks_embedding_c", plan)
         self.assertEqual(psql("SELECT title FROM rag_query('kb', 'how much notice must staff give', 1)", db=db),
@@ -104,6 +119,12 @@ class Backup(unittest.TestCase):
         psql("INSERT INTO pages VALUES (3, 'Visitors sign in at the front desk.')", db=db)
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 3}' "
                                    "AND status = 'ready')", db), "an insert into the restored watched table was not indexed")
+        # Every trigger of rag came back as it was, the disabled ones disabled: none was made again by rag's
+        # event trigger while the restore altered the tables.
+        self.assertEqual(trigger_states(db), self.triggers)
+        self.assertIn(["drafts", "rag_watch_delete", "D"], self.triggers)
+        self.assertIn(["drafts", "rag_watch_update_key", "D"], self.triggers)
+        self.assertIn(["drafts", "rag_watch_insert", "O"], self.triggers)
         # Grants came back: the reader reads, the conversation continues.
         self.assertEqual(scalar("SET ROLE rag_e2e_backup_reader; SELECT count(*) > 0 FROM rag_query('kb', 'lunch');",
                                 db=db), "t")

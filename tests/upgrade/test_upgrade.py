@@ -79,6 +79,12 @@ def fill():
         CREATE TABLE notices (id int PRIMARY KEY, body text);
         INSERT INTO notices VALUES (1, 'Fire drill on Friday.');
         SELECT rag_watch('notices', 'kb', content => 'shout(body)');
+        -- A partitioned table, which 0.1.0 let be watched and never indexed (it read rows FROM ONLY the parent).
+        CREATE TABLE events (id int PRIMARY KEY, body text) PARTITION BY RANGE (id);
+        CREATE TABLE events_early PARTITION OF events FOR VALUES FROM (0) TO (100);
+        INSERT INTO events VALUES (1, 'The quarterly review is in March.');
+        SELECT rag_watch('events', 'kb', content => 'body');
+        INSERT INTO events VALUES (2, 'The summer party is in July.');
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
@@ -204,6 +210,16 @@ class Upgrade(unittest.TestCase):
         self.assertIn("shout(text) does not exist", self.update_messages)
         self.assertNotIn("the watch of pages", self.update_messages)
 
+    def test_the_update_names_watches_of_partitioned_tables(self):
+        self.assertIn("the watch of events indexes nothing: events is a partitioned table", self.update_messages)
+        self.assertIn("rag_watch each of its partitions", self.update_messages)
+        # The watch is kept, and writes to the table (through the parent or straight to a partition) go on.
+        psql("SET ROLE rag_upgrade_editor; INSERT INTO events VALUES (3, 'Winter hours start in November.'); "
+             "INSERT INTO events_early VALUES (4, 'The canteen closes in August.'); "
+             "UPDATE events SET body = body || ' Bring a coat.' WHERE id = 3; DELETE FROM events WHERE id = 4", db=DB)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.watches WHERE source = 'events'::regclass", db=DB), "1")
+        self.assertNotIn("the watch of pages indexes nothing", self.update_messages)
+
     def test_a_grant_made_by_hand_still_calls_the_entry_point(self):
         # The wrapper keeps the grant on its oid; the update grants the SECURITY DEFINER body it calls too. The
         # role may read no collection, so it is shown no watch; the call itself is not refused.
@@ -216,7 +232,8 @@ class Upgrade(unittest.TestCase):
         # called, and not the body, which would refuse.
         self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched ORDER BY 1",
                               db=DB),
-                         [["notices", "1"], ["pages", "2"]])
+                         # The partitioned table's rows live in its partition, which the watch never reads.
+                         [["events", "0"], ["notices", "1"], ["pages", "2"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for

@@ -359,6 +359,11 @@ EXCEPTION WHEN OTHERS THEN
 END $f$;
 SELECT pg_temp.attempt(format('CREATE TRIGGER decoy_queue AFTER INSERT ON sec_attacker.decoy FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                               :'tickets_function')) AS attaching_the_watch_function;
+-- Nor may they execute any watch's statement or row function (a watch in 'statement' or 'rows' mode has both).
+SELECT count(*) FILTER (WHERE p.proname !~ '_row$') > 0 AS statement_functions_exist,
+       count(*) FILTER (WHERE p.proname ~ '_row$') > 0 AS row_functions_exist,
+       count(*) FILTER (WHERE has_function_privilege('sec_attacker', p.oid, 'EXECUTE')) AS attacker_may_execute
+  FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?$';
 CREATE TRIGGER decoy_keys AFTER INSERT ON sec_attacker.decoy FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'tickets_watch', 'id');
 -- Counted in the inserting transaction, before the worker could spread a batch into the row queue.
 BEGIN;
