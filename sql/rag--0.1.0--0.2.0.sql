@@ -3720,7 +3720,12 @@ SELECT w.source_name AS source,
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
-       coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
+       -- A watch of a partitioned table (0.1.0 made them; the upgrade kept them) indexes nothing and fails no
+       -- row, so without this it would look idle and healthy to anyone who missed the upgrade's warning.
+       coalesce(CASE WHEN (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) = 'p'
+                     THEN format('the watch indexes nothing: %s is a partitioned table, whose rows are in its '
+                                 'partitions; rag_unwatch it, then rag_watch each partition', w.source_name) END,
+                (SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
                 (SELECT d.failure_reason FROM rag.documents d
                   WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
   FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id

@@ -219,6 +219,12 @@ class Upgrade(unittest.TestCase):
              "UPDATE events SET body = body || ' Bring a coat.' WHERE id = 3; DELETE FROM events WHERE id = 4", db=DB)
         self.assertEqual(scalar("SELECT count(*) FROM rag.watches WHERE source = 'events'::regclass", db=DB), "1")
         self.assertNotIn("the watch of pages indexes nothing", self.update_messages)
+        # Told again where a user looks at a watch's health, not only once in the update's output.
+        status = dict(psql("SET ROLE rag_upgrade_editor; SELECT source, coalesce(last_error, '') FROM rag_watch_status()",
+                           db=DB))
+        self.assertIn("the watch indexes nothing: events is a partitioned table", status["events"])
+        self.assertIn("rag_watch each partition", status["events"])
+        self.assertEqual(status["pages"], "")
 
     def test_a_grant_made_by_hand_still_calls_the_entry_point(self):
         # The wrapper keeps the grant on its oid; the update grants the SECURITY DEFINER body it calls too. The
