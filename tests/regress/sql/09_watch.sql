@@ -258,7 +258,55 @@ SELECT w.source_name, string_agg(coalesce(b.key_values, b.keys::text), ' ' ORDER
 ROLLBACK;
 ALTER TABLE parted DETACH PARTITION parted_high;
 SELECT rag._watch_trigger_mode_installed('parted_high'::regclass) AS high_detached;
-SELECT rag_unwatch('parted_low'), rag_unwatch('parted_high');
+-- DETACH … CONCURRENTLY finishes in a transaction of its own, after the one that starts it: the table still
+-- gets its plain table's triggers back.
+ALTER TABLE parted ATTACH PARTITION parted_high FOR VALUES FROM (100) TO (200);
+SELECT rag._watch_trigger_mode_installed('parted_high'::regclass) AS high_attached_again;
+ALTER TABLE parted DETACH PARTITION parted_high CONCURRENTLY;
+SELECT rag._watch_trigger_mode_installed('parted_high'::regclass) AS high_detached_concurrently;
+BEGIN;
+INSERT INTO parted_high VALUES (150, 'alone again');
+SELECT b.key_values FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'parted_high';
+ROLLBACK;
+-- Two levels: a watched partition of a partition. Rows written through the top parent, through the middle one
+-- or to the leaf itself are all queued, and detaching the middle level from the top changes nothing for it.
+CREATE TABLE parted_mid PARTITION OF parted FOR VALUES FROM (200) TO (300) PARTITION BY RANGE (id);
+CREATE TABLE parted_leaf PARTITION OF parted_mid FOR VALUES FROM (200) TO (250);
+ALTER TABLE parted_leaf ADD PRIMARY KEY (id);
+SELECT rag_watch('parted_leaf', 'site', content => 'body') > 0 AS watching_leaf;
+SELECT rag._watch_trigger_mode_installed('parted_leaf'::regclass) AS leaf;
+BEGIN;
+INSERT INTO parted VALUES (201, 'through the top');
+INSERT INTO parted_mid VALUES (202, 'through the middle');
+INSERT INTO parted_leaf VALUES (203, 'straight in');
+UPDATE parted SET body = body || '!' WHERE id = 201;
+DELETE FROM parted_mid WHERE id = 202;
+SELECT string_agg(b.keys::text, ' ' ORDER BY b.id) AS leaf_batches
+  FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'parted_leaf';
+ROLLBACK;
+ALTER TABLE parted DETACH PARTITION parted_mid;
+SELECT rag._watch_trigger_mode_installed('parted_leaf'::regclass) AS leaf_after_the_middle_left;
+SELECT rag_unwatch('parted_low'), rag_unwatch('parted_high'), rag_unwatch('parted_leaf');
+DROP TABLE parted_mid;
+-- Inheritance: a table that starts inheriting gets row triggers (an UPDATE or DELETE of the parent reaches the
+-- child's rows through the child's row triggers only), and its plain table's triggers back when it stops.
+CREATE TABLE inh_parent (id integer, body text);
+CREATE TABLE inh_child (id integer PRIMARY KEY, body text);
+SELECT rag_watch('inh_child', 'site', content => 'body') > 0 AS watching_child;
+SELECT rag._watch_trigger_mode_installed('inh_child'::regclass) AS child_alone;
+ALTER TABLE inh_child INHERIT inh_parent;
+SELECT rag._watch_trigger_mode_installed('inh_child'::regclass) AS child_inheriting;
+BEGIN;
+INSERT INTO inh_child VALUES (1, 'one'), (2, 'two');
+UPDATE inh_parent SET body = body || '!' WHERE id = 1;
+DELETE FROM inh_parent WHERE id = 2;
+SELECT string_agg(b.keys::text, ' ' ORDER BY b.id) AS child_batches
+  FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'inh_child';
+ROLLBACK;
+ALTER TABLE inh_child NO INHERIT inh_parent;
+SELECT rag._watch_trigger_mode_installed('inh_child'::regclass) AS child_alone_again;
+SELECT rag_unwatch('inh_child');
+DROP TABLE inh_child, inh_parent;
 -- A partitioned table itself is refused: it holds no rows of its own to read, and its partitions may be
 -- written directly, which fires none of its statement triggers. Its partitions are watched instead.
 SELECT rag_watch('parted', 'site', content => 'body', key => ARRAY['id']);
