@@ -2537,7 +2537,9 @@ CREATE OR REPLACE FUNCTION rag._close_enough(c rag.collections, p_distance doubl
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
                 THEN (p_relevance >= c.min_relevance
-                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
+                      OR coalesce(c.min_lead > 0 AND p_lead >= c.min_lead
+                                  AND (p_relevance >= c.min_relevance - c.min_lead OR p_distance <= c.max_distance),
+                                  false))
                      AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;

@@ -430,17 +430,22 @@ END $$;
 -- Whether a found chunk is close enough to be returned or answered from: the refusal threshold, decided here
 -- only. A reranked chunk passes on its relevance (the cross-encoder's logit, comparable across questions,
 -- which one distance is not for a bi-encoder), or, as the reranker's first, on its lead (rag._search): ahead of
--- the second candidate by at least the collection's min_lead and no more than that below min_relevance. A
--- question about nothing in the collection scores every candidate alike at the model's floor, so a chunk that
--- stands out of its candidates and is also the bi-encoder's nearest is what a paraphrase looks like
--- (BENCHMARKS.md §5). The caller's max_distance, when given, applies as well. A chunk that was not reranked
--- passes on its distance, under the caller's ceiling or else the collection's.
+-- the second candidate by at least the collection's min_lead (0: never), and either no more than min_lead
+-- below min_relevance or within the collection's own distance ceiling (the bi-encoder's threshold, per
+-- model: what the collection would answer from without a reranker). A question about nothing in the
+-- collection scores every candidate alike at the model's floor, so a chunk that stands out of its candidates
+-- and is also the bi-encoder's nearest is what a paraphrase looks like; the cross-encoder alone may still score
+-- such a paraphrase at its floor when the wording differs enough (BENCHMARKS.md §5). The caller's
+-- max_distance, when given, applies as well. A chunk that was not reranked passes on its distance, under the
+-- caller's ceiling or else the collection's.
 CREATE FUNCTION rag._close_enough(c rag.collections, p_distance double precision, p_relevance real, p_lead real,
                                   p_max_distance double precision) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
                 THEN (p_relevance >= c.min_relevance
-                      OR coalesce(p_lead >= c.min_lead AND p_relevance >= c.min_relevance - c.min_lead, false))
+                      OR coalesce(c.min_lead > 0 AND p_lead >= c.min_lead
+                                  AND (p_relevance >= c.min_relevance - c.min_lead OR p_distance <= c.max_distance),
+                                  false))
                      AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;

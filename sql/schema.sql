@@ -72,9 +72,9 @@ CREATE TABLE rag.collections (
     -- when its relevance is at least min_relevance, which then replaces the distance ceiling as the refusal
     -- threshold. The reranker is a model directory under rag.model_path (reranker_provider 'local'), or a model
     -- of an OpenAI-compatible server with /rerank. NULL: no reranking. The range of rerank_candidates is
-    -- src/limits.rs's (checked in collections.sql). The reranker's first candidate also passes below
-    -- min_relevance, by at most min_lead, when it leads the second candidate by min_lead or more and is the
-    -- vector side's nearest too (rag._close_enough; 0: the threshold alone).
+    -- src/limits.rs's (checked in collections.sql). The reranker's first candidate also passes when it leads
+    -- the second candidate by min_lead or more and is the vector side's nearest too, if it is at most min_lead
+    -- below min_relevance or within max_distance (rag._close_enough; min_lead 0: the threshold alone).
     reranker           text CHECK (reranker <> ''),
     reranker_provider  text NOT NULL DEFAULT 'local' REFERENCES rag.providers (name),
     rerank_candidates  integer NOT NULL,

@@ -96,7 +96,7 @@ def ranking(conn, corpus: Corpus, mode, reranked, dump):
         rows = conn.execute(
             "SELECT metadata->>'key', content, distance, relevance "
             "FROM rag_query(%s, %s, k => %s, max_distance => 2, mode => %s)",
-            (corpus.collection, question.text, 10 if reranked else 20, mode)).fetchall()
+            (corpus.collection, question.text, 10 if reranked and dump is None else 20, mode)).fetchall()
         latencies.append((time.perf_counter() - started) * 1000)
         hits = [key == question.key and question.held_by(normalised(content))
                 for key, content, _distance, _relevance in rows]
@@ -130,6 +130,24 @@ def ranking(conn, corpus: Corpus, mode, reranked, dump):
     return result
 
 
+def candidates(conn, collection, question, mode=None):
+    """Every candidate of a question as rag_query ranks it with the gates out of the way (the caller has set
+    the reranker's threshold to -100): the first one's relevance, distance and lead are what refusal decides on."""
+    return [{"title": title, "distance": distance, "relevance": relevance}
+            for title, distance, relevance in conn.execute(
+                "SELECT title, distance, relevance FROM rag_query(%s, %s, k => 20, max_distance => 2, mode => %s)",
+                (collection, question, mode)).fetchall()]
+
+
+def dump_refused(conn, corpus: Corpus, mode, dump):
+    """For trying refusal rules offline: the off-domain and unanswerable questions' candidates."""
+    set_reranker(conn, corpus.collection, True, gate=False)
+    for kind, questions in (("off-domain", OFF_DOMAIN), ("unanswerable", corpus.unanswerable)):
+        for question in questions:
+            dump.append({"corpus": corpus.name, "mode": mode, "question": question, "kind": kind,
+                         "candidates": candidates(conn, corpus.collection, question, mode)})
+
+
 def refusal(conn, corpus: Corpus, mode):
     conn.execute("UPDATE rag.collections SET search_mode = %s WHERE name = %s", (mode, corpus.collection))
     latencies = []
@@ -160,7 +178,7 @@ def refusal(conn, corpus: Corpus, mode):
     }
 
 
-def paraphrases(conn, label, passages):
+def paraphrases(conn, label, passages, dump=None):
     """A paraphrase set: per way of refusing, how many questions are answered from the right passage, and how
     many of the off-domain questions asked of the same small collection are refused."""
     name = "paraphrases"
@@ -170,6 +188,15 @@ def paraphrases(conn, label, passages):
         conn.execute("SELECT rag_ingest(%s, %s, %s)", (name, title, passage))
     if not conn.execute("SELECT rag_wait(%s, '300 seconds')", (name,)).fetchone()[0]:
         sys.exit(f"the {label} was not embedded within 300 s")
+    if dump is not None:
+        set_reranker(conn, name, True, gate=False)
+        for kind, asked in (("paraphrase", [(title, question) for title, _passage, question in passages]),
+                            ("off-domain", [(None, question) for question in OFF_DOMAIN])):
+            for title, question in asked:
+                dump.append({"corpus": label, "mode": "hybrid", "question": question, "kind": kind, "gold": title,
+                             "candidates": candidates(conn, name, question)})
+        conn.execute("SELECT rag_set_reranker(%s, %s, min_relevance => rag._limit('min_relevance_default')::real)",
+                     (name, RERANKER))
     rows = []
     for search, reranked, min_lead in (("hybrid, distance ceiling", False, None),
                                        ("hybrid+rerank, relevance threshold alone", True, 0),
@@ -215,6 +242,8 @@ def evaluate(conn, corpus: Corpus, dump):
         # faster than the first.
         with psycopg.connect(autocommit=True) as fresh:
             results[label] = ranking(fresh, corpus, mode, reranked, dump)
+        if dump is not None and reranked:
+            dump_refused(conn, corpus, mode, dump)
         conn.execute("SELECT rag_set_reranker(%s, %s, rerank_candidates => %s::integer, min_relevance => %s::real)",
                      (corpus.collection, RERANKER if reranked else None, CANDIDATES, min_relevance))
         results[label].update(refusal(conn, corpus, mode))
@@ -281,8 +310,8 @@ def main():
         chat_calls_before = conn.execute("SELECT coalesce(sum(chat_calls), 0) FROM rag.queries").fetchone()[0]
         for name in chosen:
             lines += evaluate(conn, CORPORA[name](), dump) + [""]
-        paraphrased = (paraphrases(conn, "handbook", HANDBOOK)
-                       + paraphrases(conn, "house rules", HOUSE_RULES))
+        paraphrased = (paraphrases(conn, "handbook", HANDBOOK, dump)
+                       + paraphrases(conn, "house rules", HOUSE_RULES, dump))
         chat_calls = conn.execute("SELECT coalesce(sum(chat_calls), 0) FROM rag.queries").fetchone()[0] - chat_calls_before
 
     lines += [f"Paraphrases (short passages, each asked about in other words: a {len(HANDBOOK)}-passage staff "

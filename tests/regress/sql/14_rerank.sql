@@ -77,13 +77,28 @@ SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._l
 -- The lead (rag._close_enough): the reranker's first chunk passes below min_relevance, by up to min_lead, when it
 -- leads the second candidate by min_lead or more. Both edges are inclusive; a chunk with no lead (not the first,
 -- or not also the nearest by distance) has only the threshold; the caller's ceiling still applies.
-SELECT rag._close_enough(c, 0.5, -8, 3, NULL) AS at_both_edges,
-       rag._close_enough(c, 0.5, -8.01, 3, NULL) AS below_the_floor,
-       rag._close_enough(c, 0.5, -6, 2.99, NULL) AS lead_too_short,
+SELECT rag._close_enough(c, c.max_distance + 0.1, -8, 3, NULL) AS at_both_edges,
+       rag._close_enough(c, c.max_distance + 0.1, -8.01, 3, NULL) AS below_the_floor,
+       rag._close_enough(c, c.max_distance + 0.1, -6, 2.99, NULL) AS lead_too_short,
        rag._close_enough(c, 0.5, -6, NULL, NULL) AS without_a_lead,
        rag._close_enough(c, 0.5, -5, NULL, NULL) AS at_the_threshold,
        rag._close_enough(c, 0.5, -6, 5, 0.4) AS beyond_the_callers_ceiling
   FROM rag.collections c WHERE c.name = 'rr';
+-- With its lead, the first chunk also passes at any relevance within the collection's own distance ceiling
+-- (the bi-encoder's threshold for its model), edge inclusive; not without the lead, nor beyond the ceiling.
+SELECT c.max_distance = rag._default_max_distance(c.embedding_model) AS the_models_ceiling,
+       rag._close_enough(c, c.max_distance, -11, 3, NULL) AS within_the_ceiling,
+       rag._close_enough(c, c.max_distance + 0.001, -11, 3, NULL) AS beyond_the_ceiling,
+       rag._close_enough(c, 0.3, -11, 2.99, NULL) AS near_but_lead_too_short,
+       rag._close_enough(c, 0.3, -11, NULL, NULL) AS near_without_a_lead,
+       rag._close_enough(c, 0.3, -11, 5, 0.2) AS near_beyond_the_callers_ceiling
+  FROM rag.collections c WHERE c.name = 'rr';
+-- min_lead 0 turns the lead off on both counts: only the threshold is left.
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => 0);
+SELECT rag._close_enough(c, 0.3, -11, 5, NULL) AS near_with_the_lead_off,
+       rag._close_enough(c, 0.3, -8, 5, NULL) AS above_the_floor_with_the_lead_off
+  FROM rag.collections c WHERE c.name = 'rr';
+SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => rag._limit('min_lead_default')::real);
 -- rag._search gives the lead to the first chunk only: its combined score (relevance plus the weighted
 -- similarity) less the second candidate's.
 SELECT count(s.lead) AS with_a_lead, bool_and(s.lead IS NULL OR s.rank = 1) AS only_the_first,
@@ -112,6 +127,12 @@ SELECT outcome, citations->0->>'title' AS cited FROM rag_ask('rr-blend', 'How do
 SELECT outcome, jsonb_path_query_array(citations, '$[*].title') AS cited,
        answer LIKE 'New parents may take up to six months off%' AS quotes_the_first
   FROM rag_ask('rr-blend', 'How long can I stay at home after my baby is born?');
+-- The cross-encoder scores "cycle" and "hallway" at its floor against the bicycle rule, but puts it first, far
+-- ahead, and it is the nearest passage, within the model's distance ceiling: answered.
+SELECT outcome, citations->0->>'title' AS cited, best_relevance < c.min_relevance - c.min_lead AS below_the_floor,
+       nearest_distance <= c.max_distance AS within_the_ceiling
+  FROM rag_ask('rr-blend', 'Is it ok to leave my cycle in the hallway?') a
+  JOIN rag.collections c ON c.name = 'rr-blend';
 SELECT rag_drop_collection('rr-blend');
 -- Paraphrases the reranker scores below the threshold but far ahead of every other passage are answered;
 -- off-domain questions, whose candidates all score alike, are still refused. Without the lead the paraphrases
