@@ -125,9 +125,10 @@ SELECT rag_watch('gathered', 'site', content => 'body') > 0 AS watching;
 SELECT tgname, pg_get_triggerdef(oid) ~ 'REFERENCING' AS transition_table,
        pg_get_triggerdef(oid) ~ 'FOR EACH ROW' AS row_level FROM pg_trigger
  WHERE tgrelid = 'gathered'::regclass ORDER BY 1;
-CREATE FUNCTION pg_temp.gathered_batches() RETURNS text LANGUAGE sql AS $$
+-- The batches a watched table's writes queued (not yet spread by the worker), in order.
+CREATE FUNCTION pg_temp.watch_batches(p_source text) RETURNS text LANGUAGE sql AS $$
     SELECT string_agg(coalesce(b.key_values, b.keys::text), ' ' ORDER BY b.id) FROM rag.row_batches b
-     WHERE b.watch_id = (SELECT w.id FROM rag.watches w WHERE w.source_name = 'gathered') $$;
+     WHERE b.watch_id = (SELECT w.id FROM rag.watches w WHERE w.source_name = p_source) $$;
 BEGIN;
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
 -- A conflict skipped inserts nothing; an upsert gathers the rows it inserts and those it updates.
@@ -145,7 +146,7 @@ COPY gathered FROM STDIN;
 7	seven
 8	eight
 \.
-SELECT pg_temp.gathered_batches() AS batches;
+SELECT pg_temp.watch_batches('gathered') AS batches;
 ROLLBACK;
 -- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
 -- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
@@ -166,7 +167,7 @@ END $$;
 CREATE TRIGGER zz_echo AFTER INSERT ON gathered FOR EACH ROW EXECUTE FUNCTION gathered_echo();
 BEGIN;
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
-SELECT pg_temp.gathered_batches() AS batches;
+SELECT pg_temp.watch_batches('gathered') AS batches;
 ROLLBACK;
 DROP TRIGGER zz_echo ON gathered;
 DROP FUNCTION gathered_echo();
@@ -174,7 +175,7 @@ DROP FUNCTION gathered_echo();
 ALTER TABLE gathered DISABLE TRIGGER rag_watch_insert;
 INSERT INTO gathered VALUES (9, 'nine');
 ALTER TABLE gathered ENABLE TRIGGER rag_watch_insert;
-SELECT pg_temp.gathered_batches() AS batches;
+SELECT pg_temp.watch_batches('gathered') AS batches;
 -- Keys gathered by the row trigger put on another table (a superuser's or a watched table's owner's doing;
 -- 11_security tries it as an owner) are not taken by the watch's statement trigger, which takes only what was
 -- gathered on its own table.
@@ -184,7 +185,7 @@ CREATE TRIGGER planted AFTER INSERT ON elsewhere FOR EACH ROW EXECUTE FUNCTION r
 BEGIN;
 INSERT INTO elsewhere VALUES (42);
 INSERT INTO gathered VALUES (10, 'ten');
-SELECT pg_temp.gathered_batches() AS batches;
+SELECT pg_temp.watch_batches('gathered') AS batches;
 COMMIT;
 DROP TABLE elsewhere;
 -- An ordinary role may neither take a session's gathered keys nor put the row trigger on a table of its own.
@@ -210,8 +211,7 @@ BEGIN
             INSERT INTO typed_keys VALUES (-32768, -2147483648, -1.50, '00000000-0000-0000-0000-0000000000ab', NULL, 'a'),
                                           (32767, 2147483647, 1e20, 'ffffffff-ffff-ffff-ffff-ffffffffffff', 7, 'b');
             UPDATE typed_keys SET maybe = NULL, body = 'c' WHERE maybe = 7;
-            SELECT string_agg(b.key_values, ' ' ORDER BY b.id) INTO v_batch
-              FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id AND w.source_name = 'typed_keys';
+            v_batch := pg_temp.watch_batches('typed_keys');
             RAISE NOTICE '% keys: %', v_column, v_batch;
             RAISE EXCEPTION 'undo' USING ERRCODE = 'P0001';
         EXCEPTION WHEN raise_exception THEN
@@ -228,8 +228,7 @@ BEGIN;
 MERGE INTO merged m USING (VALUES (2, 'TWO'), (3, 'three')) v(id, body) ON m.id = v.id
  WHEN MATCHED THEN UPDATE SET body = v.body WHEN NOT MATCHED THEN INSERT VALUES (v.id, v.body);
 MERGE INTO merged m USING (VALUES (1)) v(id) ON m.id = v.id WHEN MATCHED THEN DELETE;
-SELECT string_agg(b.key_values, ' ' ORDER BY b.id) AS batches
-  FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id AND w.source_name = 'merged';
+SELECT pg_temp.watch_batches('merged') AS batches;
 ROLLBACK;
 SELECT rag_unwatch('merged', drop_documents => true);
 DROP TABLE merged;
@@ -266,7 +265,7 @@ ALTER TABLE parted DETACH PARTITION parted_high CONCURRENTLY;
 SELECT rag._watch_trigger_mode_installed('parted_high'::regclass) AS high_detached_concurrently;
 BEGIN;
 INSERT INTO parted_high VALUES (150, 'alone again');
-SELECT b.key_values FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'parted_high';
+SELECT pg_temp.watch_batches('parted_high') AS key_values;
 ROLLBACK;
 -- Two levels: a watched partition of a partition. Rows written through the top parent, through the middle one
 -- or to the leaf itself are all queued, and detaching the middle level from the top changes nothing for it.
@@ -281,8 +280,7 @@ INSERT INTO parted_mid VALUES (202, 'through the middle');
 INSERT INTO parted_leaf VALUES (203, 'straight in');
 UPDATE parted SET body = body || '!' WHERE id = 201;
 DELETE FROM parted_mid WHERE id = 202;
-SELECT string_agg(b.keys::text, ' ' ORDER BY b.id) AS leaf_batches
-  FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'parted_leaf';
+SELECT pg_temp.watch_batches('parted_leaf') AS leaf_batches;
 ROLLBACK;
 ALTER TABLE parted DETACH PARTITION parted_mid;
 SELECT rag._watch_trigger_mode_installed('parted_leaf'::regclass) AS leaf_after_the_middle_left;
@@ -300,8 +298,7 @@ BEGIN;
 INSERT INTO inh_child VALUES (1, 'one'), (2, 'two');
 UPDATE inh_parent SET body = body || '!' WHERE id = 1;
 DELETE FROM inh_parent WHERE id = 2;
-SELECT string_agg(b.keys::text, ' ' ORDER BY b.id) AS child_batches
-  FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'inh_child';
+SELECT pg_temp.watch_batches('inh_child') AS child_batches;
 ROLLBACK;
 ALTER TABLE inh_child NO INHERIT inh_parent;
 SELECT rag._watch_trigger_mode_installed('inh_child'::regclass) AS child_alone_again;
@@ -322,7 +319,7 @@ SELECT DISTINCT pg_get_userbyid(p.proowner) AS trigger_functions_owner
  WHERE t.tgrelid = 'handed_over'::regclass AND p.proname ~ '^_watch_[0-9]+(_row)?$';
 BEGIN;
 INSERT INTO handed_over VALUES (1, 'still indexed');
-SELECT b.key_values FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id WHERE w.source_name = 'handed_over';
+SELECT pg_temp.watch_batches('handed_over') AS key_values;
 ROLLBACK;
 SELECT rag_unwatch('handed_over');
 DROP TABLE handed_over;
