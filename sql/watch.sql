@@ -1,7 +1,7 @@
 -- Content tables that stay indexed by themselves. rag_watch puts triggers on a table that queue only the keys
 -- of rows whose indexed content changed, in the writer's transaction, one queue row per statement where it can
 -- (rag._watch_trigger_mode says how: a row trigger in Rust gathering keys, transition tables, or PL/pgSQL row
--- triggers for partitions); an UPDATE's row trigger sits behind a WHEN clause, so an update of unrelated
+-- triggers); an UPDATE's row trigger sits behind a WHEN clause, so an update of unrelated
 -- columns calls no row trigger function. The worker reads each row's current content by key, so a burst of updates costs one
 -- embedding of the final text, and only chunks whose text changed are embedded again.
 
@@ -216,26 +216,64 @@ LANGUAGE sql STABLE AS $$
       FROM base b ORDER BY b.depth DESC LIMIT 1
 $$;
 
--- How a watch's triggers find the keys of written rows:
--- - 'rows': a PL/pgSQL row trigger queues each row's key, for a partition or an inheritance child, which rows
---   written through its parent reach: PostgreSQL fires the child's row triggers then, but only the parent's
---   statement triggers (rag_watch refuses a partitioned table itself);
--- - 'gather': the row trigger in Rust (rag._watch_key) gathers them and the statement trigger queues them, for
---   a one-column key whose text needs no encoding conversion (rag._plain_key_kind; text only in a UTF-8
---   database);
+-- How a watch's triggers find the keys of written rows. A partition or an inheritance child is written through
+-- its parent too, which fires the child's row triggers but only the parent's statement triggers (rag_watch
+-- refuses a partitioned table itself), so it has row triggers only:
+-- - 'gather_at_end': the row trigger in Rust (rag._watch_key, third argument 'statement_end') gathers the keys
+--   and rag queues them when the statement ends (src/api/watch_keys.rs, rag._queue_gathered_keys), for a
+--   plain table's one-column key whose text needs no encoding conversion (rag._plain_key_kind; text only in a
+--   UTF-8 database);
+-- - 'rows': otherwise, a PL/pgSQL row trigger queues each row's key.
+-- Any other table has statement triggers:
+-- - 'gather': the row trigger in Rust gathers the keys and the statement trigger queues them, for such a key;
 -- - 'statement': statement triggers with transition tables for INSERT and DELETE, and the PL/pgSQL row
 --   trigger for UPDATE.
 CREATE FUNCTION rag._watch_trigger_mode(w rag.watches) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
-             OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) THEN 'rows'
-        WHEN cardinality(w.key_columns) = 1
-             AND (k.kind = 'number' OR (k.kind = 'string' AND pg_catalog.getdatabaseencoding() = 'UTF8'))
-             AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relkind = 'r') THEN 'gather'
+        WHEN child THEN CASE WHEN gathers THEN 'gather_at_end' ELSE 'rows' END
+        WHEN gathers THEN 'gather'
         ELSE 'statement' END
-      FROM (SELECT rag._plain_key_kind(w.source, w.key_columns[1]) AS kind) k
+      FROM (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relispartition)
+                   OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = w.source) AS child,
+                   cardinality(w.key_columns) = 1
+                   AND (k.kind = 'number' OR (k.kind = 'string' AND pg_catalog.getdatabaseencoding() = 'UTF8'))
+                   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = w.source AND c.relkind = 'r')
+                       AS gathers
+              FROM (SELECT rag._plain_key_kind(w.source, w.key_columns[1]) AS kind) k) m
 $$;
+
+-- Queues the keys a partition's or an inheritance child's row trigger (rag._watch_key with 'statement_end')
+-- gathered during one statement, as one batch. Called only by rag's library when the statement ends
+-- (src/api/watch_keys.rs), through fmgr as PostgreSQL calls a trigger function: EXECUTE is granted to no one,
+-- so no SQL can queue keys with it. It runs as rag's owner, which the queue's policy lets write, and queues
+-- keys only for the watch of the table the trigger fired on, which a watch's own trigger always is. A watch
+-- gone since the rows were written (rag_unwatch later in the same transaction) queues nothing and returns 0:
+-- its table's rows are no longer indexed, and failing here could fail a COMMIT.
+CREATE FUNCTION rag._queue_gathered_keys(p_watch_id integer, p_source oid, p_key_values text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''),
+                                 rag._limit('sync_delay_default'))::interval;
+    v_source oid;
+    v_batch bigint;
+BEGIN
+    SELECT w.source INTO v_source FROM rag.watches w WHERE w.id = p_watch_id;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF v_source <> p_source THEN
+        RAISE EXCEPTION 'a rag._watch_key trigger on % names watch %, which does not watch that table',
+                        coalesce(rag._table_name(p_source::regclass), p_source::text), p_watch_id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
+    END IF;
+    INSERT INTO rag.row_batches (watch_id, key_values, not_before)
+    VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
+    RETURNING id INTO v_batch;
+    PERFORM rag._wake_worker();
+    RETURN v_batch;
+END $$;
 
 -- The mode (rag._watch_trigger_mode) of the triggers a watched table has now, its own (not clones of a
 -- parent's); NULL when the set is not whole: a restore creates them one at a time, in name order across
@@ -243,7 +281,7 @@ $$;
 -- make its next CREATE TRIGGER fail.
 CREATE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH own AS (SELECT t.tgname, t.tgtype FROM pg_catalog.pg_trigger t
+    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid FROM pg_catalog.pg_trigger t
                   WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
         WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
@@ -253,6 +291,9 @@ LANGUAGE sql STABLE AS $$
             THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key') THEN 'gather' END
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname LIKE 'rag\_watch\_%\_key')
             THEN NULL
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1
+                                          AND tgfoid = pg_catalog.to_regprocedure('rag._watch_key()'))
+            THEN 'gather_at_end'
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1)
             THEN 'rows'
         ELSE 'statement' END
@@ -412,6 +453,11 @@ BEGIN
                            v_trigger || '_key', v_event, w.source::regclass, v_when, w.id, w.key_columns[1]);
             EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                            v_trigger, v_event, w.source::regclass, v_function);
+        ELSIF v_mode = 'gather_at_end' THEN
+            -- No statement trigger: rows written through the parent would not fire it. rag queues what the row
+            -- trigger gathered when the statement ends.
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION rag._watch_key(%L, %L, %L)',
+                           v_trigger, v_event, w.source::regclass, v_when, w.id, w.key_columns[1], 'statement_end');
         ELSIF v_mode = 'rows' OR v_transition IS NULL THEN
             EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
                            v_trigger, v_event, w.source::regclass, v_when, v_row_function);
@@ -719,7 +765,8 @@ BEGIN
             -- DETACH names the parent, which the detached table no longer is a child of.
             SELECT w.source FROM rag.watches w
              WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
-               AND rag._watch_trigger_mode_installed(w.source) = 'rows' AND rag._watch_trigger_mode(w) <> 'rows')
+               AND rag._watch_trigger_mode_installed(w.source) IN ('rows', 'gather_at_end')
+               AND rag._watch_trigger_mode(w) NOT IN ('rows', 'gather_at_end'))
         SELECT w.id FROM rag.watches w JOIN altered a ON a.objid = w.source
           JOIN pg_catalog.pg_class c ON c.oid = w.source
          WHERE rag._watch_trigger_mode(w) <> rag._watch_trigger_mode_installed(w.source)

@@ -120,3 +120,55 @@ pub fn report_activity(activity: Option<&str>) {
         },
     }
 }
+
+// PostgreSQL's own entry points for rag's hooks, declared here rather than taken from `pg_sys`: pgrx's bindings
+// catch any ERROR raised below them and re-raise a copy without the error's cursor position and context lines.
+// Every statement of every database passes through these hooks, so their errors must reach clients untouched.
+extern "C-unwind" {
+    #[link_name = "standard_ExecutorFinish"]
+    pub fn standard_executor_finish_unguarded(query_desc: *mut pg_sys::QueryDesc);
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility_unguarded(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query_string: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// Runs a ProcessUtility call on: the hook installed before ours, or PostgreSQL's own implementation.
+///
+/// # Safety
+/// The arguments are those PostgreSQL passed to a ProcessUtility hook, passed on unchanged; called from a hook
+/// frame that owns nothing needing a drop (an ERROR below longjmps across it).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn next_process_utility(
+    previous: pg_sys::ProcessUtility_hook_type,
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    let next = previous.unwrap_or(standard_process_utility_unguarded);
+    // SAFETY: the caller passes PostgreSQL's own arguments on unchanged, as ProcessUtility() would.
+    unsafe {
+        next(
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        )
+    }
+}

@@ -10,18 +10,26 @@
 //! column from the row in hand and appends its text to a buffer of the backend; the statement trigger, which
 //! PostgreSQL fires after every row event of its statement, takes the buffer as one array literal.
 //!
-//! It serves watches of a plain table whose key is one column of a number type (or of a string type in a
-//! UTF-8 database); for inserts, only without a filter (`rag._watch_install` decides). The row trigger runs no
-//! expression of the owner's and reads no other column, so it may run as whoever writes. A filter needs the
-//! owner's rights in a security-restricted operation (`rag._restrict_to_current_user`), which a statement
-//! trigger gives once and a row trigger would have to give per row; a partition written directly fires its
-//! own row triggers but not its parent's statement trigger.
+//! It serves watches whose key is one column of a number type (or of a string type in a UTF-8 database), of a
+//! plain table (for inserts, only without a filter: `rag._watch_install` decides) or of a partition or an
+//! inheritance child (filter or not). The row trigger runs no expression of the owner's and reads no other
+//! column, so it may run as whoever writes. A filter needs the owner's rights in a security-restricted
+//! operation (`rag._restrict_to_current_user`), which a statement trigger gives once and a row trigger would
+//! have to give per row.
+//!
+//! A partition or an inheritance child written through its parent fires its own row triggers but none of its
+//! statement triggers (PostgreSQL fires the parent's). Its row trigger (third argument `statement_end`) keeps
+//! the keys apart, and rag queues them itself when the statement ends: an `ExecutorFinish` hook, which
+//! PostgreSQL calls after it has fired every AFTER trigger of the statement, a `ProcessUtility` hook for `COPY
+//! … FROM`, and the commit for any row event fired outside both (a logical replication apply worker firing an
+//! `ENABLE ALWAYS` trigger). `rag._queue_gathered_keys` writes the batch as rag's owner, and only for the watch
+//! of the table the trigger fired on.
 //!
 //! What is gathered but not yet taken follows the transaction: a subtransaction's rollback drops the keys
 //! gathered since it began (its rows are gone), the end of the transaction drops everything, and a statement
-//! trigger takes only the keys gathered since its own subtransaction began (`rag_keys` explains why that is
-//! right). A commit that finds keys no statement trigger took (that trigger disabled while the row trigger was
-//! not) warns: those rows will not be indexed until the table is reindexed.
+//! trigger, or a statement's end, takes only the keys gathered since its own subtransaction began (`rag_keys`
+//! explains why that is right). A commit that finds keys no statement trigger took (that trigger disabled
+//! while the row trigger was not) warns: those rows will not be indexed until the table is reindexed.
 use crate::error::{RagError, UnwrapOrRaise};
 use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
@@ -60,6 +68,14 @@ thread_local! {
     // row trigger gathered on its own table, so a trigger put on another table cannot add keys to a watch.
     static PENDING: RefCell<PendingKeys<Target>> =
         RefCell::new(PendingKeys::with_limit(crate::limits::WATCH_KEYS_BYTES));
+    // The keys of partitions and inheritance children, which no statement trigger takes: rag queues them when
+    // the statement ends. Apart from PENDING, so that the end of a statement inside another (a trigger's SQL)
+    // never queues keys whose statement trigger has yet to run.
+    // By the trigger depth its row trigger ran at too (pg_trigger_depth()): a statement's own rows fire their
+    // triggers one level below it, so the end of a statement run inside one of those triggers (an audit
+    // trigger's INSERT) leaves the keys of the enclosing statement's rows for that statement's own end.
+    static AT_STATEMENT_END: RefCell<PendingKeys<(i32, Target)>> =
+        RefCell::new(PendingKeys::with_limit(crate::limits::WATCH_KEYS_BYTES));
     // By trigger: two watched tables written in turn (a trigger of one writing the other) keep theirs.
     static KEY_COLUMNS: RefCell<HashMap<pg_sys::Oid, KeyColumn>> = RefCell::new(HashMap::new());
     // The output function of a KeyForm::Output type, looked up once per type; what fmgr_info_cxt allocates
@@ -67,15 +83,200 @@ thread_local! {
     static OUTPUTS: RefCell<HashMap<pg_sys::Oid, Box<pg_sys::FmgrInfo>>> = RefCell::new(HashMap::new());
 }
 
-/// Registers the callbacks that drop gathered keys when their (sub)transaction ends. Called once per process
-/// from `_PG_init`.
+/// PostgreSQL's `TopSubTransactionId` (access/xact.h, a macro pgrx does not bind): the top-level transaction's
+/// own number, below every subtransaction's.
+const TOP_SUBTRANSACTION: pg_sys::SubTransactionId = 1;
+
+static mut PREVIOUS_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
+static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+
+/// Registers the callbacks that drop gathered keys when their (sub)transaction ends, and the hooks that queue
+/// a partition's keys when its statement ends. Called once per process from `_PG_init`, preloaded or not: a
+/// backend that loads the library when a row trigger first fires queues that statement's partition keys at
+/// its next statement's end or at its commit.
 pub fn install() {
-    // SAFETY: `_PG_init` runs once per process on its only thread; both calls copy the pointer into lists they
-    // own.
+    // SAFETY: `_PG_init` runs once per process on its only thread, before any statement of ours; the callback
+    // calls copy the pointer into lists they own, and the previous hooks are kept and always called.
     unsafe {
         pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+        PREVIOUS_EXECUTOR_FINISH = pg_sys::ExecutorFinish_hook;
+        pg_sys::ExecutorFinish_hook = Some(queue_keys_after_executor_finish);
+        PREVIOUS_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(queue_keys_after_copy);
     }
+}
+
+/// Whether a statement's end may find partition keys to queue; cheap, for every statement of every database.
+/// Never panics (the hooks that ask are not guarded).
+fn keys_wait_for_statement_end() -> bool {
+    AT_STATEMENT_END.with(|pending| {
+        pending
+            .try_borrow()
+            .is_ok_and(|pending| !pending.is_empty())
+    })
+}
+
+/// Not `#[pg_guard]`, as the hook of src/worker/database_commands.rs: an ERROR of the statement travels to
+/// PostgreSQL's handler untouched. Sound because this frame owns nothing that needs dropping. PostgreSQL has
+/// fired every AFTER trigger of the statement (row and statement events) by the time the standard function
+/// returns.
+// SAFETY (for callers): PostgreSQL calls it with the QueryDesc of ExecutorFinish(), valid for the call.
+unsafe extern "C-unwind" fn queue_keys_after_executor_finish(query_desc: *mut pg_sys::QueryDesc) {
+    // SAFETY: PostgreSQL's own argument, passed on unchanged, as ExecutorFinish() would without us; the
+    // previous hook was stored once by `install` before any statement ran, and is only read since.
+    match PREVIOUS_EXECUTOR_FINISH {
+        Some(previous) => previous(query_desc),
+        None => crate::pg::standard_executor_finish_unguarded(query_desc),
+    }
+    if keys_wait_for_statement_end() {
+        queue_keys_at_statement_end();
+    }
+}
+
+/// `COPY … FROM` fires row triggers without going through the executor's finish; no other utility statement
+/// writes rows that fire them (a procedure's or a prepared statement's own statements each pass
+/// ExecutorFinish). Not `#[pg_guard]`, for the reason given at [`queue_keys_after_executor_finish`].
+// SAFETY (for callers): PostgreSQL calls it with the arguments of ProcessUtility(), all valid for the call.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn queue_keys_after_copy(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: a PlannedStmt of ProcessUtility() always carries its utility statement; read before the call,
+    // which may free neither.
+    let is_copy = !pstmt.is_null()
+        && !(*pstmt).utilityStmt.is_null()
+        && (*(*pstmt).utilityStmt).type_ == pg_sys::NodeTag::T_CopyStmt;
+    // SAFETY: the arguments are PostgreSQL's own, passed on unchanged.
+    crate::pg::next_process_utility(
+        PREVIOUS_PROCESS_UTILITY,
+        pstmt,
+        query_string,
+        read_only_tree,
+        context,
+        params,
+        query_env,
+        dest,
+        qc,
+    );
+    if is_copy && keys_wait_for_statement_end() {
+        queue_keys_at_statement_end();
+    }
+}
+
+/// Queues, one batch per watch and table, the partition keys gathered since the current subtransaction began:
+/// those of the statement that just ended and of any statement inside it that has not queued its own. Keys of
+/// an enclosing subtransaction stay for their own statement's end, so that no batch is written where a
+/// rollback would undo it while the rows stay.
+#[pg_guard]
+extern "C-unwind" fn queue_keys_at_statement_end() {
+    // SAFETY: reads the transaction's state and the current subtransaction's id; neither raises.
+    let (in_transaction, subtransaction) = unsafe {
+        (
+            pg_sys::IsTransactionState(),
+            pg_sys::GetCurrentSubTransactionId(),
+        )
+    };
+    if !in_transaction {
+        return;
+    }
+    queue_keys_since(subtransaction).unwrap_or_raise();
+}
+
+/// PostgreSQL's trigger nesting depth now (`pg_trigger_depth()`): 0 in a client's statement, one more inside
+/// each trigger function being called.
+/// Called once per row: the call frame is a zeroed local rather than pgrx's palloc'd one.
+fn trigger_depth() -> i32 {
+    // SAFETY: FunctionCallInfoBaseData is plain data (its argument array is a zero-length tail); a zeroed
+    // frame with no arguments is what an argument-less V1 function is called with, and pg_trigger_depth only
+    // returns a counter, reading nothing of the frame.
+    let depth = unsafe {
+        let mut frame: pg_sys::FunctionCallInfoBaseData = std::mem::zeroed();
+        pg_sys::pg_trigger_depth(&mut frame)
+    };
+    depth.value() as i32
+}
+
+/// Takes the statement-end keys gathered since `subtransaction` began by row triggers deeper than the current
+/// trigger depth (all of them at a commit: [`TOP_SUBTRANSACTION`], at depth 0), then queues them through
+/// `rag._queue_gathered_keys` as rag's owner.
+fn queue_keys_since(subtransaction: pg_sys::SubTransactionId) -> Result<(), RagError> {
+    let depth = trigger_depth();
+    // Taken before any SQL runs: the queueing's own statements end too, and find nothing left to queue.
+    let taken = AT_STATEMENT_END
+        .with(|pending| {
+            pending
+                .borrow_mut()
+                .take_where(subtransaction, |&(gathered_at, _)| gathered_at > depth)
+        })
+        .map_err(too_many_keys)?;
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let function = queue_function()?;
+    for ((_, (watch, table)), literal) in taken {
+        // Text keys are gathered this way only in a UTF-8 database (rag._watch_install), numbers are ASCII.
+        let literal = String::from_utf8(literal).map_err(|_| {
+            RagError::Internal(format!("the keys gathered for watch {watch} are not UTF-8"))
+        })?;
+        // SAFETY: `function` is rag._queue_gathered_keys(integer, oid, text), looked up by that signature; the
+        // datums are of those types (the text palloc'd in the current memory context). It is called as
+        // PostgreSQL calls a trigger function, without an EXECUTE check (granted to no one): its SECURITY
+        // DEFINER handler runs it as rag's owner with its pinned search_path. It never returns NULL.
+        unsafe {
+            pg_sys::OidFunctionCall3Coll(
+                function,
+                pg_sys::InvalidOid,
+                pg_sys::Datum::from(watch),
+                pg_sys::Datum::from(pg_sys::Oid::from(table)),
+                literal.into_datum().expect("a String always makes a datum"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The oid of `rag._queue_gathered_keys(integer, oid, text)`, found in the catalog by schema, name and
+/// argument types, as PostgreSQL finds a trigger's function: no privilege of the writer's is checked (who may
+/// write the table need not have USAGE on schema rag, and PostgreSQL's name lookup would require it), and no
+/// search_path or type name is parsed. An error when the extension's SQL is older than its library.
+fn queue_function() -> Result<pg_sys::Oid, RagError> {
+    let argument_types = [pg_sys::INT4OID, pg_sys::OIDOID, pg_sys::TEXTOID];
+    // SAFETY: catalog lookups by key inside the transaction; get_namespace_oid with missing_ok never raises,
+    // buildoidvector copies the array into a palloc'd vector, and the syscache reads the NUL-terminated name
+    // and the vector only for the call.
+    let function = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            pg_sys::InvalidOid
+        } else {
+            let arguments = pg_sys::buildoidvector(argument_types.as_ptr(), 3);
+            pg_sys::GetSysCacheOid(
+                pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as std::ffi::c_int,
+                pg_sys::Anum_pg_proc_oid as pg_sys::AttrNumber,
+                pg_sys::Datum::from(c"_queue_gathered_keys".as_ptr()),
+                pg_sys::Datum::from(arguments),
+                pg_sys::Datum::from(schema),
+                pg_sys::Datum::from(0),
+            )
+        }
+    };
+    if function == pg_sys::InvalidOid {
+        return Err(RagError::undefined(
+            "rag._queue_gathered_keys(integer, oid, text) does not exist, so the keys a watched partition \
+             gathered cannot be queued"
+                .to_string(),
+            "Run ALTER EXTENSION rag UPDATE: the rag library is newer than the extension's SQL.",
+        ));
+    }
+    Ok(function)
 }
 
 // SAFETY (for callers): PostgreSQL calls it at transaction events with the argument registered (NULL).
@@ -91,8 +292,30 @@ unsafe extern "C-unwind" fn at_transaction_end(
     if !committing && !crate::pg::ends_transaction(event) {
         return;
     }
+    if committing && keys_wait_for_statement_end() {
+        // Row events fired where no statement end of ours was seen: queued with the transaction still open
+        // (after its deferred triggers); an error here rolls the transaction back, as a deferred trigger's.
+        // No statement runs now, so no snapshot is active; SQL needs one, as PostgreSQL gives its deferred
+        // triggers (an error's abort pops it).
+        // SAFETY: snapshot bookkeeping of the open transaction, pushed and popped in pairs.
+        let push_snapshot = !pg_sys::ActiveSnapshotSet();
+        if push_snapshot {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        queue_keys_since(TOP_SUBTRANSACTION).unwrap_or_raise();
+        if push_snapshot {
+            pg_sys::PopActiveSnapshot();
+        }
+    }
     // try_borrow_mut: no borrow can be live here (every one is plain Rust that cannot raise), and a panic
     // inside transaction end must not be risked on the chance.
+    AT_STATEMENT_END.with(|pending| {
+        if let Ok(mut pending) = pending.try_borrow_mut() {
+            if !pending.is_empty() {
+                pending.clear();
+            }
+        }
+    });
     let left = PENDING.with(|pending| match pending.try_borrow_mut() {
         Ok(mut pending) if !pending.is_empty() => pending.clear(),
         _ => Vec::new(),
@@ -111,8 +334,8 @@ unsafe extern "C-unwind" fn at_transaction_end(
             warning!(
                 "rag: the keys of {keys} row(s) written to {name} were not queued for indexing: the \
                  watch's statement trigger did not run (disabled, or the rows were written through a parent \
-                 table, or the trigger is not on the watched table); rag_reindex on the watched table \
-                 queues its rows again"
+                 table, or the trigger is not on the watched table); rag_reindex on the watched table queues \
+                 its rows again"
             );
         }
     }
@@ -128,6 +351,13 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         PENDING.with(|pending| {
+            if let Ok(mut pending) = pending.try_borrow_mut() {
+                if !pending.is_empty() {
+                    pending.forget_since(subtransaction);
+                }
+            }
+        });
+        AT_STATEMENT_END.with(|pending| {
             if let Ok(mut pending) = pending.try_borrow_mut() {
                 if !pending.is_empty() {
                     pending.forget_since(subtransaction);
@@ -299,21 +529,51 @@ unsafe fn key_text(
     }
 }
 
+/// Which of the two buffers a row trigger keeps its keys in.
+#[derive(Clone, Copy)]
+enum TakenBy {
+    /// The watch's statement trigger (`rag._watch_keys_taken`).
+    StatementTrigger,
+    /// rag, when the statement ends (a partition's or an inheritance child's keys).
+    StatementEnd,
+}
+
 fn keep(
+    buffer: TakenBy,
     watch: Target,
     subtransaction: pg_sys::SubTransactionId,
     text: KeyText,
 ) -> Result<(), RagError> {
-    PENDING
-        .with(|pending| {
-            let mut pending = pending.borrow_mut();
-            match text {
-                KeyText::Null => pending.push_null(watch, subtransaction),
-                KeyText::Bare(bytes) => pending.push_bare(watch, subtransaction, &bytes),
-                KeyText::Quoted(bytes) => pending.push_quoted(watch, subtransaction, &bytes),
-            }
-        })
-        .map_err(too_many_keys)
+    fn push<W: Copy + Eq + std::hash::Hash + Ord>(
+        pending: &mut PendingKeys<W>,
+        target: W,
+        subtransaction: pg_sys::SubTransactionId,
+        text: KeyText,
+    ) -> Result<(), KeysError> {
+        match text {
+            KeyText::Null => pending.push_null(target, subtransaction),
+            KeyText::Bare(bytes) => pending.push_bare(target, subtransaction, &bytes),
+            KeyText::Quoted(bytes) => pending.push_quoted(target, subtransaction, &bytes),
+        }
+    }
+    match buffer {
+        TakenBy::StatementTrigger => {
+            PENDING.with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, text))
+        }
+        TakenBy::StatementEnd => {
+            // The depth this row trigger runs at, its own call included.
+            let depth = trigger_depth();
+            AT_STATEMENT_END.with(|pending| {
+                push(
+                    &mut pending.borrow_mut(),
+                    (depth, watch),
+                    subtransaction,
+                    text,
+                )
+            })
+        }
+    }
+    .map_err(too_many_keys)
 }
 
 fn too_many_keys(error: KeysError) -> RagError {
@@ -339,8 +599,9 @@ fn too_many_keys(error: KeysError) -> RagError {
 unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
     let event = data.tg_event;
     // SAFETY: PostgreSQL's TriggerData points at its live Trigger, relation and tuples for the call; the
-    // checks below make sure it is the row event this function is installed for, with its two arguments
-    // (C strings in the trigger's catalog copy) and the tuples read below, before any of them is read.
+    // checks below make sure it is the row event this function is installed for, with its two or three
+    // arguments (tgnargs C strings in the trigger's catalog copy) and the tuples read below, before any of
+    // them is read.
     let trigger = &*data.tg_trigger;
     let operation = event & pg_sys::TRIGGER_EVENT_OPMASK;
     let is_update = operation == pg_sys::TRIGGER_EVENT_UPDATE;
@@ -349,7 +610,7 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         || operation == pg_sys::TRIGGER_EVENT_DELETE)
         || event & pg_sys::TRIGGER_EVENT_ROW == 0
         || event & pg_sys::TRIGGER_EVENT_TIMINGMASK != pg_sys::TRIGGER_EVENT_AFTER
-        || trigger.tgnargs != 2
+        || !(trigger.tgnargs == 2 || trigger.tgnargs == 3)
         || data.tg_trigtuple.is_null()
         || (is_update && data.tg_newtuple.is_null())
     {
@@ -358,7 +619,20 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
             "Run rag_watch again for the table.",
         ));
     }
-    let arguments = std::slice::from_raw_parts(trigger.tgargs, 2);
+    let arguments = std::slice::from_raw_parts(trigger.tgargs, trigger.tgnargs as usize);
+    let buffer = match arguments
+        .get(2)
+        .map(|argument| std::ffi::CStr::from_ptr(*argument))
+    {
+        None => TakenBy::StatementTrigger,
+        Some(taken_by) if taken_by.to_bytes() == b"statement_end" => TakenBy::StatementEnd,
+        Some(_) => {
+            return Err(RagError::invalid(
+                "rag._watch_key's third argument, when given, is 'statement_end'",
+                "Run rag_watch again for the table.",
+            ))
+        }
+    };
     let watch: i32 = std::ffi::CStr::from_ptr(arguments[0])
         .to_str()
         .ok()
@@ -393,13 +667,14 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         let new = key_text(&key, data.tg_newtuple, descriptor);
         let old = key_text(&key, data.tg_trigtuple, descriptor);
         let key_changed = new != old;
-        keep(watch, subtransaction, new)?;
+        keep(buffer, watch, subtransaction, new)?;
         if key_changed {
-            keep(watch, subtransaction, old)?;
+            keep(buffer, watch, subtransaction, old)?;
         }
     } else {
         // The inserted row, or the deleted one.
         keep(
+            buffer,
             watch,
             subtransaction,
             key_text(&key, data.tg_trigtuple, descriptor),
@@ -435,8 +710,9 @@ pub mod rag {
     use pgrx::{AllocatedByRust, PgTrigger};
 
     /// The row trigger of a watch's writes (`AFTER INSERT`, `UPDATE` or `DELETE … FOR EACH ROW`,
-    /// arguments: the watch's id and its key column): keeps the row's key for the watch's statement trigger. Runs as whoever inserts, reads
-    /// only the key column, and runs no SQL.
+    /// arguments: the watch's id, its key column, and for a partition or an inheritance child
+    /// `'statement_end'`): keeps the row's key for the watch's statement trigger, or for rag to queue when the
+    /// statement ends. Runs as whoever writes, reads only the key column, and runs no SQL.
     #[pg_trigger]
     fn _watch_key<'a>(
         trigger: &'a PgTrigger<'a>,

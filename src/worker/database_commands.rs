@@ -20,23 +20,6 @@ const PAUSE: Duration = Duration::from_secs(10);
 
 static mut PREVIOUS_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
-// PostgreSQL's own entry point, declared here rather than taken from `pg_sys`: pgrx's binding catches any
-// ERROR raised below it and re-raises a copy, which drops the error's cursor position and context lines. Every
-// utility statement of every database passes through this hook, so its errors must reach clients untouched.
-extern "C-unwind" {
-    #[link_name = "standard_ProcessUtility"]
-    fn standard_process_utility_unguarded(
-        pstmt: *mut pg_sys::PlannedStmt,
-        query_string: *const std::ffi::c_char,
-        read_only_tree: bool,
-        context: pg_sys::ProcessUtilityContext::Type,
-        params: pg_sys::ParamListInfo,
-        query_env: *mut pg_sys::QueryEnvironment,
-        dest: *mut pg_sys::DestReceiver,
-        qc: *mut pg_sys::QueryCompletion,
-    );
-}
-
 /// Installs the hook; called once from `_PG_init` while the library is preloaded.
 pub fn install() {
     // SAFETY: `_PG_init` runs once per process, in the postmaster before any backend exists, so nothing reads
@@ -68,28 +51,17 @@ unsafe extern "C-unwind" fn rag_process_utility(
     let creates_rag = creates_this_extension(pstmt);
     // SAFETY: the arguments are PostgreSQL's own, passed on unchanged to the next hook or to the standard
     // implementation, exactly as `ProcessUtility()` would have called it without us.
-    match PREVIOUS_HOOK {
-        Some(previous) => previous(
-            pstmt,
-            query_string,
-            read_only_tree,
-            context,
-            params,
-            query_env,
-            dest,
-            qc,
-        ),
-        None => standard_process_utility_unguarded(
-            pstmt,
-            query_string,
-            read_only_tree,
-            context,
-            params,
-            query_env,
-            dest,
-            qc,
-        ),
-    }
+    crate::pg::next_process_utility(
+        PREVIOUS_HOOK,
+        pstmt,
+        query_string,
+        read_only_tree,
+        context,
+        params,
+        query_env,
+        dest,
+        qc,
+    );
     if creates_rag {
         start_worker_after_commit();
     }

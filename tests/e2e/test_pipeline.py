@@ -399,6 +399,39 @@ class WithoutPreload(unittest.TestCase):
             "SELECT rag_drop_collection('payroll'); DROP EXTENSION rag; DROP OWNED BY np_attacker, np_nobody; "
             "DROP ROLE np_attacker, np_nobody")
 
+    def test_partition_keys_when_the_library_loads_inside_the_statement(self):
+        """Without preloading, a session's first row trigger of rag loads the library while PostgreSQL runs
+        the statement's AFTER triggers, inside an ExecutorFinish that had found no hook to call: the keys that
+        statement gathered for a watched partition are queued at the commit, not lost."""
+        port = self.port
+        psql("CREATE DATABASE partkeys", db="postgres", port=port)
+
+        def run(sql, **kwargs):
+            return psql(sql, db="partkeys", port=port, **kwargs)
+
+        run("""CREATE EXTENSION rag CASCADE;
+               SELECT rag_create_collection('parts', embedding_model => 'hash-384', max_distance => 0.9);
+               CREATE TABLE routed (id integer, body text) PARTITION BY LIST ((id % 2));
+               CREATE TABLE routed_even PARTITION OF routed FOR VALUES IN (0);
+               CREATE TABLE routed_odd PARTITION OF routed FOR VALUES IN (1);
+               ALTER TABLE routed_even ADD PRIMARY KEY (id);
+               SELECT rag_watch('routed_even', 'parts', content => 'body');""")
+        self.assertEqual(run("SELECT rag._watch_trigger_mode_installed('routed_even'::regclass)"),
+                         [["gather_at_end"]])
+        # Each psql run is a new session; nothing of rag runs in this one before the INSERT's row triggers. The
+        # statement after it, rolled back to a savepoint, has the hooks: its end queues only its own keys (in
+        # the savepoint, so they go with it), not the first statement's, which the commit queues.
+        code, _, err = run("BEGIN;\n"
+                           "INSERT INTO routed SELECT g, 'row ' || g FROM generate_series(1, 5) g;\n"
+                           "SAVEPOINT before_six;\n"
+                           "INSERT INTO routed VALUES (6, 'rolled back');\n"
+                           "ROLLBACK TO SAVEPOINT before_six;\n"
+                           "COMMIT;", check=False)
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("WARNING", err)
+        self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [["{2,4}"]])
+        psql("DROP DATABASE partkeys", db="postgres", port=port)
+
     def test_process_queue_in_session(self):
         port = self.port
         psql("CREATE EXTENSION rag CASCADE", db="postgres", port=port)

@@ -100,6 +100,35 @@ class Watch(unittest.TestCase):
         self.assertEqual(scalar("SELECT count(*) FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
                                 "WHERE w.source_name = 'truncated'", db=DB), "0")
 
+    def test_a_partition_written_through_its_parent_stays_indexed(self):
+        # Its keys are gathered by its row triggers and queued when each statement ends (INSERT … SELECT,
+        # COPY, UPDATE and DELETE through the parent, a write straight to the partition); the other partition
+        # is not watched.
+        psql("SELECT rag_create_collection('routed', embedding_model => 'hash-384', max_distance => 0.9)", db=DB)
+        psql("CREATE TABLE routed (id int, body text) PARTITION BY LIST ((id % 2)); "
+             "CREATE TABLE routed_even PARTITION OF routed FOR VALUES IN (0); "
+             "CREATE TABLE routed_odd PARTITION OF routed FOR VALUES IN (1); "
+             "ALTER TABLE routed_even ADD PRIMARY KEY (id)", db=DB)
+        psql("SELECT rag_watch('routed_even', 'routed', content => 'body')", db=DB)
+        psql("INSERT INTO routed SELECT g, 'row ' || g FROM generate_series(1, 2000) g", db=DB)
+        copied = "".join(f"{n}\tcopied row {n}\n" for n in range(2001, 2101))
+        result = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", DB, "-c", "COPY routed FROM STDIN"],
+                                input=copied, capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        psql("UPDATE routed SET body = 'rewritten ' || id WHERE id <= 100; DELETE FROM routed WHERE id > 1900 AND id <= 2000; "
+             "INSERT INTO routed_even VALUES (5000, 'written to the partition itself')", db=DB)
+        settle(120)
+        mismatched = scalar("""SELECT count(*) FROM routed_even r
+                                 FULL JOIN (SELECT d.* FROM rag.documents d WHERE d.source = 'routed_even') d
+                                   ON d.source_key = jsonb_build_object('id', r.id)
+                                WHERE d.body IS DISTINCT FROM r.body OR d.status IS DISTINCT FROM 'ready'""", db=DB)
+        self.assertEqual(mismatched, "0")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'routed_even'", db=DB), "1001")
+        self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'routed_even' "
+                                "AND source_key = '{\"id\": 2}'", db=DB), "rewritten 2")
+        self.assertEqual(scalar("SELECT title IS NOT NULL FROM rag_query('routed', 'written to the partition itself', 1)",
+                                db=DB), "t")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -85,10 +85,15 @@ def fill():
         INSERT INTO events VALUES (1, 'The quarterly review is in March.');
         SELECT rag_watch('events', 'kb', content => 'body');
         INSERT INTO events VALUES (2, 'The summer party is in July.');
+        -- A partition watched under 0.1.0: rows written through its parent fire none of its statement triggers.
+        CREATE TABLE shifts (id int PRIMARY KEY, body text) PARTITION BY RANGE (id);
+        CREATE TABLE shifts_day PARTITION OF shifts FOR VALUES FROM (0) TO (100);
+        INSERT INTO shifts_day VALUES (1, 'Parking permits are renewed in January.');
+        SELECT rag_watch('shifts_day', 'kb', content => 'body');
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                      "AND (SELECT count(*) FROM rag.documents) = 5 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                      "AND (SELECT count(*) FROM rag.documents) = 6 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
                       "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", DB), \
         "the previous release did not embed the documents"
     psql("""
@@ -239,7 +244,7 @@ class Upgrade(unittest.TestCase):
         self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched ORDER BY 1",
                               db=DB),
                          # The partitioned table's rows live in its partition, which the watch never reads.
-                         [["events", "0"], ["notices", "1"], ["pages", "2"]])
+                         [["events", "0"], ["notices", "1"], ["pages", "2"], ["shifts_day", "1"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for
@@ -265,6 +270,25 @@ class Upgrade(unittest.TestCase):
                         "a row inserted into a table watched since the previous release was not embedded")
         rows = psql("SELECT document_id FROM rag_query('kb', 'Visitors sign in at the front desk.', k => 1)", db=DB)
         self.assertEqual(rows, [[scalar("SELECT id FROM rag.documents WHERE source_key = '{\"id\": 3}'", db=DB)]])
+
+    def test_a_partition_watched_before_indexes_rows_written_through_its_parent(self):
+        # The update makes every watch's triggers again: the partition's row triggers gather the keys, and rag
+        # queues them when the statement ends.
+        self.assertEqual(scalar("SELECT rag._watch_trigger_mode_installed('shifts_day'::regclass)", db=DB),
+                         "gather_at_end")
+        psql("SET ROLE rag_upgrade_editor; INSERT INTO shifts VALUES (50, 'Bicycle racks are behind block C.')",
+             db=DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents d JOIN rag.watches w ON w.id = d.watch_id "
+                                   "WHERE w.source = 'shifts_day'::regclass AND d.source_key = '{\"id\": 50}' "
+                                   "AND d.status = 'ready')", DB, seconds=60),
+                        "a row written through the parent of a partition watched since the previous release was "
+                        "not embedded")
+        # And its deletion through the parent (which also leaves the other tests the rows they count).
+        psql("SET ROLE rag_upgrade_editor; DELETE FROM shifts WHERE id = 50", db=DB)
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 50}')",
+                                   DB, seconds=60),
+                        "a row deleted through the parent of a partition watched since the previous release kept "
+                        "its document")
 
     def test_conversation_goes_on(self):
         conversation = scalar("SELECT max(id) FROM rag.conversations", db=DB)

@@ -145,6 +145,30 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
         Ok(Some(literal))
     }
 
+    /// The keys gathered since `current` started of every target that `wanted` accepts, each as
+    /// [`PendingKeys::take`] gives them, in the targets' order: at the end of a statement, what its rows
+    /// gathered for targets that no statement trigger of theirs takes (a partition written through its parent).
+    pub fn take_where(
+        &mut self,
+        current: Subtransaction,
+        wanted: impl Fn(&W) -> bool,
+    ) -> Result<Vec<(W, Vec<u8>)>, KeysError> {
+        let mut targets: Vec<W> = self
+            .by_watch
+            .keys()
+            .copied()
+            .filter(|target| wanted(target))
+            .collect();
+        targets.sort_unstable();
+        let mut taken = Vec::new();
+        for target in targets {
+            if let Some(literal) = self.take(target, current)? {
+                taken.push((target, literal));
+            }
+        }
+        Ok(taken)
+    }
+
     /// Drops every key gathered since `aborted` started: the subtransaction rolled back, and its rows with it.
     pub fn forget_since(&mut self, aborted: Subtransaction) {
         let mut dropped = 0;
@@ -339,6 +363,44 @@ mod tests {
             text(keys.take(1, 1).unwrap()).as_deref(),
             Some("{\"long\"}")
         );
+        assert_eq!(keys.bytes, 0);
+    }
+
+    #[test]
+    fn the_end_of_a_statement_takes_the_targets_it_wants_gathered_since_its_subtransaction_began() {
+        // Targets are (trigger depth, watch). A statement in subtransaction 3 whose row triggers ran at depth
+        // 2 wrote to two watched partitions (watches 20 and 10, in that order); an outer statement
+        // (subtransaction 1, depth 2) had gathered for watch 10 before; a statement inside one of its
+        // triggers (depth 1) left a key of its own not yet queued.
+        let mut keys = PendingKeys::<(i32, i32)>::with_limit(usize::MAX);
+        keys.push_bare((2, 10), 1, b"0").unwrap();
+        keys.push_bare((2, 20), 3, b"20").unwrap();
+        keys.push_bare((2, 10), 3, b"10").unwrap();
+        keys.push_bare((3, 10), 3, b"30").unwrap();
+        keys.push_bare((2, 20), 4, b"21").unwrap();
+        let deeper_than_one = |&(depth, _): &(i32, i32)| depth > 1;
+        let taken: Vec<((i32, i32), String)> = keys
+            .take_where(3, deeper_than_one)
+            .unwrap()
+            .into_iter()
+            .map(|(target, literal)| (target, String::from_utf8(literal).unwrap()))
+            .collect();
+        assert_eq!(
+            taken,
+            vec![
+                ((2, 10), "{10}".to_string()),
+                ((2, 20), "{20,21}".to_string()),
+                ((3, 10), "{30}".to_string())
+            ]
+        );
+        assert!(keys.take_where(3, deeper_than_one).unwrap().is_empty());
+        // The outer statement's key is left for its own end; a statement one level in takes nothing of it.
+        assert!(keys
+            .take_where(1, |&(depth, _)| depth > 2)
+            .unwrap()
+            .is_empty());
+        assert_eq!(text(keys.take((2, 10), 1).unwrap()).as_deref(), Some("{0}"));
+        assert!(keys.is_empty());
         assert_eq!(keys.bytes, 0);
     }
 

@@ -233,10 +233,10 @@ ROLLBACK;
 SELECT rag_unwatch('merged', drop_documents => true);
 DROP TABLE merged;
 DROP TABLE typed_keys;
--- A partition, and a table that becomes one, queue each row's key with a PL/pgSQL row trigger: rows written
--- through the parent fire the partition's row triggers but only the parent's statement triggers, so neither
--- a transition table nor gathered keys would reach the watch. The event trigger on ALTER TABLE makes a watched
--- table's triggers again when it is attached or detached.
+-- A partition, and a table that becomes one, has row triggers only: rows written through the parent fire the
+-- partition's row triggers but only the parent's statement triggers. rag._watch_key gathers the keys and rag
+-- queues them when the statement ends, one batch per statement and partition ('gather_at_end'). The event
+-- trigger on ALTER TABLE makes a watched table's triggers again when it is attached or detached.
 CREATE TABLE parted (id integer, body text) PARTITION BY RANGE (id);
 CREATE TABLE parted_low PARTITION OF parted FOR VALUES FROM (0) TO (100);
 CREATE TABLE parted_high (id integer, body text);
@@ -248,7 +248,7 @@ SELECT rag._watch_trigger_mode_installed('parted_low'::regclass) AS low, rag._wa
 ALTER TABLE parted ATTACH PARTITION parted_high FOR VALUES FROM (100) TO (200);
 SELECT rag._watch_trigger_mode_installed('parted_high'::regclass) AS high_attached;
 BEGIN;
-INSERT INTO parted VALUES (1, 'low'), (150, 'high');
+INSERT INTO parted VALUES (1, 'low'), (2, 'low too'), (150, 'high');
 UPDATE parted SET body = body || '!';
 DELETE FROM parted;
 SELECT w.source_name, string_agg(coalesce(b.key_values, b.keys::text), ' ' ORDER BY b.id) AS batches
@@ -304,6 +304,121 @@ ALTER TABLE inh_child NO INHERIT inh_parent;
 SELECT rag._watch_trigger_mode_installed('inh_child'::regclass) AS child_alone_again;
 SELECT rag_unwatch('inh_child');
 DROP TABLE inh_child, inh_parent;
+-- What a statement's end queues for a watched partition: every statement that writes it, each in a batch of
+-- its own, inside a function too; COPY through the parent; rows rolled back to a savepoint or in a failed block
+-- leave no keys behind; a writer who owns nothing has its rows queued all the same (rag queues them as its own
+-- owner, for the watch of the table the trigger fired on). A partition whose key rag._watch_key cannot read
+-- (two columns here) keeps PL/pgSQL row triggers, one batch per row ('rows'). Those triggers run an INSERT
+-- for each odd row, between the even rows' trigger calls, and that INSERT's end does not split the even rows'
+-- batch: a statement's end takes only keys gathered by triggers deeper than it runs (pg_trigger_depth()).
+-- Statements inside another's triggers (a trigger on inbox routing each row) queue their own batches.
+CREATE TABLE routed (id integer, body text) PARTITION BY LIST ((id % 2));
+CREATE TABLE routed_even PARTITION OF routed FOR VALUES IN (0);
+CREATE TABLE routed_odd PARTITION OF routed FOR VALUES IN (1);
+ALTER TABLE routed_even ADD PRIMARY KEY (id);
+ALTER TABLE routed_odd ADD PRIMARY KEY (id, body);
+SELECT rag_watch('routed_even', 'site', content => 'body') > 0 AS watching_even,
+       rag_watch('routed_odd', 'site', content => 'body', key => ARRAY['id', 'body']) > 0 AS watching_odd;
+SELECT rag._watch_trigger_mode_installed('routed_even'::regclass) AS even,
+       rag._watch_trigger_mode_installed('routed_odd'::regclass) AS odd;
+GRANT SELECT, INSERT, UPDATE ON routed TO watch_reader;
+-- A writer with no rag role at all (no USAGE on schema rag): rag finds its queueing function without it.
+CREATE ROLE routed_writer;
+GRANT SELECT, INSERT, UPDATE ON routed TO routed_writer;
+BEGIN;
+INSERT INTO routed SELECT g, 'row ' || g FROM generate_series(1, 6) g;
+COPY routed FROM STDIN;
+8	eight
+9	nine
+10	ten
+\.
+SAVEPOINT before_twelve;
+INSERT INTO routed VALUES (12, 'rolled back');
+ROLLBACK TO SAVEPOINT before_twelve;
+DO $$
+BEGIN
+    INSERT INTO routed VALUES (14, 'in a function');
+    BEGIN
+        INSERT INTO routed VALUES (16, 'in a failed block');
+        RAISE EXCEPTION 'undo' USING ERRCODE = 'P0001';
+    EXCEPTION WHEN raise_exception THEN
+        NULL;
+    END;
+END $$;
+CREATE TABLE inbox (id integer);
+CREATE FUNCTION pg_temp.route_it() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO routed VALUES (NEW.id, 'routed by a trigger');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER route_it AFTER INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION pg_temp.route_it();
+INSERT INTO inbox VALUES (20), (21), (22);
+SET ROLE watch_reader;
+INSERT INTO routed VALUES (18, 'by a writer who owns nothing');
+UPDATE routed SET body = body || '!' WHERE id IN (2, 3);
+RESET ROLE;
+SET ROLE routed_writer;
+INSERT INTO routed VALUES (24, 'by a writer with no rag role');
+RESET ROLE;
+-- A statement that fails inside a block takes the keys it had gathered with it (row 30's trigger ran before
+-- row 32's failed); the next statement's end queues only its own.
+CREATE FUNCTION pg_temp.refuse_thirty_two() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.id = 32 THEN
+        RAISE EXCEPTION 'not 32' USING ERRCODE = 'P0001';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER zz_refuse_thirty_two AFTER INSERT ON routed_even FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_thirty_two();
+DO $$
+BEGIN
+    BEGIN
+        INSERT INTO routed VALUES (30, 'kept back with the failed statement'), (32, 'refused');
+    EXCEPTION WHEN raise_exception THEN
+        NULL;
+    END;
+    INSERT INTO routed VALUES (34, 'after the failed statement');
+END $$;
+DROP TRIGGER zz_refuse_thirty_two ON routed_even;
+-- MERGE through the parent; a cascade from a foreign key deletes through it (its row events fire inside the
+-- DELETE's own trigger firing, and that statement's end queues them).
+MERGE INTO routed r USING (VALUES (36, 'merged in'), (4, 'merged over')) v(id, body) ON r.id = v.id
+ WHEN MATCHED THEN UPDATE SET body = v.body WHEN NOT MATCHED THEN INSERT (id, body) VALUES (v.id, v.body);
+CREATE TABLE kin (id integer PRIMARY KEY);
+INSERT INTO kin VALUES (1);
+ALTER TABLE routed ADD COLUMN kin integer REFERENCES kin ON DELETE CASCADE;
+INSERT INTO routed VALUES (40, 'kin of one', 1), (42, 'kin of one too', 1);
+DELETE FROM kin;
+SELECT pg_temp.watch_batches('routed_even') AS even_batches;
+SELECT pg_temp.watch_batches('routed_odd') AS odd_batches;
+ROLLBACK;
+-- Nobody queues keys through rag._queue_gathered_keys from SQL; a row trigger that names another table's watch
+-- fails its statement rather than queue keys for that watch; a third argument other than 'statement_end' fails.
+SET ROLE watch_reader;
+SELECT rag._queue_gathered_keys((SELECT id FROM rag.watches WHERE source_name = 'routed_even'),
+                                'routed_even'::regclass, '{2}');
+RESET ROLE;
+SELECT id AS even_watch FROM rag.watches WHERE source_name = 'routed_even' \gset
+CREATE TABLE not_watched (id integer);
+CREATE TRIGGER borrowed_watch AFTER INSERT ON not_watched FOR EACH ROW
+    EXECUTE FUNCTION rag._watch_key(:'even_watch', 'id', 'statement_end');
+DO $$
+BEGIN
+    INSERT INTO not_watched VALUES (1);
+EXCEPTION WHEN insufficient_privilege THEN
+    -- The watch's id depends on the tests before this one.
+    RAISE NOTICE '%', regexp_replace(SQLERRM, 'watch [0-9]+', 'watch <id>');
+END $$;
+DROP TRIGGER borrowed_watch ON not_watched;
+CREATE TRIGGER odd_argument AFTER INSERT ON not_watched FOR EACH ROW
+    EXECUTE FUNCTION rag._watch_key(:'even_watch', 'id', 'whenever');
+INSERT INTO not_watched VALUES (1);
+DROP TABLE not_watched;
+SELECT count(*) AS batches_left FROM rag.row_batches;
+SELECT rag_unwatch('routed_even'), rag_unwatch('routed_odd');
+DROP TABLE routed;
+DROP OWNED BY routed_writer;
+DROP ROLE routed_writer;
 -- A partitioned table itself is refused: it holds no rows of its own to read, and its partitions may be
 -- written directly, which fires none of its statement triggers. Its partitions are watched instead.
 SELECT rag_watch('parted', 'site', content => 'body', key => ARRAY['id']);
