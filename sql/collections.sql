@@ -722,8 +722,8 @@ BEGIN
 END $$;
 
 -- Chooses a collection's reranker (NULL or 'none': no reranking), how many candidates it reads, its refusal
--- threshold, the lead that lets a standout first chunk pass a little below it or within the collection's
--- distance ceiling (rag._close_enough; 0: never) and where it runs
+-- threshold, the lead that lets a standout first chunk pass a little below it or within the collection's and
+-- its model's distance ceilings (rag._close_enough; 0: never) and where it runs
 -- ('local', or an OpenAI-compatible provider with /rerank); all but the reranker keep their current values
 -- when NULL.
 CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,

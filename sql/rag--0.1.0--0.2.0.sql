@@ -2538,7 +2538,9 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
                 THEN (p_relevance >= c.min_relevance
                       OR coalesce(c.min_lead > 0 AND p_lead >= c.min_lead
-                                  AND (p_relevance >= c.min_relevance - c.min_lead OR p_distance <= c.max_distance),
+                                  AND (p_relevance >= c.min_relevance - c.min_lead
+                                       OR (p_distance <= c.max_distance
+                                           AND p_distance <= rag._model_max_distance(c.embedding_model))),
                                   false))
                      AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END

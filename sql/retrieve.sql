@@ -432,7 +432,9 @@ END $$;
 -- which one distance is not for a bi-encoder), or, as the reranker's first, on its lead (rag._search): ahead of
 -- the second candidate by at least the collection's min_lead (0: never), and either no more than min_lead
 -- below min_relevance or within the collection's own distance ceiling (the bi-encoder's threshold, per
--- model: what the collection would answer from without a reranker). A question about nothing in the
+-- model: what the collection would answer from without a reranker) and the one measured for its model
+-- (rag_known_models(); none for a model not measured there): a ceiling an owner loosened to turn the distance
+-- refusal off does not let a first chunk through at any relevance. A question about nothing in the
 -- collection scores every candidate alike at the model's floor, so a chunk that stands out of its candidates
 -- and is also the bi-encoder's nearest is what a paraphrase looks like; the cross-encoder alone may still score
 -- such a paraphrase at its floor when the wording differs enough (BENCHMARKS.md §5). The caller's
@@ -444,7 +446,9 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_relevance IS NOT NULL
                 THEN (p_relevance >= c.min_relevance
                       OR coalesce(c.min_lead > 0 AND p_lead >= c.min_lead
-                                  AND (p_relevance >= c.min_relevance - c.min_lead OR p_distance <= c.max_distance),
+                                  AND (p_relevance >= c.min_relevance - c.min_lead
+                                       OR (p_distance <= c.max_distance
+                                           AND p_distance <= rag._model_max_distance(c.embedding_model))),
                                   false))
                      AND (p_max_distance IS NULL OR p_distance <= p_max_distance)
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END

@@ -93,6 +93,17 @@ SELECT c.max_distance = rag._default_max_distance(c.embedding_model) AS the_mode
        rag._close_enough(c, 0.3, -11, NULL, NULL) AS near_without_a_lead,
        rag._close_enough(c, 0.3, -11, 5, 0.2) AS near_beyond_the_callers_ceiling
   FROM rag.collections c WHERE c.name = 'rr';
+-- The distance branch stops at the ceiling measured for the model too: a collection whose owner loosened its own
+-- ceiling (1 here, no refusal by distance at all) gets the model's (a model rag_known_models() has not measured
+-- gets no distance branch: rr-http below).
+SELECT rag_create_collection('rr-loose', embedding_provider => 'local', max_distance => 1) > 0 AS created;
+SELECT c.max_distance AS own_ceiling,
+       rag._close_enough(c, rag._model_max_distance(c.embedding_model), -11, 5, NULL) AS at_the_models_ceiling,
+       rag._close_enough(c, rag._model_max_distance(c.embedding_model) + 0.001, -11, 5, NULL) AS beyond_the_models_ceiling,
+       rag._close_enough(c, 0.95, -11, 5, NULL) AS within_its_own_loose_ceiling,
+       rag._close_enough(c, 0.95, -7, 5, NULL) AS near_the_threshold_with_the_lead
+  FROM rag.collections c WHERE c.name = 'rr-loose';
+SELECT rag_drop_collection('rr-loose');
 -- min_lead 0 turns the lead off on both counts: only the threshold is left.
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => 0);
 SELECT rag._close_enough(c, 0.3, -11, 5, NULL) AS near_with_the_lead_off,
@@ -232,6 +243,11 @@ SELECT reranker, min_relevance = rag._limit('min_relevance_default')::real AS un
 SELECT rag_create_provider('rerank-server', 'openai', base_url => current_setting('rag.ollama_url') || '/v1');
 SELECT rag_create_collection('rr-http', embedding_model => 'hash-384', reranker => 'rerank-test',
                              reranker_provider => 'rerank-server', min_relevance => -10) > 0 AS created;
+-- Its model (the test server's hash-384) is not in rag_known_models(): the lead passes on relevance alone.
+SELECT rag._model_max_distance(c.embedding_model) IS NULL AS unmeasured_model, c.min_lead > 0 AS with_a_lead,
+       rag._close_enough(c, 0.01, (c.min_relevance - c.min_lead - 1)::real, 5, NULL) AS near_but_below_the_floor,
+       rag._close_enough(c, 0.01, (c.min_relevance - c.min_lead)::real, 5, NULL) AS at_the_floor
+  FROM rag.collections c WHERE c.name = 'rr-http';
 SELECT rag_ingest('rr-http', 'Notice', 'Staff give thirty days notice in writing before leaving.') > 0,
        rag_ingest('rr-http', 'Parking', 'The garage behind the building is free for staff.') > 0,
        rag_ingest('rr-http', 'Payroll', 'Salaries are paid on the last working day of the month.') > 0;
