@@ -415,6 +415,28 @@ CREATE TRIGGER odd_argument AFTER INSERT ON not_watched FOR EACH ROW
 INSERT INTO not_watched VALUES (1);
 DROP TABLE not_watched;
 SELECT count(*) AS batches_left FROM rag.row_batches;
+-- A procedure that commits and rolls back as it goes: each statement's end queues its keys in that statement's
+-- transaction, so the committed row's key is queued and the rolled-back one's is not. (The worker spreads the
+-- batch into rag.row_queue; a sync delay of an hour keeps it there to be looked at.)
+SET rag.sync_delay = '1h';
+CREATE PROCEDURE pg_temp.routed_in_steps() LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO routed VALUES (50, 'committed');
+    COMMIT;
+    INSERT INTO routed VALUES (52, 'rolled back');
+    ROLLBACK;
+END $$;
+CALL pg_temp.routed_in_steps();
+RESET rag.sync_delay;
+DO $$
+BEGIN
+    FOR i IN 1..300 LOOP
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches);
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+SELECT string_agg(q.key::text, ' ' ORDER BY q.key::text) AS queued_keys
+  FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id WHERE w.source_name = 'routed_even';
 SELECT rag_unwatch('routed_even'), rag_unwatch('routed_odd');
 DROP TABLE routed;
 DROP OWNED BY routed_writer;
