@@ -292,11 +292,15 @@ unsafe extern "C-unwind" fn at_transaction_end(
     if !committing && !crate::pg::ends_transaction(event) {
         return;
     }
-    if committing && keys_wait_for_statement_end() {
+    // SAFETY: XactReadOnly is PostgreSQL's flag for the open transaction, read on its only thread.
+    let read_only = pg_sys::XactReadOnly;
+    if committing && keys_wait_for_statement_end() && !read_only {
         // Row events fired where no statement end of ours was seen: queued with the transaction still open
         // (after its deferred triggers); an error here rolls the transaction back, as a deferred trigger's.
         // No statement runs now, so no snapshot is active; SQL needs one, as PostgreSQL gives its deferred
-        // triggers (an error's abort pops it).
+        // triggers (an error's abort pops it). A transaction made read-only after its writes (SET
+        // TRANSACTION READ ONLY) cannot write the queue: its keys are named in a WARNING below rather than
+        // failing its COMMIT.
         // SAFETY: snapshot bookkeeping of the open transaction, pushed and popped in pairs.
         let push_snapshot = !pg_sys::ActiveSnapshotSet();
         if push_snapshot {
@@ -309,28 +313,24 @@ unsafe extern "C-unwind" fn at_transaction_end(
     }
     // try_borrow_mut: no borrow can be live here (every one is plain Rust that cannot raise), and a panic
     // inside transaction end must not be risked on the chance.
-    AT_STATEMENT_END.with(|pending| {
-        if let Ok(mut pending) = pending.try_borrow_mut() {
-            if !pending.is_empty() {
-                pending.clear();
-            }
-        }
+    let left_at_end = AT_STATEMENT_END.with(|pending| match pending.try_borrow_mut() {
+        Ok(mut pending) if !pending.is_empty() => pending.clear(),
+        _ => Vec::new(),
     });
     let left = PENDING.with(|pending| match pending.try_borrow_mut() {
         Ok(mut pending) if !pending.is_empty() => pending.clear(),
         _ => Vec::new(),
     });
     if committing {
+        for ((_, (_, table)), keys) in left_at_end {
+            warning!(
+                "rag: the keys of {keys} row(s) written to {} were not queued for indexing: the transaction \
+                 was made read-only after writing them; rag_reindex on the watched table queues its rows again",
+                table_name(table)
+            );
+        }
         for ((_, table), keys) in left {
-            // SAFETY: a syscache lookup by oid, still inside the transaction; NULL when the table is gone.
-            let name = unsafe { pg_sys::get_rel_name(pg_sys::Oid::from(table)) };
-            let name = if name.is_null() {
-                format!("the table of oid {table}")
-            } else {
-                // SAFETY: get_rel_name returns a palloc'd NUL-terminated copy of the name.
-                let name = unsafe { std::ffi::CStr::from_ptr(name) };
-                format!("\"{}\"", name.to_string_lossy())
-            };
+            let name = table_name(table);
             warning!(
                 "rag: the keys of {keys} row(s) written to {name} were not queued for indexing: the \
                  watch's statement trigger did not run (disabled, or the rows were written through a parent \
@@ -338,6 +338,19 @@ unsafe extern "C-unwind" fn at_transaction_end(
                  its rows again"
             );
         }
+    }
+}
+
+/// A table's name for a WARNING at commit, quoted; its oid when the table is gone.
+fn table_name(table: u32) -> String {
+    // SAFETY: a syscache lookup by oid, still inside the transaction; NULL when the table is gone.
+    let name = unsafe { pg_sys::get_rel_name(pg_sys::Oid::from(table)) };
+    if name.is_null() {
+        format!("the table of oid {table}")
+    } else {
+        // SAFETY: get_rel_name returns a palloc'd NUL-terminated copy of the name.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) };
+        format!("\"{}\"", name.to_string_lossy())
     }
 }
 

@@ -430,6 +430,17 @@ class WithoutPreload(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertNotIn("WARNING", err)
         self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [["{2,4}"]])
+        # A transaction made read-only after such a write cannot queue its keys at the commit: the COMMIT
+        # succeeds, and a WARNING names the rows left out.
+        code, _, err = run("BEGIN;\n"
+                           "INSERT INTO routed SELECT g, 'row ' || g FROM generate_series(7, 9) g;\n"
+                           "SET TRANSACTION READ ONLY;\n"
+                           "COMMIT;", check=False)
+        self.assertEqual(code, 0, err)
+        self.assertIn('the keys of 1 row(s) written to "routed_even" were not queued for indexing: the '
+                      "transaction was made read-only after writing them", err)
+        self.assertEqual(run("SELECT count(*) FROM routed_even WHERE id = 8"), [["1"]])
+        self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [["{2,4}"]])
         psql("DROP DATABASE partkeys", db="postgres", port=port)
 
     def test_process_queue_in_session(self):
