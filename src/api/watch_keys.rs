@@ -191,8 +191,8 @@ extern "C-unwind" fn queue_keys_at_statement_end() {
 }
 
 /// PostgreSQL's trigger nesting depth now (`pg_trigger_depth()`): 0 in a client's statement, one more inside
-/// each trigger function being called.
-/// Called once per row: the call frame is a zeroed local rather than pgrx's palloc'd one.
+/// each trigger function being called. Called once per row written to a watched partition: the call frame is a
+/// zeroed local rather than pgrx's palloc'd one.
 fn trigger_depth() -> i32 {
     // SAFETY: FunctionCallInfoBaseData is plain data (its argument array is a zero-length tail); a zeroed
     // frame with no arguments is what an argument-less V1 function is called with, and pg_trigger_depth only
@@ -547,8 +547,9 @@ unsafe fn key_text(
 enum TakenBy {
     /// The watch's statement trigger (`rag._watch_keys_taken`).
     StatementTrigger,
-    /// rag, when the statement ends (a partition's or an inheritance child's keys).
-    StatementEnd,
+    /// rag, when the statement ends (a partition's or an inheritance child's keys), kept by the trigger depth
+    /// the row trigger runs at, its own call included.
+    StatementEnd { depth: i32 },
 }
 
 fn keep(
@@ -573,18 +574,14 @@ fn keep(
         TakenBy::StatementTrigger => {
             PENDING.with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, text))
         }
-        TakenBy::StatementEnd => {
-            // The depth this row trigger runs at, its own call included.
-            let depth = trigger_depth();
-            AT_STATEMENT_END.with(|pending| {
-                push(
-                    &mut pending.borrow_mut(),
-                    (depth, watch),
-                    subtransaction,
-                    text,
-                )
-            })
-        }
+        TakenBy::StatementEnd { depth } => AT_STATEMENT_END.with(|pending| {
+            push(
+                &mut pending.borrow_mut(),
+                (depth, watch),
+                subtransaction,
+                text,
+            )
+        }),
     }
     .map_err(too_many_keys)
 }
@@ -638,7 +635,9 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         .map(|argument| std::ffi::CStr::from_ptr(*argument))
     {
         None => TakenBy::StatementTrigger,
-        Some(taken_by) if taken_by.to_bytes() == b"statement_end" => TakenBy::StatementEnd,
+        Some(taken_by) if taken_by.to_bytes() == b"statement_end" => TakenBy::StatementEnd {
+            depth: trigger_depth(),
+        },
         Some(_) => {
             return Err(RagError::invalid(
                 "rag._watch_key's third argument, when given, is 'statement_end'",

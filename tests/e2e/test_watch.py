@@ -101,9 +101,10 @@ class Watch(unittest.TestCase):
                                 "WHERE w.source_name = 'truncated'", db=DB), "0")
 
     def test_a_partition_written_through_its_parent_stays_indexed(self):
-        # Its keys are gathered by its row triggers and queued when each statement ends (INSERT … SELECT,
-        # COPY, UPDATE and DELETE through the parent, a write straight to the partition); the other partition
-        # is not watched.
+        # Its keys are gathered by its row triggers and queued by rag (INSERT … SELECT, COPY, UPDATE and DELETE
+        # through the parent, a write straight to the partition); the other partition is not watched. That the
+        # queueing happens at each statement's end, not only at the commit, is pinned in 09_watch (one batch
+        # per statement): here every statement is its own transaction, so this checks what the worker makes of it.
         psql("SELECT rag_create_collection('routed', embedding_model => 'hash-384', max_distance => 0.9)", db=DB)
         psql("CREATE TABLE routed (id int, body text) PARTITION BY LIST ((id % 2)); "
              "CREATE TABLE routed_even PARTITION OF routed FOR VALUES IN (0); "
