@@ -335,7 +335,8 @@ class WithoutPreload(unittest.TestCase):
         script = f"""
             set -e
             source {os.environ['ROOT']}/scripts/lib/cluster.sh
-            start_cluster {data} {port} "rag.ollama_url = 'http://127.0.0.1:{os.environ['PROVIDER_PORT']}'"
+            start_cluster {data} {port} "rag.ollama_url = 'http://127.0.0.1:{os.environ['PROVIDER_PORT']}'" \
+                "max_prepared_transactions = 2"
             sed -i "s/^shared_preload_libraries = 'rag'/shared_preload_libraries = ''/" {data}/data/postgresql.conf
             as_postgres $PG_BIN/pg_ctl -D {data}/data -w restart -l {data}/server.log >/dev/null
         """
@@ -430,6 +431,21 @@ class WithoutPreload(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertNotIn("WARNING", err)
         self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [["{2,4}"]])
+        # PREPARE TRANSACTION queues them as a commit does (inside the prepared transaction): COMMIT PREPARED
+        # makes them due, ROLLBACK PREPARED drops them.
+        for prepared, ending in (("keys_10", "COMMIT PREPARED"), ("keys_20", "ROLLBACK PREPARED")):
+            first = int(prepared[-2:])
+            before = run("SELECT count(*) FROM rag.row_batches")
+            code, _, err = run("BEGIN;\n"
+                               f"INSERT INTO routed SELECT g, 'row ' || g FROM generate_series({first}, {first + 3}) g;\n"
+                               f"PREPARE TRANSACTION '{prepared}';", check=False)
+            self.assertEqual(code, 0, err)
+            self.assertNotIn("WARNING", err)
+            # Not visible before the prepared transaction ends.
+            self.assertEqual(run("SELECT count(*) FROM rag.row_batches"), before)
+            run(f"{ending} '{prepared}'")
+        self.assertEqual(run("SELECT key_values FROM rag.row_batches ORDER BY id"), [["{2,4}"], ["{10,12}"]])
+        run("TRUNCATE rag.row_batches")
         # A transaction made read-only after such a write cannot queue its keys at the commit: the COMMIT
         # succeeds, and a WARNING names the rows left out.
         code, _, err = run("BEGIN;\n"
@@ -440,7 +456,7 @@ class WithoutPreload(unittest.TestCase):
         self.assertIn('the keys of 1 row(s) written to "routed_even" were not queued for indexing: the '
                       "transaction was made read-only after writing them", err)
         self.assertEqual(run("SELECT count(*) FROM routed_even WHERE id = 8"), [["1"]])
-        self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [["{2,4}"]])
+        self.assertEqual(run("SELECT key_values FROM rag.row_batches"), [])
         psql("DROP DATABASE partkeys", db="postgres", port=port)
 
     def test_process_queue_in_session(self):
