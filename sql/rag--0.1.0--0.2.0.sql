@@ -3596,6 +3596,36 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._on_publication() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_publication name;
+    v_tables bigint;
+BEGIN
+    FOR v_publication, v_tables IN
+        WITH touched AS (
+            SELECT CASE d.classid
+                       WHEN 'pg_catalog.pg_publication'::regclass THEN d.objid
+                       WHEN 'pg_catalog.pg_publication_rel'::regclass
+                           THEN (SELECT r.prpubid FROM pg_catalog.pg_publication_rel r WHERE r.oid = d.objid)
+                       WHEN 'pg_catalog.pg_publication_namespace'::regclass
+                           THEN (SELECT n.pnpubid FROM pg_catalog.pg_publication_namespace n WHERE n.oid = d.objid)
+                   END AS publication
+              FROM pg_catalog.pg_event_trigger_ddl_commands() d)
+        SELECT p.pubname, count(*)
+          FROM (SELECT DISTINCT publication FROM touched) t
+          JOIN pg_catalog.pg_publication p ON p.oid = t.publication
+          JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname AND pt.schemaname = 'rag'
+         GROUP BY p.pubname ORDER BY p.pubname
+    LOOP
+        RAISE WARNING 'publication "%" includes % table(s) of schema rag', v_publication, v_tables
+            USING DETAIL = 'A subscriber without rag cannot subscribe to it, and one with rag would have this '
+                           'database''s collections, documents and chunks applied over its own.',
+                  HINT = 'Publish your own tables by name or with FOR TABLES IN SCHEMA, leaving schema rag out '
+                         '(README, "Logical replication").';
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._claim_row(p_worker integer)
 RETURNS TABLE (row_queue_id bigint, version bigint, watch_id integer)
 LANGUAGE plpgsql AS $$
@@ -4166,6 +4196,10 @@ CREATE TRIGGER documents_deleted AFTER DELETE ON rag.documents REFERENCING OLD T
 -- A watched table that becomes a partition or an inheritance child gets the triggers its place needs
 -- (watch.sql, rag._on_alter_table).
 CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
+
+-- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
+CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+    EXECUTE FUNCTION rag._on_publication();
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are

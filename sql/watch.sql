@@ -782,6 +782,44 @@ BEGIN
 END $$;
 CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
 
+-- A publication FOR ALL TABLES (or one given schema rag or one of its tables) publishes rag's own tables too:
+-- PostgreSQL gives an extension no way to keep its tables out of such a publication. A subscriber without rag
+-- then cannot subscribe at all (CREATE SUBSCRIPTION fails on the first table it lacks), and one with rag would
+-- have this database's collections, documents and chunks applied over its own (clashing ids stop its apply
+-- worker). So the command is named in a WARNING, with the way out; it still runs: refusing it would break
+-- tools that publish everything on purpose. Runs as the user who ran the command and reads only catalogs.
+CREATE FUNCTION rag._on_publication() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_publication name;
+    v_tables bigint;
+BEGIN
+    FOR v_publication, v_tables IN
+        WITH touched AS (
+            SELECT CASE d.classid
+                       WHEN 'pg_catalog.pg_publication'::regclass THEN d.objid
+                       WHEN 'pg_catalog.pg_publication_rel'::regclass
+                           THEN (SELECT r.prpubid FROM pg_catalog.pg_publication_rel r WHERE r.oid = d.objid)
+                       WHEN 'pg_catalog.pg_publication_namespace'::regclass
+                           THEN (SELECT n.pnpubid FROM pg_catalog.pg_publication_namespace n WHERE n.oid = d.objid)
+                   END AS publication
+              FROM pg_catalog.pg_event_trigger_ddl_commands() d)
+        SELECT p.pubname, count(*)
+          FROM (SELECT DISTINCT publication FROM touched) t
+          JOIN pg_catalog.pg_publication p ON p.oid = t.publication
+          JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname AND pt.schemaname = 'rag'
+         GROUP BY p.pubname ORDER BY p.pubname
+    LOOP
+        RAISE WARNING 'publication "%" includes % table(s) of schema rag', v_publication, v_tables
+            USING DETAIL = 'A subscriber without rag cannot subscribe to it, and one with rag would have this '
+                           'database''s collections, documents and chunks applied over its own.',
+                  HINT = 'Publish your own tables by name or with FOR TABLES IN SCHEMA, leaving schema rag out '
+                         '(README, "Logical replication").';
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+    EXECUTE FUNCTION rag._on_publication();
+
 ------------------------------------------------------------------------------------------------------------
 -- The worker's side.
 

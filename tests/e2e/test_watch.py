@@ -1,10 +1,11 @@
 """Watched content tables under write load: bursts, partial edits, concurrent writers."""
+import os
 import subprocess
 import threading
 import time
 import unittest
 
-from support import fresh_database, provider_calls, psql, scalar
+from support import drop_database, fresh_database, provider_calls, psql, scalar, wait_until
 
 DB = "rag_e2e_watch"
 
@@ -129,6 +130,46 @@ class Watch(unittest.TestCase):
                                 "AND source_key = '{\"id\": 2}'", db=DB), "rewritten 2")
         self.assertEqual(scalar("SELECT title IS NOT NULL FROM rag_query('routed', 'written to the partition itself', 1)",
                                 db=DB), "t")
+
+    def test_a_subscribers_copy_is_indexed_by_rag_reindex(self):
+        """A logical-replication subscriber's apply worker runs as session_replication_role = replica, so rag's
+        watch triggers (ordinary ones) do not fire for the rows it applies, and the publication's changes reach
+        the index only through rag_reindex (README, "Logical replication"). It queues every row again; a row
+        whose text did not change is not embedded again."""
+        publisher = "rag_e2e_publisher"
+        port = os.environ["PGPORT"]
+        drop_database(publisher)
+        psql(f"CREATE DATABASE {publisher}", db="postgres")
+        psql("CREATE TABLE notes (id int PRIMARY KEY, body text); "
+             "INSERT INTO notes SELECT g, 'note number ' || g FROM generate_series(1, 20) g; "
+             "CREATE PUBLICATION notes_only FOR TABLE notes; "
+             "SELECT pg_create_logical_replication_slot('rag_e2e_notes', 'pgoutput')", db=publisher)
+        psql("SELECT rag_create_collection('replicated', embedding_model => 'hash-384', max_distance => 0.9); "
+             "CREATE TABLE notes (id int PRIMARY KEY, body text); "
+             "SELECT rag_watch('notes', 'replicated', content => 'body')", db=DB)
+        psql(f"CREATE SUBSCRIPTION notes_in CONNECTION 'host=127.0.0.1 port={port} dbname={publisher} user=postgres' "
+             "PUBLICATION notes_only WITH (create_slot = false, slot_name = 'rag_e2e_notes')", db=DB)
+        try:
+            self.assertTrue(wait_until("SELECT count(*) = 20 FROM notes", db=DB))
+            settle()
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'notes'", db=DB), "0")
+            psql("SELECT rag_reindex('notes'::regclass)", db=DB)
+            settle()
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'notes' AND status = 'ready'",
+                                    db=DB), "20")
+            psql("UPDATE notes SET body = 'rewritten on the publisher' WHERE id = 7", db=publisher)
+            self.assertTrue(wait_until("SELECT body = 'rewritten on the publisher' FROM notes WHERE id = 7", db=DB))
+            _, inputs_before = provider_calls("hash-384")
+            psql("SELECT rag_reindex('notes'::regclass)", db=DB)
+            settle()
+            self.assertEqual(provider_calls("hash-384")[1] - inputs_before, 1)
+            self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'notes' "
+                                    "AND source_key = '{\"id\": 7}'", db=DB), "rewritten on the publisher")
+            self.assertEqual(scalar("SELECT source_key::text FROM rag_query('replicated', 'rewritten on the publisher', 1)",
+                                    db=DB), '{"id": 7}')
+        finally:
+            psql("DROP SUBSCRIPTION IF EXISTS notes_in", db=DB)
+            drop_database(publisher)
 
 
 if __name__ == "__main__":

@@ -749,6 +749,24 @@ SELECT rag_drop_collection('attacker-acts');
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
+-- Publications. One FOR ALL TABLES, or given schema rag or one of its tables, would carry rag's own tables to its
+-- subscribers: the command runs, with a WARNING naming it. Publishing one's own tables by name or by schema
+-- draws none, and neither does an ALTER that leaves rag out; an ordinary role cannot publish rag's tables at all
+-- (PostgreSQL asks for their owner; FOR ALL TABLES and FOR TABLES IN SCHEMA are a superuser's in 15).
+GRANT CREATE ON DATABASE rag_regress TO sec_owner;
+SET ROLE sec_owner;
+CREATE PUBLICATION sec_own_tables FOR TABLE sec_owner.tickets;
+ALTER PUBLICATION sec_own_tables SET (publish = 'insert, update');
+ALTER PUBLICATION sec_own_tables ADD TABLE rag.collections;
+RESET ROLE;
+ALTER PUBLICATION sec_own_tables ADD TABLE rag.collections;
+CREATE PUBLICATION sec_own_schema FOR TABLES IN SCHEMA sec_owner;
+CREATE PUBLICATION sec_everything FOR ALL TABLES;
+ALTER PUBLICATION sec_own_schema ADD TABLES IN SCHEMA rag;
+DROP PUBLICATION sec_own_tables, sec_own_schema, sec_everything;
+REVOKE CREATE ON DATABASE rag_regress FROM sec_owner;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_unwatch('sec_owner.tickets', drop_documents => true);
