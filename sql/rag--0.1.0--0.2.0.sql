@@ -3299,6 +3299,22 @@ BEGIN
     END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_truncated()',
                    w.source::regclass);
+    -- A logical-replication subscriber's apply worker runs with session_replication_role = replica, which fires
+    -- only triggers enabled REPLICA or ALWAYS, and of statement triggers only TRUNCATE's: the triggers above
+    -- (enabled ORIGIN) would miss every row it applies, and enabling them ALWAYS would still lose the keys that
+    -- their statement triggers queue. So each watch also has row triggers enabled REPLICA, which queue each row's
+    -- key themselves (the 'rows' way) and fire in nothing but such a session: an ordinary writer never pays more
+    -- than PostgreSQL's look at a disabled trigger.
+    FOR v_event IN VALUES ('INSERT'), ('UPDATE'), ('DELETE') LOOP
+        v_trigger := 'rag_watch_replica_' || lower(v_event);
+        v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+        EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
+                       v_trigger, v_event, w.source::regclass, v_when, v_row_function);
+        EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', w.source::regclass, v_trigger);
+    END LOOP;
+    EXECUTE format('CREATE TRIGGER rag_watch_replica_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT '
+                   'EXECUTE FUNCTION rag._watch_truncated()', w.source::regclass);
+    EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER rag_watch_replica_truncate', w.source::regclass);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
@@ -3600,9 +3616,8 @@ CREATE OR REPLACE FUNCTION rag._on_publication() RETURNS event_trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_publication name;
-    v_tables bigint;
 BEGIN
-    FOR v_publication, v_tables IN
+    FOR v_publication IN
         WITH touched AS (
             SELECT CASE d.classid
                        WHEN 'pg_catalog.pg_publication'::regclass THEN d.objid
@@ -3612,13 +3627,14 @@ BEGIN
                            THEN (SELECT n.pnpubid FROM pg_catalog.pg_publication_namespace n WHERE n.oid = d.objid)
                    END AS publication
               FROM pg_catalog.pg_event_trigger_ddl_commands() d)
-        SELECT p.pubname, count(*)
+        SELECT p.pubname
           FROM (SELECT DISTINCT publication FROM touched) t
           JOIN pg_catalog.pg_publication p ON p.oid = t.publication
-          JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname AND pt.schemaname = 'rag'
-         GROUP BY p.pubname ORDER BY p.pubname
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables pt
+                        WHERE pt.pubname = p.pubname AND pt.schemaname = 'rag')
+         ORDER BY p.pubname
     LOOP
-        RAISE WARNING 'publication "%" includes % table(s) of schema rag', v_publication, v_tables
+        RAISE WARNING 'publication "%" includes tables of schema rag', v_publication
             USING DETAIL = 'A subscriber without rag cannot subscribe to it, and one with rag would have this '
                            'database''s collections, documents and chunks applied over its own.',
                   HINT = 'Publish your own tables by name or with FOR TABLES IN SCHEMA, leaving schema rag out '

@@ -148,6 +148,19 @@ COPY gathered FROM STDIN;
 \.
 SELECT pg_temp.watch_batches('gathered') AS batches;
 ROLLBACK;
+-- A session with session_replication_role = replica, as a logical-replication subscriber's apply worker runs,
+-- fires none of those triggers (nor any statement trigger but TRUNCATE's): the watch's triggers enabled REPLICA
+-- queue each row's key themselves, and fire in no other session. Nothing is left for a WARNING at the commit.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 2) g;
+UPDATE gathered SET body = body WHERE id = 1;
+UPDATE gathered SET body = 'changed', id = 30 WHERE id = 2;
+DELETE FROM gathered WHERE id = 1;
+SELECT pg_temp.watch_batches('gathered') AS replica_batches;
+TRUNCATE gathered;
+SELECT pg_temp.watch_batches('gathered') AS batches_after_truncate;
+COMMIT;
 -- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
 -- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
 CREATE FUNCTION gathered_echo() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -396,6 +409,13 @@ INSERT INTO routed VALUES (40, 'kin of one', 1), (42, 'kin of one too', 1);
 DELETE FROM kin;
 SELECT pg_temp.watch_batches('routed_even') AS even_batches;
 SELECT pg_temp.watch_batches('routed_odd') AS odd_batches;
+ROLLBACK;
+-- Rows applied as a subscriber's apply worker applies them, through the parent: a key per row for the partition
+-- with a one-column key and for the one with a composite key.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+INSERT INTO routed VALUES (70, 'applied'), (71, 'applied'), (72, 'applied');
+SELECT pg_temp.watch_batches('routed_even') AS even_replica_batches, pg_temp.watch_batches('routed_odd') AS odd_replica_batches;
 ROLLBACK;
 -- Nobody queues keys through rag._queue_gathered_keys from SQL; a row trigger that names another table's watch
 -- fails its statement rather than queue keys for that watch; a third argument other than 'statement_end' fails.
