@@ -164,7 +164,10 @@ CREATE TABLE rag.row_batches (
     -- thing a trigger can make of 100,000 keys (array_agg(key)::text). The worker makes them jsonb.
     key_values text,
     not_before timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT row_batches_keys_check CHECK ((keys IS NULL) <> (key_values IS NULL))
+    CONSTRAINT row_batches_keys_check CHECK ((keys IS NULL) <> (key_values IS NULL)),
+    -- A table's owner may write batches for their own watch (the triggers run as them): whatever they write
+    -- must be something the worker can spread, or one batch would stop every watch's (rag._spread_batches).
+    CONSTRAINT row_batches_keys_array CHECK (jsonb_typeof(keys) = 'array')
 );
 
 CREATE TABLE rag.documents (

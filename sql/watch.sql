@@ -42,17 +42,29 @@ ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
     WITH CHECK (rag._may_queue_batch(watch_id, current_user));
 
--- The columns the indexed content can depend on: every column the expressions name (a word match, so a column
--- is included when in doubt), the metadata columns and the key.
+-- The columns the indexed content can depend on: every column the expressions read, as PostgreSQL's analyzer
+-- resolves them (rag._expression_columns: the whole row, as in concat_ws(' ', r.*) or to_jsonb(r), is every
+-- column), the metadata columns and the key. Expressions that no longer analyze (a column dropped since) count
+-- as reading every column: this list decides who may read the indexed text and which updates index it again,
+-- so in doubt it is the longer one.
 CREATE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT array_agg(a.attname::text ORDER BY a.attnum)
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-       AND (a.attname = ANY (w.metadata_columns) OR a.attname = ANY (w.key_columns)
-            OR a.attname !~ '^[a-z_][a-z0-9_$]*$'
-            OR concat_ws(' ', w.content_expr, w.title_expr, w.filter_expr) ~* ('\m' || a.attname || '\M'))
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_read text[];
+    v_every boolean;
+BEGIN
+    BEGIN
+        v_read := rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
+        v_every := v_read IS NULL;
+    EXCEPTION WHEN OTHERS THEN
+        v_every := true;
+    END;
+    RETURN (SELECT array_agg(a.attname::text ORDER BY a.attnum)
+              FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+               AND (v_every OR a.attname = ANY (v_read) OR a.attname = ANY (w.metadata_columns)
+                    OR a.attname = ANY (w.key_columns)));
+END $$;
 
 -- The schema of a type's equality operator (its default btree operator class's), quoted; pg_catalog where
 -- there is none of its own (arrays, enums, records and domains over built-in types compare with pg_catalog's).
@@ -514,17 +526,46 @@ BEGIN
         EXCEPTION WHEN OTHERS THEN
             BEGIN
                 UPDATE rag.row_batches SET keys = to_jsonb(key_values::text[]), key_values = NULL WHERE id = v_batch.id;
-            EXCEPTION WHEN OTHERS THEN
+            EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
                 -- Not an array's text at all: nothing can be made of it, and it must not stop every other watch.
                 RAISE WARNING 'rag: dropping batch % of watched keys, which cannot be read: %', v_batch.id, SQLERRM;
                 DELETE FROM rag.row_batches WHERE id = v_batch.id;
             END;
         END;
     END LOOP;
+    BEGIN
+        RETURN rag._spread_batches_of(NULL, p_limit);
+    EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
+        -- Something in one batch (a table's owner may write their own watch's batches) must not stop every
+        -- other watch's: each batch alone, and one whose own data still fails is dropped with a WARNING naming
+        -- it. Any other error (a lock, a cancel, memory) is not the batch's fault and stops the round as before,
+        -- keeping every batch.
+        v_count := 0;
+        FOR v_batch IN SELECT b.id, b.watch_id FROM rag.row_batches b WHERE b.keys IS NOT NULL
+                        ORDER BY b.id LIMIT p_limit FOR UPDATE SKIP LOCKED LOOP
+            BEGIN
+                v_count := v_count + rag._spread_batches_of(v_batch.id, 1);
+            EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
+                RAISE WARNING 'rag: dropping batch % of watch %, whose keys cannot be queued: %',
+                              v_batch.id, v_batch.watch_id, SQLERRM;
+                DELETE FROM rag.row_batches WHERE id = v_batch.id;
+            END;
+        END LOOP;
+        RETURN v_count;
+    END;
+END $$;
+
+-- Moves batches of keys into rag.row_queue: p_batch_id alone, or the first p_limit (any batch written since the
+-- caller looked waits for the next round).
+CREATE FUNCTION rag._spread_batches_of(p_batch_id bigint, p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count bigint;
+BEGIN
     WITH taken AS (
-        -- A batch written since the loop above waits for the next round.
         DELETE FROM rag.row_batches WHERE id IN (
-            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
+            SELECT id FROM rag.row_batches WHERE keys IS NOT NULL AND (p_batch_id IS NULL OR id = p_batch_id)
+             ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING watch_id, keys, not_before
     ), keys AS (
         SELECT DISTINCT ON (t.watch_id, key) t.watch_id, key, t.not_before
@@ -778,9 +819,13 @@ BEGIN
               JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
             UNION
-            -- DETACH names the parent, which the detached table no longer is a child of.
-            SELECT w.source FROM rag.watches w
+            -- DETACH names the parent, which the detached table no longer is a child of; the detach rewrote the
+            -- table's pg_class row in this transaction. Without that test, an owner who gave their own watched
+            -- table triggers named like a child's would have every other role's ALTER TABLE remake them, and
+            -- wait for any lock the owner holds on it.
+            SELECT w.source FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
              WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
+               AND rag._written_by_this_transaction(c.xmin::text::bigint)
                AND rag._watch_trigger_mode_installed(w.source) IN ('rows', 'gather_at_end')
                AND rag._watch_trigger_mode(w) NOT IN ('rows', 'gather_at_end'))
         SELECT w.id FROM rag.watches w JOIN altered a ON a.objid = w.source

@@ -296,3 +296,111 @@ pub fn require_single_expression(expression: &str, what: &str) {
         .raise();
     }
 }
+
+/// The columns of table `source` that `expressions` over its row (named `r`, as every query of a watch names
+/// it) read, by attribute number, as PostgreSQL's parser and analyzer resolve them: a column named anywhere,
+/// inside a subquery too. `None` when one reads the whole row (`r`, `r.*`, `to_jsonb(r)`, `r::text`), which
+/// reads every column, those added later included; so does an expression with a subquery, which may read the
+/// table again under another name (`(SELECT s.salary FROM staff s WHERE s.id = r.id)`). A word match over the
+/// text (what rag did before) missed the whole row, and with it a column a reader may not see. Raises when an
+/// expression does not analyze (a
+/// column or function gone since the watch was made); nothing is run, so no privilege is needed or checked.
+pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Option<Vec<i16>> {
+    if expressions.is_empty() {
+        return Some(Vec::new());
+    }
+    // SAFETY: syscache lookups by oid in the current transaction; each returns NULL for a missing relation or
+    // namespace, or a palloc'd NUL-terminated copy.
+    let table = unsafe {
+        let name = pg_sys::get_rel_name(source);
+        let namespace = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(source));
+        if name.is_null() || namespace.is_null() {
+            crate::error::RagError::undefined(
+                format!(
+                    "the watched table of oid {} no longer exists",
+                    u32::from(source)
+                ),
+                "rag_unwatch it, or watch the table again.",
+            )
+            .raise();
+        }
+        let quoted = pg_sys::quote_qualified_identifier(namespace, name);
+        std::ffi::CStr::from_ptr(quoted)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let targets: Vec<String> = expressions.iter().map(|e| format!("({e}\n)")).collect();
+    let sql = format!("SELECT {} FROM ONLY {table} AS r", targets.join(", "));
+    let Ok(text) = CString::new(sql) else {
+        crate::error::RagError::invalid(
+            "a watch expression contains a NUL character".to_string(),
+            "Watch the table again with expressions over its columns.",
+        )
+        .raise();
+    };
+    // SAFETY: raw_parser and parse_analyze_fixedparams take a NUL-terminated string that outlives them and
+    // return nodes in the current memory context, or raise an ERROR; every node is cast only after its tag is
+    // checked. The analyzer resolves names and types and takes AccessShareLock on the table; it runs nothing.
+    unsafe {
+        let tree = pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let statements = pgrx::PgList::<pg_sys::RawStmt>::from_pg(tree);
+        let raw = match statements.len() {
+            1 => statements.get_ptr(0),
+            _ => None,
+        };
+        let Some(raw) = raw else {
+            crate::error::RagError::invalid(
+                "a watch expression is not a single SQL expression".to_string(),
+                "Watch the table again with one expression for each of content, title and filter.",
+            )
+            .raise();
+        };
+        let query = pg_sys::parse_analyze_fixedparams(
+            raw,
+            text.as_ptr(),
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+        );
+        // One expression per target over the one table of the FROM list, as built above; anything else means the
+        // text was not what it seemed, and nothing below can be trusted.
+        let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable);
+        let only_the_table = rtable.len() == 1
+            && rtable
+                .get_ptr(0)
+                .is_some_and(|entry| (*entry).relid == source)
+            && pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList).len()
+                == expressions.len();
+        if !only_the_table {
+            crate::error::RagError::invalid(
+                "a watch expression is not a single SQL expression over the table's row"
+                    .to_string(),
+                "Watch the table again with one expression for each of content, title and filter.",
+            )
+            .raise();
+        }
+        if (*query).hasSubLinks {
+            return None;
+        }
+        let vars =
+            pgrx::PgList::<pg_sys::Node>::from_pg(pg_sys::pull_vars_of_level(query.cast(), 0));
+        let mut attributes = std::collections::BTreeSet::new();
+        for node in vars.iter_ptr() {
+            if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Var {
+                continue;
+            }
+            let var = &*(node as *const pg_sys::Var);
+            if var.varno != 1 {
+                continue;
+            }
+            match var.varattno {
+                0 => return None,
+                column if column > 0 => {
+                    attributes.insert(column);
+                }
+                _ => {} // System columns (ctid, xmin, …) are not the row's content.
+            }
+        }
+        Some(attributes.into_iter().collect())
+    }
+}

@@ -50,6 +50,46 @@ pub mod rag {
         }
     }
 
+    /// The names of the columns of `source` that the expressions (content, title, filter; NULLs skipped) read,
+    /// by PostgreSQL's analysis of them (`crate::security::expression_attributes`); NULL when one reads the
+    /// whole row, so every column. Raises when they no longer analyze (`rag._watch_columns` then assumes
+    /// every column).
+    #[pg_extern(stable, parallel_restricted, name = "_expression_columns")]
+    pub fn expression_columns(
+        source: pg_sys::Oid,
+        expressions: Vec<Option<String>>,
+    ) -> Option<Vec<String>> {
+        let given: Vec<&str> = expressions.iter().flatten().map(String::as_str).collect();
+        let attributes = crate::security::expression_attributes(source, &given)?;
+        let names = attributes
+            .into_iter()
+            .filter_map(|attribute| {
+                // SAFETY: a syscache lookup of an attribute of a table the analysis just locked; NULL for a
+                // dropped or missing one.
+                let name = unsafe { pg_sys::get_attname(source, attribute, true) };
+                if name.is_null() {
+                    return None;
+                }
+                // SAFETY: get_attname returned a palloc'd NUL-terminated copy, checked non-NULL above.
+                let name = unsafe { std::ffi::CStr::from_ptr(name) };
+                Some(name.to_string_lossy().into_owned())
+            })
+            .collect();
+        Some(names)
+    }
+
+    /// Whether a row version was written by the running transaction or one of its subtransactions, from its
+    /// `xmin`: `ALTER TABLE … DETACH PARTITION` rewrites the detached table's `pg_class` row, which is how
+    /// `rag._on_alter_table` tells a table the command just detached from one an owner dressed up to look so.
+    #[pg_extern(stable, parallel_safe, name = "_written_by_this_transaction")]
+    pub fn written_by_this_transaction(xmin: i64) -> bool {
+        let Ok(xid) = u32::try_from(xmin) else {
+            return false;
+        };
+        // SAFETY: compares an xid with the running transaction's own; reads backend-local state only.
+        unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xid)) }
+    }
+
     /// The query that finds watch `watch_id`'s row by its key (`$1`, jsonb), returning one jsonb when the role
     /// running it may see the row: the table, its key's operators and every function named with their
     /// schemas (`rag._qualified_name`, `rag._key_condition`). A reader's search asks it for every candidate

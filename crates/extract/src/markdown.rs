@@ -111,10 +111,20 @@ fn strip_list_marker(line: &str) -> &str {
 /// Inline markup: images and links keep their text, code spans their content, emphasis markers and inline HTML
 /// tags disappear, backslash escapes resolve.
 fn inline(text: &str) -> String {
+    inline_counting_reads(text).0
+}
+
+/// `inline`, and how many characters its look-aheads read (which the tests hold to a multiple of the length).
+fn inline_counting_reads(text: &str) -> (String, usize) {
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
     let mut link_tail: Option<(usize, usize)> = None;
+    // Each '[' and '<' looks ahead for its closing character; remembering what each look found keeps a line of
+    // unclosed openers linear ("[[[[…" was quadratic: 47 s for 200,000 of them, and no cancel could stop it).
+    let mut close_bracket = NextChar::new(']');
+    let mut close_paren = NextChar::new(')');
+    let mut close_angle = NextChar::new('>');
     while i < chars.len() {
         let c = chars[i];
         match c {
@@ -126,11 +136,11 @@ fn inline(text: &str) -> String {
             '[' if link_tail.is_none() && chars.get(i + 1) != Some(&'^') => {
                 // [text](url) and [text][ref] keep only the text: the brackets and target are skipped when the
                 // scan reaches the closing bracket (no recursion, so nested brackets cannot exhaust the stack).
-                if let Some(close) = find_char(&chars, i + 1, ']') {
+                if let Some(close) = close_bracket.find(&chars, i + 1) {
                     let mut next = close + 1;
                     let target_end = match chars.get(next) {
-                        Some('(') => find_char(&chars, next + 1, ')'),
-                        Some('[') => find_char(&chars, next + 1, ']'),
+                        Some('(') => close_paren.find(&chars, next + 1),
+                        Some('[') => close_bracket.find(&chars, next + 1),
                         _ => None,
                     };
                     if let Some(end) = target_end {
@@ -151,7 +161,7 @@ fn inline(text: &str) -> String {
             }
             '<' => {
                 let next = chars.get(i + 1).copied().unwrap_or(' ');
-                let end = find_char(&chars, i + 1, '>');
+                let end = close_angle.find(&chars, i + 1);
                 match end {
                     Some(end) if next.is_ascii_alphabetic() || next == '/' => {
                         let inner: String = chars[i + 1..end].iter().collect();
@@ -190,15 +200,48 @@ fn inline(text: &str) -> String {
             }
         }
     }
-    crate::html::decode_entities(&out).into_owned()
+    let reads = close_bracket.read + close_paren.read + close_angle.read;
+    (crate::html::decode_entities(&out).into_owned(), reads)
 }
 
-fn find_char(chars: &[char], from: usize, wanted: char) -> Option<usize> {
-    chars
-        .get(from..)?
-        .iter()
-        .position(|c| *c == wanted)
-        .map(|p| p + from)
+/// The first `wanted` at or after a position, remembering the last answer: every position between the last
+/// look's start and what it found (or the end, when it found none) has the same answer, so looks from
+/// positions that only move forward read each character at most once.
+struct NextChar {
+    wanted: char,
+    looked_from: usize,
+    found: Option<usize>,
+    looked: bool,
+    read: usize,
+}
+
+impl NextChar {
+    fn new(wanted: char) -> Self {
+        NextChar {
+            wanted,
+            looked_from: 0,
+            found: None,
+            looked: false,
+            read: 0,
+        }
+    }
+
+    fn find(&mut self, chars: &[char], from: usize) -> Option<usize> {
+        let known =
+            self.looked && from >= self.looked_from && self.found.is_none_or(|found| from <= found);
+        if !known {
+            self.looked = true;
+            self.looked_from = from;
+            self.found = chars
+                .get(from..)
+                .and_then(|rest| rest.iter().position(|c| *c == self.wanted))
+                .map(|p| p + from);
+            self.read += self
+                .found
+                .map_or(chars.len().saturating_sub(from), |found| found + 1 - from);
+        }
+        self.found
+    }
 }
 
 #[cfg(test)]
@@ -209,6 +252,59 @@ mod tests {
     fn nested_brackets_do_not_recurse() {
         let md = "[".repeat(100_000) + "x" + &"]".repeat(100_000);
         assert!(markdown_to_text(&md).contains('x'));
+    }
+
+    #[test]
+    fn unclosed_openers_are_read_a_bounded_number_of_times() {
+        // Searching to the end of the line from every unclosed opener read n²/2 characters: 47 s for 200,000
+        // "[" in a backend no cancel could stop. Counted, not timed: each look-ahead reads each character at most
+        // once.
+        for opener in ["[", "<a", "[x](", "[x][", "![", "<", "[](", "[a]<b"] {
+            let line = opener.repeat(20_000) + "x";
+            let length = line.chars().count();
+            let (text, reads) = inline_counting_reads(&line);
+            assert!(text.ends_with('x'), "{opener}");
+            assert!(
+                reads <= 3 * length,
+                "{opener}: {reads} characters read for a line of {length}"
+            );
+        }
+        assert!(markdown_to_text(&"[".repeat(200_000)).starts_with('['));
+    }
+
+    #[test]
+    fn lookahead_memory_matches_a_fresh_search() {
+        let samples = [
+            "[a](b) [c][d] [e] <b>f</b> <x [g](h",
+            "[[a]](b)) <<i>> [j]( [k][l [m]",
+            "text [one](two) and [three] then <https://x.y/z> [four](five) <u>six</u> [",
+            "] [ ] [ )( ][ <>< >",
+        ];
+        for sample in samples {
+            let chars: Vec<char> = sample.chars().collect();
+            for wanted in [']', ')', '>'] {
+                let mut memo = NextChar::new(wanted);
+                for from in 0..=chars.len() + 1 {
+                    let fresh = chars
+                        .get(from..)
+                        .and_then(|rest| rest.iter().position(|c| *c == wanted))
+                        .map(|p| p + from);
+                    assert_eq!(memo.find(&chars, from), fresh, "{sample:?} {wanted} {from}");
+                }
+                // Out of order too: the memory is only used where it is right.
+                for from in (0..=chars.len()).rev() {
+                    let fresh = chars
+                        .get(from..)
+                        .and_then(|rest| rest.iter().position(|c| *c == wanted))
+                        .map(|p| p + from);
+                    assert_eq!(
+                        memo.find(&chars, from),
+                        fresh,
+                        "{sample:?} {wanted} {from} backwards"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
