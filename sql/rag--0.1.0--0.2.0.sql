@@ -2653,6 +2653,14 @@ DECLARE
     v_vector_schema text := rag._vector_schema();
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
+    IF coalesce(btrim(query), '') = '' THEN
+        RAISE EXCEPTION 'the query is empty'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
+    END IF;
+    IF k IS NULL OR k < 1 OR k > 1000 THEN
+        RAISE EXCEPTION 'k must be between 1 and 1000, not %', coalesce(k::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
+    END IF;
     IF c.dimensions IS NULL THEN
         RAISE EXCEPTION 'collection "%" has no vectors yet', collection
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
@@ -2688,7 +2696,9 @@ BEGIN
     END IF;
     FOR v_line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || rag._search_sql(c, v_mode, false, true, v_lexemes IS NOT NULL,
                                                                     rag._watched(c), c.reranker IS NOT NULL)
-        USING rag._embed_query(c.id, query),
+        -- The plan does not depend on the question's vector (it is shown as $1 below), so none is asked of the
+        -- provider: an explain spends no provider call, which the ledger would not record.
+        USING '[1' || repeat(',0', c.dimensions - 1) || ']',
               CASE WHEN v_mode = 'hybrid' THEN greatest(k, rag._limit('fusion_pool')::integer) ELSE k END,
               NULL::jsonb, v_lexemes, k
     LOOP

@@ -32,7 +32,13 @@ SELECT * FROM rag_query('docs', 'x', filter => '[1]');
 SELECT rag_create_collection('hung', embedding_model => 'hash-384@timeout', dimensions => 384) > 0 AS created;
 SET statement_timeout = '1s';
 SELECT * FROM rag_query('hung', 'anything');
+-- rag_explain asks the provider nothing (the plan does not depend on the question's vector): on the hung
+-- provider it returns at once, and it spends no call that the ledger would not record.
+SELECT count(*) > 0 AS explained FROM rag_explain('hung', 'anything', mode => 'vector');
 RESET statement_timeout;
+SELECT * FROM rag_explain('docs', 'x', 0);
+SELECT * FROM rag_explain('docs', 'x', 2147483647);
+SELECT * FROM rag_explain('docs', NULL);
 
 -- rag.status: per collection, by status, with queue depth.
 SELECT collection, dimensions, documents_processing, documents_ready, documents_failed,
