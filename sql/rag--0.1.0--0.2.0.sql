@@ -47,6 +47,9 @@ SELECT c.id, g.grantee::regrole, g.privilege, current_user
 
 -- regclass, not oid: a dump stores the table's name, and a restore finds the table's new oid by it.
 ALTER TABLE rag.watches ALTER COLUMN source TYPE regclass USING source::regclass;
+-- The columns a watch's expressions read (NULL: every column), filled when each watch's triggers are made
+-- again below (rag._watch_install).
+ALTER TABLE rag.watches ADD COLUMN read_columns text[];
 
 -- Failures in a row of a watched table back off (30 s, 1 min, ... up to an hour).
 ALTER TABLE rag.row_queue ADD COLUMN attempts integer NOT NULL DEFAULT 0;
@@ -2965,22 +2968,22 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
     WITH CHECK (rag._may_queue_batch(watch_id, current_user));
 
 CREATE OR REPLACE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_read text[];
-    v_every boolean;
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY a.attnum)
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+       AND (w.read_columns IS NULL OR a.attname = ANY (w.read_columns) OR a.attname = ANY (w.metadata_columns)
+            OR a.attname = ANY (w.key_columns))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_read_columns(w rag.watches) RETURNS text[]
+LANGUAGE plpgsql AS $$
 BEGIN
-    BEGIN
-        v_read := rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
-        v_every := v_read IS NULL;
-    EXCEPTION WHEN OTHERS THEN
-        v_every := true;
-    END;
-    RETURN (SELECT array_agg(a.attname::text ORDER BY a.attnum)
-              FROM pg_catalog.pg_attribute a
-             WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-               AND (v_every OR a.attname = ANY (v_read) OR a.attname = ANY (w.metadata_columns)
-                    OR a.attname = ANY (w.key_columns)));
+    RETURN rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
+EXCEPTION WHEN OTHERS THEN
+    -- Whatever failed (the owner's own domain check included), every column is the answer that cannot let a
+    -- reader see more than their privileges allow; the abort of this block restores rag's identity.
+    RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._equality_schema(p_type oid) RETURNS text
@@ -3196,6 +3199,8 @@ DECLARE
     v_take_keys text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
+    RETURNING * INTO w;
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
     v_key := rag._columns_object(w.key_columns);
@@ -3342,15 +3347,20 @@ BEGIN
     -- their statement triggers queue. So each watch also has row triggers enabled REPLICA, which queue each row's
     -- key themselves (the 'rows' way) and fire in nothing but such a session: an ordinary writer never pays more
     -- than PostgreSQL's look at a disabled trigger.
+    -- Their WHEN clause keeps them idle in any other session even when someone enables them ALWAYS, or
+    -- ENABLE TRIGGER ALL (what pg_restore --disable-triggers ends with) resets them to ORIGIN: they would
+    -- otherwise queue every row a second time, one batch per row.
     FOR v_event IN VALUES ('INSERT'), ('UPDATE'), ('DELETE') LOOP
         v_trigger := 'rag_watch_replica_' || lower(v_event);
-        v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+        v_when := format(' WHEN (pg_catalog.current_setting(%L) = %L%s)', 'session_replication_role', 'replica',
+                         CASE WHEN v_event = 'UPDATE' THEN format(' AND %s', v_changed) ELSE '' END);
         EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
                        v_trigger, v_event, w.source::regclass, v_when, v_row_function);
         EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', w.source::regclass, v_trigger);
     END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_replica_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT '
-                   'EXECUTE FUNCTION rag._watch_truncated()', w.source::regclass);
+                   'WHEN (pg_catalog.current_setting(%L) = %L) EXECUTE FUNCTION rag._watch_truncated()',
+                   w.source::regclass, 'session_replication_role', 'replica');
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER rag_watch_replica_truncate', w.source::regclass);
 END $$;
 
@@ -3674,6 +3684,10 @@ BEGIN
                 AND (SELECT p.proowner FROM pg_catalog.pg_proc p
                       WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || w.id)))
                     IS DISTINCT FROM c.relowner)
+            -- Columns renamed, added or dropped: what the expressions read may have changed, and with it who
+            -- may read the index and which updates the UPDATE trigger's WHEN clause lets through.
+            OR (rag._watch_trigger_mode_installed(w.source) IS NOT NULL
+                AND rag._watch_read_columns(w) IS DISTINCT FROM w.read_columns)
          ORDER BY w.id
     LOOP
         PERFORM rag._watch_install(v_watch);
@@ -4191,7 +4205,7 @@ BEGIN
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
                                '_refuse_writes_on_standby',
-                               '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_expression_columns', '_limit', '_or_query', '_keyword_index_name',
+                               '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
                                '_migration_chunks_embedded')

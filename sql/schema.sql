@@ -132,7 +132,10 @@ CREATE TABLE rag.watches (
     key_columns      text[] NOT NULL,
     metadata_columns text[] NOT NULL DEFAULT '{}',
     format           text NOT NULL DEFAULT 'text' CHECK (format IN ('text', 'html', 'markdown')),
-    created_at       timestamptz NOT NULL DEFAULT now()
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    -- The columns the expressions read, as PostgreSQL's analyzer found them when the watch was made or its
+    -- table last altered (rag._watch_read_columns); NULL for every column. rag._watch_columns reads it.
+    read_columns     text[]
 );
 
 -- Keys of watched rows whose indexed content may have changed. One row per key: a burst of updates to a row

@@ -42,28 +42,32 @@ ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
     WITH CHECK (rag._may_queue_batch(watch_id, current_user));
 
--- The columns the indexed content can depend on: every column the expressions read, as PostgreSQL's analyzer
--- resolves them (rag._expression_columns: the whole row, as in concat_ws(' ', r.*) or to_jsonb(r), is every
--- column), the metadata columns and the key. Expressions that no longer analyze (a column dropped since) count
--- as reading every column: this list decides who may read the indexed text and which updates index it again,
--- so in doubt it is the longer one.
+-- The columns the indexed content can depend on: the columns the expressions read (rag.watches.read_columns:
+-- NULL, every column, when one reads the whole row, has a subquery or calls a function that could read the
+-- table itself, or no longer analyzes), the metadata columns and the key. This list decides who may read the
+-- indexed text and which updates index it again. Catalogs only: a reader's search and the policies of
+-- rag.documents call it, and nothing of the table's owner may run there.
 CREATE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_read text[];
-    v_every boolean;
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY a.attnum)
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
+       AND (w.read_columns IS NULL OR a.attname = ANY (w.read_columns) OR a.attname = ANY (w.metadata_columns)
+            OR a.attname = ANY (w.key_columns))
+$$;
+
+-- The columns a watch's expressions read, found by PostgreSQL's analyzer (rag._expression_columns, which runs
+-- as the table's owner in a security-restricted operation: analysing a literal can run the owner's domain
+-- checks); NULL, every column, when they read the whole row or could read the table by other means, or no
+-- longer analyze (a column dropped since). Only rag._watch_install calls it, where the owner's code may run.
+CREATE FUNCTION rag._watch_read_columns(w rag.watches) RETURNS text[]
+LANGUAGE plpgsql AS $$
 BEGIN
-    BEGIN
-        v_read := rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
-        v_every := v_read IS NULL;
-    EXCEPTION WHEN OTHERS THEN
-        v_every := true;
-    END;
-    RETURN (SELECT array_agg(a.attname::text ORDER BY a.attnum)
-              FROM pg_catalog.pg_attribute a
-             WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-               AND (v_every OR a.attname = ANY (v_read) OR a.attname = ANY (w.metadata_columns)
-                    OR a.attname = ANY (w.key_columns)));
+    RETURN rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
+EXCEPTION WHEN OTHERS THEN
+    -- Whatever failed (the owner's own domain check included), every column is the answer that cannot let a
+    -- reader see more than their privileges allow; the abort of this block restores rag's identity.
+    RETURN NULL;
 END $$;
 
 -- The schema of a type's equality operator (its default btree operator class's), quoted; pg_catalog where
@@ -340,6 +344,8 @@ DECLARE
     v_take_keys text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
+    RETURNING * INTO w;
     SELECT * INTO e FROM rag._watch_exprs(w);
     SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = w.source;
     v_key := rag._columns_object(w.key_columns);
@@ -486,15 +492,20 @@ BEGIN
     -- their statement triggers queue. So each watch also has row triggers enabled REPLICA, which queue each row's
     -- key themselves (the 'rows' way) and fire in nothing but such a session: an ordinary writer never pays more
     -- than PostgreSQL's look at a disabled trigger.
+    -- Their WHEN clause keeps them idle in any other session even when someone enables them ALWAYS, or
+    -- ENABLE TRIGGER ALL (what pg_restore --disable-triggers ends with) resets them to ORIGIN: they would
+    -- otherwise queue every row a second time, one batch per row.
     FOR v_event IN VALUES ('INSERT'), ('UPDATE'), ('DELETE') LOOP
         v_trigger := 'rag_watch_replica_' || lower(v_event);
-        v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+        v_when := format(' WHEN (pg_catalog.current_setting(%L) = %L%s)', 'session_replication_role', 'replica',
+                         CASE WHEN v_event = 'UPDATE' THEN format(' AND %s', v_changed) ELSE '' END);
         EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
                        v_trigger, v_event, w.source::regclass, v_when, v_row_function);
         EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', w.source::regclass, v_trigger);
     END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_replica_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT '
-                   'EXECUTE FUNCTION rag._watch_truncated()', w.source::regclass);
+                   'WHEN (pg_catalog.current_setting(%L) = %L) EXECUTE FUNCTION rag._watch_truncated()',
+                   w.source::regclass, 'session_replication_role', 'replica');
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER rag_watch_replica_truncate', w.source::regclass);
 END $$;
 
@@ -836,6 +847,10 @@ BEGIN
                 AND (SELECT p.proowner FROM pg_catalog.pg_proc p
                       WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || w.id)))
                     IS DISTINCT FROM c.relowner)
+            -- Columns renamed, added or dropped: what the expressions read may have changed, and with it who
+            -- may read the index and which updates the UPDATE trigger's WHEN clause lets through.
+            OR (rag._watch_trigger_mode_installed(w.source) IS NOT NULL
+                AND rag._watch_read_columns(w) IS DISTINCT FROM w.read_columns)
          ORDER BY w.id
     LOOP
         PERFORM rag._watch_install(v_watch);

@@ -298,23 +298,29 @@ pub fn require_single_expression(expression: &str, what: &str) {
 }
 
 /// The columns of table `source` that `expressions` over its row (named `r`, as every query of a watch names
-/// it) read, by attribute number, as PostgreSQL's parser and analyzer resolve them: a column named anywhere,
-/// inside a subquery too. `None` when one reads the whole row (`r`, `r.*`, `to_jsonb(r)`, `r::text`), which
-/// reads every column, those added later included; so does an expression with a subquery, which may read the
-/// table again under another name (`(SELECT s.salary FROM staff s WHERE s.id = r.id)`). A word match over the
-/// text (what rag did before) missed the whole row, and with it a column a reader may not see. Raises when an
-/// expression does not analyze (a
-/// column or function gone since the watch was made); nothing is run, so no privilege is needed or checked.
+/// it) read, by attribute number, as PostgreSQL's parser and analyzer resolve them. `None` means every
+/// column, those added later included: when one reads the whole row (`r`, `r.*`, `to_jsonb(r)`, `r::text`),
+/// has a subquery (which may read the table again under another name), or calls a function that could read
+/// the table by itself: any function outside pg_catalog (an owner's own function reads what it likes, whatever
+/// volatility it declares), a volatile one, or one of pg_catalog's that runs a query given as text
+/// ([`RUNS_QUERY_TEXT`]). A word match over the text (what rag did before) missed all of these.
+///
+/// Analysis runs code: a literal of an array of a domain checks the domain's constraints, which may call any
+/// function. So it runs as the table's owner in a security-restricted operation, as the expressions
+/// themselves are evaluated ([`RestrictedIdentity`]),
+/// and only where the owner's own code may run: when a watch is made or its table altered (a client's
+/// statement), never in a reader's search or the worker. Raises when an expression does not analyze (a column or function gone).
 pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Option<Vec<i16>> {
     if expressions.is_empty() {
         return Some(Vec::new());
     }
-    // SAFETY: syscache lookups by oid in the current transaction; each returns NULL for a missing relation or
-    // namespace, or a palloc'd NUL-terminated copy.
-    let table = unsafe {
+    // SAFETY: syscache lookups by oid in the current transaction; each returns NULL (or InvalidOid) for a
+    // missing relation or namespace, or a palloc'd NUL-terminated copy.
+    let (table, owner) = unsafe {
         let name = pg_sys::get_rel_name(source);
         let namespace = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(source));
-        if name.is_null() || namespace.is_null() {
+        let owner = relation_owner(source);
+        if name.is_null() || namespace.is_null() || owner == pg_sys::InvalidOid {
             crate::error::RagError::undefined(
                 format!(
                     "the watched table of oid {} no longer exists",
@@ -325,9 +331,12 @@ pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Optio
             .raise();
         }
         let quoted = pg_sys::quote_qualified_identifier(namespace, name);
-        std::ffi::CStr::from_ptr(quoted)
-            .to_string_lossy()
-            .into_owned()
+        (
+            std::ffi::CStr::from_ptr(quoted)
+                .to_string_lossy()
+                .into_owned(),
+            owner,
+        )
     };
     let targets: Vec<String> = expressions.iter().map(|e| format!("({e}\n)")).collect();
     let sql = format!("SELECT {} FROM ONLY {table} AS r", targets.join(", "));
@@ -338,9 +347,12 @@ pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Optio
         )
         .raise();
     };
+    // No timeout of rag's own: this runs in a client's statement (rag_watch, ALTER TABLE, an upgrade), under the
+    // client's statement_timeout, which arming another would disarm.
+    let _identity = RestrictedIdentity::enter(owner, 0, None);
     // SAFETY: raw_parser and parse_analyze_fixedparams take a NUL-terminated string that outlives them and
-    // return nodes in the current memory context, or raise an ERROR; every node is cast only after its tag is
-    // checked. The analyzer resolves names and types and takes AccessShareLock on the table; it runs nothing.
+    // return nodes in the current memory context, or raise an ERROR (the guard's drop then leaves the identity
+    // to the abort, which restores it); every node is cast only after its tag is checked.
     unsafe {
         let tree = pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
         let statements = pgrx::PgList::<pg_sys::RawStmt>::from_pg(tree);
@@ -365,12 +377,12 @@ pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Optio
         // One expression per target over the one table of the FROM list, as built above; anything else means the
         // text was not what it seemed, and nothing below can be trusted.
         let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable);
+        let targets = pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList);
         let only_the_table = rtable.len() == 1
             && rtable
                 .get_ptr(0)
                 .is_some_and(|entry| (*entry).relid == source)
-            && pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList).len()
-                == expressions.len();
+            && targets.len() == expressions.len();
         if !only_the_table {
             crate::error::RagError::invalid(
                 "a watch expression is not a single SQL expression over the table's row"
@@ -381,6 +393,11 @@ pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Optio
         }
         if (*query).hasSubLinks {
             return None;
+        }
+        for target in targets.iter_ptr() {
+            if calls_a_reading_function((*target).expr.cast(), std::ptr::null_mut()) {
+                return None;
+            }
         }
         let vars =
             pgrx::PgList::<pg_sys::Node>::from_pg(pg_sys::pull_vars_of_level(query.cast(), 0));
@@ -402,5 +419,82 @@ pub fn expression_attributes(source: pg_sys::Oid, expressions: &[&str]) -> Optio
             }
         }
         Some(attributes.into_iter().collect())
+    }
+}
+
+/// Functions of pg_catalog that run a query given to them as text, and so can read any column of any table
+/// their caller may: the SQL/XML export functions, ts_stat and ts_rewrite's query form.
+const RUNS_QUERY_TEXT: &[&str] = &[
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "table_to_xml",
+    "table_to_xmlschema",
+    "table_to_xml_and_xmlschema",
+    "schema_to_xml",
+    "schema_to_xmlschema",
+    "schema_to_xml_and_xmlschema",
+    "database_to_xml",
+    "database_to_xmlschema",
+    "database_to_xml_and_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
+];
+
+/// The owner of a relation; InvalidOid when it does not exist.
+fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache lookup by oid; the tuple is released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as _,
+            pg_sys::Datum::from(relation),
+        );
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_class;
+        let owner = (*form).relowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
+// SAFETY (for callers): `node` is NULL or a node of an analyzed expression tree; PostgreSQL's walker calls it
+// back with the same.
+unsafe extern "C-unwind" fn calls_a_reading_function(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: check_functions_in_node looks at the function oids of this one node (calls, operators,
+    // coercions) and asks the callback about each; the walker recurses into the node's children.
+    unsafe {
+        pg_sys::check_functions_in_node(node, Some(function_may_read), std::ptr::null_mut())
+            || pg_sys::expression_tree_walker(node, Some(calls_a_reading_function), context)
+    }
+}
+
+// SAFETY (for callers): called by check_functions_in_node with a function's oid.
+unsafe extern "C-unwind" fn function_may_read(
+    function: pg_sys::Oid,
+    _context: *mut std::ffi::c_void,
+) -> bool {
+    // SAFETY: syscache lookups by oid; a function named in an analyzed expression exists.
+    unsafe {
+        if pg_sys::get_func_namespace(function) != pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE) {
+            return true;
+        }
+        if pg_sys::func_volatile(function) as u8 == pg_sys::PROVOLATILE_VOLATILE {
+            return true;
+        }
+        let name = pg_sys::get_func_name(function);
+        !name.is_null()
+            && std::ffi::CStr::from_ptr(name)
+                .to_str()
+                .is_ok_and(|name| RUNS_QUERY_TEXT.contains(&name))
     }
 }

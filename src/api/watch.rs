@@ -51,9 +51,9 @@ pub mod rag {
     }
 
     /// The names of the columns of `source` that the expressions (content, title, filter; NULLs skipped) read,
-    /// by PostgreSQL's analysis of them (`crate::security::expression_attributes`); NULL when one reads the
-    /// whole row, so every column. Raises when they no longer analyze (`rag._watch_columns` then assumes
-    /// every column).
+    /// by PostgreSQL's analysis of them as the table's owner (`crate::security::expression_attributes`); NULL
+    /// for every column. Raises when they no longer analyze (`rag._watch_read_columns` then answers every
+    /// column). Granted to no role: analysis runs the owner's code and locks the table.
     #[pg_extern(stable, parallel_restricted, name = "_expression_columns")]
     pub fn expression_columns(
         source: pg_sys::Oid,

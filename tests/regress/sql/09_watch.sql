@@ -161,6 +161,16 @@ SELECT pg_temp.watch_batches('gathered') AS replica_batches;
 TRUNCATE gathered;
 SELECT pg_temp.watch_batches('gathered') AS batches_after_truncate;
 COMMIT;
+-- ENABLE TRIGGER ALL (as pg_restore --disable-triggers ends) makes them ORIGIN triggers; their WHEN clause keeps
+-- them idle outside a replica-role session, so an ordinary write still queues one batch per statement.
+BEGIN;
+ALTER TABLE gathered DISABLE TRIGGER ALL;
+ALTER TABLE gathered ENABLE TRIGGER ALL;
+SELECT string_agg(tgname || ' ' || tgenabled::text, ', ' ORDER BY tgname) AS replica_triggers_now
+  FROM pg_trigger WHERE tgrelid = 'gathered'::regclass AND tgname LIKE 'rag\_watch\_replica\_%';
+INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
+SELECT pg_temp.watch_batches('gathered') AS batches_with_every_trigger_enabled;
+ROLLBACK;
 -- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
 -- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
 CREATE FUNCTION gathered_echo() RETURNS trigger LANGUAGE plpgsql AS $$

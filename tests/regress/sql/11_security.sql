@@ -768,6 +768,22 @@ SELECT rag._expression_columns('sec_owner.staff'::regclass, ARRAY['"name" || '' 
        AS with_a_subquery,
        rag._expression_columns('sec_owner.staff'::regclass, ARRAY['to_jsonb(r)::text']) AS whole_row,
        rag._expression_columns('sec_owner.staff'::regclass, ARRAY['r::text']) AS whole_row_too;
+-- A function could read the table by itself: an owner's own (whatever volatility it declares), a volatile one, or
+-- one of pg_catalog's that runs a query given as text. Each counts as reading every column.
+SET ROLE sec_owner;
+CREATE FUNCTION sec_owner.card(p_id int) RETURNS text LANGUAGE sql IMMUTABLE
+    AS $f$ SELECT name || ' earns ' || salary FROM sec_owner.staff WHERE id = p_id $f$;
+RESET ROLE;
+SELECT rag._expression_columns('sec_owner.staff'::regclass, ARRAY['sec_owner.card(id)']) AS own_function,
+       rag._expression_columns('sec_owner.staff'::regclass,
+           ARRAY[$$pg_catalog.query_to_xml(format('SELECT salary FROM sec_owner.staff WHERE id = %s', id), false, false, '')::text$$])
+           AS query_text,
+       rag._expression_columns('sec_owner.staff'::regclass, ARRAY['name || random()::text']) AS volatile,
+       rag._expression_columns('sec_owner.staff'::regclass, ARRAY['concat_ws('' '', upper(name), id)']) AS catalog_functions;
+-- rag._expression_columns is rag's own: no reader may point it at a table (analysis locks it).
+SET ROLE sec_reader;
+SELECT rag._expression_columns('sec_owner.staff'::regclass, ARRAY['1']);
+RESET ROLE;
 SELECT pg_temp.wait_for($$SELECT (SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
                                    WHERE c.name = 'staff' AND d.status = 'ready') = 2$$) AS staff_indexed;
 SET ROLE sec_reader;
@@ -782,6 +798,58 @@ SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.documents WHERE sourc
 SET ROLE sec_owner;
 SELECT rag_unwatch('sec_owner.staff', drop_documents => true), rag_drop_collection('staff');
 DROP TABLE sec_owner.staff;
+DROP FUNCTION sec_owner.card(int);
+RESET ROLE;
+
+-- The columns are found again whenever the table is altered: a rename leaves the expression naming no column
+-- (every column, until it names one again).
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.renamed (id int PRIMARY KEY, body text, extra text);
+SELECT rag_create_collection('renamed', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_watch('sec_owner.renamed', 'renamed', content => 'body') > 0 AS watching;
+SELECT read_columns AS reads FROM rag.watches WHERE source_name = 'sec_owner.renamed';
+ALTER TABLE sec_owner.renamed RENAME COLUMN body TO old_body;
+SELECT read_columns IS NULL AS reads_every_column FROM rag.watches WHERE source_name = 'sec_owner.renamed';
+ALTER TABLE sec_owner.renamed RENAME COLUMN extra TO body;
+SELECT read_columns AS reads_again FROM rag.watches WHERE source_name = 'sec_owner.renamed';
+SELECT rag_unwatch('sec_owner.renamed', drop_documents => true), rag_drop_collection('renamed');
+DROP TABLE sec_owner.renamed;
+RESET ROLE;
+
+-- Analysing an expression runs code: a literal of an array of a domain checks the domain's constraints. So it
+-- runs as the table's owner in a security-restricted operation, when the watch is made (or its table altered),
+-- and never in anyone else's query: here the check records who ran it and tries to use a superuser's rights.
+SET ROLE sec_attacker;
+SELECT rag_create_collection('attacker-domain', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_attacker.domain_runs (who name, superuser boolean);
+CREATE FUNCTION sec_attacker.checked(p_value int) RETURNS boolean LANGUAGE plpgsql AS $f$
+DECLARE
+    v_super boolean := (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user);
+BEGIN
+    IF v_super THEN
+        EXECUTE 'ALTER ROLE sec_attacker SUPERUSER';
+    END IF;
+    INSERT INTO sec_attacker.domain_runs VALUES (current_user, v_super);
+    RETURN true;
+END $f$;
+CREATE DOMAIN sec_attacker.checked_int AS integer CHECK (sec_attacker.checked(VALUE));
+CREATE TABLE sec_attacker.domain_notes (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_attacker.domain_notes', 'attacker-domain',
+                 content => $$body || ('{1}'::sec_attacker.checked_int[])::text$$) > 0 AS watching;
+RESET ROLE;
+SELECT who, superuser, count(*) > 0 AS ran FROM sec_attacker.domain_runs GROUP BY 1, 2;
+SELECT rolsuper AS attacker_is_superuser FROM pg_roles WHERE rolname = 'sec_attacker';
+TRUNCATE sec_attacker.domain_runs;
+-- A reader's plain SELECT of rag.documents (whose policies look at every watch's columns) runs none of it.
+SET ROLE sec_reader;
+SELECT count(*) >= 0 AS selected FROM rag.documents;
+RESET ROLE;
+SELECT count(*) AS runs_in_readers_query FROM sec_attacker.domain_runs;
+SET ROLE sec_attacker;
+SELECT rag_unwatch('sec_attacker.domain_notes', drop_documents => true), rag_drop_collection('attacker-domain');
+DROP TABLE sec_attacker.domain_notes, sec_attacker.domain_runs;
+DROP DOMAIN sec_attacker.checked_int;
+DROP FUNCTION sec_attacker.checked(int);
 RESET ROLE;
 
 -- A batch the worker cannot spread is refused; one it can spread but whose keys are odd stops nobody else's
