@@ -809,6 +809,17 @@ BEGIN
         RAISE EXCEPTION 'prompt_template must contain both {{context}} and {{query}}'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'They are replaced by the sources and the question.';
     END IF;
+    -- Each copy of {{context}} is the whole context again: a rendering must stay bounded (rag_answer's
+    -- validate_template checks the same before every rendering).
+    IF octet_length(prompt_template) > rag._limit('prompt_template_max_bytes')::integer
+       OR (length(prompt_template) - length(replace(prompt_template, '{{context}}', ''))) / 11 > 1
+       OR (length(prompt_template) - length(replace(prompt_template, '{{query}}', ''))) / 9
+          > rag._limit('prompt_query_placeholders_max')::integer THEN
+        RAISE EXCEPTION 'prompt_template must have {{context}} once and {{query}} at most % times, in at most % bytes',
+                        rag._limit('prompt_query_placeholders_max'), rag._limit('prompt_template_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'The sources are put in once; shorten the template.';
+    END IF;
     IF context_budget NOT BETWEEN rag._limit('context_budget_min')::integer AND rag._limit('context_budget_max')::integer
        OR max_answer_tokens NOT BETWEEN rag._limit('max_answer_tokens_min')::integer
                                     AND rag._limit('max_answer_tokens_max')::integer THEN

@@ -142,6 +142,9 @@ fn for_sql(name: &str) -> Option<String> {
         "context_budget_default" => CONTEXT_BUDGET_DEFAULT.to_string(),
         "context_budget_min" => CONTEXT_BUDGET_MIN.to_string(),
         "context_budget_max" => CONTEXT_BUDGET_MAX.to_string(),
+        // A collection's prompt template (rag_answer::validate_template says why).
+        "prompt_template_max_bytes" => rag_answer::MAX_TEMPLATE_BYTES.to_string(),
+        "prompt_query_placeholders_max" => rag_answer::MAX_QUERY_PLACEHOLDERS.to_string(),
         "max_answer_tokens_default" => MAX_ANSWER_TOKENS_DEFAULT.to_string(),
         "max_answer_tokens_min" => MAX_ANSWER_TOKENS_MIN.to_string(),
         "max_answer_tokens_max" => MAX_ANSWER_TOKENS_MAX.to_string(),

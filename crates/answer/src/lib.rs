@@ -52,7 +52,8 @@ pub use grounding::{
 };
 pub use prompt::{
     answer_json_schema, format_context, render_prompt, source_header, validate_template,
-    TemplateError, CONTEXT_PLACEHOLDER, DEFAULT_TEMPLATE, QUERY_PLACEHOLDER,
+    TemplateError, CONTEXT_PLACEHOLDER, DEFAULT_TEMPLATE, MAX_QUERY_PLACEHOLDERS,
+    MAX_TEMPLATE_BYTES, QUERY_PLACEHOLDER,
 };
 pub use reply::{parse_model_reply, salvage_truncated_reply, ModelReply, ReplyError};
 pub use rewrite::{

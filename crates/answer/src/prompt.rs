@@ -10,6 +10,13 @@ use crate::sources::Source;
 pub const CONTEXT_PLACEHOLDER: &str = "{{context}}";
 /// Placeholder replaced by the user's question.
 pub const QUERY_PLACEHOLDER: &str = "{{query}}";
+/// The longest template a collection may have, in bytes: four times the default, and a bound on what a
+/// rendering adds besides the sources and the question.
+pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
+/// How many times a template may ask for the question. The sources go in exactly once: each copy of them is
+/// the whole context budget again, and a template repeating them a million times asked one rendering for
+/// gigabytes, which the allocator answers by aborting the server (found by a red-team run).
+pub const MAX_QUERY_PLACEHOLDERS: usize = 4;
 
 /// The template used when a collection has none of its own.
 ///
@@ -42,6 +49,20 @@ pub enum TemplateError {
         /// The placeholder that is missing, such as `{{context}}`.
         placeholder: &'static str,
     },
+    /// A placeholder appears more often than a rendering may copy it.
+    RepeatedPlaceholder {
+        /// The placeholder, such as `{{context}}`.
+        placeholder: &'static str,
+        /// How many times it appears.
+        found: usize,
+        /// How many times it may.
+        allowed: usize,
+    },
+    /// The template is longer than [`MAX_TEMPLATE_BYTES`].
+    TooLong {
+        /// Its length in bytes.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for TemplateError {
@@ -51,17 +72,47 @@ impl fmt::Display for TemplateError {
                 f,
                 "the prompt template must contain the placeholder {placeholder} (it needs both {CONTEXT_PLACEHOLDER} and {QUERY_PLACEHOLDER})"
             ),
+            TemplateError::RepeatedPlaceholder {
+                placeholder,
+                found,
+                allowed,
+            } => write!(
+                f,
+                "the prompt template has {placeholder} {found} times; at most {allowed} are allowed"
+            ),
+            TemplateError::TooLong { bytes } => write!(
+                f,
+                "the prompt template is {bytes} bytes; at most {MAX_TEMPLATE_BYTES} are allowed"
+            ),
         }
     }
 }
 
 impl std::error::Error for TemplateError {}
 
-/// Checks that a template has both placeholders, so a bad per-collection template is rejected when it is set.
+/// Checks that a template has the sources exactly once and the question one to [`MAX_QUERY_PLACEHOLDERS`]
+/// times, within [`MAX_TEMPLATE_BYTES`], so that a rendering is bounded by the sources, the question and the
+/// template; a bad per-collection template is rejected when it is set, and again before it is rendered.
 pub fn validate_template(template: &str) -> Result<(), TemplateError> {
-    for placeholder in [CONTEXT_PLACEHOLDER, QUERY_PLACEHOLDER] {
-        if !template.contains(placeholder) {
+    if template.len() > MAX_TEMPLATE_BYTES {
+        return Err(TemplateError::TooLong {
+            bytes: template.len(),
+        });
+    }
+    for (placeholder, allowed) in [
+        (CONTEXT_PLACEHOLDER, 1),
+        (QUERY_PLACEHOLDER, MAX_QUERY_PLACEHOLDERS),
+    ] {
+        let found = template.matches(placeholder).count();
+        if found == 0 {
             return Err(TemplateError::MissingPlaceholder { placeholder });
+        }
+        if found > allowed {
+            return Err(TemplateError::RepeatedPlaceholder {
+                placeholder,
+                found,
+                allowed,
+            });
         }
     }
     Ok(())
@@ -154,6 +205,34 @@ pub fn answer_json_schema() -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_template_cannot_multiply_the_sources() {
+        let many = format!("{{{{query}}}}{}", "{{context}}".repeat(1_000_000));
+        assert!(matches!(
+            render_prompt(&many, &[], "q"),
+            Err(TemplateError::TooLong { .. })
+        ));
+        assert_eq!(
+            validate_template("{{context}} {{context}} {{query}}"),
+            Err(TemplateError::RepeatedPlaceholder {
+                placeholder: CONTEXT_PLACEHOLDER,
+                found: 2,
+                allowed: 1
+            })
+        );
+        assert!(validate_template(&format!("{{{{context}}}}{}", " {{query}}".repeat(4))).is_ok());
+        assert!(matches!(
+            validate_template(&format!("{{{{context}}}}{}", " {{query}}".repeat(5))),
+            Err(TemplateError::RepeatedPlaceholder { found: 5, .. })
+        ));
+        assert!(validate_template(&format!(
+            "{{{{context}}}} {{{{query}}}}{}",
+            " ".repeat(MAX_TEMPLATE_BYTES)
+        ))
+        .is_err());
+        assert!(validate_template(DEFAULT_TEMPLATE).is_ok());
+    }
+
     use super::*;
 
     fn source(

@@ -79,3 +79,8 @@ SELECT * FROM rag_ask('ask-ok', '');
 SELECT * FROM rag_ask('nope', 'question');
 SELECT rag_create_collection('chat-is-embed', embedding_model => 'hash-384', chat_model => 'hash-384');
 SELECT rag_create_collection('bad-template', prompt_template => 'no placeholders here');
+-- The sources go in once: a template repeating them would ask one rendering for the context budget times the
+-- repeats (a million repeats aborted the server when the allocation failed).
+SELECT rag_create_collection('bad-template', prompt_template => '{{query}}' || repeat('{{context}}', 2));
+SELECT rag_create_collection('bad-template', prompt_template => '{{context}}' || repeat(' {{query}}', 5));
+SELECT rag_create_collection('bad-template', prompt_template => '{{context}} {{query}}' || repeat(' ', 20000));
