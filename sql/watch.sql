@@ -516,6 +516,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
     v_batch record;
+    v_waiting integer[] := '{}';
 BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
@@ -546,20 +547,28 @@ BEGIN
     END LOOP;
     BEGIN
         RETURN rag._spread_batches_of(NULL, p_limit);
-    EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
-        -- Something in one batch (a table's owner may write their own watch's batches) must not stop every
-        -- other watch's: each batch alone, and one whose own data still fails is dropped with a WARNING naming
-        -- it. Any other error (a lock, a cancel, memory) is not the batch's fault and stops the round as before,
-        -- keeping every batch.
+    EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded
+                   OR lock_not_available THEN
+        -- Something in one batch must not stop every other watch's: each batch alone then.
+        -- - One whose own data fails (a table's owner may write their own watch's batches) is dropped with a
+        --   WARNING naming it.
+        -- - One whose keys another transaction holds in rag.row_queue (a rag_reindex, a TRUNCATE of the watched
+        --   table or a rag_process_queue left open: rag._spread_batches_of waits at most lock_timeout) stays
+        --   for a later round, with the rest of its watch's; the worker goes on with the other watches.
+        -- Any other error (a cancel, memory) is not the batch's fault and stops the round, keeping every batch.
         v_count := 0;
         FOR v_batch IN SELECT b.id, b.watch_id FROM rag.row_batches b WHERE b.keys IS NOT NULL
                         ORDER BY b.id LIMIT p_limit FOR UPDATE SKIP LOCKED LOOP
+            CONTINUE WHEN v_batch.watch_id = ANY (v_waiting);
             BEGIN
                 v_count := v_count + rag._spread_batches_of(v_batch.id, 1);
-            EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
-                RAISE WARNING 'rag: dropping batch % of watch %, whose keys cannot be queued: %',
-                              v_batch.id, v_batch.watch_id, SQLERRM;
-                DELETE FROM rag.row_batches WHERE id = v_batch.id;
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    v_waiting := v_waiting || v_batch.watch_id;
+                WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
+                    RAISE WARNING 'rag: dropping batch % of watch %, whose keys cannot be queued: %',
+                                  v_batch.id, v_batch.watch_id, SQLERRM;
+                    DELETE FROM rag.row_batches WHERE id = v_batch.id;
             END;
         END LOOP;
         RETURN v_count;
@@ -567,9 +576,10 @@ BEGIN
 END $$;
 
 -- Moves batches of keys into rag.row_queue: p_batch_id alone, or the first p_limit (any batch written since the
--- caller looked waits for the next round).
+-- caller looked waits for the next round). A key whose queue row another transaction holds makes it wait at
+-- most lock_timeout: a user's open transaction must not hold the worker, which serves every collection.
 CREATE FUNCTION rag._spread_batches_of(p_batch_id bigint, p_limit integer) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '20ms' AS $$
 DECLARE
     v_count bigint;
 BEGIN
