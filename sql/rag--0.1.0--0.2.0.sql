@@ -72,6 +72,8 @@ ALTER TABLE rag.row_batches ALTER COLUMN keys DROP NOT NULL,
 -- A batch the worker cannot spread stopped every watch's (0.1.0 had no such check): such a batch is dropped.
 DELETE FROM rag.row_batches WHERE jsonb_typeof(keys) <> 'array';
 ALTER TABLE rag.row_batches ADD CONSTRAINT row_batches_keys_array CHECK (jsonb_typeof(keys) = 'array');
+-- Watches take turns at the worker (rag._claim_row): each watch's due rows in order.
+CREATE INDEX row_queue_watch_due ON rag.row_queue (watch_id, not_before, id);
 
 -- The worker takes turns between collections; the queue carries each document's collection for that.
 ALTER TABLE rag.queue ADD COLUMN collection_id integer;
@@ -184,6 +186,8 @@ ALTER TABLE rag.collections ALTER COLUMN context_budget DROP DEFAULT,
 -- ledger's optional arguments last, with defaults, for calls with named arguments).
 DROP FUNCTION rag._collection_id(text);
 DROP FUNCTION rag._claim_next(integer, text[]);
+-- Watches take turns: the watch served last is an argument.
+DROP FUNCTION rag._claim_row(integer);
 DROP FUNCTION rag._record_query(integer, text, text, text, bigint, text, text, text, double precision, integer,
                                 jsonb, integer, text, text, bigint, bigint, bigint, integer, double precision,
                                 double precision, double precision, double precision);
@@ -3744,23 +3748,39 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._claim_row(p_worker integer)
+CREATE OR REPLACE FUNCTION rag._claim_row(p_worker integer, p_after_watch integer DEFAULT NULL)
 RETURNS TABLE (row_queue_id bigint, version bigint, watch_id integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
+    v_watch integer;
 BEGIN
-    SELECT * INTO q FROM rag.row_queue rq
-     WHERE rq.not_before <= now()
-       AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
-            OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
-     ORDER BY rq.not_before, rq.id
-     LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
-    RETURN QUERY SELECT q.id, q.version, q.watch_id;
+    -- Watches take turns: the first due row of each watch with queued rows, starting after the watch this
+    -- worker served last (p_after_watch). One queue in due order let a watch with a million queued keys (a large
+    -- write, or an owner writing their own watch's batches) keep every other watch's rows waiting for as long
+    -- as it took to sync them all. The watches are found by a skip scan of the (watch_id, key) index, one probe
+    -- per watch with queued rows.
+    FOR v_watch IN
+        WITH RECURSIVE queued(id) AS (
+            (SELECT rq.watch_id FROM rag.row_queue rq ORDER BY rq.watch_id LIMIT 1)
+            UNION ALL
+            SELECT (SELECT rq.watch_id FROM rag.row_queue rq WHERE rq.watch_id > queued.id ORDER BY rq.watch_id LIMIT 1)
+              FROM queued WHERE queued.id IS NOT NULL)
+        SELECT queued.id FROM queued WHERE queued.id IS NOT NULL
+         ORDER BY queued.id <= coalesce(p_after_watch, 0), queued.id
+    LOOP
+        SELECT * INTO q FROM rag.row_queue rq
+         WHERE rq.watch_id = v_watch AND rq.not_before <= now()
+           AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
+                OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
+         ORDER BY rq.not_before, rq.id
+         LIMIT 1 FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
+            RETURN QUERY SELECT q.id, q.version, q.watch_id;
+            RETURN;
+        END IF;
+    END LOOP;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._sync_row(p_row_queue_id bigint,

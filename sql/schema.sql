@@ -155,6 +155,8 @@ CREATE TABLE rag.row_queue (
     UNIQUE (watch_id, key)
 );
 CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
+-- A watch's due rows, for the turns rag._claim_row gives watches.
+CREATE INDEX row_queue_watch_due ON rag.row_queue (watch_id, not_before, id);
 
 -- What a trigger writes: the changed keys of one statement, as one row, so a 100,000-row INSERT costs the
 -- writer one queue row, not 100,000. The worker spreads them into rag.row_queue.

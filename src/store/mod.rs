@@ -652,23 +652,39 @@ pub struct RowItem {
     pub version: i64,
 }
 
+thread_local! {
+    // The watch whose row this worker synced last: watches take turns (rag._claim_row). A backend runs on one
+    // thread.
+    static LAST_ROW_WATCH: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
 pub fn claim_row(worker_pid: i32) -> Result<Option<RowItem>, SpiError> {
-    Spi::connect_mut(|client| {
+    let after_watch = LAST_ROW_WATCH.with(std::cell::Cell::get);
+    let item = Spi::connect_mut(|client| {
         client.update("SELECT rag._spread_batches()", None, &[])?;
         let rows = client.update(
-            "SELECT row_queue_id, version FROM rag._claim_row($1)",
+            "SELECT row_queue_id, version, watch_id FROM rag._claim_row($1, $2)",
             Some(1),
-            &[worker_pid.into()],
+            &[worker_pid.into(), after_watch.into()],
         )?;
         let mut item = None;
         for row in rows {
-            item = Some(RowItem {
-                id: row.get(1)?.unwrap_or_default(),
-                version: row.get(2)?.unwrap_or_default(),
-            });
+            item = Some((
+                RowItem {
+                    id: row.get(1)?.unwrap_or_default(),
+                    version: row.get(2)?.unwrap_or_default(),
+                },
+                row.get::<i32>(3)?,
+            ));
         }
-        Ok(item)
-    })
+        Ok::<_, SpiError>(item)
+    })?;
+    Ok(item.map(|(item, watch)| {
+        if watch.is_some() {
+            LAST_ROW_WATCH.with(|last| last.set(watch));
+        }
+        item
+    }))
 }
 
 /// What `_sync_row` decided for a row; `Chunk` carries the new text to split.

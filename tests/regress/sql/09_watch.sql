@@ -171,6 +171,26 @@ SELECT string_agg(tgname || ' ' || tgenabled::text, ', ' ORDER BY tgname) AS rep
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
 SELECT pg_temp.watch_batches('gathered') AS batches_with_every_trigger_enabled;
 ROLLBACK;
+-- Watches take turns at the worker: after a row of one watch, the next claim serves the next watch with due rows,
+-- however many older rows the first still has (one watch's million keys must not hold every other watch's).
+-- Uncommitted, so the worker does not see these rows.
+BEGIN;
+CREATE TABLE turns_a (id int PRIMARY KEY, body text);
+CREATE TABLE turns_b (id int PRIMARY KEY, body text);
+SELECT rag_watch('turns_a', 'site', content => 'body') AS a_watch \gset
+SELECT rag_watch('turns_b', 'site', content => 'body') AS b_watch \gset
+INSERT INTO rag.row_queue (watch_id, key, not_before)
+SELECT :a_watch, jsonb_build_object('id', g), now() - interval '1 hour' + g * interval '1 second'
+  FROM generate_series(1, 3) g;
+INSERT INTO rag.row_queue (watch_id, key, not_before) VALUES (:b_watch, '{"id": 1}', now() - interval '1 minute');
+SELECT w.source_name AS first_claim, q.key FROM rag._claim_row(pg_backend_pid(), :a_watch - 1) c
+  JOIN rag.row_queue q ON q.id = c.row_queue_id JOIN rag.watches w ON w.id = c.watch_id;
+SELECT w.source_name AS claim_after_a, q.key FROM rag._claim_row(pg_backend_pid(), :a_watch) c
+  JOIN rag.row_queue q ON q.id = c.row_queue_id JOIN rag.watches w ON w.id = c.watch_id;
+-- After the last watch the turn goes back to the first (here turns_a, unless an earlier test left a due row).
+SELECT w.source_name <> 'turns_b' AS turn_moved_on FROM rag._claim_row(pg_backend_pid(), :b_watch) c
+  JOIN rag.watches w ON w.id = c.watch_id;
+ROLLBACK;
 -- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
 -- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
 CREATE FUNCTION gathered_echo() RETURNS trigger LANGUAGE plpgsql AS $$
