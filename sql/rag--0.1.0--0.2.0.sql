@@ -2314,6 +2314,8 @@ DECLARE
     v_max_share double precision := rag._limit('keyword_max_share')::double precision;
     v_cap integer := rag._limit('keyword_count_cap')::integer;
     v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
+    v_budget double precision := rag._limit('keyword_match_budget')::double precision;
+    v_floor double precision := rag._limit('lexeme_share_floor')::double precision;
     v_documents bigint;
     v_chunks bigint;
     v_bound bigint;
@@ -2337,6 +2339,12 @@ BEGIN
             v_exact := true;
         END IF;
     END IF;
+    -- In a large collection the ceiling falls so that no word kept matches more than the budget's chunks (not
+    -- below the least share measured): ranking tens of thousands of matches of a common word is what a hybrid
+    -- search spent its time on at 100,000 chunks.
+    v_max_share := greatest(least(v_max_share,
+                                  v_budget / greatest(CASE WHEN v_exact THEN v_chunks ELSE v_measured_chunks END, 1)),
+                            v_floor);
     IF v_exact THEN
         v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
     END IF;

@@ -138,6 +138,8 @@ $$;
 -- this collection. A lexeme found in no chunk is dropped, and so is one found in more than
 -- rag._limit('keyword_max_share') of the collection's chunks (and in more than 10): like a stop word, it would
 -- match most of the collection and outweigh the rare words that identify an answer ("debian" in the Debian FAQ).
+-- Past rag._limit('keyword_match_budget') / that share chunks, the share falls so that a kept lexeme matches at
+-- most the budget's chunks (down to rag._limit('lexeme_share_floor')).
 -- The cost is bounded whatever the collection's size: its size is counted only up to the point where the share
 -- bound passes rag._limit('keyword_count_cap'), and each lexeme's matches (the GIN index finds them; each is a row
 -- read and rechecked) only up to that cap. Below that size every judgement is exact. Above it, a lexeme with more
@@ -150,6 +152,8 @@ DECLARE
     v_max_share double precision := rag._limit('keyword_max_share')::double precision;
     v_cap integer := rag._limit('keyword_count_cap')::integer;
     v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
+    v_budget double precision := rag._limit('keyword_match_budget')::double precision;
+    v_floor double precision := rag._limit('lexeme_share_floor')::double precision;
     v_documents bigint;
     v_chunks bigint;
     v_bound bigint;
@@ -173,6 +177,12 @@ BEGIN
             v_exact := true;
         END IF;
     END IF;
+    -- In a large collection the ceiling falls so that no word kept matches more than the budget's chunks (not
+    -- below the least share measured): ranking tens of thousands of matches of a common word is what a hybrid
+    -- search spent its time on at 100,000 chunks.
+    v_max_share := greatest(least(v_max_share,
+                                  v_budget / greatest(CASE WHEN v_exact THEN v_chunks ELSE v_measured_chunks END, 1)),
+                            v_floor);
     IF v_exact THEN
         v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
     END IF;

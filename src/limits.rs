@@ -56,8 +56,15 @@ fn keyword_exact_chunks() -> i64 {
         .expect("KEYWORD_MAX_SHARE is a number");
     (f64::from(KEYWORD_COUNT_CAP) / share).floor() as i64
 }
+/// In a collection larger than KEYWORD_MATCH_BUDGET / KEYWORD_MAX_SHARE chunks (20,000), a question word found
+/// in more than this many chunks is left out of the full-text side too: the share ceiling falls with the
+/// collection's size (down to LEXEME_SHARE_FLOOR, the least share measured). Ranking every match of a word in a
+/// fifth of 100,000 chunks was most of a hybrid search's 36 ms there (BENCHMARKS.md §3), and ts_rank weighs
+/// such a word as much as a rare one. Collections of up to 20,000 chunks (every evaluation corpus) are
+/// unaffected.
+pub const KEYWORD_MATCH_BUDGET: i32 = 5_000;
 /// rag._measure_lexemes keeps the share of every lexeme found in more than this share of the sampled chunks.
-pub const LEXEME_SHARE_FLOOR: &str = "0.05";
+pub const LEXEME_SHARE_FLOOR: &str = "0.01";
 /// At most this many chunks of a collection are read to measure its lexemes (a sample of its documents).
 pub const LEXEME_SAMPLE_CHUNKS: i32 = 20_000;
 /// A collection's lexemes are measured again when the last measure is this old and its size has changed by a
@@ -157,6 +164,7 @@ fn for_sql(name: &str) -> Option<String> {
         "keyword_max_share" => KEYWORD_MAX_SHARE.to_string(),
         "rerank_keyword_one_in" => RERANK_KEYWORD_ONE_IN.to_string(),
         "keyword_count_cap" => KEYWORD_COUNT_CAP.to_string(),
+        "keyword_match_budget" => KEYWORD_MATCH_BUDGET.to_string(),
         "keyword_exact_chunks" => keyword_exact_chunks().to_string(),
         "lexeme_share_floor" => LEXEME_SHARE_FLOOR.to_string(),
         "lexeme_sample_chunks" => LEXEME_SAMPLE_CHUNKS.to_string(),
