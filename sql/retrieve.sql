@@ -496,6 +496,11 @@ BEGIN
         RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass the question to search for.';
     END IF;
+    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Search with a question; to work with a long text, ingest it and ask about it.';
+    END IF;
     IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
         RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
                         coalesce(k::text, 'NULL')
@@ -561,8 +566,13 @@ BEGIN
         RAISE EXCEPTION 'the query is empty'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
     END IF;
-    IF k IS NULL OR k < 1 OR k > 1000 THEN
-        RAISE EXCEPTION 'k must be between 1 and 1000, not %', coalesce(k::text, 'NULL')
+    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
+    END IF;
+    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
+        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
+                        coalesce(k::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
     END IF;
     IF c.dimensions IS NULL THEN

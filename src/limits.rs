@@ -11,6 +11,10 @@ pub const SEARCH_K_MAX: i32 = 1000;
 pub const CONTEXT_BUDGET_DEFAULT: i32 = 3000;
 pub const CONTEXT_BUDGET_MIN: i32 = 100;
 pub const CONTEXT_BUDGET_MAX: i32 = 1_000_000;
+/// The longest question rag_query, rag_prompt, rag_ask and rag_explain take, in bytes. A question is embedded,
+/// ranked against every candidate by the reranker and copied into the prompt up to four times
+/// (rag_answer::MAX_QUERY_PLACEHOLDERS): an unbounded one made every step allocate with it.
+pub const QUESTION_MAX_BYTES: i32 = 32 * 1024;
 
 /// Tokens the chat model may answer with, when the collection does not say.
 pub const MAX_ANSWER_TOKENS_DEFAULT: i32 = 1024;
@@ -149,6 +153,7 @@ fn for_sql(name: &str) -> Option<String> {
         "context_budget_default" => CONTEXT_BUDGET_DEFAULT.to_string(),
         "context_budget_min" => CONTEXT_BUDGET_MIN.to_string(),
         "context_budget_max" => CONTEXT_BUDGET_MAX.to_string(),
+        "question_max_bytes" => QUESTION_MAX_BYTES.to_string(),
         // A collection's prompt template (rag_answer::validate_template says why).
         "prompt_template_max_bytes" => rag_answer::MAX_TEMPLATE_BYTES.to_string(),
         "prompt_query_placeholders_max" => rag_answer::MAX_QUERY_PLACEHOLDERS.to_string(),

@@ -294,6 +294,16 @@ fn require_question(question: &str) -> Result<(), RagError> {
             "Pass the question to answer.",
         ));
     }
+    let limit = crate::limits::QUESTION_MAX_BYTES as usize;
+    if question.len() > limit {
+        return Err(RagError::invalid(
+            format!(
+                "the question is {} bytes; at most {limit} are allowed",
+                question.len()
+            ),
+            "Ask a question; to work with a long text, ingest it and ask about it.",
+        ));
+    }
     Ok(())
 }
 

@@ -39,6 +39,11 @@ RESET statement_timeout;
 SELECT * FROM rag_explain('docs', 'x', 0);
 SELECT * FROM rag_explain('docs', 'x', 2147483647);
 SELECT * FROM rag_explain('docs', NULL);
+-- A question is at most 32 KB: it is embedded, reranked against each candidate and copied into the prompt.
+SELECT * FROM rag_query('docs', repeat('why ', 10000));
+SELECT * FROM rag_explain('docs', repeat('why ', 10000));
+SELECT * FROM rag_prompt('docs', repeat('why ', 10000));
+SELECT outcome FROM rag_ask('docs', repeat('why ', 10000));
 
 -- rag.status: per collection, by status, with queue depth.
 SELECT collection, dimensions, documents_processing, documents_ready, documents_failed,
