@@ -754,8 +754,18 @@ END $$;
 -- Stopping or re-reading a watch is for the watched table's owner or an admin of its collection.
 CREATE FUNCTION rag._require_watch_control(w rag.watches) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_caller name := rag._calling_role();
 BEGIN
-    IF NOT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE') THEN
+    IF NOT pg_catalog.pg_has_role(v_caller, rag._watch_owner(w), 'USAGE') THEN
+        -- The caller named a table, not its collection: one who may not even read the collection is not told
+        -- its name or its owner's.
+        IF NOT rag._has_collection_privilege(w.collection_id, (SELECT c.owner FROM rag.collections c WHERE c.id = w.collection_id),
+                                             (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller), 'read') THEN
+            RAISE EXCEPTION 'permission denied for the watch of %', rag._table_name(w.source)
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only the table''s owner or an admin of the collection it is indexed into may do this.';
+        END IF;
         PERFORM rag._require_privilege(w.collection_id, 'admin');
     END IF;
 END $$;
