@@ -3397,6 +3397,23 @@ BEGIN
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER rag_watch_replica_truncate', w.source::regclass);
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._spread_waiting(p_held integer DEFAULT NULL) RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now double precision := extract(epoch FROM clock_timestamp());
+    v_kept jsonb := coalesce(nullif(current_setting('rag_worker.held_watches', true), ''), '{}')::jsonb;
+    v_watches integer[];
+BEGIN
+    SELECT coalesce(jsonb_object_agg(k, v), '{}') INTO v_kept
+      FROM jsonb_each(v_kept) e(k, v) WHERE (e.v)::double precision > v_now - 5;
+    IF p_held IS NOT NULL THEN
+        v_kept := v_kept || jsonb_build_object(p_held::text, v_now);
+    END IF;
+    PERFORM set_config('rag_worker.held_watches', v_kept::text, false);
+    SELECT coalesce(array_agg(k::integer), '{}') INTO v_watches FROM jsonb_object_keys(v_kept) k;
+    RETURN v_watches;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._spread_batches(p_limit integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3431,8 +3448,11 @@ BEGIN
             END;
         END;
     END LOOP;
+    -- Watches whose keys another transaction held at one of this session's last rounds (below) are left out for
+    -- a few seconds: each look at them costs a lock_timeout, and a worker spreads before every row it claims.
+    v_waiting := rag._spread_waiting();
     BEGIN
-        RETURN rag._spread_batches_of(NULL, p_limit);
+        RETURN rag._spread_batches_of(NULL, p_limit, v_waiting);
     EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded
                    OR lock_not_available THEN
         -- Something in one batch must not stop every other watch's: each batch alone then.
@@ -3440,17 +3460,21 @@ BEGIN
         --   WARNING naming it.
         -- - One whose keys another transaction holds in rag.row_queue (a rag_reindex, a TRUNCATE of the watched
         --   table or a rag_process_queue left open: rag._spread_batches_of waits at most lock_timeout) stays
-        --   for a later round, with the rest of its watch's; the worker goes on with the other watches.
+        --   for a later round with the rest of its watch's, and the watch is left out for a few seconds; the
+        --   others go on, however many batches the held watch has.
         -- Any other error (a cancel, memory) is not the batch's fault and stops the round, keeping every batch.
         v_count := 0;
-        FOR v_batch IN SELECT b.id, b.watch_id FROM rag.row_batches b WHERE b.keys IS NOT NULL
-                        ORDER BY b.id LIMIT p_limit FOR UPDATE SKIP LOCKED LOOP
-            CONTINUE WHEN v_batch.watch_id = ANY (v_waiting);
+        FOR i IN 1..p_limit LOOP
+            SELECT b.id, b.watch_id INTO v_batch FROM rag.row_batches b
+             WHERE b.keys IS NOT NULL AND b.watch_id <> ALL (v_waiting)
+             ORDER BY b.id LIMIT 1 FOR UPDATE SKIP LOCKED;
+            EXIT WHEN NOT FOUND;
             BEGIN
-                v_count := v_count + rag._spread_batches_of(v_batch.id, 1);
+                v_count := v_count + rag._spread_batches_of(v_batch.id, 1, '{}');
             EXCEPTION
                 WHEN lock_not_available THEN
                     v_waiting := v_waiting || v_batch.watch_id;
+                    PERFORM rag._spread_waiting(v_batch.watch_id);
                 WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded THEN
                     RAISE WARNING 'rag: dropping batch % of watch %, whose keys cannot be queued: %',
                                   v_batch.id, v_batch.watch_id, SQLERRM;
@@ -3461,7 +3485,8 @@ BEGIN
     END;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._spread_batches_of(p_batch_id bigint, p_limit integer) RETURNS bigint
+CREATE OR REPLACE FUNCTION rag._spread_batches_of(p_batch_id bigint, p_limit integer, p_skip_watches integer[])
+RETURNS bigint
 LANGUAGE plpgsql SET lock_timeout = '20ms' AS $$
 DECLARE
     v_count bigint;
@@ -3469,6 +3494,7 @@ BEGIN
     WITH taken AS (
         DELETE FROM rag.row_batches WHERE id IN (
             SELECT id FROM rag.row_batches WHERE keys IS NOT NULL AND (p_batch_id IS NULL OR id = p_batch_id)
+               AND watch_id <> ALL (p_skip_watches)
              ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING watch_id, keys, not_before
     ), keys AS (

@@ -188,31 +188,41 @@ class Watch(unittest.TestCase):
         finally:
             psql("DROP SUBSCRIPTION IF EXISTS notes_in", db=DB)
             drop_database(publisher)
+
     def test_an_open_transaction_holding_queued_keys_does_not_hold_the_worker(self):
         """rag_reindex queues a table's keys in the caller's transaction; left open, it holds those queue
         rows. A later write to the same rows makes a batch whose keys conflict with them: the worker waits for
         them at most lock_timeout, leaves that watch's batch for a later round, and goes on serving every other
-        collection (found by a red-team run: the worker waited as long as the transaction stayed open)."""
+        collection and every other watch (found by red-team runs: the worker waited as long as the transaction
+        stayed open; then, with more of the held watch's batches than one round spreads, it never reached the
+        others)."""
         psql("SELECT rag_create_collection('held', embedding_model => 'hash-384', max_distance => 0.9); "
              "SELECT rag_create_collection('bystander', embedding_model => 'hash-384', max_distance => 0.9); "
              "CREATE TABLE held (id int PRIMARY KEY, body text); "
              "INSERT INTO held SELECT g, 'held row ' || g FROM generate_series(1, 5) g; "
-             "SELECT rag_watch('held', 'held', content => 'body')", db=DB)
+             "SELECT rag_watch('held', 'held', content => 'body'); "
+             "CREATE TABLE bystanders (id int PRIMARY KEY, body text); "
+             "SELECT rag_watch('bystanders', 'bystander', content => 'body')", db=DB)
         settle()
         holder = background_psql("BEGIN; SELECT rag_reindex('held'::regclass);", db=DB)
         try:
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction' "
                                        "AND query LIKE '%rag_reindex%')", db=DB, seconds=30))
-            psql("UPDATE held SET body = 'changed while held' WHERE id = 1", db=DB)
+            # More batches of the held watch than one round spreads, each statement its own.
+            psql("DO $$ BEGIN FOR i IN 1..1100 LOOP UPDATE held SET body = 'changed while held ' || i WHERE id = 1; "
+                 "END LOOP; END $$", db=DB)
             psql("SELECT rag_ingest('bystander', 'Meanwhile', 'Another collection is served all the same.')", db=DB)
+            psql("INSERT INTO bystanders VALUES (1, 'a row of another watched table, written after them')", db=DB)
             self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Meanwhile'",
                                        db=DB, seconds=30))
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'bystanders' "
+                                       "AND status = 'ready')", db=DB, seconds=30))
             self.assertEqual(scalar("SELECT count(*) FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id "
-                                    "WHERE w.source_name = 'held'", db=DB), "1")
+                                    "WHERE w.source_name = 'held'", db=DB), "1100")
         finally:
             holder.communicate(input="ROLLBACK;\n", timeout=60)
         # Once the transaction ends, the batch it held back is spread and the change indexed.
-        self.assertTrue(wait_until("SELECT body = 'changed while held' FROM rag.documents "
+        self.assertTrue(wait_until("SELECT body = 'changed while held 1100' FROM rag.documents "
                                    "WHERE source = 'held' AND source_key = '{\"id\": 1}'", db=DB, seconds=60))
 
 
