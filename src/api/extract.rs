@@ -13,14 +13,34 @@ fn limits() -> Limits {
         max_archive_entries: MAX_ARCHIVE_ENTRIES.get().max(1) as usize,
         max_xml_depth: MAX_XML_DEPTH.get().max(1) as usize,
         max_pdf_pages: MAX_PDF_PAGES.get().max(1) as usize,
+        // The text becomes a document, which may be at most rag.max_document_size.
+        max_text_bytes: MAX_DOCUMENT_SIZE_KB.get().max(1) as usize * 1024,
     }
+}
+
+thread_local! {
+    // Set by this backend's last extraction thread when it ends. A backend runs its SQL on one thread.
+    static LAST_EXTRACTION_DONE: std::cell::RefCell<Option<std::sync::Arc<std::sync::atomic::AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Extracts on a thread of its own while this backend keeps answering cancel requests and statement_timeout:
 /// a large or hostile file is parsed for seconds, and the caller gets control back within one poll interval.
-/// A cancelled extraction's thread runs to its end (bounded by the size limits) and its result is dropped.
+/// A cancelled extraction's thread runs to its end (bounded by the size limits) and its result is dropped; the
+/// backend's next extraction waits for it (interruptibly) before starting, so one backend never has more than
+/// one: cancelled calls in a loop piled up threads, each holding its file's memory, until the server's
+/// allocator failed (found by a red-team run).
 fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, RagError> {
     const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+    let previous = LAST_EXTRACTION_DONE.with(|last| last.borrow().clone());
+    if let Some(previous) = previous {
+        while !previous.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(POLL);
+            pgrx::check_for_interrupts!();
+        }
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done_by_thread = std::sync::Arc::clone(&done);
     let owned = data.to_vec();
     let name = filename.map(str::to_owned);
     let limits = limits();
@@ -29,13 +49,17 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         .name("rag-extract".into())
         .stack_size(16 * 1024 * 1024);
     rag_threads::spawn(builder, move || {
+        let result = extract(&owned, name.as_deref(), &limits);
+        drop(owned);
         // The caller may have been cancelled and gone; then nobody wants the result.
-        let _ = sender.send(extract(&owned, name.as_deref(), &limits));
+        let _ = sender.send(result);
+        done_by_thread.store(true, std::sync::atomic::Ordering::Release);
     })
     .map_err(|error| RagError::Resources {
         message: format!("cannot start the extraction thread: {error}"),
         hint: "The server is out of threads or memory; try again.".to_string(),
     })?;
+    LAST_EXTRACTION_DONE.with(|last| *last.borrow_mut() = Some(done));
     loop {
         match receiver.recv_timeout(POLL) {
             Ok(result) => {
@@ -164,16 +188,35 @@ pub fn rag_ingest_file(
     .unwrap_or_raise()
 }
 
+/// Raises unless markup of `bytes` may be converted: at most `rag.max_file_size`, what an HTML or Markdown file
+/// may be. Conversion holds a few copies of its input (a 300 MB Markdown text peaked at 1.8 GB, and 510 MB
+/// aborted the server when an allocation failed), so it is bounded before it starts, like a file's.
+fn require_convertible(bytes: usize, what: &str) {
+    let limit = crate::settings::MAX_FILE_SIZE_KB.get().max(1) as usize * 1024;
+    if bytes > limit {
+        crate::error::RagError::Extraction {
+            filename: None,
+            error: rag_extract::ExtractError::TooLarge {
+                what: format!("bytes of {what} to convert"),
+                limit,
+            },
+        }
+        .raise();
+    }
+}
+
 /// Visible text of an HTML fragment or page: scripts and styles dropped, blocks kept as paragraphs,
 /// entities decoded. The same code reads HTML files and the HTML bodies of watched CMS tables.
 #[pg_extern(immutable, parallel_safe, strict)]
 pub fn rag_html_to_text(html: &str) -> String {
+    require_convertible(html.len(), "HTML");
     rag_extract::html_to_text(html)
 }
 
 /// Markdown as plain text with its paragraph structure.
 #[pg_extern(immutable, parallel_safe, strict)]
 pub fn rag_markdown_to_text(markdown: &str) -> String {
+    require_convertible(markdown.len(), "Markdown");
     rag_extract::markdown_to_text(markdown)
 }
 
@@ -186,8 +229,14 @@ pub mod rag {
     pub fn to_text(text: Option<&str>, format: &str) -> Option<String> {
         let text = text?;
         Some(match format {
-            "html" => rag_extract::html_to_text(text),
-            "markdown" => rag_extract::markdown_to_text(text),
+            "html" => {
+                super::require_convertible(text.len(), "HTML");
+                rag_extract::html_to_text(text)
+            }
+            "markdown" => {
+                super::require_convertible(text.len(), "Markdown");
+                rag_extract::markdown_to_text(text)
+            }
             _ => text.to_string(),
         })
     }

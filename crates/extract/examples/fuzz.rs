@@ -197,6 +197,7 @@ fn main() {
         max_archive_entries: 2_000,
         max_xml_depth: 64,
         max_pdf_pages: 50,
+        max_text_bytes: 16 * 1024 * 1024,
     };
     std::panic::set_hook(Box::new(|_| {
         PANICS_SEEN.fetch_add(1, Ordering::SeqCst);

@@ -106,6 +106,9 @@ pub struct Limits {
     pub max_xml_depth: usize,
     /// Largest number of PDF pages extracted.
     pub max_pdf_pages: usize,
+    /// Most bytes of text one extraction may produce: a small file can ask for far more text than it holds
+    /// (a shared spreadsheet string in every cell, a font's map of one code to many characters).
+    pub max_text_bytes: usize,
 }
 
 impl Default for Limits {
@@ -116,6 +119,7 @@ impl Default for Limits {
             max_archive_entries: 10_000,
             max_xml_depth: 256,
             max_pdf_pages: 5_000,
+            max_text_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -277,10 +281,23 @@ pub fn extract(
         return Err(ExtractError::Empty);
     }
     let format = catch_panic(Format::Text, || detect::detect(data, filename_hint, limits))?;
+    textbuf::start_text_budget(limits.max_text_bytes);
     let sections = match format {
         Format::Pdf => pdf::extract(data, limits)?,
         _ => catch_panic(format, || extract_non_pdf(format, data, limits))?,
     };
+    let over = textbuf::text_budget_exceeded()
+        || sections
+            .iter()
+            .map(|section| section.text.len())
+            .sum::<usize>()
+            > limits.max_text_bytes;
+    if over {
+        return Err(ExtractError::TooLarge {
+            what: "bytes of extracted text".into(),
+            limit: limits.max_text_bytes,
+        });
+    }
     finish(format, sections)
 }
 

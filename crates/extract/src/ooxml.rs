@@ -289,20 +289,21 @@ fn sheet_text(xml: &str, shared: &[String], limits: &Limits) -> Result<String, E
         Node::Close(name) => match name {
             "v" | "t" => collecting = false,
             "c" => {
-                let text = match cell_type.as_str() {
+                // Borrowed, not copied: one shared string may be in every cell of the sheet.
+                let text: std::borrow::Cow<'_, str> = match cell_type.as_str() {
                     "s" => value
                         .trim()
                         .parse::<usize>()
                         .ok()
                         .and_then(|i| shared.get(i))
-                        .cloned()
+                        .map(|shared| std::borrow::Cow::Borrowed(shared.as_str()))
                         .unwrap_or_default(),
                     "b" => match value.trim() {
-                        "1" => "TRUE".to_string(),
-                        "0" => "FALSE".to_string(),
-                        other => other.to_string(),
+                        "1" => "TRUE".into(),
+                        "0" => "FALSE".into(),
+                        other => other.to_string().into(),
                     },
-                    _ => value.trim().to_string(),
+                    _ => value.trim().to_string().into(),
                 };
                 let column = cell_column.unwrap_or(next_column).max(next_column);
                 if !text.trim().is_empty() {

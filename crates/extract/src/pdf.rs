@@ -97,6 +97,10 @@ fn extract_pages(data: &[u8], limits: &Limits) -> Result<Vec<Section>, ExtractEr
     for (index, page) in pages.into_iter().enumerate() {
         let text = extractor.page_text(page).map_err(|e| match e {
             PageError::Budget => too_large(limits),
+            PageError::Tokens => ExtractError::TooLarge {
+                what: "tokens in one pdf content stream".into(),
+                limit: MAX_CONTENT_TOKENS,
+            },
         })?;
         sections.push(Section {
             locator: Some(format!("p. {}", index + 1)),
@@ -153,6 +157,36 @@ fn page_ids(doc: &Document) -> Vec<ObjectId> {
 
 enum PageError {
     Budget,
+    /// A content stream with more tokens than [`MAX_CONTENT_TOKENS`].
+    Tokens,
+}
+
+/// The most tokens (operands and operators) one content stream may have to be decoded. lopdf's decoder builds an
+/// object of a hundred bytes and more for every token, so 120 MB of `1 1 1 …` (117 KB compressed) asked for
+/// gigabytes, and a failed allocation aborts the server. A page of dense text has tens of thousands.
+const MAX_CONTENT_TOKENS: usize = 2_000_000;
+
+/// Counts the tokens of a content stream without decoding it: the starts of runs of regular characters, and
+/// each delimiter. Over-counts inside strings (every word of a `(…) Tj`), which only errs towards the limit.
+fn content_tokens(content: &[u8]) -> usize {
+    let mut tokens = 0;
+    let mut in_run = false;
+    for byte in content {
+        match byte {
+            b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | b'\0' => in_run = false,
+            b'[' | b']' | b'(' | b')' | b'<' | b'>' | b'{' | b'}' | b'/' | b'%' => {
+                tokens += 1;
+                in_run = false;
+            }
+            _ => {
+                if !in_run {
+                    tokens += 1;
+                    in_run = true;
+                }
+            }
+        }
+    }
+    tokens
 }
 
 /// Glyph metrics and text decoding of one font.
@@ -170,6 +204,12 @@ impl FontInfo<'_> {
     fn decode(&self, bytes: &[u8]) -> String {
         let mut out = String::new();
         for code in bytes.chunks(self.code_bytes) {
+            // A ToUnicode map may turn each code into many characters: stop at what the budget still allows
+            // (the page's text spends it below).
+            if out.len() > crate::textbuf::text_left() {
+                crate::textbuf::spend_text(usize::MAX);
+                break;
+            }
             let mapped = self
                 .unicode
                 .as_ref()
@@ -469,6 +509,9 @@ impl<'a> PageExtractor<'a> {
         state: &mut TextState<'a>,
         depth: usize,
     ) -> Result<(), PageError> {
+        if content_tokens(content) > MAX_CONTENT_TOKENS {
+            return Err(PageError::Tokens);
+        }
         // Broken operators are skipped by lopdf's lenient decoder; a stream that fails entirely has no text.
         let Ok(content) = Content::decode(content) else {
             return Ok(());
@@ -654,7 +697,7 @@ impl TextState<'_> {
         };
         let text = font.decode(bytes);
         let (x, y, size) = self.position();
-        if !text.is_empty() {
+        if !text.is_empty() && crate::textbuf::spend_text(text.len() + 2) {
             if let Some((last_x, last_y, last_size)) = self.last_end {
                 let size_ref = size.max(last_size).max(1.0);
                 let dy = (y - last_y).abs();

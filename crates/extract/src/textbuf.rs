@@ -1,5 +1,43 @@
 //! Builds text from a stream of fragments and structural breaks, collapsing whitespace the way a renderer would.
 
+thread_local! {
+    // What is left of one extraction's text budget (`Limits::max_text_bytes`), on the thread that extracts:
+    // every builder of the extraction spends from it. A few kilobytes of file can ask for gigabytes of text (a
+    // shared string of a megabyte in 100,000 spreadsheet cells, a ToUnicode entry of 200 characters shown 20
+    // million times), and an allocation that fails aborts the whole server the library runs in.
+    static TEXT_LEFT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    static TEXT_OVER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Starts an extraction's text budget on this thread.
+pub(crate) fn start_text_budget(bytes: usize) {
+    TEXT_LEFT.with(|left| left.set(bytes));
+    TEXT_OVER.with(|over| over.set(false));
+}
+
+/// Whether the extraction on this thread asked for more text than its budget.
+pub(crate) fn text_budget_exceeded() -> bool {
+    TEXT_OVER.with(std::cell::Cell::get)
+}
+
+/// Bytes of text the extraction on this thread may still produce.
+pub(crate) fn text_left() -> usize {
+    TEXT_LEFT.with(std::cell::Cell::get)
+}
+
+/// Spends `bytes` of the budget; once it is gone, spends nothing, records that and answers false.
+pub(crate) fn spend_text(bytes: usize) -> bool {
+    let left = text_left();
+    if bytes > left {
+        TEXT_LEFT.with(|cell| cell.set(0));
+        TEXT_OVER.with(|over| over.set(true));
+        false
+    } else {
+        TEXT_LEFT.with(|cell| cell.set(left - bytes));
+        true
+    }
+}
+
 /// Accumulates text; whitespace inside fragments collapses to one space, and breaks requested between fragments
 /// become a newline (line) or a blank line (paragraph) only once real text follows, so markup that opens and
 /// closes many empty blocks never produces runs of blank lines.
@@ -18,6 +56,9 @@ impl TextBuilder {
 
     /// Appends text whose whitespace is not significant.
     pub(crate) fn push_text(&mut self, text: &str) {
+        if text_budget_exceeded() {
+            return;
+        }
         for c in text.chars() {
             if c.is_whitespace() {
                 self.pending_space = true;
@@ -29,6 +70,9 @@ impl TextBuilder {
 
     /// Appends text whose line breaks are significant (preformatted HTML, PDF lines).
     pub(crate) fn push_preformatted(&mut self, text: &str) {
+        if text_budget_exceeded() {
+            return;
+        }
         for c in text.chars() {
             match c {
                 '\n' => self.line_break(),
@@ -39,17 +83,23 @@ impl TextBuilder {
     }
 
     fn push_visible(&mut self, c: char) {
-        if !self.out.is_empty() {
-            if self.pending_break >= 2 {
-                self.out.push_str("\n\n");
-            } else if self.pending_break == 1 {
-                self.out.push('\n');
-            } else if let Some(sep) = self.pending_separator {
-                self.out.push_str(sep);
-            } else if self.pending_space {
-                self.out.push(' ');
-            }
+        let before: &str = if self.out.is_empty() {
+            ""
+        } else if self.pending_break >= 2 {
+            "\n\n"
+        } else if self.pending_break == 1 {
+            "\n"
+        } else if let Some(sep) = self.pending_separator {
+            sep
+        } else if self.pending_space {
+            " "
+        } else {
+            ""
+        };
+        if !spend_text(before.len() + c.len_utf8()) {
+            return;
         }
+        self.out.push_str(before);
         self.pending_break = 0;
         self.pending_space = false;
         self.pending_separator = None;
@@ -78,7 +128,7 @@ impl TextBuilder {
 
     /// Appends a literal string (tabs keeping spreadsheet columns aligned) exactly, after any pending break.
     pub(crate) fn push_literal(&mut self, literal: &str) {
-        if literal.is_empty() {
+        if literal.is_empty() || !spend_text(literal.len() + 2) {
             return;
         }
         if !self.out.is_empty() {

@@ -417,3 +417,117 @@ fn text_family_encodings() {
     let md = extract(b"# Head\n\nSome **bold** text", Some("r.md"), &limits).unwrap();
     assert_eq!(md.text(), "Head\n\nSome bold text");
 }
+
+#[test]
+fn a_shared_string_in_every_cell_stops_at_the_text_limit() {
+    // One shared string of 100 KB referenced by 100 cells asks for 10 MB of text from a file of a few
+    // kilobytes; with 1,000,000 cells (7 KB zipped) that was gigabytes, and a failed allocation aborts the server.
+    let shared = format!("<sst><si><t>{}</t></si></sst>", "word ".repeat(20_000));
+    let sheet = format!(
+        "<worksheet><sheetData><row>{}</row></sheetData></worksheet>",
+        "<c t=\"s\"><v>0</v></c>".repeat(100)
+    );
+    let xlsx = zip_of(
+        &[
+            ("[Content_Types].xml", b"<Types/>".as_slice()),
+            (
+                "xl/workbook.xml",
+                b"<workbook><sheets/></workbook>".as_slice(),
+            ),
+            ("xl/sharedStrings.xml", shared.as_bytes()),
+            ("xl/worksheets/sheet1.xml", sheet.as_bytes()),
+        ],
+        CompressionMethod::Deflated,
+    );
+    let limits = Limits {
+        max_text_bytes: 1024 * 1024,
+        ..Limits::default()
+    };
+    let err = timed(|| extract(&xlsx, Some("cells.xlsx"), &limits)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExtractError::TooLarge {
+                limit: 1_048_576,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Under the limit the same sheet is read whole.
+    let roomy = Limits {
+        max_text_bytes: 16 * 1024 * 1024,
+        ..Limits::default()
+    };
+    let doc = timed(|| extract(&xlsx, Some("cells.xlsx"), &roomy)).expect("ten megabytes of text");
+    assert!(doc.text().len() > 9_000_000);
+}
+
+#[test]
+fn a_font_map_multiplying_each_code_stops_at_the_text_limit() {
+    // The font's ToUnicode map turns code <01> into 200 letters; the page shows 100,000 such codes: 20 million
+    // characters from 20 KB of PDF (with 20 million codes, 4 billion characters, and the server aborted).
+    let cmap = format!(
+        "/CIDInit /ProcSet findresource begin 12 dict begin begincmap /CMapName /X def \
+         1 begincodespacerange <00> <FF> endcodespacerange 1 beginbfchar <01> <{}> endbfchar \
+         endcmap CMapName currentdict /CMap defineresource pop end end",
+        "0041".repeat(200)
+    );
+    let content = format!("BT /F1 12 Tf 72 700 Td ({}) Tj ET", "\u{1}".repeat(100_000));
+    let pdf = pdf_from_objects(&[
+        "<< /Type /Catalog /Pages 2 0 R >>".into(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
+        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>"
+            .into(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode 6 0 R >>".into(),
+        format!("<< /Length {} >>\nstream\n{cmap}\nendstream", cmap.len()),
+    ]);
+    let limits = Limits {
+        max_text_bytes: 1024 * 1024,
+        ..Limits::default()
+    };
+    let err = timed(|| extract(&pdf, Some("map.pdf"), &limits)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExtractError::TooLarge {
+                limit: 1_048_576,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_content_stream_of_millions_of_operands_is_refused_before_decoding() {
+    // 3 million operands in one TJ array: lopdf's decoder would build an object of a hundred bytes and more for
+    // each (120 MB of them, 117 KB compressed, asked for gigabytes).
+    let content = format!("BT /F1 12 Tf 72 700 Td [{}] TJ ET", "1 ".repeat(3_000_000));
+    let pdf = pdf_from_objects(&[
+        "<< /Type /Catalog /Pages 2 0 R >>".into(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
+        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>"
+            .into(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
+    ]);
+    let err = timed(|| extract(&pdf, Some("operands.pdf"), &Limits::default())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExtractError::TooLarge {
+                limit: 2_000_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
