@@ -18,65 +18,211 @@ fn limits() -> Limits {
     }
 }
 
-thread_local! {
-    // Set by this backend's last extraction thread when it ends. A backend runs its SQL on one thread.
-    static LAST_EXTRACTION_DONE: std::cell::RefCell<Option<std::sync::Arc<std::sync::atomic::AtomicBool>>> =
-        const { std::cell::RefCell::new(None) };
-}
+/// Address space a child extraction may add to what it inherits from the backend (rag's own setting-free
+/// bound: the file itself is at most rag.max_file_size, its text at most rag.max_document_size).
+const EXTRACTION_ADDRESS_SPACE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// CPU seconds a child extraction may use.
+const EXTRACTION_CPU_SECONDS: u64 = 60;
 
-/// Extracts on a thread of its own while this backend keeps answering cancel requests and statement_timeout:
-/// a large or hostile file is parsed for seconds, and the caller gets control back within one poll interval.
-/// A cancelled extraction's thread runs to its end (bounded by the size limits) and its result is dropped; the
-/// backend's next extraction waits for it (interruptibly) before starting, so one backend never has more than
-/// one: cancelled calls in a loop piled up threads, each holding its file's memory, until the server's
-/// allocator failed (found by a red-team run).
+/// Extracts in a child process of this backend (`fork`), under an address-space and a CPU-time limit of its
+/// own, and reads its result from a pipe; this backend keeps answering cancel requests and statement_timeout
+/// meanwhile, and a cancel kills the child. The PDF parser builds an object model that no input-size limit
+/// bounds (a 3 KB object stream listing one big array 200 times, 12 MB of nested empty arrays: gigabytes), and
+/// an allocation that fails inside the server aborts it and every other session with it; in the child it ends
+/// the child alone, and the caller gets an ERROR (found by a red-team run, which aborted the server 8 times).
+///
+/// The child runs only the extraction crate's code on memory it inherited, touches nothing of PostgreSQL's
+/// (no shared memory, no locks, no elog) and leaves with `_exit`, so none of the backend's exit handlers run
+/// in it.
 fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, RagError> {
-    const POLL: std::time::Duration = std::time::Duration::from_millis(20);
-    let previous = LAST_EXTRACTION_DONE.with(|last| last.borrow().clone());
-    if let Some(previous) = previous {
-        while !previous.load(std::sync::atomic::Ordering::Acquire) {
-            std::thread::sleep(POLL);
+    const POLL_MS: i32 = 20;
+    let limits = limits();
+    let out_of_resources = |what: &str| RagError::Resources {
+        message: format!(
+            "cannot start the extraction: {what}: {}",
+            std::io::Error::last_os_error()
+        ),
+        hint: "The server is out of processes or memory; try again.".to_string(),
+    };
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(out_of_resources("pipe"));
+    }
+    let (read_fd, write_fd) = (fds[0], fds[1]);
+    // SAFETY: fork duplicates this process; the child runs `extract_in_child`, which never returns.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        // SAFETY: closing the two descriptors just made.
+        unsafe {
+            libc::close(read_fd);
+            libc::close(write_fd);
+        }
+        return Err(out_of_resources("fork"));
+    }
+    if pid == 0 {
+        // SAFETY: in the child; the read end is the parent's.
+        unsafe { libc::close(read_fd) };
+        extract_in_child(write_fd, data, filename, &limits);
+    }
+    // SAFETY: the write end is the child's.
+    unsafe { libc::close(write_fd) };
+    let child = Child {
+        pid,
+        fd: read_fd,
+        reaped: false,
+    };
+    // JSON of at most max_text_bytes of text: escapes (quotes, backslashes) at most double it.
+    let most = limits
+        .max_text_bytes
+        .saturating_mul(2)
+        .saturating_add(1024 * 1024);
+    let mut reply = Vec::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let mut poll = libc::pollfd {
+            fd: child.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one descriptor of ours, with a timeout.
+        let ready = unsafe { libc::poll(&mut poll, 1, POLL_MS) };
+        if ready == 0
+            || (ready < 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted)
+        {
+            // A cancel or statement_timeout raises here; the child's guard kills and reaps it.
             pgrx::check_for_interrupts!();
+            continue;
+        }
+        // SAFETY: reading into a buffer of ours, at most its length.
+        let read = unsafe { libc::read(child.fd, buffer.as_mut_ptr().cast(), buffer.len()) };
+        if read < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if read == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buffer[..read as usize]);
+        if reply.len() > most {
+            break;
         }
     }
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let done_by_thread = std::sync::Arc::clone(&done);
-    let owned = data.to_vec();
-    let name = filename.map(str::to_owned);
-    let limits = limits();
-    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
-    let builder = std::thread::Builder::new()
-        .name("rag-extract".into())
-        .stack_size(16 * 1024 * 1024);
-    rag_threads::spawn(builder, move || {
-        let result = extract(&owned, name.as_deref(), &limits);
-        drop(owned);
-        // The caller may have been cancelled and gone; then nobody wants the result.
-        let _ = sender.send(result);
-        done_by_thread.store(true, std::sync::atomic::Ordering::Release);
-    })
-    .map_err(|error| RagError::Resources {
-        message: format!("cannot start the extraction thread: {error}"),
-        hint: "The server is out of threads or memory; try again.".to_string(),
-    })?;
-    LAST_EXTRACTION_DONE.with(|last| *last.borrow_mut() = Some(done));
-    loop {
-        match receiver.recv_timeout(POLL) {
-            Ok(result) => {
-                return result.map_err(|error| RagError::Extraction {
-                    filename: filename.map(str::to_owned),
-                    error,
+    let status = child.wait();
+    let failed = |what: String| RagError::Extraction {
+        filename: filename.map(str::to_owned),
+        error: rag_extract::ExtractError::TooLarge {
+            what,
+            limit: EXTRACTION_ADDRESS_SPACE_BYTES as usize,
+        },
+    };
+    match serde_json::from_slice::<Result<Extracted, rag_extract::ExtractError>>(&reply) {
+        Ok(result) if reply.len() <= most => result.map_err(|error| RagError::Extraction {
+            filename: filename.map(str::to_owned),
+            error,
+        }),
+        _ => Err(failed(match status {
+            Some(signal) if signal == libc::SIGXCPU => {
+                format!("CPU seconds of the extraction ({EXTRACTION_CPU_SECONDS} s; the limit below is its memory)")
+            }
+            Some(signal) => {
+                format!("bytes of memory of the extraction (it ended on signal {signal})")
+            }
+            None => "bytes of memory of the extraction (it gave no result)".to_string(),
+        })),
+    }
+}
+
+/// A child extraction: killed and reaped when dropped unwaited (a cancel raised while it ran).
+struct Child {
+    pid: libc::pid_t,
+    fd: libc::c_int,
+    reaped: bool,
+}
+
+impl Child {
+    /// Waits for the child; the signal that ended it, if one did.
+    fn wait(mut self) -> Option<libc::c_int> {
+        let mut status = 0;
+        // SAFETY: waiting for our own child, once.
+        let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        self.reaped = true;
+        (waited == self.pid && libc::WIFSIGNALED(status)).then(|| libc::WTERMSIG(status))
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: our own child and descriptor; SIGKILL then a blocking wait, which SIGKILL makes short.
+        unsafe {
+            if !self.reaped {
+                libc::kill(self.pid, libc::SIGKILL);
+                let mut status = 0;
+                libc::waitpid(self.pid, &mut status, 0);
+            }
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// The child's whole life: limits, the extraction, its result as JSON down the pipe, `_exit`.
+fn extract_in_child(fd: libc::c_int, data: &[u8], filename: Option<&str>, limits: &Limits) -> ! {
+    // SAFETY: in the child, on its only thread: signal dispositions and resource limits of this process alone;
+    // reading /proc/self/statm; writing to our end of the pipe; _exit without running the backend's exit
+    // handlers, which would act on the parent's shared state.
+    unsafe {
+        for signal in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGALRM,
+            libc::SIGHUP,
+        ] {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+        let page = libc::sysconf(libc::_SC_PAGESIZE).max(4096) as u64;
+        let inherited = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|statm| {
+                statm
+                    .split_whitespace()
+                    .next()
+                    .and_then(|pages| pages.parse::<u64>().ok())
+            })
+            .map_or(0, |pages| pages * page);
+        let address_space = libc::rlimit {
+            rlim_cur: inherited + EXTRACTION_ADDRESS_SPACE_BYTES,
+            rlim_max: inherited + EXTRACTION_ADDRESS_SPACE_BYTES,
+        };
+        libc::setrlimit(libc::RLIMIT_AS, &address_space);
+        let cpu = libc::rlimit {
+            rlim_cur: EXTRACTION_CPU_SECONDS,
+            rlim_max: EXTRACTION_CPU_SECONDS + 5,
+        };
+        libc::setrlimit(libc::RLIMIT_CPU, &cpu);
+        let result =
+            std::panic::catch_unwind(|| extract(data, filename, limits)).unwrap_or_else(|_| {
+                Err(rag_extract::ExtractError::Corrupt {
+                    format: rag_extract::Format::Text,
+                    detail: "the extraction failed".to_string(),
                 })
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                pgrx::check_for_interrupts!();
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(RagError::Internal(
-                    "the extraction thread ended without a result".to_string(),
-                ))
+            });
+        if let Ok(reply) = serde_json::to_vec(&result) {
+            let mut written = 0;
+            while written < reply.len() {
+                let n = libc::write(fd, reply[written..].as_ptr().cast(), reply.len() - written);
+                if n <= 0 {
+                    break;
+                }
+                written += n as usize;
             }
         }
+        libc::_exit(0)
     }
 }
 

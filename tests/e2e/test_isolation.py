@@ -2,6 +2,7 @@
 while other collections' documents go ahead, and rag_chunk stops at a cancel or statement_timeout."""
 import time
 import unittest
+import zlib
 
 from functools import partial
 
@@ -80,6 +81,37 @@ class Isolation(InItsOwnDatabase):
         self.assertNotEqual(code, 0)
         self.assertIn("canceling statement due to statement timeout", stderr)
         self.assertLess(elapsed, 2.5, f"extraction ran {elapsed:.1f} s past a 300 ms statement_timeout")
+
+    def test_a_file_that_exhausts_memory_fails_alone(self):
+        """A 3 KB PDF whose object stream lists one array of a million elements 200 times: the PDF parser
+        builds gigabytes from it, which no size limit of the input bounds. Extraction runs in a child process
+        with its own address-space limit, so the child ends, the caller gets an ERROR, and the server (and every
+        other session) goes on; in the backend itself the failed allocation aborted the whole server."""
+        header = b" ".join(b"%d 0" % (100 + i) for i in range(200)) + b" "
+        data = zlib.compress(header + b"[" + b"0 " * 1_000_000 + b"]", 9)
+        bodies = [b"<< /Type /Catalog /Pages 2 0 R >>",
+                  b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                  b"<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+                  b"<< /Length 32 >>\nstream\nBT /F1 12 Tf 72 700 Td (x) Tj ET\nendstream",
+                  b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+                  b"<< /Type /ObjStm /N 200 /First %d /Length %d /Filter /FlateDecode >>\nstream\n" % (len(header), len(data))
+                  + data + b"\nendstream"]
+        pdf = bytearray(b"%PDF-1.7\n")
+        offsets = []
+        for number, body in enumerate(bodies, start=1):
+            offsets.append(len(pdf))
+            pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+        xref = len(pdf)
+        pdf += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1)
+        pdf += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+        pdf += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(bodies) + 1, xref)
+        started_at = scalar("SELECT pg_postmaster_start_time()", db=DB)
+        code, _, stderr = psql(f"SELECT length(rag_extract_text('\\x{bytes(pdf).hex()}'::bytea, 'objects.pdf'));",
+                               db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("memory of the extraction", stderr)
+        self.assertNotIn("server closed the connection", stderr)
+        self.assertEqual(scalar("SELECT pg_postmaster_start_time()", db=DB), started_at)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ pub use html::html_to_text;
 pub use markdown::markdown_to_text;
 
 /// A document format this crate can read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Format {
     /// Plain text (`.txt`, `.log` and anything textual without a more specific format).
     Text,
@@ -125,7 +125,7 @@ impl Default for Limits {
 }
 
 /// One addressable part of a document: a PDF page, a slide, a sheet.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Section {
     /// What a citation shows for this part: `p. 12`, `slide 3`, `sheet "Q3"`; `None` for formats without parts.
     pub locator: Option<String>,
@@ -134,7 +134,7 @@ pub struct Section {
 }
 
 /// The text extracted from one document.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Extracted {
     /// The format the content was read as (detected from the bytes, not just the file name).
     pub format: Format,
@@ -151,7 +151,7 @@ impl Extracted {
 }
 
 /// Why a document could not be turned into text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExtractError {
     /// A PDF whose pages carry no text at all: a scan or images only.
     NoTextLayer,

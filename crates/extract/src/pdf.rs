@@ -29,7 +29,16 @@ pub(crate) fn extract(data: &[u8], limits: &Limits) -> Result<Vec<Section>, Extr
             .name("rag-extract-pdf".into())
             .stack_size(PARSER_STACK_BYTES);
         let worker = rag_threads::spawn_scoped(builder, scope, || {
-            catch_panic(Format::Pdf, || extract_pages(data, limits))
+            // The text budget lives on the thread that builds the text: this one.
+            crate::textbuf::start_text_budget(limits.max_text_bytes);
+            let sections = catch_panic(Format::Pdf, || extract_pages(data, limits))?;
+            if crate::textbuf::text_budget_exceeded() {
+                return Err(ExtractError::TooLarge {
+                    what: "bytes of extracted text".into(),
+                    limit: limits.max_text_bytes,
+                });
+            }
+            Ok(sections)
         })
         .map_err(|e| {
             ExtractError::corrupt(
