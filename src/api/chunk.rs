@@ -41,6 +41,19 @@ pub fn rag_chunk(
     overlap: default!(i32, 150),
 ) -> SetOfIterator<'static, String> {
     let config = config_or_raise(size, overlap, "characters");
+    // Every chunk is made before the first is returned (with the overlap, several times the text): a text of
+    // more than a document may be is refused, as rag_ingest refuses it (500 MB of text peaked at 2.4 GB).
+    let limit = crate::settings::MAX_DOCUMENT_SIZE_KB.get().max(1) as usize * 1024;
+    if text.len() > limit {
+        crate::error::RagError::invalid(
+            format!(
+                "the text is {} bytes, above rag.max_document_size ({limit} bytes)",
+                text.len()
+            ),
+            "Chunk a document's worth of text at a time.",
+        )
+        .raise();
+    }
     // A cancel request or statement_timeout stops a large text between two chunks.
     let mut checkpoint = || {
         pgrx::check_for_interrupts!();

@@ -26,3 +26,6 @@ SELECT * FROM rag_chunk('text', 50, 0);
 SELECT * FROM rag_chunk('text', 500, 500);
 SELECT * FROM rag_chunk('text', 500, 6000);
 SELECT * FROM rag_chunk('', 500, 0);
+-- More text than a document may be is refused before any chunk is made (every chunk is made before the first
+-- is returned).
+SELECT count(*) FROM rag_chunk(repeat('x', 70 * 1024 * 1024));
