@@ -23,6 +23,8 @@ fn limits() -> Limits {
 const EXTRACTION_ADDRESS_SPACE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// CPU seconds a child extraction may use.
 const EXTRACTION_CPU_SECONDS: u64 = 60;
+const FIXED_BOUNDS_HINT: &str =
+    "Split the file, or convert it to a simpler format such as plain text; these bounds are fixed.";
 
 /// Extracts in a child process of this backend (`fork`), under an address-space and a CPU-time limit of its
 /// own, and reads its result from a pipe; this backend keeps answering cancel requests and statement_timeout
@@ -50,6 +52,9 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         return Err(out_of_resources("pipe"));
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
+    reap_children_at_exit();
+    // SAFETY: getpid never fails.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: fork duplicates this process; the child runs `extract_in_child`, which never returns.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -63,8 +68,9 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
     if pid == 0 {
         // SAFETY: in the child; the read end is the parent's.
         unsafe { libc::close(read_fd) };
-        extract_in_child(write_fd, data, filename, &limits);
+        extract_in_child(parent, write_fd, data, filename, &limits);
     }
+    RUNNING_CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the write end is the child's.
     unsafe { libc::close(write_fd) };
     let child = Child {
@@ -108,31 +114,79 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         }
         reply.extend_from_slice(&buffer[..read as usize]);
         if reply.len() > most {
+            // Killed before waiting: it may be blocked writing the rest to a full pipe.
+            // SAFETY: our own child.
+            unsafe { libc::kill(child.pid, libc::SIGKILL) };
             break;
         }
     }
     let status = child.wait();
-    let failed = |what: String| RagError::Extraction {
-        filename: filename.map(str::to_owned),
-        error: rag_extract::ExtractError::TooLarge {
-            what,
-            limit: EXTRACTION_ADDRESS_SPACE_BYTES as usize,
-        },
-    };
+    // A cancel that came while the child ran (PostgreSQL signals the backend's whole process group, so the
+    // child may have died of it) is reported as the cancel, not as the child's end.
+    pgrx::check_for_interrupts!();
+    if reply.len() > most {
+        return Err(RagError::Extraction {
+            filename: filename.map(str::to_owned),
+            error: rag_extract::ExtractError::TooLarge {
+                what: "bytes of extracted text and section names".into(),
+                limit: limits.max_text_bytes,
+            },
+        });
+    }
     match serde_json::from_slice::<Result<Extracted, rag_extract::ExtractError>>(&reply) {
-        Ok(result) if reply.len() <= most => result.map_err(|error| RagError::Extraction {
+        Ok(result) => result.map_err(|error| RagError::Extraction {
             filename: filename.map(str::to_owned),
             error,
         }),
-        _ => Err(failed(match status {
-            Some(signal) if signal == libc::SIGXCPU => {
-                format!("CPU seconds of the extraction ({EXTRACTION_CPU_SECONDS} s; the limit below is its memory)")
-            }
-            Some(signal) => {
-                format!("bytes of memory of the extraction (it ended on signal {signal})")
-            }
-            None => "bytes of memory of the extraction (it gave no result)".to_string(),
-        })),
+        Err(_) => {
+            let why = match status {
+                Some(signal) if signal == libc::SIGXCPU => {
+                    format!("it needed more than {EXTRACTION_CPU_SECONDS} s of CPU")
+                }
+                Some(signal) => format!(
+                    "it needed more than {} GB of memory (the extraction ended on signal {signal})",
+                    EXTRACTION_ADDRESS_SPACE_BYTES >> 30
+                ),
+                None => "the extraction ended without a result".to_string(),
+            };
+            Err(RagError::Resources {
+                message: format!(
+                    "\"{}\" could not be extracted: {why}",
+                    filename.unwrap_or("the file")
+                ),
+                hint: FIXED_BOUNDS_HINT.to_string(),
+            })
+        }
+    }
+}
+
+/// The child extraction of this backend running now (0: none), for the exit callback.
+static RUNNING_CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static EXIT_CALLBACK: std::sync::Once = std::sync::Once::new();
+
+/// A backend that ends with FATAL (a lost client, pg_terminate_backend, a parallel worker told to stop) leaves
+/// through proc_exit without unwinding, so no guard runs: its child is killed and reaped here. An orphan ran on
+/// to its limits, and a postmaster that is PID 1 (as in containers) reaped it as a crashed backend and
+/// restarted the cluster (found by a red-team run).
+fn reap_children_at_exit() {
+    EXIT_CALLBACK.call_once(|| {
+        // SAFETY: registers a callback with PostgreSQL's exit handling, once per process (the postmaster never
+        // extracts, so no child process inherits a registration it would then run).
+        unsafe { pg_sys::on_proc_exit(Some(kill_running_child), pg_sys::Datum::from(0usize)) };
+    });
+}
+
+// SAFETY (for callers): PostgreSQL calls it once while the process exits.
+#[pg_guard]
+unsafe extern "C-unwind" fn kill_running_child(_code: std::ffi::c_int, _argument: pg_sys::Datum) {
+    let pid = RUNNING_CHILD.swap(0, std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        let mut status = 0;
+        // SAFETY: our own child; SIGKILL then a wait that SIGKILL makes short.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, &mut status, 0);
+        }
     }
 }
 
@@ -150,6 +204,7 @@ impl Child {
         // SAFETY: waiting for our own child, once.
         let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
         self.reaped = true;
+        RUNNING_CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
         (waited == self.pid && libc::WIFSIGNALED(status)).then(|| libc::WTERMSIG(status))
     }
 }
@@ -162,6 +217,7 @@ impl Drop for Child {
                 libc::kill(self.pid, libc::SIGKILL);
                 let mut status = 0;
                 libc::waitpid(self.pid, &mut status, 0);
+                RUNNING_CHILD.store(0, std::sync::atomic::Ordering::Relaxed);
             }
             libc::close(self.fd);
         }
@@ -169,12 +225,31 @@ impl Drop for Child {
 }
 
 /// The child's whole life: limits, the extraction, its result as JSON down the pipe, `_exit`.
-fn extract_in_child(fd: libc::c_int, data: &[u8], filename: Option<&str>, limits: &Limits) -> ! {
+fn extract_in_child(
+    parent: libc::pid_t,
+    fd: libc::c_int,
+    data: &[u8],
+    filename: Option<&str>,
+    limits: &Limits,
+) -> ! {
     // SAFETY: in the child, on its only thread: signal dispositions and resource limits of this process alone;
     // reading /proc/self/statm; writing to our end of the pipe; _exit without running the backend's exit
     // handlers, which would act on the parent's shared state.
     unsafe {
+        // Dies with its backend, however the backend ends (SIGKILL included), and checks it did not already.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+        // No core file of a child that runs out of memory: it would hold the shared buffers it maps.
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
         for signal in [
+            libc::SIGFPE,
             libc::SIGTERM,
             libc::SIGINT,
             libc::SIGQUIT,

@@ -1,12 +1,14 @@
 """No user can stall the others: a slow watch expression times out, a huge document is embedded in slices
 while other collections' documents go ahead, and rag_chunk stops at a cancel or statement_timeout."""
+import os
+import subprocess
 import time
 import unittest
 import zlib
 
 from functools import partial
 
-from support import InItsOwnDatabase, psql, scalar
+from support import InItsOwnDatabase, background_psql, psql, scalar
 from support import wait_until as wait_until_in
 
 DB = "rag_e2e_isolation"
@@ -109,8 +111,36 @@ class Isolation(InItsOwnDatabase):
         code, _, stderr = psql(f"SELECT length(rag_extract_text('\\x{bytes(pdf).hex()}'::bytea, 'objects.pdf'));",
                                db=DB, check=False)
         self.assertNotEqual(code, 0)
-        self.assertIn("memory of the extraction", stderr)
+        self.assertIn("could not be extracted: it needed more than 2 GB of memory", stderr)
         self.assertNotIn("server closed the connection", stderr)
+        self.assertEqual(scalar("SELECT pg_postmaster_start_time()", db=DB), started_at)
+        # A backend that ends with FATAL while its child extracts (here its client is gone: FATAL "connection to
+        # client lost", which, unlike pg_terminate_backend, signals no one else) takes the child with it:
+        # nothing runs on to its limits, orphaned.
+        session = background_psql(f"SET application_name = 'extracting';\n"
+                                  f"SET client_connection_check_interval = '100ms';\n"
+                                  f"SELECT length(rag_extract_text('\\x{bytes(pdf).hex()}'::bytea, 'objects.pdf'));",
+                                  db=DB)
+        try:
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = "
+                                       "'extracting' AND state = 'active')", seconds=30))
+            backend = int(scalar("SELECT pid FROM pg_stat_activity WHERE application_name = 'extracting'", db=DB))
+            children = []
+            deadline = time.time() + 30
+            while not children and time.time() < deadline:
+                children = subprocess.run(["pgrep", "-P", str(backend)], capture_output=True,
+                                          text=True).stdout.split()
+                time.sleep(0.05)
+            self.assertTrue(children, "no extraction child appeared")
+            session.kill()
+            deadline = time.time() + 10
+            while any(os.path.exists(f"/proc/{child}") for child in children) and time.time() < deadline:
+                time.sleep(0.1)
+            self.assertFalse([child for child in children if os.path.exists(f"/proc/{child}")],
+                             "the extraction child outlived its backend")
+        finally:
+            session.kill()
+            session.communicate(timeout=60)
         self.assertEqual(scalar("SELECT pg_postmaster_start_time()", db=DB), started_at)
 
 
