@@ -2618,20 +2618,7 @@ DECLARE
     v_relevances real[];
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Pass the question to search for.';
-    END IF;
-    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Search with a question; to work with a long text, ingest it and ask about it.';
-    END IF;
-    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
-        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
-                        coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
-    END IF;
+    PERFORM rag._require_search_request(query, k);
     IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
@@ -2671,6 +2658,25 @@ BEGIN
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._require_search_request(p_query text, p_k integer) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_query IS NULL OR btrim(p_query) = '' THEN
+        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the question to search for.';
+    END IF;
+    IF octet_length(p_query) > rag._limit('question_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(p_query), rag._limit('question_max_bytes')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Search with a question; to work with a long text, ingest it and ask about it.';
+    END IF;
+    IF p_k IS NULL OR p_k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
+        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
+                        coalesce(p_k::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
                             mode text DEFAULT NULL)
 RETURNS SETOF text
@@ -2684,19 +2690,7 @@ DECLARE
     v_vector_schema text := rag._vector_schema();
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF coalesce(btrim(query), '') = '' THEN
-        RAISE EXCEPTION 'the query is empty'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
-    END IF;
-    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
-    END IF;
-    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
-        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
-                        coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
-    END IF;
+    PERFORM rag._require_search_request(query, k);
     IF c.dimensions IS NULL THEN
         RAISE EXCEPTION 'collection "%" has no vectors yet', collection
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';
@@ -3404,6 +3398,10 @@ DECLARE
     v_kept jsonb := coalesce(nullif(current_setting('rag_worker.held_watches', true), ''), '{}')::jsonb;
     v_watches integer[];
 BEGIN
+    -- Nothing held and nothing to record, a worker's every round: no setting is written.
+    IF p_held IS NULL AND v_kept = '{}' THEN
+        RETURN '{}';
+    END IF;
     SELECT coalesce(jsonb_object_agg(k, v), '{}') INTO v_kept
       FROM jsonb_each(v_kept) e(k, v) WHERE (e.v)::double precision > v_now - 5;
     IF p_held IS NOT NULL THEN

@@ -492,20 +492,7 @@ DECLARE
     v_relevances real[];
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Pass the question to search for.';
-    END IF;
-    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Search with a question; to work with a long text, ingest it and ask about it.';
-    END IF;
-    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
-        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
-                        coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks to return.';
-    END IF;
+    PERFORM rag._require_search_request(query, k);
     IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
@@ -545,6 +532,28 @@ BEGIN
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
 END $$;
 
+-- Raises unless a search's question and k are ones rag_query and rag_explain take: a question of at most
+-- rag._limit('question_max_bytes') (rag_prompt and rag_ask check the same limit in Rust), k within the search's
+-- limits.
+CREATE FUNCTION rag._require_search_request(p_query text, p_k integer) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_query IS NULL OR btrim(p_query) = '' THEN
+        RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the question to search for.';
+    END IF;
+    IF octet_length(p_query) > rag._limit('question_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(p_query), rag._limit('question_max_bytes')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Search with a question; to work with a long text, ingest it and ask about it.';
+    END IF;
+    IF p_k IS NULL OR p_k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
+        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
+                        coalesce(p_k::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
+    END IF;
+END $$;
+
 -- The plan of the search (rag._search) for a collection and question, for DBAs checking that the collection's
 -- HNSW and GIN indexes are used.
 -- SECURITY DEFINER as rag_query is, so that the plan shown is the one the search runs: as the extension's
@@ -562,19 +571,7 @@ DECLARE
     v_vector_schema text := rag._vector_schema();
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
-    IF coalesce(btrim(query), '') = '' THEN
-        RAISE EXCEPTION 'the query is empty'
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
-    END IF;
-    IF octet_length(query) > rag._limit('question_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the query is % bytes; at most % are allowed', octet_length(query), rag._limit('question_max_bytes')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass the question whose search plan to show.';
-    END IF;
-    IF k IS NULL OR k NOT BETWEEN rag._limit('search_k_min')::integer AND rag._limit('search_k_max')::integer THEN
-        RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
-                        coalesce(k::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
-    END IF;
+    PERFORM rag._require_search_request(query, k);
     IF c.dimensions IS NULL THEN
         RAISE EXCEPTION 'collection "%" has no vectors yet', collection
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Ingest a document and wait for it.';

@@ -521,6 +521,10 @@ DECLARE
     v_kept jsonb := coalesce(nullif(current_setting('rag_worker.held_watches', true), ''), '{}')::jsonb;
     v_watches integer[];
 BEGIN
+    -- Nothing held and nothing to record, a worker's every round: no setting is written.
+    IF p_held IS NULL AND v_kept = '{}' THEN
+        RETURN '{}';
+    END IF;
     SELECT coalesce(jsonb_object_agg(k, v), '{}') INTO v_kept
       FROM jsonb_each(v_kept) e(k, v) WHERE (e.v)::double precision > v_now - 5;
     IF p_held IS NOT NULL THEN

@@ -90,11 +90,11 @@ pub extern "C-unwind" fn _PG_init() {
     frames::install(pg::preloading());
     api::watch::install();
     api::watch_keys::install();
+    pg::install_process_utility(pg::preloading());
     api::search::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();
         worker::launcher::register();
-        worker::database_commands::install();
     }
 }
 

@@ -140,14 +140,31 @@ extern "C-unwind" {
     );
 }
 
-/// Runs a ProcessUtility call on: the hook installed before ours, or PostgreSQL's own implementation.
-///
-/// # Safety
-/// The arguments are those PostgreSQL passed to a ProcessUtility hook, passed on unchanged; called from a hook
-/// frame that owns nothing needing a drop (an ERROR below longjmps across it).
+static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+static mut SERVES_DATABASE_COMMANDS: bool = false;
+
+/// Installs rag's one ProcessUtility hook; called once per process from `_PG_init`. Every backend that loads
+/// the library needs its `COPY … FROM` part (`crate::api::watch_keys`); the part that keeps workers out of a
+/// database's way (`crate::worker::database_commands`) only a preloaded library serves, the launcher and its
+/// shared memory being there.
+pub fn install_process_utility(preloaded: bool) {
+    // SAFETY: `_PG_init` runs once per process on its only thread, before any statement: nothing reads or
+    // writes these variables concurrently; the previous hook is kept and always called.
+    unsafe {
+        SERVES_DATABASE_COMMANDS = preloaded;
+        PREVIOUS_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(rag_process_utility);
+    }
+}
+
+/// The hook itself is deliberately not `#[pg_guard]`: an ERROR raised by the command (or by a hook after us)
+/// must travel to PostgreSQL's handler as PostgreSQL raised it, with SQLSTATE, message, detail, hint, position
+/// and context intact (PG_RE_THROW semantics), not be caught and rebuilt as a Rust panic. That is sound only
+/// because this frame owns nothing that needs dropping: it holds raw pointers and copies of them, so a
+/// `longjmp` across it skips no destructor. rag's own work runs in guarded functions.
+// SAFETY (for callers): PostgreSQL calls it with the arguments of ProcessUtility(), all valid for the call.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn next_process_utility(
-    previous: pg_sys::ProcessUtility_hook_type,
+unsafe extern "C-unwind" fn rag_process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
     query_string: *const std::ffi::c_char,
     read_only_tree: bool,
@@ -157,18 +174,29 @@ pub unsafe fn next_process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
-    let next = previous.unwrap_or(standard_process_utility_unguarded);
-    // SAFETY: the caller passes PostgreSQL's own arguments on unchanged, as ProcessUtility() would.
-    unsafe {
-        next(
-            pstmt,
-            query_string,
-            read_only_tree,
-            context,
-            params,
-            query_env,
-            dest,
-            qc,
-        )
+    // SAFETY: set once by `install_process_utility` before any statement, only read since; `pstmt` is the
+    // hook's own statement pointer, read (never freed) before the command runs.
+    let creates_rag =
+        SERVES_DATABASE_COMMANDS && crate::worker::database_commands::before_command(pstmt);
+    // SAFETY: as above.
+    let is_copy = crate::api::watch_keys::is_copy(pstmt);
+    let next = PREVIOUS_PROCESS_UTILITY.unwrap_or(standard_process_utility_unguarded);
+    // SAFETY: PostgreSQL's own arguments passed on unchanged to the next hook or to the standard
+    // implementation, exactly as ProcessUtility() would have called it without us.
+    next(
+        pstmt,
+        query_string,
+        read_only_tree,
+        context,
+        params,
+        query_env,
+        dest,
+        qc,
+    );
+    if creates_rag {
+        crate::worker::database_commands::after_create_extension();
+    }
+    if is_copy {
+        crate::api::watch_keys::after_copy();
     }
 }

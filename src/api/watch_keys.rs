@@ -88,10 +88,10 @@ thread_local! {
 const TOP_SUBTRANSACTION: pg_sys::SubTransactionId = 1;
 
 static mut PREVIOUS_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
-static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
-/// Registers the callbacks that drop gathered keys when their (sub)transaction ends, and the hooks that queue
-/// a partition's keys when its statement ends. Called once per process from `_PG_init`, preloaded or not: a
+/// Registers the callbacks that drop gathered keys when their (sub)transaction ends, and the ExecutorFinish
+/// hook that queues a partition's keys when its statement ends (`COPY` comes through rag's ProcessUtility
+/// hook, `crate::pg`, to [`after_copy`]). Called once per process from `_PG_init`, preloaded or not: a
 /// backend that loads the library when a row trigger first fires queues that statement's partition keys at
 /// its next statement's end or at its commit.
 pub fn install() {
@@ -102,8 +102,6 @@ pub fn install() {
         pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
         PREVIOUS_EXECUTOR_FINISH = pg_sys::ExecutorFinish_hook;
         pg_sys::ExecutorFinish_hook = Some(queue_keys_after_executor_finish);
-        PREVIOUS_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(queue_keys_after_copy);
     }
 }
 
@@ -117,7 +115,7 @@ fn keys_wait_for_statement_end() -> bool {
     })
 }
 
-/// Not `#[pg_guard]`, as the hook of src/worker/database_commands.rs: an ERROR of the statement travels to
+/// Not `#[pg_guard]`, as rag's ProcessUtility hook (`crate::pg`): an ERROR of the statement travels to
 /// PostgreSQL's handler untouched. Sound because this frame owns nothing that needs dropping. PostgreSQL has
 /// fired every AFTER trigger of the statement (row and statement events) by the time the standard function
 /// returns.
@@ -134,39 +132,22 @@ unsafe extern "C-unwind" fn queue_keys_after_executor_finish(query_desc: *mut pg
     }
 }
 
-/// `COPY … FROM` fires row triggers without going through the executor's finish; no other utility statement
-/// writes rows that fire them (a procedure's or a prepared statement's own statements each pass
-/// ExecutorFinish). Not `#[pg_guard]`, for the reason given at [`queue_keys_after_executor_finish`].
-// SAFETY (for callers): PostgreSQL calls it with the arguments of ProcessUtility(), all valid for the call.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn queue_keys_after_copy(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: a PlannedStmt of ProcessUtility() always carries its utility statement; read before the call,
-    // which may free neither.
-    let is_copy = !pstmt.is_null()
+/// Whether a utility statement is `COPY`: `COPY … FROM` fires row triggers without going through the
+/// executor's finish; no other utility statement writes rows that fire them (a procedure's or a prepared
+/// statement's own statements each pass ExecutorFinish). Asked by rag's ProcessUtility hook (`crate::pg`)
+/// before the command runs.
+///
+/// # Safety
+/// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
+pub unsafe fn is_copy(pstmt: *mut pg_sys::PlannedStmt) -> bool {
+    !pstmt.is_null()
         && !(*pstmt).utilityStmt.is_null()
-        && (*(*pstmt).utilityStmt).type_ == pg_sys::NodeTag::T_CopyStmt;
-    // SAFETY: the arguments are PostgreSQL's own, passed on unchanged.
-    crate::pg::next_process_utility(
-        PREVIOUS_PROCESS_UTILITY,
-        pstmt,
-        query_string,
-        read_only_tree,
-        context,
-        params,
-        query_env,
-        dest,
-        qc,
-    );
-    if is_copy && keys_wait_for_statement_end() {
+        && (*(*pstmt).utilityStmt).type_ == pg_sys::NodeTag::T_CopyStmt
+}
+
+/// After a `COPY` ran: queues what its rows' triggers gathered for a statement's end.
+pub fn after_copy() {
+    if keys_wait_for_statement_end() {
         queue_keys_at_statement_end();
     }
 }

@@ -3,7 +3,7 @@
 //! database would make them fail with "database is being accessed by other users", which no one who runs
 //! `dropdb` or a test runner's "drop the test database" expects from an extension.
 //!
-//! A ProcessUtility hook sees these commands before they run: it holds the launcher off that database for a
+//! rag's ProcessUtility hook (`crate::pg`) shows these commands to this module before they run: it holds the launcher off that database for a
 //! few seconds and sends the database's workers SIGTERM. PostgreSQL then waits up to 5 seconds for other
 //! sessions to leave before it gives up, and the workers are gone by then: each finishes its current step
 //! (a transaction, or a provider call that checks for shutdown) and exits. If the command fails for another
@@ -18,53 +18,20 @@ use std::time::Duration;
 /// leaves the database without its worker only briefly.
 const PAUSE: Duration = Duration::from_secs(10);
 
-static mut PREVIOUS_HOOK: pg_sys::ProcessUtility_hook_type = None;
-
-/// Installs the hook; called once from `_PG_init` while the library is preloaded.
-pub fn install() {
-    // SAFETY: `_PG_init` runs once per process, in the postmaster before any backend exists, so nothing reads
-    // or writes the hook variables concurrently; the previous value is kept and always called.
-    unsafe {
-        PREVIOUS_HOOK = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(rag_process_utility);
-    }
+/// Before a utility command runs (rag's ProcessUtility hook, `crate::pg`, while the library is preloaded):
+/// holds the workers off a database the command needs to itself; true for `CREATE EXTENSION rag`, after which
+/// the launcher must hear of the database.
+///
+/// # Safety
+/// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
+pub unsafe fn before_command(pstmt: *mut pg_sys::PlannedStmt) -> bool {
+    hold_workers_off(pstmt);
+    creates_this_extension(pstmt)
 }
 
-/// The hook itself is deliberately not `#[pg_guard]`: an ERROR raised by the command (or by a hook after us)
-/// must travel to PostgreSQL's handler as PostgreSQL raised it, with SQLSTATE, message, detail, hint, position
-/// and context intact (PG_RE_THROW semantics), not be caught and rebuilt as a Rust panic. That is sound only
-/// because this frame owns nothing that needs dropping: it holds raw pointers and copies of them, so a
-/// `longjmp` across it skips no destructor. Our own work runs in `hold_workers_off`, which is guarded.
-// SAFETY (for callers): PostgreSQL calls it with the arguments of ProcessUtility(), all valid for the call.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn rag_process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    hold_workers_off(pstmt);
-    let creates_rag = creates_this_extension(pstmt);
-    // SAFETY: the arguments are PostgreSQL's own, passed on unchanged to the next hook or to the standard
-    // implementation, exactly as `ProcessUtility()` would have called it without us.
-    crate::pg::next_process_utility(
-        PREVIOUS_HOOK,
-        pstmt,
-        query_string,
-        read_only_tree,
-        context,
-        params,
-        query_env,
-        dest,
-        qc,
-    );
-    if creates_rag {
-        start_worker_after_commit();
-    }
+/// After `CREATE EXTENSION rag` ran.
+pub fn after_create_extension() {
+    start_worker_after_commit();
 }
 
 /// True for `CREATE EXTENSION rag`: the launcher has to hear of it, since it does not poll databases.

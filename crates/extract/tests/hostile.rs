@@ -418,6 +418,21 @@ fn text_family_encodings() {
     assert_eq!(md.text(), "Head\n\nSome bold text");
 }
 
+/// The default limits with a text budget of `bytes`.
+fn text_limited_to(bytes: usize) -> Limits {
+    Limits {
+        max_text_bytes: bytes,
+        ..Limits::default()
+    }
+}
+
+fn assert_too_large(err: &ExtractError, expected_limit: usize) {
+    assert!(
+        matches!(err, ExtractError::TooLarge { limit, .. } if *limit == expected_limit),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_shared_string_in_every_cell_stops_at_the_text_limit() {
     // One shared string of 100 KB referenced by 100 cells asks for 10 MB of text from a file of a few
@@ -439,26 +454,11 @@ fn a_shared_string_in_every_cell_stops_at_the_text_limit() {
         ],
         CompressionMethod::Deflated,
     );
-    let limits = Limits {
-        max_text_bytes: 1024 * 1024,
-        ..Limits::default()
-    };
+    let limits = text_limited_to(1024 * 1024);
     let err = timed(|| extract(&xlsx, Some("cells.xlsx"), &limits)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExtractError::TooLarge {
-                limit: 1_048_576,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_too_large(&err, 1_048_576);
     // Under the limit the same sheet is read whole.
-    let roomy = Limits {
-        max_text_bytes: 16 * 1024 * 1024,
-        ..Limits::default()
-    };
+    let roomy = text_limited_to(16 * 1024 * 1024);
     let doc = timed(|| extract(&xlsx, Some("cells.xlsx"), &roomy)).expect("ten megabytes of text");
     assert!(doc.text().len() > 9_000_000);
 }
@@ -486,21 +486,9 @@ fn a_font_map_multiplying_each_code_stops_at_the_text_limit() {
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode 6 0 R >>".into(),
         format!("<< /Length {} >>\nstream\n{cmap}\nendstream", cmap.len()),
     ]);
-    let limits = Limits {
-        max_text_bytes: 1024 * 1024,
-        ..Limits::default()
-    };
+    let limits = text_limited_to(1024 * 1024);
     let err = timed(|| extract(&pdf, Some("map.pdf"), &limits)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExtractError::TooLarge {
-                limit: 1_048_576,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_too_large(&err, 1_048_576);
 }
 
 #[test]
@@ -520,14 +508,5 @@ fn a_content_stream_of_millions_of_operands_is_refused_before_decoding() {
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
     ]);
     let err = timed(|| extract(&pdf, Some("operands.pdf"), &Limits::default())).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ExtractError::TooLarge {
-                limit: 2_000_000,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_too_large(&err, 2_000_000);
 }
