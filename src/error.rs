@@ -106,6 +106,9 @@ impl RagError {
                 rag_extract::ExtractError::UnsupportedFormat { .. } => {
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED
                 }
+                rag_extract::ExtractError::OutOfResources { .. } => {
+                    PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES
+                }
                 _ => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             },
         }

@@ -94,6 +94,7 @@ pub extern "C-unwind" fn _PG_init() {
     api::search::install();
     if pg::preloading() {
         worker::registry::init_shared_memory();
+        api::extraction_slots::init_shared_memory();
         worker::launcher::register();
     }
 }

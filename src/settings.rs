@@ -25,6 +25,9 @@ pub static MAX_DECOMPRESSED_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(25
 pub static MAX_ARCHIVE_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAX_XML_DEPTH: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_PDF_PAGES: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+pub static MAX_CONCURRENT_EXTRACTIONS: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static EXTRACTION_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(2048);
+pub static EXTRACTION_CPU_TIME_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static WORKER_SYNCHRONOUS_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static SYNC_DELAY_MS: GucSetting<i32> =
     GucSetting::<i32>::new(crate::limits::SYNC_DELAY_DEFAULT_MS);
@@ -216,6 +219,37 @@ pub fn define() {
         1_000_000,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.max_concurrent_extractions",
+        c"Most files extracted at the same time in the whole cluster; further extractions wait.",
+        c"Each extraction runs in a child process that may take rag.extraction_memory. Counted where rag is in shared_preload_libraries.",
+        &MAX_CONCURRENT_EXTRACTIONS,
+        1,
+        crate::api::extraction_slots::MOST_SLOTS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"rag.extraction_memory",
+        c"Memory one file extraction may add to what its backend maps.",
+        c"An extraction that needs more ends with an ERROR; the server goes on.",
+        &EXTRACTION_MEMORY_MB,
+        // Below this the PDF parser's thread (its 64 MB stack and a malloc arena) cannot start.
+        256,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.extraction_cpu_time",
+        c"CPU time one file extraction may use; it may take at most twice as long plus 10 s of wall-clock time.",
+        c"",
+        &EXTRACTION_CPU_TIME_S,
+        1,
+        3600,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
         c"rag.batch_size",

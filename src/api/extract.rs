@@ -18,16 +18,43 @@ fn limits() -> Limits {
     }
 }
 
-/// Address space a child extraction may add to what it inherits from the backend (rag's own setting-free
-/// bound: the file itself is at most rag.max_file_size, its text at most rag.max_document_size).
-const EXTRACTION_ADDRESS_SPACE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
-/// CPU seconds a child extraction may use.
-const EXTRACTION_CPU_SECONDS: u64 = 60;
-const FIXED_BOUNDS_HINT: &str =
-    "Split the file, or convert it to a simpler format such as plain text; these bounds are fixed.";
+/// What a child extraction may use (`rag.extraction_memory`, `rag.extraction_cpu_time`), read before it starts.
+#[derive(Clone, Copy)]
+struct ChildBounds {
+    /// Address space it may add to what it inherits from the backend.
+    address_space_bytes: u64,
+    cpu_seconds: u64,
+}
+
+impl ChildBounds {
+    fn from_settings() -> ChildBounds {
+        use crate::settings::{EXTRACTION_CPU_TIME_S, EXTRACTION_MEMORY_MB};
+        ChildBounds {
+            address_space_bytes: EXTRACTION_MEMORY_MB.get().max(1) as u64 * 1024 * 1024,
+            cpu_seconds: EXTRACTION_CPU_TIME_S.get().max(1) as u64,
+        }
+    }
+
+    /// Wall-clock time after which the child is ended whatever it does: a child that sleeps (a lock another
+    /// thread of the backend held when it forked is never released in the child) uses no CPU time.
+    fn wall_seconds(self) -> u64 {
+        self.cpu_seconds * 2 + 10
+    }
+
+    fn memory(self) -> String {
+        let mb = self.address_space_bytes >> 20;
+        if mb.is_multiple_of(1024) {
+            format!("{} GB", mb / 1024)
+        } else {
+            format!("{mb} MB")
+        }
+    }
+}
+
+const CHILD_BOUNDS_HINT: &str = "Split the file, or convert it to a simpler format such as plain text; a superuser may raise rag.extraction_memory or rag.extraction_cpu_time.";
 
 /// Extracts in a child process of this backend (`fork`), under an address-space and a CPU-time limit of its
-/// own, and reads its result from a pipe; this backend keeps answering cancel requests and statement_timeout
+/// own, and reads its result from a pipe; at most rag.max_concurrent_extractions run at once in the cluster; this backend keeps answering cancel requests and statement_timeout
 /// meanwhile, and a cancel kills the child. The PDF parser builds an object model that no input-size limit
 /// bounds (a 3 KB object stream listing one big array 200 times, 12 MB of nested empty arrays: gigabytes), and
 /// an allocation that fails inside the server aborts it and every other session with it; in the child it ends
@@ -39,6 +66,10 @@ const FIXED_BOUNDS_HINT: &str =
 fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracted, RagError> {
     const POLL_MS: i32 = 20;
     let limits = limits();
+    let bounds = ChildBounds::from_settings();
+    // Registered before a slot is held: the exit callback gives the slot back too.
+    reap_children_at_exit();
+    let _slot = crate::api::extraction_slots::acquire();
     let out_of_resources = |what: &str| RagError::Resources {
         message: format!(
             "cannot start the extraction: {what}: {}",
@@ -52,7 +83,6 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         return Err(out_of_resources("pipe"));
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
-    reap_children_at_exit();
     // SAFETY: getpid never fails.
     let parent = unsafe { libc::getpid() };
     // SAFETY: fork duplicates this process; the child runs `extract_in_child`, which never returns.
@@ -68,7 +98,7 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
     if pid == 0 {
         // SAFETY: in the child; the read end is the parent's.
         unsafe { libc::close(read_fd) };
-        extract_in_child(parent, write_fd, data, filename, &limits);
+        extract_in_child(parent, write_fd, data, filename, &limits, bounds);
     }
     RUNNING_CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the write end is the child's.
@@ -134,18 +164,32 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
         });
     }
     match serde_json::from_slice::<Result<Extracted, rag_extract::ExtractError>>(&reply) {
+        Ok(Err(rag_extract::ExtractError::OutOfResources { detail })) => Err(RagError::Resources {
+            message: format!(
+                "\"{}\" could not be extracted within {} of memory: {detail}",
+                filename.unwrap_or("the file"),
+                bounds.memory()
+            ),
+            hint: CHILD_BOUNDS_HINT.to_string(),
+        }),
         Ok(result) => result.map_err(|error| RagError::Extraction {
             filename: filename.map(str::to_owned),
             error,
         }),
         Err(_) => {
             let why = match status {
-                Some(signal) if signal == libc::SIGXCPU => {
-                    format!("it needed more than {EXTRACTION_CPU_SECONDS} s of CPU")
+                Some(libc::SIGXCPU) => {
+                    format!("it needed more than {} s of CPU", bounds.cpu_seconds)
+                }
+                Some(libc::SIGALRM) => {
+                    format!("it ran longer than {} s", bounds.wall_seconds())
+                }
+                Some(libc::SIGKILL) => {
+                    "it was killed (out of CPU time, or the system out of memory)".to_string()
                 }
                 Some(signal) => format!(
-                    "it needed more than {} GB of memory (the extraction ended on signal {signal})",
-                    EXTRACTION_ADDRESS_SPACE_BYTES >> 30
+                    "it needed more than {} of memory (the extraction ended on signal {signal})",
+                    bounds.memory()
                 ),
                 None => "the extraction ended without a result".to_string(),
             };
@@ -154,7 +198,7 @@ fn extract_interruptibly(data: &[u8], filename: Option<&str>) -> Result<Extracte
                     "\"{}\" could not be extracted: {why}",
                     filename.unwrap_or("the file")
                 ),
-                hint: FIXED_BOUNDS_HINT.to_string(),
+                hint: CHILD_BOUNDS_HINT.to_string(),
             })
         }
     }
@@ -188,6 +232,7 @@ unsafe extern "C-unwind" fn kill_running_child(_code: std::ffi::c_int, _argument
             libc::waitpid(pid, &mut status, 0);
         }
     }
+    crate::api::extraction_slots::release_at_exit();
 }
 
 /// A child extraction: killed and reaped when dropped unwaited (a cancel raised while it ran).
@@ -231,6 +276,7 @@ fn extract_in_child(
     data: &[u8],
     filename: Option<&str>,
     limits: &Limits,
+    bounds: ChildBounds,
 ) -> ! {
     // SAFETY: in the child, on its only thread: signal dispositions and resource limits of this process alone;
     // reading /proc/self/statm; writing to our end of the pipe; _exit without running the backend's exit
@@ -271,15 +317,17 @@ fn extract_in_child(
             })
             .map_or(0, |pages| pages * page);
         let address_space = libc::rlimit {
-            rlim_cur: inherited + EXTRACTION_ADDRESS_SPACE_BYTES,
-            rlim_max: inherited + EXTRACTION_ADDRESS_SPACE_BYTES,
+            rlim_cur: inherited.saturating_add(bounds.address_space_bytes),
+            rlim_max: inherited.saturating_add(bounds.address_space_bytes),
         };
         libc::setrlimit(libc::RLIMIT_AS, &address_space);
         let cpu = libc::rlimit {
-            rlim_cur: EXTRACTION_CPU_SECONDS,
-            rlim_max: EXTRACTION_CPU_SECONDS + 5,
+            rlim_cur: bounds.cpu_seconds,
+            rlim_max: bounds.cpu_seconds + 5,
         };
         libc::setrlimit(libc::RLIMIT_CPU, &cpu);
+        // A timer of the backend's is not inherited across fork, so this is the child's only alarm.
+        libc::alarm(bounds.wall_seconds() as libc::c_uint);
         let result =
             std::panic::catch_unwind(|| extract(data, filename, limits)).unwrap_or_else(|_| {
                 Err(rag_extract::ExtractError::Corrupt {

@@ -3,6 +3,7 @@
 pub mod ask;
 pub mod chunk;
 pub mod extract;
+pub mod extraction_slots;
 pub mod models;
 pub mod process;
 pub mod query;

@@ -1,6 +1,7 @@
 """No user can stall the others: a slow watch expression times out, a huge document is embedded in slices
 while other collections' documents go ahead, and rag_chunk stops at a cancel or statement_timeout."""
 import os
+import signal
 import subprocess
 import time
 import unittest
@@ -13,6 +14,33 @@ from support import wait_until as wait_until_in
 
 DB = "rag_e2e_isolation"
 wait_until = partial(wait_until_in, db=DB)
+
+
+def memory_bomb_pdf():
+    """A 3 KB PDF whose object stream lists one array of a million elements 200 times."""
+    header = b" ".join(b"%d 0" % (100 + i) for i in range(200)) + b" "
+    data = zlib.compress(header + b"[" + b"0 " * 1_000_000 + b"]", 9)
+    bodies = [b"<< /Type /Catalog /Pages 2 0 R >>",
+              b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+              b"<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+              b"<< /Length 32 >>\nstream\nBT /F1 12 Tf 72 700 Td (x) Tj ET\nendstream",
+              b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+              b"<< /Type /ObjStm /N 200 /First %d /Length %d /Filter /FlateDecode >>\nstream\n" % (len(header), len(data))
+              + data + b"\nendstream"]
+    pdf = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(bodies, start=1):
+        offsets.append(len(pdf))
+        pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(pdf)
+    pdf += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1)
+    pdf += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    pdf += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(bodies) + 1, xref)
+    return bytes(pdf)
+
+
+def children_of(pid):
+    return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
 
 
 class Isolation(InItsOwnDatabase):
@@ -89,37 +117,27 @@ class Isolation(InItsOwnDatabase):
         builds gigabytes from it, which no size limit of the input bounds. Extraction runs in a child process
         with its own address-space limit, so the child ends, the caller gets an ERROR, and the server (and every
         other session) goes on; in the backend itself the failed allocation aborted the whole server."""
-        header = b" ".join(b"%d 0" % (100 + i) for i in range(200)) + b" "
-        data = zlib.compress(header + b"[" + b"0 " * 1_000_000 + b"]", 9)
-        bodies = [b"<< /Type /Catalog /Pages 2 0 R >>",
-                  b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-                  b"<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
-                  b"<< /Length 32 >>\nstream\nBT /F1 12 Tf 72 700 Td (x) Tj ET\nendstream",
-                  b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-                  b"<< /Type /ObjStm /N 200 /First %d /Length %d /Filter /FlateDecode >>\nstream\n" % (len(header), len(data))
-                  + data + b"\nendstream"]
-        pdf = bytearray(b"%PDF-1.7\n")
-        offsets = []
-        for number, body in enumerate(bodies, start=1):
-            offsets.append(len(pdf))
-            pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-        xref = len(pdf)
-        pdf += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1)
-        pdf += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-        pdf += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(bodies) + 1, xref)
+        pdf = memory_bomb_pdf()
         started_at = scalar("SELECT pg_postmaster_start_time()", db=DB)
-        code, _, stderr = psql(f"SELECT length(rag_extract_text('\\x{bytes(pdf).hex()}'::bytea, 'objects.pdf'));",
+        code, _, stderr = psql(f"SELECT length(rag_extract_text('\\x{pdf.hex()}'::bytea, 'objects.pdf'));",
                                db=DB, check=False)
         self.assertNotEqual(code, 0)
         self.assertIn("could not be extracted: it needed more than 2 GB of memory", stderr)
         self.assertNotIn("server closed the connection", stderr)
+        # A superuser's lower bound (rag.extraction_memory) is the child's.
+        code, _, stderr = psql(f"SET rag.extraction_memory = '256MB';\n"
+                               f"SELECT length(rag_extract_text('\\x{pdf.hex()}'::bytea, 'objects.pdf'));",
+                               db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("could not be extracted: it needed more than 256 MB of memory", stderr)
+        self.assertIn("a superuser may raise rag.extraction_memory", stderr)
         self.assertEqual(scalar("SELECT pg_postmaster_start_time()", db=DB), started_at)
         # A backend that ends with FATAL while its child extracts (here its client is gone: FATAL "connection to
         # client lost", which, unlike pg_terminate_backend, signals no one else) takes the child with it:
         # nothing runs on to its limits, orphaned.
         session = background_psql(f"SET application_name = 'extracting';\n"
                                   f"SET client_connection_check_interval = '100ms';\n"
-                                  f"SELECT length(rag_extract_text('\\x{bytes(pdf).hex()}'::bytea, 'objects.pdf'));",
+                                  f"SELECT length(rag_extract_text('\\x{pdf.hex()}'::bytea, 'objects.pdf'));",
                                   db=DB)
         try:
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = "
@@ -128,8 +146,7 @@ class Isolation(InItsOwnDatabase):
             children = []
             deadline = time.time() + 30
             while not children and time.time() < deadline:
-                children = subprocess.run(["pgrep", "-P", str(backend)], capture_output=True,
-                                          text=True).stdout.split()
+                children = children_of(backend)
                 time.sleep(0.05)
             self.assertTrue(children, "no extraction child appeared")
             session.kill()
@@ -142,6 +159,63 @@ class Isolation(InItsOwnDatabase):
             session.kill()
             session.communicate(timeout=60)
         self.assertEqual(scalar("SELECT pg_postmaster_start_time()", db=DB), started_at)
+
+    def test_extractions_beyond_the_limit_wait_for_a_slot(self):
+        """rag.max_concurrent_extractions bounds how many extraction children (each up to rag.extraction_memory)
+        run at once in the cluster: with 1, a second extraction waits (no child of its own, wait event
+        Extension) while the first one's child is held stopped; a cancel ends the wait, and the first
+        backend's end gives its slot back, so the next waiter goes on."""
+        pdf = memory_bomb_pdf()
+        waiting = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'slot_waiter' "
+                   "AND state = 'active' AND wait_event_type = 'Extension')")
+        harmless = ("SET application_name = 'slot_waiter';\n"
+                    "SELECT rag_extract_text(convert_to('the waiter''s text', 'UTF8'), 'waiter.txt');")
+        psql("ALTER SYSTEM SET rag.max_concurrent_extractions = 1;\nSELECT pg_reload_conf();", db="postgres")
+        sessions, stopped = [], []
+        try:
+            self.assertTrue(wait_until("SELECT current_setting('rag.max_concurrent_extractions') = '1'"))
+            sessions.append(background_psql("SET application_name = 'slot_holder';\n"
+                                            "SET client_connection_check_interval = '100ms';\n"
+                                            f"SELECT length(rag_extract_text('\\x{pdf.hex()}'::bytea, 'objects.pdf'));",
+                                            db=DB))
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = "
+                                       "'slot_holder' AND state = 'active')", seconds=30))
+            holder = int(scalar("SELECT pid FROM pg_stat_activity WHERE application_name = 'slot_holder'", db=DB))
+            deadline = time.time() + 30
+            while not stopped and time.time() < deadline:
+                for child in children_of(holder):
+                    os.kill(int(child), signal.SIGSTOP)
+                    stopped.append(int(child))
+                time.sleep(0.01)
+            self.assertTrue(stopped, "the holder's extraction child never appeared")
+
+            sessions.append(background_psql(harmless, db=DB))
+            self.assertTrue(wait_until(waiting, seconds=30), "the second extraction did not wait for a slot")
+            waiter = int(scalar("SELECT pid FROM pg_stat_activity WHERE application_name = 'slot_waiter'", db=DB))
+            time.sleep(0.5)
+            self.assertEqual(scalar(waiting, db=DB), "t")
+            self.assertEqual(children_of(waiter), [], "a waiting extraction started its child")
+            psql(f"SELECT pg_cancel_backend({waiter})", db=DB)
+            _, stderr = sessions[-1].communicate(timeout=30)
+            self.assertIn("canceling statement due to user request", stderr)
+
+            sessions.append(background_psql(harmless, db=DB))
+            self.assertTrue(wait_until(waiting, seconds=30))
+            psql(f"SELECT pg_terminate_backend({holder})", db=DB)
+            stdout, stderr = sessions[-1].communicate(input="", timeout=30)
+            self.assertIn("the waiter's text", stdout, stderr)
+            deadline = time.time() + 10
+            while any(os.path.exists(f"/proc/{child}") for child in stopped) and time.time() < deadline:
+                time.sleep(0.1)
+            self.assertFalse([child for child in stopped if os.path.exists(f"/proc/{child}")],
+                             "the stopped child outlived its backend")
+        finally:
+            psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE application_name IN ('slot_holder', 'slot_waiter')", db=DB)
+            for session in sessions:
+                session.kill()
+                session.communicate(timeout=60)
+            psql("ALTER SYSTEM RESET rag.max_concurrent_extractions;\nSELECT pg_reload_conf();", db="postgres")
 
 
 if __name__ == "__main__":

@@ -198,6 +198,11 @@ pub enum ExtractError {
         /// The format of the document.
         format: Format,
     },
+    /// The process could not get the memory or the thread the extraction needs (it runs under a memory bound).
+    OutOfResources {
+        /// What could not be had.
+        detail: String,
+    },
 }
 
 impl ExtractError {
@@ -215,6 +220,7 @@ impl ExtractError {
             }
             ExtractError::Encoding { .. } => Some("re-save the file as UTF-8"),
             ExtractError::TooDeep { .. } => Some("the file is nested unusually deeply; it may be malicious"),
+            ExtractError::OutOfResources { .. } => Some("the extraction had too little memory; try again, or split the file"),
             ExtractError::Empty | ExtractError::NoText { .. } => None,
         }
     }
@@ -253,6 +259,9 @@ impl fmt::Display for ExtractError {
             }
             ExtractError::Empty => f.write_str("document is empty (0 bytes)"),
             ExtractError::NoText { format } => write!(f, "{format} document contains no text"),
+            ExtractError::OutOfResources { detail } => {
+                write!(f, "not enough memory to extract the document: {detail}")
+            }
         }
     }
 }

@@ -40,11 +40,8 @@ pub(crate) fn extract(data: &[u8], limits: &Limits) -> Result<Vec<Section>, Extr
             }
             Ok(sections)
         })
-        .map_err(|e| {
-            ExtractError::corrupt(
-                Format::Pdf,
-                format!("cannot start the PDF parser thread: {e}"),
-            )
+        .map_err(|e| ExtractError::OutOfResources {
+            detail: format!("cannot start the PDF parser thread: {e}"),
         })?;
         worker.join().unwrap_or_else(|_| {
             Err(ExtractError::corrupt(

@@ -1,0 +1,112 @@
+//! How many file extractions run at once in the whole cluster (`rag.max_concurrent_extractions`). Each runs in
+//! a child process that may take `rag.extraction_memory`; without a bound, N sessions extracting hostile files
+//! at once take N times that, and the kernel's OOM killer may then pick a backend and so restart the cluster.
+//! A slot holds the pid of the backend extracting; a backend finding every slot taken waits on its latch
+//! (`wait_event` Extension in pg_stat_activity), where a cancel or statement_timeout ends the wait.
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PgAtomic};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The most `rag.max_concurrent_extractions` may be: the slots that exist in shared memory.
+pub const MOST_SLOTS: usize = 64;
+
+// SAFETY: PgAtomic::new only names the shared-memory segment; init_shared_memory attaches it while the library
+// is preloaded, and every access checks crate::worker::registry::available() first (both are set up in the
+// same _PG_init branch).
+static SLOT_HOLDER: PgAtomic<[AtomicI32; MOST_SLOTS]> =
+    unsafe { PgAtomic::new(c"rag_extraction_slot_holder") };
+
+/// The slot this process holds (-1: none), for the exit callback: a backend that ends with FATAL leaves
+/// through proc_exit, where no guard runs.
+static HELD_SLOT: AtomicI32 = AtomicI32::new(-1);
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(SLOT_HOLDER = std::array::from_fn(|_| AtomicI32::new(0)));
+}
+
+/// A slot this backend holds until dropped.
+pub struct ExtractionSlot {
+    slot: Option<usize>,
+}
+
+impl Drop for ExtractionSlot {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            release(slot);
+        }
+    }
+}
+
+fn release(slot: usize) {
+    // SAFETY: getpid never fails.
+    let me = unsafe { libc::getpid() };
+    // Only our own claim is cleared: a slot reclaimed from us (it cannot be while we live) stays its holder's.
+    let _ = SLOT_HOLDER.get()[slot].compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    HELD_SLOT.store(-1, Ordering::SeqCst);
+}
+
+/// Releases the slot of a backend that exits while extracting; called from the extraction's exit callback.
+pub fn release_at_exit() {
+    let slot = HELD_SLOT.load(Ordering::SeqCst);
+    if slot >= 0 && crate::worker::registry::available() {
+        release(slot as usize);
+    }
+}
+
+/// True when `pid` names no process: a holder that died without releasing (it cannot, short of a crash, which
+/// makes the postmaster start shared memory afresh) does not keep its slot.
+fn is_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 checks only that the process exists; backends all run as the same user.
+    unsafe {
+        libc::kill(pid, 0) != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
+}
+
+fn try_claim(limit: usize, me: i32) -> Option<usize> {
+    let holders = SLOT_HOLDER.get();
+    for (slot, holder) in holders.iter().enumerate().take(limit) {
+        let current = holder.load(Ordering::SeqCst);
+        if (current == 0 || (current != me && is_gone(current)))
+            && holder
+                .compare_exchange(current, me, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// Waits for a free slot among the first `rag.max_concurrent_extractions`. Where rag is not preloaded there is
+/// no shared memory to count in, and the extraction runs unbounded (as the README says).
+pub fn acquire() -> ExtractionSlot {
+    const WAIT_MS: std::ffi::c_long = 20;
+    if !crate::worker::registry::available() {
+        return ExtractionSlot { slot: None };
+    }
+    // SAFETY: getpid never fails.
+    let me = unsafe { libc::getpid() };
+    loop {
+        // Each backend counts against the limit it has read, and a backend reads a reloaded configuration
+        // between statements: just after a change the bound is the larger of the old and the new value.
+        let limit =
+            (crate::settings::MAX_CONCURRENT_EXTRACTIONS.get().max(1) as usize).min(MOST_SLOTS);
+        if let Some(slot) = try_claim(limit, me) {
+            HELD_SLOT.store(slot as i32, Ordering::SeqCst);
+            return ExtractionSlot { slot: Some(slot) };
+        }
+        // SAFETY: waiting on this backend's own latch with a timeout, as any backend may; the latch is reset
+        // before interrupts are checked, so a signal that set it is not lost.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                WAIT_MS,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
