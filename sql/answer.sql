@@ -183,7 +183,8 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+                     AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
+                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -211,7 +212,8 @@ BEGIN
 END $$;
 
 -- The ledger per collection and day: what the service did, how often it refused, how fast, at what cost.
-CREATE VIEW rag.ledger_daily AS
+-- A security barrier, as rag.status is.
+CREATE VIEW rag.ledger_daily WITH (security_barrier) AS
 SELECT collection,
        date_trunc('day', created_at)::date AS day,
        count(*) AS calls,

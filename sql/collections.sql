@@ -752,6 +752,11 @@ BEGIN
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
     PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
+    IF reranker IS NOT NULL AND (reranker_provider IS DISTINCT FROM c.reranker_provider OR c.reranker IS NULL) THEN
+        -- Every search's candidates would go there, rows of watched tables among them.
+        PERFORM rag._require_collection_whole_for(c.id, reranker_provider,
+                                                  format('rerank collection "%s" with provider "%s"', c.name, reranker_provider));
+    END IF;
     UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
            rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance,
            min_lead = rag_set_reranker.min_lead, reranker_provider = rag_set_reranker.reranker_provider
@@ -789,6 +794,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
     END IF;
     v_provider := coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider);
+    IF v_provider IS DISTINCT FROM c.embedding_provider THEN
+        -- The worker sends every chunk there, rows of watched tables among them.
+        PERFORM rag._require_collection_whole_for(c.id, v_provider,
+                                                  format('embed collection "%s" with provider "%s"', c.name, v_provider));
+    END IF;
     -- The new model's own prefixes (or the settings', when set), as rag_create_collection chooses them.
     SELECT coalesce(nullif(rag._setting('rag.document_prefix'), ''), m.document_prefix),
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)

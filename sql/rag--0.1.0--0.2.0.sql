@@ -249,6 +249,43 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
      WHERE r.rolname = p_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege)
 $$;
 
+CREATE OR REPLACE FUNCTION rag._collections_held_whole(p_role name) RETURNS integer[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_whole integer[] := rag._watches_readable_whole(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id), '{}')
+              FROM rag.collections c
+             WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+                                WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
+                                  AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._require_collection_whole_for(p_collection_id integer, p_provider text, p_action text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_caller name := rag._calling_role();
+    v_table regclass;
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.providers p
+                WHERE p.name = p_provider
+                  AND (p.kind = 'local' OR p.created_by IS NULL
+                       OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
+       OR p_collection_id = ANY (rag._collections_held_whole(v_caller)) THEN
+        RETURN;
+    END IF;
+    SELECT w.source INTO v_table FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+     WHERE w.collection_id = p_collection_id AND NOT w.id = ANY (rag._watches_readable_whole(v_caller))
+       AND NOT pg_catalog.pg_has_role(v_caller, t.relowner, 'USAGE')
+     ORDER BY w.id LIMIT 1;
+    RAISE EXCEPTION 'permission denied to %', p_action
+        USING ERRCODE = 'insufficient_privilege',
+              DETAIL = format('The collection indexes rows of %s that %s may not read, and provider "%s" would be sent them.',
+                              v_table, v_caller, p_provider),
+              HINT = format('The owner of %s, or a superuser, may do it; or use a provider a superuser made.', v_table);
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._require_privilege(p_collection_id integer, p_privilege text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -289,12 +326,16 @@ COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with 
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+    USING (role = current_user
+           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
 
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+    USING (owner = current_user
+           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
 
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 
@@ -311,7 +352,7 @@ BEGIN
               FROM rag.chunks ch WHERE ch.collection_id = p_collection_id);
 END $$;
 
-CREATE OR REPLACE VIEW rag.status AS
+CREATE OR REPLACE VIEW rag.status WITH (security_barrier) AS
 SELECT c.name AS collection,
        c.embedding_provider,
        c.embedding_model,
@@ -1327,6 +1368,11 @@ BEGIN
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
     PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
+    IF reranker IS NOT NULL AND (reranker_provider IS DISTINCT FROM c.reranker_provider OR c.reranker IS NULL) THEN
+        -- Every search's candidates would go there, rows of watched tables among them.
+        PERFORM rag._require_collection_whole_for(c.id, reranker_provider,
+                                                  format('rerank collection "%s" with provider "%s"', c.name, reranker_provider));
+    END IF;
     UPDATE rag.collections u SET reranker = rag_set_reranker.reranker,
            rerank_candidates = rag_set_reranker.rerank_candidates, min_relevance = rag_set_reranker.min_relevance,
            min_lead = rag_set_reranker.min_lead, reranker_provider = rag_set_reranker.reranker_provider
@@ -1358,6 +1404,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it NULL to learn it from the first embedding.';
     END IF;
     v_provider := coalesce(rag_set_embedding_model.embedding_provider, c.embedding_provider);
+    IF v_provider IS DISTINCT FROM c.embedding_provider THEN
+        -- The worker sends every chunk there, rows of watched tables among them.
+        PERFORM rag._require_collection_whole_for(c.id, v_provider,
+                                                  format('embed collection "%s" with provider "%s"', c.name, v_provider));
+    END IF;
     -- The new model's own prefixes (or the settings', when set), as rag_create_collection chooses them.
     SELECT coalesce(nullif(rag._setting('rag.document_prefix'), ''), m.document_prefix),
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
@@ -2907,7 +2958,8 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     IF NOT FOUND OR (v.owner <> rag._calling_role()
-                     AND NOT v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))) THEN
+                     AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
+                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -2934,7 +2986,7 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-CREATE OR REPLACE VIEW rag.ledger_daily AS
+CREATE OR REPLACE VIEW rag.ledger_daily WITH (security_barrier) AS
 SELECT collection,
        date_trunc('day', created_at)::date AS day,
        count(*) AS calls,
@@ -3969,7 +4021,7 @@ LANGUAGE sql AS $$
      WHERE id = p_row_queue_id;
 $$;
 
-CREATE OR REPLACE VIEW rag.watch_status AS
+CREATE OR REPLACE VIEW rag.watch_status WITH (security_barrier) AS
 SELECT w.source_name AS source,
        c.name AS collection,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
@@ -4307,7 +4359,7 @@ BEGIN
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
-            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_privilege_rank',
+            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
@@ -4315,7 +4367,7 @@ BEGIN
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
                                'rag_set_search',
-                               '_validate_reranker',
+                               '_validate_reranker', '_require_collection_whole_for',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only

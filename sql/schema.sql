@@ -321,6 +321,51 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
      WHERE r.rolname = p_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege)
 $$;
 
+-- The collections every row of which p_role may read: for each table the collection watches, p_role has the
+-- privileges of its owner (the worker reads it as them) or may read it whole (rag._watches_readable_whole). An
+-- admin of a collection is not trusted with the rows of another owner's table that its row-level security or
+-- column privileges keep from them: the ledger's answers and the choice of where the collection's texts are
+-- sent (a provider of the admin's choosing would be sent every chunk) follow this.
+CREATE FUNCTION rag._collections_held_whole(p_role name) RETURNS integer[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_whole integer[] := rag._watches_readable_whole(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id), '{}')
+              FROM rag.collections c
+             WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+                                WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
+                                  AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
+END $$;
+
+-- Raises unless the caller may read every row of the collection, when p_provider is one that sends text to a
+-- server a role other than a superuser chose (rag_create_provider). In-process models and the providers a
+-- superuser made (the defaults among them) are the server's own destinations.
+CREATE FUNCTION rag._require_collection_whole_for(p_collection_id integer, p_provider text, p_action text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_caller name := rag._calling_role();
+    v_table regclass;
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.providers p
+                WHERE p.name = p_provider
+                  AND (p.kind = 'local' OR p.created_by IS NULL
+                       OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
+       OR p_collection_id = ANY (rag._collections_held_whole(v_caller)) THEN
+        RETURN;
+    END IF;
+    SELECT w.source INTO v_table FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+     WHERE w.collection_id = p_collection_id AND NOT w.id = ANY (rag._watches_readable_whole(v_caller))
+       AND NOT pg_catalog.pg_has_role(v_caller, t.relowner, 'USAGE')
+     ORDER BY w.id LIMIT 1;
+    RAISE EXCEPTION 'permission denied to %', p_action
+        USING ERRCODE = 'insufficient_privilege',
+              DETAIL = format('The collection indexes rows of %s that %s may not read, and provider "%s" would be sent them.',
+                              v_table, v_caller, p_provider),
+              HINT = format('The owner of %s, or a superuser, may do it; or use a provider a superuser made.', v_table);
+END $$;
+
 -- Raises unless the caller holds p_privilege on the collection. The caller's oid is looked up once, into a
 -- variable: passed to the check as a subquery, it made every call cost about half of what rag_ingest did
 -- (BENCHMARKS.md §3).
@@ -428,13 +473,17 @@ CREATE TABLE rag.messages (
 );
 
 -- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
--- see all of that collection's.
+-- see all of that collection's when they may read every row it indexes (an answer quotes rows the asker saw).
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+    USING (role = current_user
+           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user OR collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[]));
+    USING (owner = current_user
+           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
     USING (conversation_id IN (SELECT c.id FROM rag.conversations c));
@@ -455,7 +504,9 @@ BEGIN
               FROM rag.chunks ch WHERE ch.collection_id = p_collection_id);
 END $$;
 
-CREATE VIEW rag.status AS
+-- A security barrier: the view runs as its owner, so its WHERE is all that keeps other roles' collections out,
+-- and a caller's own function in a WHERE of theirs must not see a row before it.
+CREATE VIEW rag.status WITH (security_barrier) AS
 SELECT c.name AS collection,
        c.embedding_provider,
        c.embedding_model,

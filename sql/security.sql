@@ -223,7 +223,7 @@ BEGIN
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
-            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_privilege_rank',
+            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
@@ -231,7 +231,7 @@ BEGIN
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
                                'rag_set_search',
-                               '_validate_reranker',
+                               '_validate_reranker', '_require_collection_whole_for',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only

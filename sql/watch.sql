@@ -1127,7 +1127,8 @@ LANGUAGE sql AS $$
 $$;
 
 -- Per watched table: rows indexed, chunks, pending and failed, last error (Drupal's status page by type).
-CREATE VIEW rag.watch_status AS
+-- A security barrier, as rag.status is.
+CREATE VIEW rag.watch_status WITH (security_barrier) AS
 SELECT w.source_name AS source,
        c.name AS collection,
        (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,

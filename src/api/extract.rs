@@ -287,6 +287,8 @@ fn extract_in_child(
         if libc::getppid() != parent {
             libc::_exit(1);
         }
+        // Named apart from its backend (ps and top show `rag extract`; its command line stays the backend's).
+        libc::prctl(libc::PR_SET_NAME, c"rag extract".as_ptr());
         // No core file of a child that runs out of memory: it would hold the shared buffers it maps.
         let no_core = libc::rlimit {
             rlim_cur: 0,

@@ -1,11 +1,13 @@
 //! How many file extractions run at once in the whole cluster (`rag.max_concurrent_extractions`). Each runs in
 //! a child process that may take `rag.extraction_memory`; without a bound, N sessions extracting hostile files
 //! at once take N times that, and the kernel's OOM killer may then pick a backend and so restart the cluster.
-//! A slot holds the pid of the backend extracting; a backend finding every slot taken waits on its latch
-//! (`wait_event` Extension in pg_stat_activity), where a cancel or statement_timeout ends the wait.
+//! A slot holds the pid of the backend extracting and the role it acts as; a backend finding every slot taken,
+//! or its role holding half of them already, waits on its latch (`wait_event` Extension in pg_stat_activity),
+//! where a cancel or statement_timeout ends the wait. The share per role keeps one role's hostile files, in as
+//! many sessions as it likes, from holding every other role's extractions back.
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// The most `rag.max_concurrent_extractions` may be: the slots that exist in shared memory.
 pub const MOST_SLOTS: usize = 64;
@@ -15,6 +17,11 @@ pub const MOST_SLOTS: usize = 64;
 // same _PG_init branch).
 static SLOT_HOLDER: PgAtomic<[AtomicI32; MOST_SLOTS]> =
     unsafe { PgAtomic::new(c"rag_extraction_slot_holder") };
+/// The role (PostgreSQL's outer user: the session's, whatever SECURITY DEFINER function runs) of each holder;
+/// written after the pid is claimed and cleared before it is given back.
+// SAFETY: see SLOT_HOLDER.
+static SLOT_ROLE: PgAtomic<[AtomicU32; MOST_SLOTS]> =
+    unsafe { PgAtomic::new(c"rag_extraction_slot_role") };
 
 /// The slot this process holds (-1: none), for the exit callback: a backend that ends with FATAL leaves
 /// through proc_exit, where no guard runs.
@@ -22,6 +29,7 @@ static HELD_SLOT: AtomicI32 = AtomicI32::new(-1);
 
 pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_HOLDER = std::array::from_fn(|_| AtomicI32::new(0)));
+    pg_shmem_init!(SLOT_ROLE = std::array::from_fn(|_| AtomicU32::new(0)));
 }
 
 /// A slot this backend holds until dropped.
@@ -41,7 +49,10 @@ fn release(slot: usize) {
     // SAFETY: getpid never fails.
     let me = unsafe { libc::getpid() };
     // Only our own claim is cleared: a slot reclaimed from us (it cannot be while we live) stays its holder's.
-    let _ = SLOT_HOLDER.get()[slot].compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    if SLOT_HOLDER.get()[slot].load(Ordering::SeqCst) == me {
+        SLOT_ROLE.get()[slot].store(0, Ordering::SeqCst);
+        let _ = SLOT_HOLDER.get()[slot].compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
     HELD_SLOT.store(-1, Ordering::SeqCst);
 }
 
@@ -63,17 +74,38 @@ fn is_gone(pid: i32) -> bool {
     }
 }
 
-fn try_claim(limit: usize, me: i32) -> Option<usize> {
+/// The most slots one role may hold: half of them, rounded up (all of one).
+fn share_per_role(limit: usize) -> usize {
+    limit.div_ceil(2)
+}
+
+/// Claims a free slot among the first `limit`, then counts the role's holders: over its share, it gives the slot
+/// back. Each claimant writes its role before counting, so of two racing for the role's last share the later
+/// writer sees the earlier one and yields, and neither can take the role past its share.
+fn try_claim(limit: usize, me: i32, role: u32) -> Option<usize> {
     let holders = SLOT_HOLDER.get();
-    for (slot, holder) in holders.iter().enumerate().take(limit) {
-        let current = holder.load(Ordering::SeqCst);
-        if (current == 0 || (current != me && is_gone(current)))
-            && holder
+    let roles = SLOT_ROLE.get();
+    for slot in 0..limit {
+        let current = holders[slot].load(Ordering::SeqCst);
+        if !((current == 0 || (current != me && is_gone(current)))
+            && holders[slot]
                 .compare_exchange(current, me, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
+                .is_ok())
         {
-            return Some(slot);
+            continue;
         }
+        roles[slot].store(role, Ordering::SeqCst);
+        let held_by_role = (0..MOST_SLOTS)
+            .filter(|&other| {
+                roles[other].load(Ordering::SeqCst) == role
+                    && holders[other].load(Ordering::SeqCst) != 0
+            })
+            .count();
+        if held_by_role > share_per_role(limit) {
+            release(slot);
+            return None;
+        }
+        return Some(slot);
     }
     None
 }
@@ -85,14 +117,14 @@ pub fn acquire() -> ExtractionSlot {
     if !crate::worker::registry::available() {
         return ExtractionSlot { slot: None };
     }
-    // SAFETY: getpid never fails.
-    let me = unsafe { libc::getpid() };
+    // SAFETY: getpid never fails; GetOuterUserId reads a backend global set when the session started.
+    let (me, role) = unsafe { (libc::getpid(), u32::from(pg_sys::GetOuterUserId())) };
     loop {
         // Each backend counts against the limit it has read, and a backend reads a reloaded configuration
         // between statements: just after a change the bound is the larger of the old and the new value.
         let limit =
             (crate::settings::MAX_CONCURRENT_EXTRACTIONS.get().max(1) as usize).min(MOST_SLOTS);
-        if let Some(slot) = try_claim(limit, me) {
+        if let Some(slot) = try_claim(limit, me, role) {
             HELD_SLOT.store(slot as i32, Ordering::SeqCst);
             return ExtractionSlot { slot: Some(slot) };
         }

@@ -43,6 +43,14 @@ def children_of(pid):
     return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
 
 
+def process_name(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return None
+
+
 class Isolation(InItsOwnDatabase):
     DB = DB
 
@@ -163,14 +171,16 @@ class Isolation(InItsOwnDatabase):
     def test_extractions_beyond_the_limit_wait_for_a_slot(self):
         """rag.max_concurrent_extractions bounds how many extraction children (each up to rag.extraction_memory)
         run at once in the cluster: with 1, a second extraction waits (no child of its own, wait event
-        Extension) while the first one's child is held stopped; a cancel ends the wait, and the first
-        backend's end gives its slot back, so the next waiter goes on."""
+        Extension) while the first one's child is held stopped; a cancel ends the wait; with 2, one role holds at
+        most one slot while another role's extraction goes ahead; and the first backend's end gives its slot
+        back, so the waiter goes on."""
         pdf = memory_bomb_pdf()
         waiting = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'slot_waiter' "
                    "AND state = 'active' AND wait_event_type = 'Extension')")
         harmless = ("SET application_name = 'slot_waiter';\n"
                     "SELECT rag_extract_text(convert_to('the waiter''s text', 'UTF8'), 'waiter.txt');")
         psql("ALTER SYSTEM SET rag.max_concurrent_extractions = 1;\nSELECT pg_reload_conf();", db="postgres")
+        psql("DROP ROLE IF EXISTS rag_slot_other;\nCREATE ROLE rag_slot_other IN ROLE rag_reader;", db=DB)
         sessions, stopped = [], []
         try:
             self.assertTrue(wait_until("SELECT current_setting('rag.max_concurrent_extractions') = '1'"))
@@ -184,10 +194,12 @@ class Isolation(InItsOwnDatabase):
             deadline = time.time() + 30
             while not stopped and time.time() < deadline:
                 for child in children_of(holder):
-                    os.kill(int(child), signal.SIGSTOP)
-                    stopped.append(int(child))
+                    # Named once it runs (ps and top show it apart from its backend).
+                    if process_name(child) == "rag extract":
+                        os.kill(int(child), signal.SIGSTOP)
+                        stopped.append(int(child))
                 time.sleep(0.01)
-            self.assertTrue(stopped, "the holder's extraction child never appeared")
+            self.assertTrue(stopped, "the holder's extraction child never appeared under its name")
 
             sessions.append(background_psql(harmless, db=DB))
             self.assertTrue(wait_until(waiting, seconds=30), "the second extraction did not wait for a slot")
@@ -199,8 +211,17 @@ class Isolation(InItsOwnDatabase):
             _, stderr = sessions[-1].communicate(timeout=30)
             self.assertIn("canceling statement due to user request", stderr)
 
+            # With two slots, one role may hold one of them (half, rounded up): the holder's role waits again
+            # with a slot free, and another role's extraction goes ahead at once.
+            psql("ALTER SYSTEM SET rag.max_concurrent_extractions = 2;\nSELECT pg_reload_conf();", db="postgres")
+            self.assertTrue(wait_until("SELECT current_setting('rag.max_concurrent_extractions') = '2'"))
             sessions.append(background_psql(harmless, db=DB))
-            self.assertTrue(wait_until(waiting, seconds=30))
+            self.assertTrue(wait_until(waiting, seconds=30), "the holder's role took more than its share")
+            code, rows, stderr = psql("SET ROLE rag_slot_other;\n"
+                                      "SELECT rag_extract_text(convert_to('another role''s text', 'UTF8'), 'other.txt');",
+                                      db=DB, check=False, timeout=30)
+            self.assertEqual((code, rows), (0, [["another role's text"]]), stderr)
+            self.assertEqual(scalar(waiting, db=DB), "t")
             psql(f"SELECT pg_terminate_backend({holder})", db=DB)
             stdout, stderr = sessions[-1].communicate(input="", timeout=30)
             self.assertIn("the waiter's text", stdout, stderr)
@@ -216,6 +237,7 @@ class Isolation(InItsOwnDatabase):
                 session.kill()
                 session.communicate(timeout=60)
             psql("ALTER SYSTEM RESET rag.max_concurrent_extractions;\nSELECT pg_reload_conf();", db="postgres")
+            psql("DROP ROLE rag_slot_other;", db=DB)
 
 
 if __name__ == "__main__":

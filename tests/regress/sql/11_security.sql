@@ -924,6 +924,64 @@ SELECT length(rag_markdown_to_text(repeat('[', 200000) || 'x')) AS brackets,
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
+-- 7b. An admin of a collection by grant is not trusted with the rows of another owner's watched table that its
+-- row-level security keeps from them: they cannot send the collection's chunks to a provider of their own
+-- choosing (the worker would embed every chunk again there), nor have every search's candidates reranked by
+-- one, nor read the answers other roles got from those rows, in the ledger or in their conversations.
+SET ROLE sec_owner;
+SELECT rag_grant('tickets', 'sec_attacker', 'admin');
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT rag_conversation_start('tickets') AS reader_conversation \gset
+SELECT outcome FROM rag_ask('tickets', 'which printer is out of toner', k => 8, conversation => :reader_conversation);
+RESET ROLE;
+SELECT set_config('sec.reader_conversation', :'reader_conversation', false) IS NOT NULL AS noted;
+SET ROLE sec_attacker;
+SELECT rag_create_provider('admins-own', 'ollama', base_url => 'http://127.0.0.1:9') IS NULL AS created;
+SELECT rag_create_provider('admins-reranker', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
+SELECT rag_set_embedding_model('tickets', 'stolen', 8, 'admins-own');
+SELECT rag_set_reranker('tickets', 'stolen', reranker_provider => 'admins-reranker');
+-- Naming the provider with the reranker off sends nothing; turning it on afterwards is the same choice.
+SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'admins-reranker');
+SELECT rag_set_reranker('tickets', 'stolen');
+SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
+SELECT count(*) AS readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
+SELECT count(*) AS readers_conversations FROM rag.conversations WHERE owner = 'sec_reader';
+DO $$
+BEGIN
+    PERFORM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+EXCEPTION WHEN undefined_object THEN
+    RAISE NOTICE 'the reader''s conversation is not the admin''s to read';
+END $$;
+RESET ROLE;
+-- The table's owner may do all of it.
+SET ROLE sec_owner;
+SELECT count(*) > 0 AS owner_sees_readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
+SELECT count(*) AS owner_reads_readers_conversation FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+SELECT rag_set_reranker('tickets', 'stolen', reranker_provider => 'admins-reranker');
+SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
+SELECT rag_revoke('tickets', 'sec_attacker');
+RESET ROLE;
+SELECT rag_drop_provider('admins-own'), rag_drop_provider('admins-reranker');
+
+-- The status views run as their owner, so their WHERE is what keeps other roles' collections out; they are
+-- security barriers, so a function of the caller's in a WHERE of theirs sees only rows the view shows.
+SET ROLE sec_reader;
+CREATE TEMP TABLE sec_seen (seen text[]);
+GRANT INSERT ON sec_seen TO sec_attacker;
+CREATE FUNCTION pg_temp.sec_leak(VARIADIC text[]) RETURNS boolean LANGUAGE plpgsql COST 0.0000001
+AS $$BEGIN INSERT INTO pg_temp.sec_seen VALUES ($1); RETURN true; END$$;
+SELECT count(*) AS status_rows FROM rag.status WHERE pg_temp.sec_leak(collection, embedding_model);
+SELECT count(*) AS watch_status_rows FROM rag.watch_status WHERE pg_temp.sec_leak(source::text);
+RESET ROLE;
+SET ROLE sec_attacker;
+SELECT count(*) AS ledger_daily_rows FROM rag.ledger_daily WHERE pg_temp.sec_leak(collection);
+RESET ROLE;
+SELECT seen FROM pg_temp.sec_seen ORDER BY 1;
+SELECT relname, reloptions FROM pg_class
+ WHERE relnamespace = 'rag'::regnamespace AND relkind = 'v' ORDER BY 1;
+
+------------------------------------------------------------------------------------------------------------
 -- Publications. One FOR ALL TABLES, or given schema rag or one of its tables, would carry rag's own tables to its
 -- subscribers: the command runs, with a WARNING naming it. Publishing one's own tables by name or by schema
 -- draws none, and neither does an ALTER that leaves rag out; an ordinary role cannot publish rag's tables at all
