@@ -270,6 +270,52 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- Roles, as PostgreSQL treats the objects a role owns or is granted (rag's role columns are oids its
+-- dependency tracking does not see; src/api/roles.rs calls these from rag's utility hook, and no role may
+-- execute them). REASSIGN OWNED hands the old roles' collections to the new role, and gives a watched
+-- table's new owner what its watch's triggers need.
+CREATE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
+    PERFORM rag._grant_watch_owners();
+END $$;
+
+-- DROP OWNED takes back what the roles were granted on collections.
+CREATE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
+END $$;
+
+-- DROP ROLE of a role that owns a collection or holds a grant on one here is refused: the oid left behind
+-- would name whichever role a restore elsewhere gives it. Only this database can be seen from here.
+CREATE FUNCTION rag._refuse_drop_role(p_roles oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_role name;
+    v_owned text;
+    v_granted text;
+BEGIN
+    SELECT r.rolname,
+           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
+           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid)
+      INTO v_role, v_owned, v_granted
+      FROM pg_catalog.pg_roles r
+     WHERE r.oid = ANY (p_roles)
+       AND (EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
+            OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid))
+     ORDER BY r.rolname LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'role "%" cannot be dropped because collections of rag depend on it', v_role
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  DETAIL = concat_ws(E'\n', 'owner of collections ' || v_owned, 'privileges on collections ' || v_granted),
+                  HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, and DROP OWNED BY %I takes back its grants on them.',
+                                v_role, v_role);
+    END IF;
+END $$;
+
 CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE

@@ -550,7 +550,7 @@ BEGIN
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
                             char_end, tsv)
     SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+           t.char_start, t.char_end, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
            rag.collections c
@@ -679,7 +679,7 @@ BEGIN
         INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
-               to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
+               to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content)),
                -- real[] into the vector columns by pgvector's assignment cast.
                CASE c.vector_column WHEN 'embedding'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END,

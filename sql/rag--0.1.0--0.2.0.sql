@@ -91,11 +91,11 @@ REVOKE SELECT ON rag.queries FROM rag_admin;
 -- The worker builds each collection's GIN index when it is next idle (rag._repair_indexes).
 ALTER TABLE rag.collections
     ADD COLUMN search_mode text NOT NULL DEFAULT 'vector' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
-    ADD COLUMN text_search_config regconfig NOT NULL DEFAULT 'english';
+    ADD COLUMN text_search_config text NOT NULL DEFAULT 'english';
 ALTER TABLE rag.collections ALTER COLUMN search_mode SET DEFAULT 'hybrid';
 CREATE INDEX documents_by_collection ON rag.documents (collection_id);
 ALTER TABLE rag.chunks ADD COLUMN tsv tsvector;
-UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config, ch.content)
+UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config::regconfig, ch.content)
   FROM rag.collections c WHERE c.id = ch.collection_id;
 
 -- Reranking: collections made under 0.1.0 keep their behaviour (no reranker, the distance ceiling) until an admin
@@ -969,6 +969,45 @@ BEGIN
        AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
                             ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
     RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
+    PERFORM rag._grant_watch_owners();
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._refuse_drop_role(p_roles oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_role name;
+    v_owned text;
+    v_granted text;
+BEGIN
+    SELECT r.rolname,
+           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
+           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid)
+      INTO v_role, v_owned, v_granted
+      FROM pg_catalog.pg_roles r
+     WHERE r.oid = ANY (p_roles)
+       AND (EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
+            OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid))
+     ORDER BY r.rolname LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'role "%" cannot be dropped because collections of rag depend on it', v_role
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  DETAIL = concat_ws(E'\n', 'owner of collections ' || v_owned, 'privileges on collections ' || v_granted),
+                  HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, and DROP OWNED BY %I takes back its grants on them.',
+                                v_role, v_role);
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
@@ -2027,7 +2066,7 @@ BEGIN
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
                             char_end, tsv)
     SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+           t.char_start, t.char_end, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
            rag.collections c
@@ -2134,7 +2173,7 @@ BEGIN
         INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page,
                                 char_start, char_end, tsv, embedding, embedding_alt)
         SELECT t.document_id, c.id, t.ordinal, t.content, t.header, t.tokens, t.page, t.char_start, t.char_end,
-               to_tsvector(c.text_search_config, rag._with_header(t.header, t.content)),
+               to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content)),
                -- real[] into the vector columns by pgvector's assignment cast.
                CASE c.vector_column WHEN 'embedding'
                     THEN p_vectors[(t.n - 1) * p_dimensions + 1 : t.n * p_dimensions] END,
@@ -2399,7 +2438,7 @@ BEGIN
     IF v_exact THEN
         v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
     END IF;
-    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config::regconfig, p_question)) LOOP
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
                        c.id)
             INTO v_found USING rag._lexeme_query(v_lexeme), coalesce(v_bound, v_cap) + 1;
@@ -3252,6 +3291,34 @@ LANGUAGE sql STABLE AS $$
         ELSE 'statement' END
 $$;
 
+CREATE OR REPLACE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
+    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', p_owner);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._grant_watch_owners() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_owner name;
+BEGIN
+    FOR v_owner IN
+        SELECT DISTINCT r.rolname
+          FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+          JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+         WHERE NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
+            OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
+    LOOP
+        PERFORM rag._grant_watch_owner(v_owner);
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3383,15 +3450,7 @@ BEGIN
     -- as the watched table's owner and queue keys for this watch.
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
-    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
-    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
-    -- The owner runs the statement trigger that takes the keys; and restoring a dump of the table as its
-    -- owner creates the row trigger, which needs EXECUTE on its function (firing it needs none).
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', v_owner);
+    PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
         v_trigger := 'rag_watch_' || lower(v_event);
@@ -3991,7 +4050,7 @@ BEGIN
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
                             embedding, embedding_alt, tsv)
     SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
-           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection

@@ -186,7 +186,7 @@ BEGIN
     IF v_exact THEN
         v_bound := greatest(ceil(v_chunks * v_max_share)::bigint, 10);
     END IF;
-    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config, p_question)) LOOP
+    FOREACH v_lexeme IN ARRAY tsvector_to_array(to_tsvector(c.text_search_config::regconfig, p_question)) LOOP
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = %s AND ch.tsv @@ $1 LIMIT $2) m',
                        c.id)
             INTO v_found USING rag._lexeme_query(v_lexeme), coalesce(v_bound, v_cap) + 1;

@@ -59,7 +59,11 @@ CREATE TABLE rag.collections (
     -- 'keyword' use one of them; the distance ceiling applies in every mode. The text-search configuration
     -- turns chunks and questions into lexemes for the full-text side.
     search_mode        text NOT NULL DEFAULT 'hybrid' CHECK (search_mode IN ('hybrid', 'vector', 'keyword')),
-    text_search_config regconfig NOT NULL DEFAULT 'english',
+    -- A text search configuration's name, cast to regconfig where it is used: pg_upgrade refuses a table with a
+    -- regconfig column (its oids are not kept across an upgrade), and rag's are user tables to it. Written by
+    -- rag_create_collection from a regconfig under rag's own search_path, so a configuration outside
+    -- pg_catalog is schema-qualified and is read back the same way.
+    text_search_config text NOT NULL DEFAULT 'english',
     -- pgvector's hnsw.ef_search for this collection's searches (candidates the HNSW scan keeps: recall against
     -- latency); NULL: the server's setting.
     ef_search          integer CHECK (ef_search BETWEEN 1 AND 1000),

@@ -315,6 +315,39 @@ LANGUAGE sql STABLE AS $$
         ELSE 'statement' END
 $$;
 
+-- What a watched table's owner needs of rag to run the watch's triggers, which run as them: queue a batch,
+-- wake the worker, drop their rights for the expressions, take the statement's keys; and, restoring a dump of
+-- the table as its owner, create the row trigger (CREATE TRIGGER needs EXECUTE on its function).
+CREATE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
+    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', p_owner);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', p_owner);
+END $$;
+
+-- After REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that command): the watched tables'
+-- owners now may be roles rag_watch never granted to. Granted to no role.
+CREATE FUNCTION rag._grant_watch_owners() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_owner name;
+BEGIN
+    FOR v_owner IN
+        SELECT DISTINCT r.rolname
+          FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+          JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+         WHERE NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
+            OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
+    LOOP
+        PERFORM rag._grant_watch_owner(v_owner);
+    END LOOP;
+END $$;
+
 -- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
 -- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
 -- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
@@ -449,15 +482,7 @@ BEGIN
     -- as the watched table's owner and queue keys for this watch.
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
-    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', v_owner);
-    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', v_owner);
-    -- The owner runs the statement trigger that takes the keys; and restoring a dump of the table as its
-    -- owner creates the row trigger, which needs EXECUTE on its function (firing it needs none).
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', v_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', v_owner);
+    PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
         v_trigger := 'rag_watch_' || lower(v_event);
@@ -1095,7 +1120,7 @@ BEGIN
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
                             embedding, embedding_alt, tsv)
     SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
-           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config, rag._with_header(t.header, t.content))
+           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
            WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
       JOIN rag.collections c ON c.id = v_collection

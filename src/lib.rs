@@ -95,7 +95,13 @@ pub extern "C-unwind" fn _PG_init() {
     if pg::preloading() {
         worker::registry::init_shared_memory();
         api::extraction_slots::init_shared_memory();
-        worker::launcher::register();
+        // pg_upgrade runs both servers in binary-upgrade mode while it dumps the old cluster's schema and
+        // restores it into the new one: no worker may write to a database then (an object it made would take
+        // an oid the restore is about to assign, or change what is being dumped).
+        // SAFETY: a postmaster global, set from its command line before shared_preload_libraries are loaded.
+        if !unsafe { pg_sys::IsBinaryUpgrade } {
+            worker::launcher::register();
+        }
     }
 }
 

@@ -140,6 +140,34 @@ extern "C-unwind" {
     );
 }
 
+/// The oid of function `rag.<name>(argument_types)`, found in the catalog by schema, name and argument types as
+/// PostgreSQL finds a trigger's function: no privilege of the caller's is checked (rag calls such functions
+/// for roles without USAGE on its schema) and no search_path or type name is parsed. InvalidOid when the
+/// database has no such function (no rag, or its SQL older than the library).
+pub fn rag_function(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid]) -> pg_sys::Oid {
+    // SAFETY: catalog lookups by key inside a transaction; get_namespace_oid with missing_ok never raises,
+    // buildoidvector copies the array into a palloc'd vector, and the syscache reads the NUL-terminated name
+    // and the vector only for the call.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            return pg_sys::InvalidOid;
+        }
+        let arguments = pg_sys::buildoidvector(
+            argument_types.as_ptr(),
+            argument_types.len() as std::ffi::c_int,
+        );
+        pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as std::ffi::c_int,
+            pg_sys::Anum_pg_proc_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(name.as_ptr()),
+            pg_sys::Datum::from(arguments),
+            pg_sys::Datum::from(schema),
+            pg_sys::Datum::from(0),
+        )
+    }
+}
+
 static mut PREVIOUS_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 static mut SERVES_DATABASE_COMMANDS: bool = false;
 
@@ -180,6 +208,8 @@ unsafe extern "C-unwind" fn rag_process_utility(
         SERVES_DATABASE_COMMANDS && crate::worker::database_commands::before_command(pstmt);
     // SAFETY: as above.
     let is_copy = crate::api::watch_keys::is_copy(pstmt);
+    // SAFETY: as above.
+    crate::api::roles::before_command(pstmt);
     let next = PREVIOUS_PROCESS_UTILITY.unwrap_or(standard_process_utility_unguarded);
     // SAFETY: PostgreSQL's own arguments passed on unchanged to the next hook or to the standard
     // implementation, exactly as ProcessUtility() would have called it without us.
@@ -199,4 +229,6 @@ unsafe extern "C-unwind" fn rag_process_utility(
     if is_copy {
         crate::api::watch_keys::after_copy();
     }
+    // SAFETY: as above; the statement is the one that just ran.
+    crate::api::roles::after_command(pstmt);
 }

@@ -8,6 +8,7 @@ pub mod models;
 pub mod process;
 pub mod query;
 pub mod rerank;
+pub mod roles;
 pub mod search;
 pub mod watch;
 pub mod watch_keys;

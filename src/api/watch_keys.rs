@@ -229,26 +229,10 @@ fn queue_keys_since(subtransaction: pg_sys::SubTransactionId) -> Result<(), RagE
 /// write the table need not have USAGE on schema rag, and PostgreSQL's name lookup would require it), and no
 /// search_path or type name is parsed. An error when the extension's SQL is older than its library.
 fn queue_function() -> Result<pg_sys::Oid, RagError> {
-    let argument_types = [pg_sys::INT4OID, pg_sys::OIDOID, pg_sys::TEXTOID];
-    // SAFETY: catalog lookups by key inside the transaction; get_namespace_oid with missing_ok never raises,
-    // buildoidvector copies the array into a palloc'd vector, and the syscache reads the NUL-terminated name
-    // and the vector only for the call.
-    let function = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
-        if schema == pg_sys::InvalidOid {
-            pg_sys::InvalidOid
-        } else {
-            let arguments = pg_sys::buildoidvector(argument_types.as_ptr(), 3);
-            pg_sys::GetSysCacheOid(
-                pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as std::ffi::c_int,
-                pg_sys::Anum_pg_proc_oid as pg_sys::AttrNumber,
-                pg_sys::Datum::from(c"_queue_gathered_keys".as_ptr()),
-                pg_sys::Datum::from(arguments),
-                pg_sys::Datum::from(schema),
-                pg_sys::Datum::from(0),
-            )
-        }
-    };
+    let function = crate::pg::rag_function(
+        c"_queue_gathered_keys",
+        &[pg_sys::INT4OID, pg_sys::OIDOID, pg_sys::TEXTOID],
+    );
     if function == pg_sys::InvalidOid {
         return Err(RagError::undefined(
             "rag._queue_gathered_keys(integer, oid, text) does not exist, so the keys a watched partition \

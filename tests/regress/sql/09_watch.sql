@@ -609,3 +609,33 @@ DROP TABLE path_probe;
 SELECT rag_revoke('site', 'watch_reader');
 DROP OWNED BY watch_reader;
 DROP ROLE watch_reader;
+-- REASSIGN OWNED hands a watched table, and its watch's trigger functions, to another role: the new owner's
+-- writes are indexed as before. No event trigger fires for that command, so rag's utility hook grants the
+-- new owner what rag_watch granted the old one (before, every write failed: permission denied for schema rag),
+-- and hands over the old role's collections as well.
+CREATE ROLE watch_old_owner IN ROLE rag_admin;
+CREATE ROLE watch_new_owner;
+GRANT CREATE ON SCHEMA public TO watch_old_owner;
+SET ROLE watch_old_owner;
+SELECT rag_create_collection('handed-over', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE public.handed_over (id int PRIMARY KEY, body text);
+SELECT rag_watch('public.handed_over', 'handed-over', content => 'body') > 0 AS watching;
+RESET ROLE;
+-- The collection is the old owner's too: its role cannot be dropped while it owns one.
+DROP ROLE watch_old_owner;
+REASSIGN OWNED BY watch_old_owner TO watch_new_owner;
+SELECT owner FROM rag.collections WHERE name = 'handed-over';
+REVOKE CREATE ON SCHEMA public FROM watch_old_owner;
+DROP OWNED BY watch_old_owner;
+SET ROLE watch_new_owner;
+INSERT INTO public.handed_over VALUES (1, 'Handed over, still indexed.'), (2, 'Deleted by its new owner.');
+UPDATE public.handed_over SET body = 'Updated by its new owner.' WHERE id = 1;
+DELETE FROM public.handed_over WHERE id = 2;
+RESET ROLE;
+SELECT rag_wait('handed-over', '30 seconds') AS settled;
+SELECT source_key, body FROM rag.documents WHERE source = 'handed_over' ORDER BY 1;
+SELECT rag_unwatch('public.handed_over', drop_documents => true);
+SELECT rag_drop_collection('handed-over');
+DROP TABLE public.handed_over;
+DROP OWNED BY watch_new_owner;
+DROP ROLE watch_old_owner, watch_new_owner;

@@ -486,9 +486,14 @@ RESET ROLE;
 SELECT name, created_by FROM rag.providers WHERE name IN ('allowed', 'corporate', 'keyless', 'ollama') ORDER BY 1;
 SELECT rag_drop_provider('allowed'), rag_drop_provider('corporate');
 
--- A grant to a role that is dropped later grants nothing and breaks nothing for the others.
+-- A role holding a grant cannot be dropped, as PostgreSQL keeps a role that holds privileges: the oid left
+-- in rag.collection_grants would name whichever role a restore elsewhere gives that oid. DROP OWNED takes the
+-- grant back. (A grant whose role went anyway, dropped from another database, grants nothing and breaks
+-- nothing for the others.)
 CREATE ROLE sec_temporary IN ROLE rag_reader;
 SELECT rag_grant('owner-docs', 'sec_temporary', 'read');
+DROP ROLE sec_temporary;
+DROP OWNED BY sec_temporary;
 DROP ROLE sec_temporary;
 SELECT count(*) AS grants_to_dropped_roles
   FROM rag.collection_grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);

@@ -25,7 +25,7 @@ SELECT rag._with_header('Parking garage > Visitor spaces', 'Passes are returned.
        rag._with_header(NULL, 'Passes are returned.') AS alone;
 SELECT ch.ordinal,
        ch.embedding <=> rag_embed(rag._with_header(ch.header, ch.content), 'hash-384', c.embedding_provider) < 1e-6 AS embedded_with_header,
-       ch.tsv = to_tsvector(c.text_search_config, rag._with_header(ch.header, ch.content)) AS indexed_with_header
+       ch.tsv = to_tsvector(c.text_search_config::regconfig, rag._with_header(ch.header, ch.content)) AS indexed_with_header
   FROM rag.chunks ch JOIN rag.collections c ON c.id = ch.collection_id
  WHERE c.name = 'headers' ORDER BY ch.ordinal;
 -- So a word only the title says finds the chunks under it, not the opening (which does not say it either), and
