@@ -288,25 +288,26 @@ BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
 END $$;
 
--- DROP ROLE of a role that owns a collection or holds a grant on one here is refused: the oid left behind
--- would name whichever role a restore elsewhere gives it. Only this database can be seen from here.
-CREATE FUNCTION rag._refuse_drop_role(p_roles oid[]) RETURNS void
+-- DROP ROLE of a role that owns a collection or holds a grant on one here is undone: the oid left behind
+-- would name whichever role a restore elsewhere gives it. Called after the command, so only a caller whom
+-- PostgreSQL let drop the roles learns what depends on them; p_names are the dropped roles' names, which the
+-- catalog no longer has. Only this database can be seen from here.
+CREATE FUNCTION rag._refuse_drop_role(p_roles oid[], p_names text[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_role name;
+    v_role text;
     v_owned text;
     v_granted text;
 BEGIN
-    SELECT r.rolname,
+    SELECT r.name,
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
               FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid)
       INTO v_role, v_owned, v_granted
-      FROM pg_catalog.pg_roles r
-     WHERE r.oid = ANY (p_roles)
-       AND (EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
-            OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid))
-     ORDER BY r.rolname LIMIT 1;
+      FROM unnest(p_roles, p_names) AS r(oid, name)
+     WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
+        OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
+     ORDER BY r.name LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'role "%" cannot be dropped because collections of rag depend on it', v_role
             USING ERRCODE = 'dependent_objects_still_exist',

@@ -342,6 +342,18 @@ BEGIN
                                   AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
 END $$;
 
+-- Whether a provider sends text only where the server's administrators chose: in-process models, the
+-- extension's own ollama (rag.ollama_url, a superuser's setting) and providers a superuser created. Providers
+-- made under 0.1.0 have no creator on record (any rag_admin could make one then), so they do not count.
+CREATE FUNCTION rag._provider_is_the_servers(p_provider text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM rag.providers p
+                    WHERE p.name = p_provider
+                      AND (p.kind = 'local'
+                           OR (p.name = 'ollama' AND p.created_by IS NULL)
+                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
+$$;
+
 -- Raises unless the caller may read every row of the collection, when p_provider is one that sends text to a
 -- server a role other than a superuser chose (rag_create_provider). In-process models and the providers a
 -- superuser made (the defaults among them) are the server's own destinations.
@@ -352,11 +364,7 @@ DECLARE
     v_caller name := rag._calling_role();
     v_table regclass;
 BEGIN
-    IF EXISTS (SELECT 1 FROM rag.providers p
-                WHERE p.name = p_provider
-                  AND (p.kind = 'local' OR p.created_by IS NULL
-                       OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
-       OR p_collection_id = ANY (rag._collections_held_whole(v_caller)) THEN
+    IF rag._provider_is_the_servers(p_provider) OR p_collection_id = ANY (rag._collections_held_whole(v_caller)) THEN
         RETURN;
     END IF;
     SELECT w.source INTO v_table FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source

@@ -231,7 +231,7 @@ BEGIN
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
                                'rag_set_search',
-                               '_validate_reranker', '_require_collection_whole_for',
+                               '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'
             ELSE NULL  -- worker internals: superuser only

@@ -692,6 +692,36 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- Watching a table into a collection sends its rows wherever the collection's texts go: the embedding
+-- provider, a model change's new provider (in progress, seen only in rag.migrations) and a server's reranker.
+-- Each must be the server's own (rag._provider_is_the_servers) or made by a role whose privileges the table's
+-- owner has: an admin by grant may have chosen a provider of their own while the collection watched nothing.
+CREATE FUNCTION rag._require_providers_trusted_by(p_collection_id integer, p_role name, p_table text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_provider text;
+    v_creator name;
+BEGIN
+    SELECT p.name, p.created_by INTO v_provider, v_creator
+      FROM rag.collections c
+     CROSS JOIN LATERAL (VALUES (c.embedding_provider),
+                                (CASE WHEN c.reranker IS NOT NULL THEN c.reranker_provider END),
+                                ((SELECT m.embedding_provider FROM rag.migrations m WHERE m.collection_id = c.id))) v(name)
+      JOIN rag.providers p ON p.name = v.name
+     WHERE c.id = p_collection_id
+       AND NOT rag._provider_is_the_servers(p.name)
+       AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
+                AND pg_catalog.pg_has_role(p_role, p.created_by, 'USAGE'))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'watching % would send its rows to provider "%", which % chose', p_table, v_provider,
+                        coalesce(quote_ident(v_creator), 'a role on record nowhere')
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'A collection''s texts go to its embedding provider, to a model change''s new provider and to a server''s reranker.',
+                  HINT = 'Watch into a collection whose providers a superuser or you made (rag.collections and rag.migrations name them), or have a superuser create the provider.';
+    END IF;
+END $$;
+
 CREATE FUNCTION rag_watch(
     source     regclass,
     collection text,
@@ -733,6 +763,7 @@ BEGIN
         RAISE EXCEPTION 'only the owner of % may watch it', rag._table_name(source) USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
+    PERFORM rag._require_providers_trusted_by(v_collection, v_caller, rag._table_name(source));
     IF format NOT IN ('text', 'html', 'markdown') THEN
         RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
@@ -896,7 +927,24 @@ CREATE FUNCTION rag._on_alter_table() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_watch integer;
+    v_table text;
+    v_column text;
 BEGIN
+    -- A watch's expressions are kept as text: a column they read, renamed or dropped (CASCADE drops the
+    -- triggers that depend on it), would leave the watch failing every row from then on, seen only in
+    -- rag.watch_status. Refused, as PostgreSQL refuses to drop a column a view reads.
+    SELECT rag._table_name(w.source), col INTO v_table, v_column
+      FROM rag.watches w CROSS JOIN LATERAL unnest(w.read_columns) col
+     WHERE w.source IN (SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = w.source AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped)
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'column "%" of % is read by its watch', v_column, v_table
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  HINT = format('rag_unwatch(%L) first and rag_watch it again with the new names, or keep the column.', v_table);
+    END IF;
     FOR v_watch IN
         -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
         -- the parent); never inside an extension's script, which may not replace objects it does not own.
@@ -933,6 +981,19 @@ BEGIN
     LOOP
         PERFORM rag._watch_install(v_watch);
     END LOOP;
+    -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
+    -- "source" (the name is text there: it is what citations show).
+    WITH renamed AS (
+        UPDATE rag.watches w SET source_name = rag._table_name(w.source)
+         WHERE w.source IN (SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
+           AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
+        RETURNING w.id, w.source_name)
+    UPDATE rag.documents d
+       SET source = r.source_name,
+           metadata = CASE WHEN d.metadata ? 'source' THEN d.metadata || jsonb_build_object('source', r.source_name)
+                           ELSE d.metadata END
+      FROM renamed r WHERE d.watch_id = r.id;
 END $$;
 CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
 

@@ -140,31 +140,40 @@ extern "C-unwind" {
     );
 }
 
-/// The oid of function `rag.<name>(argument_types)`, found in the catalog by schema, name and argument types as
-/// PostgreSQL finds a trigger's function: no privilege of the caller's is checked (rag calls such functions
-/// for roles without USAGE on its schema) and no search_path or type name is parsed. InvalidOid when the
-/// database has no such function (no rag, or its SQL older than the library).
+/// The oid of function `rag.<name>(argument_types)` of the `rag` extension, found in the catalog by schema,
+/// name and argument types as PostgreSQL finds a trigger's function: no privilege of the caller's is checked
+/// (rag calls such functions for roles without USAGE on its schema, and they run as rag's owner) and no
+/// search_path or type name is parsed. InvalidOid when this database has no such member of the extension: a
+/// schema named `rag` that anyone with CREATE on a database made, holding a function of that name, is not
+/// rag's and is never called (it would run with the rights of whoever ran the command).
 pub fn rag_function(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid]) -> pg_sys::Oid {
-    // SAFETY: catalog lookups by key inside a transaction; get_namespace_oid with missing_ok never raises,
-    // buildoidvector copies the array into a palloc'd vector, and the syscache reads the NUL-terminated name
-    // and the vector only for the call.
+    // SAFETY: catalog lookups by key inside a transaction; get_extension_oid and get_namespace_oid with
+    // missing_ok never raise, buildoidvector copies the array into a palloc'd vector, and the syscache reads
+    // the NUL-terminated name and the vector only for the call; getExtensionOfObject reads pg_depend.
     unsafe {
+        let extension = pg_sys::get_extension_oid(c"rag".as_ptr(), true);
         let schema = pg_sys::get_namespace_oid(c"rag".as_ptr(), true);
-        if schema == pg_sys::InvalidOid {
+        if extension == pg_sys::InvalidOid || schema == pg_sys::InvalidOid {
             return pg_sys::InvalidOid;
         }
         let arguments = pg_sys::buildoidvector(
             argument_types.as_ptr(),
             argument_types.len() as std::ffi::c_int,
         );
-        pg_sys::GetSysCacheOid(
+        let function = pg_sys::GetSysCacheOid(
             pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as std::ffi::c_int,
             pg_sys::Anum_pg_proc_oid as pg_sys::AttrNumber,
             pg_sys::Datum::from(name.as_ptr()),
             pg_sys::Datum::from(arguments),
             pg_sys::Datum::from(schema),
             pg_sys::Datum::from(0),
-        )
+        );
+        if function == pg_sys::InvalidOid
+            || pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function) != extension
+        {
+            return pg_sys::InvalidOid;
+        }
+        function
     }
 }
 

@@ -3,51 +3,69 @@
 //! behind (a dump writes it as a number, and a restore elsewhere hands the collection to whichever role has
 //! that oid there), `REASSIGN OWNED` left collections and a watched table's queue rights with the old role,
 //! and `DROP OWNED` left its grants. rag's utility hook (`crate::pg`) shows every utility statement to
-//! [`before_command`] and [`after_command`]; each acts through a SQL function of rag's, called as
+//! [`before_command`] and [`after_command`]; each acts through a SQL function of the extension's, called as
 //! PostgreSQL calls a trigger function (granted to no role, it runs as rag's owner), and does nothing in a
 //! database without rag.
 use pgrx::prelude::*;
 use pgrx::PgList;
+use std::cell::RefCell;
 
-/// The oids of the roles a statement's list of `RoleSpec` names that exist.
+thread_local! {
+    // PostgreSQL runs a backend's SQL on one thread. The roles a DROP ROLE names, with their names, taken
+    // before it runs: once it has run, the catalog no longer knows them.
+    static DROPPING: RefCell<Vec<(pg_sys::Oid, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The roles a statement's list of `RoleSpec` names that exist, with their names. `PUBLIC` is left to
+/// PostgreSQL, which refuses it in these commands with its own error.
 ///
 /// # Safety
 /// `roles` is NULL or a valid List of RoleSpec nodes.
-unsafe fn role_oids(roles: *mut pg_sys::List) -> Vec<pg_sys::Oid> {
+unsafe fn named_roles(roles: *mut pg_sys::List) -> Vec<(pg_sys::Oid, String)> {
     PgList::<pg_sys::RoleSpec>::from_pg(roles)
         .iter_ptr()
-        .map(|role| pg_sys::get_rolespec_oid(role, true))
-        .filter(|oid| *oid != pg_sys::InvalidOid)
+        .filter(|role| (**role).roletype != pg_sys::RoleSpecType::ROLESPEC_PUBLIC)
+        .filter_map(|role| {
+            let oid = pg_sys::get_rolespec_oid(role, true);
+            let name = pg_sys::GetUserNameFromId(oid, true);
+            (oid != pg_sys::InvalidOid && !name.is_null()).then(|| {
+                (
+                    oid,
+                    std::ffi::CStr::from_ptr(name)
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            })
+        })
         .collect()
 }
 
-/// Calls `rag.<name>(oid[]…)` with the arrays given, when this database has it.
-fn call(name: &std::ffi::CStr, arguments: Vec<Vec<pg_sys::Oid>>, argument_types: &[pg_sys::Oid]) {
+/// Calls the extension's `rag.<name>` with the datums given, when this database has it.
+fn call(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid], arguments: &[pg_sys::Datum]) {
     let function = crate::pg::rag_function(name, argument_types);
     if function == pg_sys::InvalidOid {
         return;
     }
-    let datums: Vec<pg_sys::Datum> = arguments
-        .into_iter()
-        .map(|oids| oids.into_datum().expect("an array always makes a datum"))
-        .collect();
-    // SAFETY: `function` takes exactly these argument types (looked up by them) and returns void; its
-    // SECURITY DEFINER handler runs it as rag's owner with its pinned search_path.
+    // SAFETY: `function` is the extension's own, looked up by exactly these argument types, and returns void;
+    // its SECURITY DEFINER handler runs it as rag's owner with its pinned search_path.
     unsafe {
-        match datums.as_slice() {
+        match arguments {
             [first] => {
                 pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, *first);
             }
             [first, second] => {
                 pg_sys::OidFunctionCall2Coll(function, pg_sys::InvalidOid, *first, *second);
             }
-            _ => unreachable!("rag's role functions take one or two arrays"),
+            _ => unreachable!("rag's role functions take one or two arguments"),
         }
     }
 }
 
-/// Before a utility statement runs: `DROP ROLE` of a role that owns a collection or holds a grant on one in
-/// this database is refused, as PostgreSQL refuses to drop a role that owns objects.
+fn oid_array(oids: Vec<pg_sys::Oid>) -> pg_sys::Datum {
+    oids.into_datum().expect("an array always makes a datum")
+}
+
+/// Before a utility statement runs: notes the roles a `DROP ROLE` names, for [`after_command`].
 ///
 /// # Safety
 /// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
@@ -58,15 +76,15 @@ pub unsafe extern "C-unwind" fn before_command(pstmt: *mut pg_sys::PlannedStmt) 
     }
     let node = (*pstmt).utilityStmt;
     if (*node).type_ == pg_sys::NodeTag::T_DropRoleStmt {
-        let roles = role_oids((*(node as *mut pg_sys::DropRoleStmt)).roles);
-        if !roles.is_empty() {
-            call(c"_refuse_drop_role", vec![roles], &[pg_sys::OIDARRAYOID]);
-        }
+        let roles = named_roles((*(node as *mut pg_sys::DropRoleStmt)).roles);
+        DROPPING.with(|dropping| *dropping.borrow_mut() = roles);
     }
 }
 
-/// After a utility statement ran: `REASSIGN OWNED` hands the old roles' collections to the new role and
-/// grants a watched table's new owner what its watch's triggers need; `DROP OWNED` takes back the grants
+/// After a utility statement ran (so PostgreSQL has checked the caller may run it): `DROP ROLE` of a role
+/// that owns a collection or holds a grant on one in this database is undone with an ERROR, as PostgreSQL
+/// refuses to drop a role that owns objects; `REASSIGN OWNED` hands the old roles' collections to the new role
+/// and grants a watched table's new owner what its watch's triggers need; `DROP OWNED` takes back the grants
 /// the roles held on collections.
 ///
 /// # Safety
@@ -78,18 +96,39 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
     }
     let node = (*pstmt).utilityStmt;
     match (*node).type_ {
+        pg_sys::NodeTag::T_DropRoleStmt => {
+            let roles = DROPPING.with(|dropping| std::mem::take(&mut *dropping.borrow_mut()));
+            if !roles.is_empty() {
+                let (oids, names): (Vec<pg_sys::Oid>, Vec<String>) = roles.into_iter().unzip();
+                call(
+                    c"_refuse_drop_role",
+                    &[pg_sys::OIDARRAYOID, pg_sys::TEXTARRAYOID],
+                    &[
+                        oid_array(oids),
+                        names.into_datum().expect("an array always makes a datum"),
+                    ],
+                );
+            }
+        }
         pg_sys::NodeTag::T_ReassignOwnedStmt => {
             let statement = node as *mut pg_sys::ReassignOwnedStmt;
             let new_role = pg_sys::get_rolespec_oid((*statement).newrole, false);
+            let old_roles = named_roles((*statement).roles)
+                .into_iter()
+                .map(|(oid, _)| oid)
+                .collect();
             call(
                 c"_reassign_owned",
-                vec![role_oids((*statement).roles), vec![new_role]],
                 &[pg_sys::OIDARRAYOID, pg_sys::OIDARRAYOID],
+                &[oid_array(old_roles), oid_array(vec![new_role])],
             );
         }
         pg_sys::NodeTag::T_DropOwnedStmt => {
-            let roles = role_oids((*(node as *mut pg_sys::DropOwnedStmt)).roles);
-            call(c"_drop_owned", vec![roles], &[pg_sys::OIDARRAYOID]);
+            let roles = named_roles((*(node as *mut pg_sys::DropOwnedStmt)).roles)
+                .into_iter()
+                .map(|(oid, _)| oid)
+                .collect();
+            call(c"_drop_owned", &[pg_sys::OIDARRAYOID], &[oid_array(roles)]);
         }
         _ => {}
     }

@@ -83,6 +83,41 @@ class DatabaseCommands(unittest.TestCase):
         psql("DROP DATABASE rag_e2e_not_yours", db="postgres")
         psql("DROP ROLE rag_e2e_stranger", db="postgres")
 
+    def test_a_schema_named_rag_in_a_database_without_rag_is_never_called(self):
+        """rag's utility hook and its COPY path call rag's own functions by name without a privilege check, as
+        PostgreSQL calls a trigger's function. In a database without the extension, anyone with CREATE on it
+        can make a schema named rag holding functions of those names: they are not the extension's and must
+        never run, least of all as the superuser who runs REASSIGN OWNED / DROP OWNED / DROP ROLE in every
+        database to retire a role, as PostgreSQL's documentation says to."""
+        db = "rag_e2e_spoof"
+        drop_database(db)
+        psql(f"CREATE DATABASE {db}", db="postgres")
+        psql("DROP ROLE IF EXISTS rag_e2e_spoofer; CREATE ROLE rag_e2e_spoofer;"
+             "DROP ROLE IF EXISTS rag_e2e_retired; CREATE ROLE rag_e2e_retired;", db="postgres")
+        try:
+            psql(f"""
+                GRANT CREATE ON DATABASE {db} TO rag_e2e_spoofer;
+                SET ROLE rag_e2e_spoofer;
+                CREATE SCHEMA rag;
+                CREATE TABLE rag.calls (who name, function text);
+                GRANT INSERT ON rag.calls TO PUBLIC;
+                CREATE FUNCTION rag._drop_owned(oid[]) RETURNS void LANGUAGE sql
+                    AS $$ INSERT INTO rag.calls VALUES (current_user, '_drop_owned') $$;
+                CREATE FUNCTION rag._reassign_owned(oid[], oid[]) RETURNS void LANGUAGE sql
+                    AS $$ INSERT INTO rag.calls VALUES (current_user, '_reassign_owned') $$;
+                CREATE FUNCTION rag._refuse_drop_role(oid[], text[]) RETURNS void LANGUAGE sql
+                    AS $$ INSERT INTO rag.calls VALUES (current_user, '_refuse_drop_role') $$;
+                GRANT USAGE ON SCHEMA rag TO PUBLIC;
+                RESET ROLE;
+                REASSIGN OWNED BY rag_e2e_retired TO postgres;
+                DROP OWNED BY rag_e2e_retired;
+                DROP ROLE rag_e2e_retired;
+            """, db=db)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.calls", db=db), "0")
+        finally:
+            drop_database(db)
+            psql("DROP ROLE IF EXISTS rag_e2e_retired; DROP ROLE IF EXISTS rag_e2e_spoofer;", db="postgres")
+
     def test_rename_then_the_worker_comes_back(self):
         make_database("rag_e2e_rename_a")
         psql("DROP DATABASE IF EXISTS rag_e2e_rename_b WITH (FORCE)", db="postgres")

@@ -1,6 +1,7 @@
 """pg_upgrade carries a cluster that uses rag to a new data directory: its --check passes (no column of a type
-pg_upgrade refuses), no rag worker runs while the servers are in binary-upgrade mode, and the new cluster
-answers the same questions, grants the same reader, and keeps indexing its watched table. Old and new are
+pg_upgrade refuses; it refused the regconfig column rag had), the upgrade itself succeeds (rag starts no
+launcher in binary-upgrade mode, which this test does not observe directly), and the new cluster answers
+the same questions, grants the same reader, and keeps indexing its watched table. Old and new are
 the same major version here (the only binaries a test machine has), which runs every step pg_upgrade runs
 between two majors but the catalog conversion."""
 import os

@@ -39,7 +39,7 @@ SELECT count(*) - :documents_before AS documents_written FROM rag.documents;
 -- A file is extracted in a child process under rag.extraction_memory and rag.extraction_cpu_time, at most
 -- rag.max_concurrent_extractions at once in the cluster (tests/e2e/test_isolation.py tries them): only a
 -- superuser may raise the first two, and the third is the server's.
-SELECT name, setting, unit, context FROM pg_settings
+SELECT name, setting, unit, context, min_val, max_val FROM pg_settings
  WHERE name IN ('rag.max_concurrent_extractions', 'rag.extraction_memory', 'rag.extraction_cpu_time') ORDER BY name;
 CREATE ROLE rag_files_plain;
 SET ROLE rag_files_plain;
@@ -48,7 +48,6 @@ SET rag.extraction_cpu_time = '1h';
 SET rag.max_concurrent_extractions = 64;
 RESET ROLE;
 DROP ROLE rag_files_plain;
-SET rag.extraction_memory = '64MB';
 SET rag.extraction_memory = '256MB';
 SELECT position('They push the human race forward.' IN rag_extract_text(pg_read_binary_file(:'fixtures' || 'crazyones.pdf'))) > 0
        AS extracted_under_a_small_bound;

@@ -621,8 +621,6 @@ SELECT rag_create_collection('handed-over', embedding_model => 'hash-384') > 0 A
 CREATE TABLE public.handed_over (id int PRIMARY KEY, body text);
 SELECT rag_watch('public.handed_over', 'handed-over', content => 'body') > 0 AS watching;
 RESET ROLE;
--- The collection is the old owner's too: its role cannot be dropped while it owns one.
-DROP ROLE watch_old_owner;
 REASSIGN OWNED BY watch_old_owner TO watch_new_owner;
 SELECT owner FROM rag.collections WHERE name = 'handed-over';
 REVOKE CREATE ON SCHEMA public FROM watch_old_owner;
@@ -639,3 +637,19 @@ SELECT rag_drop_collection('handed-over');
 DROP TABLE public.handed_over;
 DROP OWNED BY watch_new_owner;
 DROP ROLE watch_old_owner, watch_new_owner;
+-- A watched table renamed, or moved to another schema, goes by its new name in rag_watch_status and its
+-- documents' source; a column the watch reads cannot be renamed away from it (the expressions are text), one
+-- it does not read can.
+CREATE TABLE renamed_later (id int PRIMARY KEY, body text, note text);
+INSERT INTO renamed_later VALUES (1, 'Renamed tables keep their index.', 'unread');
+SELECT rag_watch('renamed_later', 'site', content => 'body') > 0 AS watching;
+SELECT rag_wait('site', '30 seconds') AS settled;
+ALTER TABLE renamed_later RENAME TO renamed_now;
+CREATE SCHEMA elsewhere;
+ALTER TABLE renamed_now SET SCHEMA elsewhere;
+SELECT source FROM rag_watch_status() WHERE source LIKE '%renamed%';
+SELECT source, metadata->>'source' AS metadata_source FROM rag.documents WHERE watch_id IS NOT NULL AND source LIKE '%renamed%';
+ALTER TABLE elsewhere.renamed_now RENAME COLUMN body TO text_body;
+ALTER TABLE elsewhere.renamed_now RENAME COLUMN note TO remark;
+SELECT rag_unwatch('elsewhere.renamed_now', drop_documents => true);
+DROP SCHEMA elsewhere CASCADE;

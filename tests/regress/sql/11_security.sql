@@ -495,6 +495,16 @@ SELECT rag_grant('owner-docs', 'sec_temporary', 'read');
 DROP ROLE sec_temporary;
 DROP OWNED BY sec_temporary;
 DROP ROLE sec_temporary;
+-- Nor can a role that owns a collection (and nothing PostgreSQL tracks); REASSIGN OWNED hands it over.
+CREATE ROLE sec_collector IN ROLE rag_admin;
+SET ROLE sec_collector;
+SELECT rag_create_collection('collector', embedding_model => 'hash-384') > 0 AS created;
+RESET ROLE;
+DROP ROLE sec_collector;
+REASSIGN OWNED BY sec_collector TO sec_owner;
+SELECT owner FROM rag.collections WHERE name = 'collector';
+DROP ROLE sec_collector;
+SELECT rag_drop_collection('collector');
 SELECT count(*) AS grants_to_dropped_roles
   FROM rag.collection_grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
 SET ROLE sec_reader;
@@ -966,6 +976,22 @@ SELECT count(*) AS owner_reads_readers_conversation FROM rag_conversation(curren
 SELECT rag_set_reranker('tickets', 'stolen', reranker_provider => 'admins-reranker');
 SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
 SELECT rag_revoke('tickets', 'sec_attacker');
+-- Chosen while a collection watches nothing (every row of it is the admin's to read), the provider is still
+-- the admin's: watching a table into it later is refused to the table's owner, who did not choose it.
+SELECT rag_create_collection('fresh', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_grant('fresh', 'sec_attacker', 'admin');
+CREATE TABLE sec_owner.fresh_rows (id int PRIMARY KEY, body text);
+RESET ROLE;
+SET ROLE sec_attacker;
+SELECT rag_set_reranker('fresh', 'stolen', reranker_provider => 'admins-reranker');
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_watch('sec_owner.fresh_rows', 'fresh', content => 'body');
+SELECT rag_set_reranker('fresh', 'none', reranker_provider => 'local');
+SELECT rag_watch('sec_owner.fresh_rows', 'fresh', content => 'body') > 0 AS watching;
+SELECT rag_unwatch('sec_owner.fresh_rows', drop_documents => true);
+SELECT rag_drop_collection('fresh');
+DROP TABLE sec_owner.fresh_rows;
 RESET ROLE;
 SELECT rag_drop_provider('admins-own'), rag_drop_provider('admins-reranker');
 
