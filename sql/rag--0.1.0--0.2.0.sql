@@ -455,6 +455,14 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_extract_text_wrapper';
 
+CREATE OR REPLACE FUNCTION "rag_extraction_slots"() RETURNS TABLE (
+	"pid" INT,  /* i32 */
+	"role" TEXT  /* Option < String > */
+)
+STRICT VOLATILE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'extraction_slots_wrapper';
+
 CREATE OR REPLACE FUNCTION "rag_html_to_text"(
 	"html" TEXT /* & str */
 ) RETURNS TEXT /* String */

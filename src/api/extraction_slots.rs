@@ -142,3 +142,35 @@ pub fn acquire() -> ExtractionSlot {
         pgrx::check_for_interrupts!();
     }
 }
+
+/// The extractions running now in the cluster: the backend (or parallel worker) holding each slot and the role
+/// it counts against. Empty where rag is not preloaded. For a superuser: it names other roles' sessions.
+#[pg_extern(volatile, name = "rag_extraction_slots")]
+pub fn extraction_slots() -> TableIterator<'static, (name!(pid, i32), name!(role, Option<String>))>
+{
+    let mut rows = Vec::new();
+    if crate::worker::registry::available() {
+        let (holders, roles) = (SLOT_HOLDER.get(), SLOT_ROLE.get());
+        for slot in 0..MOST_SLOTS {
+            let pid = holders[slot].load(Ordering::SeqCst);
+            if pid == 0 {
+                continue;
+            }
+            let role = pg_sys::Oid::from(roles[slot].load(Ordering::SeqCst));
+            // SAFETY: a syscache lookup of a role by oid; with noerr it returns NULL for one that is gone.
+            let name = unsafe { pg_sys::GetUserNameFromId(role, true) };
+            let name = if name.is_null() {
+                None
+            } else {
+                // SAFETY: a NUL-terminated name palloc'd by GetUserNameFromId, read at once.
+                Some(
+                    unsafe { std::ffi::CStr::from_ptr(name) }
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            };
+            rows.push((pid, name));
+        }
+    }
+    TableIterator::new(rows)
+}

@@ -43,6 +43,14 @@ def children_of(pid):
     return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
 
 
+def wait_gone(pids, seconds=10):
+    """Whether every process of `pids` is gone within the time."""
+    deadline = time.time() + seconds
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    return not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
 def process_name(pid):
     try:
         with open(f"/proc/{pid}/comm") as comm:
@@ -158,11 +166,7 @@ class Isolation(InItsOwnDatabase):
                 time.sleep(0.05)
             self.assertTrue(children, "no extraction child appeared")
             session.kill()
-            deadline = time.time() + 10
-            while any(os.path.exists(f"/proc/{child}") for child in children) and time.time() < deadline:
-                time.sleep(0.1)
-            self.assertFalse([child for child in children if os.path.exists(f"/proc/{child}")],
-                             "the extraction child outlived its backend")
+            self.assertTrue(wait_gone(children), "the extraction child outlived its backend")
         finally:
             session.kill()
             session.communicate(timeout=60)
@@ -173,7 +177,7 @@ class Isolation(InItsOwnDatabase):
         run at once in the cluster: with 1, a second extraction waits (no child of its own, wait event
         Extension) while the first one's child is held stopped; a cancel ends the wait; with 2, one role holds at
         most one slot while another role's extraction goes ahead; and the first backend's end gives its slot
-        back, so the waiter goes on."""
+        back (rag_extraction_slots() lists none), so the next extraction goes on."""
         pdf = memory_bomb_pdf()
         waiting = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'slot_waiter' "
                    "AND state = 'active' AND wait_event_type = 'Extension')")
@@ -222,14 +226,19 @@ class Isolation(InItsOwnDatabase):
                                       db=DB, check=False, timeout=30)
             self.assertEqual((code, rows), (0, [["another role's text"]]), stderr)
             self.assertEqual(scalar(waiting, db=DB), "t")
+            self.assertEqual(psql("SELECT pid FROM rag_extraction_slots()", db=DB), [[str(holder)]])
+            psql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'slot_waiter'",
+                 db=DB)
+            sessions[-1].communicate(timeout=30)
+
+            # The holder's end gives its slot back through its exit callback (no waiter is there to find the
+            # slot's holder dead and take it), and its stopped child dies with it.
             psql(f"SELECT pg_terminate_backend({holder})", db=DB)
-            stdout, stderr = sessions[-1].communicate(input="", timeout=30)
+            self.assertTrue(wait_until(f"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {holder})"))
+            self.assertTrue(wait_gone(stopped), "the stopped child outlived its backend")
+            self.assertEqual(psql("SELECT pid FROM rag_extraction_slots()", db=DB), [])
+            stdout, stderr = background_psql(harmless, db=DB).communicate(input="", timeout=30)
             self.assertIn("the waiter's text", stdout, stderr)
-            deadline = time.time() + 10
-            while any(os.path.exists(f"/proc/{child}") for child in stopped) and time.time() < deadline:
-                time.sleep(0.1)
-            self.assertFalse([child for child in stopped if os.path.exists(f"/proc/{child}")],
-                             "the stopped child outlived its backend")
         finally:
             psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE application_name IN ('slot_holder', 'slot_waiter')", db=DB)
