@@ -276,20 +276,31 @@ END $$;
 -- table's new owner what its watch's triggers need.
 CREATE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_old name[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_old));
+    v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
+    -- Providers and conversations record their role by name: a later role of the same name would inherit them.
+    UPDATE rag.providers p SET created_by = v_new WHERE p.created_by = ANY (v_old);
+    UPDATE rag.conversations c SET owner = v_new WHERE c.owner = ANY (v_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
--- DROP OWNED takes back what the roles were granted on collections.
+-- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the
+-- ledger keeps its rows: it is the record of what was asked). Providers they made stay, since collections
+-- of others may use them; the role then cannot be dropped until they are reassigned.
 CREATE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
+    DELETE FROM rag.conversations c
+     WHERE c.owner = ANY (ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_roles)));
 END $$;
 
--- DROP ROLE of a role that owns a collection or holds a grant on one here is undone: the oid left behind
--- would name whichever role a restore elsewhere gives it. Called after the command, so only a caller whom
+-- DROP ROLE of a role that owns a collection, holds a grant on one, made a provider or owns a conversation
+-- here is undone: an oid left behind would name whichever role a restore elsewhere gives it, and a name
+-- whichever role is next created with it. Called after the command, so only a caller whom
 -- PostgreSQL let drop the roles learns what depends on them; p_names are the dropped roles' names, which the
 -- catalog no longer has. Only this database can be seen from here.
 CREATE FUNCTION rag._refuse_drop_role(p_roles oid[], p_names text[]) RETURNS void
@@ -298,21 +309,29 @@ DECLARE
     v_role text;
     v_owned text;
     v_granted text;
+    v_providers text;
+    v_conversations bigint;
 BEGIN
     SELECT r.name,
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
-              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid)
-      INTO v_role, v_owned, v_granted
+              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
+           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by = r.name),
+           (SELECT count(*) FROM rag.conversations c WHERE c.owner = r.name)
+      INTO v_role, v_owned, v_granted, v_providers, v_conversations
       FROM unnest(p_roles, p_names) AS r(oid, name)
      WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
+        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by = r.name)
+        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner = r.name)
      ORDER BY r.name LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'role "%" cannot be dropped because collections of rag depend on it', v_role
+        RAISE EXCEPTION 'role "%" cannot be dropped because objects of rag depend on it', v_role
             USING ERRCODE = 'dependent_objects_still_exist',
-                  DETAIL = concat_ws(E'\n', 'owner of collections ' || v_owned, 'privileges on collections ' || v_granted),
-                  HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, and DROP OWNED BY %I takes back its grants on them.',
+                  DETAIL = concat_ws(E'\n', 'owner of collections ' || v_owned, 'privileges on collections ' || v_granted,
+                                     'creator of providers ' || v_providers,
+                                     CASE WHEN v_conversations > 0 THEN format('owner of %s conversations', v_conversations) END),
+                  HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, providers and conversations, and DROP OWNED BY %I takes back its grants and drops its conversations.',
                                 v_role, v_role);
     END IF;
 END $$;

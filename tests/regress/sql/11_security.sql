@@ -492,19 +492,30 @@ SELECT rag_drop_provider('allowed'), rag_drop_provider('corporate');
 -- nothing for the others.)
 CREATE ROLE sec_temporary IN ROLE rag_reader;
 SELECT rag_grant('owner-docs', 'sec_temporary', 'read');
+SET ROLE sec_temporary;
+SELECT rag_conversation_start('owner-docs') > 0 AS started;
+RESET ROLE;
 DROP ROLE sec_temporary;
 DROP OWNED BY sec_temporary;
+SELECT count(*) AS conversations_left FROM rag.conversations WHERE owner = 'sec_temporary';
 DROP ROLE sec_temporary;
--- Nor can a role that owns a collection (and nothing PostgreSQL tracks); REASSIGN OWNED hands it over.
+-- Nor can a role that owns a collection, made a provider or owns a conversation (nothing PostgreSQL tracks;
+-- the last two are recorded by name, which a later role of that name would inherit); REASSIGN OWNED hands
+-- them over.
 CREATE ROLE sec_collector IN ROLE rag_admin;
 SET ROLE sec_collector;
 SELECT rag_create_collection('collector', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_create_provider('collectors', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
+SELECT rag_conversation_start('collector') > 0 AS started;
 RESET ROLE;
 DROP ROLE sec_collector;
 REASSIGN OWNED BY sec_collector TO sec_owner;
-SELECT owner FROM rag.collections WHERE name = 'collector';
+SELECT (SELECT owner::text FROM rag.collections WHERE name = 'collector') AS collection_owner,
+       (SELECT created_by FROM rag.providers WHERE name = 'collectors') AS provider_creator,
+       (SELECT string_agg(c.owner, ',') FROM rag.conversations c JOIN rag.collections k ON k.id = c.collection_id
+         WHERE k.name = 'collector') AS conversation_owner;
 DROP ROLE sec_collector;
-SELECT rag_drop_collection('collector');
+SELECT rag_drop_collection('collector'), rag_drop_provider('collectors');
 SELECT count(*) AS grants_to_dropped_roles
   FROM rag.collection_grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
 SET ROLE sec_reader;
