@@ -213,7 +213,7 @@ BEGIN
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            rag._calling_role()::regrole, search_mode, text_search_config, reranker, rerank_candidates,
+            (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     PERFORM rag._ensure_index(v_id);
@@ -282,9 +282,23 @@ DECLARE
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
     -- Providers and conversations record their role by name: a later role of the same name would inherit them.
-    UPDATE rag.providers p SET created_by = v_new WHERE p.created_by = ANY (v_old);
+    -- Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
+    -- an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
+    -- on record: only a superuser may drop it).
+    UPDATE rag.providers p
+       SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
+                             ELSE v_new END
+     WHERE p.created_by = ANY (v_old);
     UPDATE rag.conversations c SET owner = v_new WHERE c.owner = ANY (v_old);
     PERFORM rag._grant_watch_owners();
+END $$;
+
+-- ALTER ROLE … RENAME: providers and conversations record their role by name.
+CREATE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
+    UPDATE rag.conversations c SET owner = p_new WHERE c.owner = p_old;
 END $$;
 
 -- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the

@@ -350,7 +350,7 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM rag.providers p
                     WHERE p.name = p_provider
                       AND (p.kind = 'local'
-                           OR (p.name = 'ollama' AND p.created_by IS NULL)
+                           OR (p.name = 'ollama' AND p.kind = 'ollama' AND p.base_url IS NULL AND p.created_by IS NULL)
                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
 $$;
 

@@ -693,9 +693,10 @@ BEGIN
 END $$;
 
 -- Watching a table into a collection sends its rows wherever the collection's texts go: the embedding
--- provider, a model change's new provider (in progress, seen only in rag.migrations) and a server's reranker.
--- Each must be the server's own (rag._provider_is_the_servers) or made by a role whose privileges the table's
--- owner has: an admin by grant may have chosen a provider of their own while the collection watched nothing.
+-- provider, a model change's new provider (in progress, seen only in rag.migrations), a server's reranker and
+-- the chat model's provider. Each must be the server's own (rag._provider_is_the_servers) or made by the
+-- table's owner (p_role) or a role with the owner's privileges: an admin by grant may have chosen a provider
+-- of their own while the collection watched nothing.
 CREATE FUNCTION rag._require_providers_trusted_by(p_collection_id integer, p_role name, p_table text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -706,19 +707,22 @@ BEGIN
       FROM rag.collections c
      CROSS JOIN LATERAL (VALUES (c.embedding_provider),
                                 (CASE WHEN c.reranker IS NOT NULL THEN c.reranker_provider END),
+                                (CASE WHEN c.chat_model IS NOT NULL THEN c.chat_provider END),
                                 ((SELECT m.embedding_provider FROM rag.migrations m WHERE m.collection_id = c.id))) v(name)
       JOIN rag.providers p ON p.name = v.name
      WHERE c.id = p_collection_id
        AND NOT rag._provider_is_the_servers(p.name)
+       -- Its creator may read the table anyway: the owner, or a role with the owner's privileges (not the
+       -- other way round: every watcher is a member of rag_admin, which anyone of it can create as).
        AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-                AND pg_catalog.pg_has_role(p_role, p.created_by, 'USAGE'))
+                AND pg_catalog.pg_has_role(p.created_by, p_role, 'USAGE'))
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'watching % would send its rows to provider "%", which % chose', p_table, v_provider,
                         coalesce(quote_ident(v_creator), 'a role on record nowhere')
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'A collection''s texts go to its embedding provider, to a model change''s new provider and to a server''s reranker.',
-                  HINT = 'Watch into a collection whose providers a superuser or you made (rag.collections and rag.migrations name them), or have a superuser create the provider.';
+                  DETAIL = 'A collection''s texts go to its embedding provider, a model change''s new provider, a server''s reranker and its chat model''s provider.',
+                  HINT = 'Watch into a collection whose providers a superuser or the table''s owner made (rag.collections and rag.migrations name them), or have a superuser create the provider.';
     END IF;
 END $$;
 
@@ -763,7 +767,10 @@ BEGIN
         RAISE EXCEPTION 'only the owner of % may watch it', rag._table_name(source) USING ERRCODE = 'insufficient_privilege',
             HINT = 'Ask the table''s owner, who must also be a member of rag_admin.';
     END IF;
-    PERFORM rag._require_providers_trusted_by(v_collection, v_caller, rag._table_name(source));
+    PERFORM rag._require_providers_trusted_by(v_collection,
+                                              (SELECT r.rolname FROM pg_catalog.pg_class t
+                                                 JOIN pg_catalog.pg_roles r ON r.oid = t.relowner WHERE t.oid = source),
+                                              rag._table_name(source));
     IF format NOT IN ('text', 'html', 'markdown') THEN
         RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
@@ -930,21 +937,49 @@ DECLARE
     v_table text;
     v_column text;
 BEGIN
-    -- A watch's expressions are kept as text: a column they read, renamed or dropped (CASCADE drops the
-    -- triggers that depend on it), would leave the watch failing every row from then on, seen only in
-    -- rag.watch_status. Refused, as PostgreSQL refuses to drop a column a view reads.
-    SELECT rag._table_name(w.source), col INTO v_table, v_column
-      FROM rag.watches w CROSS JOIN LATERAL unnest(w.read_columns) col
-     WHERE w.source IN (SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-                         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
-                        WHERE a.attrelid = w.source AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped)
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'column "%" of % is read by its watch', v_column, v_table
-            USING ERRCODE = 'dependent_objects_still_exist',
-                  HINT = format('rag_unwatch(%L) first and rag_watch it again with the new names, or keep the column.', v_table);
-    END IF;
+    -- A watch's expressions, key and metadata columns are kept as names: a column among them renamed or
+    -- dropped (CASCADE drops the triggers that depend on it), on the table or through its parent, would leave
+    -- the watch failing every row (or every write to the table) from then on. Refused, as PostgreSQL refuses
+    -- to drop a column a view reads. Where the columns the expressions read are not known (NULL: a function of
+    -- the owner's, a whole row), the expressions must still find theirs.
+    FOR v_watch, v_table, v_column IN
+        WITH altered AS (
+            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
+        SELECT w.id, rag._table_name(w.source), col
+          FROM rag.watches w JOIN altered a ON a.objid = w.source
+          LEFT JOIN LATERAL (
+                SELECT c FROM unnest(w.key_columns || w.metadata_columns || coalesce(w.read_columns, '{}')) c
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute t
+                                    WHERE t.attrelid = w.source AND t.attname = c AND t.attnum > 0 AND NOT t.attisdropped)
+                 LIMIT 1) missing(col) ON true
+         WHERE missing.col IS NOT NULL OR w.read_columns IS NULL
+         ORDER BY w.id
+    LOOP
+        IF v_column IS NULL THEN
+            BEGIN
+                PERFORM rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr])
+                   FROM rag.watches w WHERE w.id = v_watch;
+            EXCEPTION
+                WHEN undefined_column THEN
+                    v_column := substring(SQLERRM FROM 'column "?([^" ]+)"? does not exist');
+                -- Anything else (a function of the owner's gone, under rag's search_path since the upgrade: the
+                -- upgrade named such watches) is not this command's doing, and must not stop it (a restore
+                -- adds a watched table's keys and triggers with ALTER TABLE).
+                WHEN OTHERS THEN
+                    NULL;
+            END;
+        END IF;
+        IF v_column IS NOT NULL THEN
+            RAISE EXCEPTION 'column "%" of % is read by its watch', v_column, v_table
+                USING ERRCODE = 'dependent_objects_still_exist',
+                      HINT = format('rag_unwatch(%L) first and rag_watch it again with the new names, or keep the column.', v_table);
+        END IF;
+    END LOOP;
     FOR v_watch IN
         -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
         -- the parent); never inside an extension's script, which may not replace objects it does not own.
@@ -983,10 +1018,10 @@ BEGIN
     END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show).
+    -- ALTER SCHEMA … RENAME names no table, so every watch is looked at (their names only).
     WITH renamed AS (
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
-         WHERE w.source IN (SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-                             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
            AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
         RETURNING w.id, w.source_name)
     UPDATE rag.documents d
@@ -995,7 +1030,7 @@ BEGIN
                            ELSE d.metadata END
       FROM renamed r WHERE d.watch_id = r.id;
 END $$;
-CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION rag._on_alter_table();
+CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA') EXECUTE FUNCTION rag._on_alter_table();
 
 -- A publication FOR ALL TABLES (or one given schema rag or one of its tables) publishes rag's own tables too:
 -- PostgreSQL gives an extension no way to keep its tables out of such a publication. A subscriber without rag

@@ -82,10 +82,11 @@ pub unsafe extern "C-unwind" fn before_command(pstmt: *mut pg_sys::PlannedStmt) 
 }
 
 /// After a utility statement ran (so PostgreSQL has checked the caller may run it): `DROP ROLE` of a role
-/// that owns a collection or holds a grant on one in this database is undone with an ERROR, as PostgreSQL
-/// refuses to drop a role that owns objects; `REASSIGN OWNED` hands the old roles' collections to the new role
-/// and grants a watched table's new owner what its watch's triggers need; `DROP OWNED` takes back the grants
-/// the roles held on collections.
+/// that rag's rows depend on in this database is undone with an ERROR, as PostgreSQL refuses to drop a role
+/// that owns objects; `REASSIGN OWNED` hands the old roles' collections, providers and conversations to the
+/// new role and grants a watched table's new owner what its watch's triggers need; `DROP OWNED` takes back
+/// the roles' grants on collections and drops their conversations; `ALTER ROLE … RENAME` renames them where
+/// rag records a role by name.
 ///
 /// # Safety
 /// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
@@ -122,6 +123,24 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
                 &[pg_sys::OIDARRAYOID, pg_sys::OIDARRAYOID],
                 &[oid_array(old_roles), oid_array(vec![new_role])],
             );
+        }
+        pg_sys::NodeTag::T_RenameStmt => {
+            let statement = node as *mut pg_sys::RenameStmt;
+            if (*statement).renameType == pg_sys::ObjectType::OBJECT_ROLE
+                && !(*statement).subname.is_null()
+                && !(*statement).newname.is_null()
+            {
+                let old_name = std::ffi::CStr::from_ptr((*statement).subname).to_string_lossy();
+                let new_name = std::ffi::CStr::from_ptr((*statement).newname).to_string_lossy();
+                call(
+                    c"_rename_role",
+                    &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+                    &[
+                        old_name.into_datum().expect("a string always makes a datum"),
+                        new_name.into_datum().expect("a string always makes a datum"),
+                    ],
+                );
+            }
         }
         pg_sys::NodeTag::T_DropOwnedStmt => {
             let roles = named_roles((*(node as *mut pg_sys::DropOwnedStmt)).roles)

@@ -650,6 +650,30 @@ ALTER TABLE renamed_now SET SCHEMA elsewhere;
 SELECT source FROM rag_watch_status() WHERE source LIKE '%renamed%';
 SELECT source, metadata->>'source' AS metadata_source FROM rag.documents WHERE watch_id IS NOT NULL AND source LIKE '%renamed%';
 ALTER TABLE elsewhere.renamed_now RENAME COLUMN body TO text_body;
+ALTER TABLE elsewhere.renamed_now RENAME COLUMN id TO key_renamed;
 ALTER TABLE elsewhere.renamed_now RENAME COLUMN note TO remark;
-SELECT rag_unwatch('elsewhere.renamed_now', drop_documents => true);
-DROP SCHEMA elsewhere CASCADE;
+-- A schema renamed renames the watch too.
+ALTER SCHEMA elsewhere RENAME TO elsewhere_now;
+SELECT source FROM rag_watch_status() WHERE source LIKE '%renamed%';
+SELECT rag_unwatch('elsewhere_now.renamed_now', drop_documents => true);
+DROP SCHEMA elsewhere_now CASCADE;
+-- Through a parent: a partition's watched column renamed on the parent is refused too, and so is a metadata
+-- column.
+CREATE TABLE renamed_parent (id int, body text, tag text) PARTITION BY RANGE (id);
+CREATE TABLE renamed_part PARTITION OF renamed_parent FOR VALUES FROM (0) TO (1000);
+ALTER TABLE renamed_part ADD PRIMARY KEY (id);
+SELECT rag_watch('renamed_part', 'site', content => 'body', metadata => ARRAY['tag']) > 0 AS watching;
+ALTER TABLE renamed_parent RENAME COLUMN body TO body2;
+ALTER TABLE renamed_parent RENAME COLUMN tag TO label;
+SELECT rag_unwatch('renamed_part', drop_documents => true);
+DROP TABLE renamed_parent;
+-- Where the columns read are not known (a function of the owner's), the expressions must still analyse.
+CREATE FUNCTION public.shouted(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT upper(t) $$;
+CREATE TABLE renamed_through_function (id int PRIMARY KEY, body text, other text);
+SELECT rag_watch('renamed_through_function', 'site', content => 'public.shouted(body)') > 0 AS watching;
+SELECT read_columns IS NULL AS columns_unknown FROM rag.watches WHERE source = 'renamed_through_function'::regclass;
+ALTER TABLE renamed_through_function RENAME COLUMN body TO text_body;
+ALTER TABLE renamed_through_function RENAME COLUMN other TO another;
+SELECT rag_unwatch('renamed_through_function', drop_documents => true);
+DROP TABLE renamed_through_function;
+DROP FUNCTION public.shouted(text);

@@ -516,6 +516,40 @@ SELECT (SELECT owner::text FROM rag.collections WHERE name = 'collector') AS col
          WHERE k.name = 'collector') AS conversation_owner;
 DROP ROLE sec_collector;
 SELECT rag_drop_collection('collector'), rag_drop_provider('collectors');
+-- A rename follows the role where rag records it by name; a REASSIGN to a superuser does not make a
+-- provider the server's own (it keeps no creator, and only a superuser may drop it).
+CREATE ROLE "Sec Renamed" IN ROLE rag_admin;
+SET ROLE "Sec Renamed";
+SELECT rag_create_collection('renamed-owner', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_create_provider('renamed-made', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
+SELECT rag_conversation_start('renamed-owner') > 0 AS started;
+RESET ROLE;
+SELECT owner FROM rag.collections WHERE name = 'renamed-owner';
+ALTER ROLE "Sec Renamed" RENAME TO sec_renamed_now;
+SELECT (SELECT owner::text FROM rag.collections WHERE name = 'renamed-owner') AS collection_owner,
+       (SELECT created_by FROM rag.providers WHERE name = 'renamed-made') AS provider_creator,
+       (SELECT string_agg(c.owner, ',') FROM rag.conversations c JOIN rag.collections k ON k.id = c.collection_id
+         WHERE k.name = 'renamed-owner') AS conversation_owner;
+REASSIGN OWNED BY sec_renamed_now TO postgres;
+SELECT created_by IS NULL AS no_creator, rag._provider_is_the_servers(name) AS the_servers
+  FROM rag.providers WHERE name = 'renamed-made';
+DROP ROLE sec_renamed_now;
+SELECT rag_drop_collection('renamed-owner'), rag_drop_provider('renamed-made');
+-- A provider made as rag_admin (SET ROLE, as any member can) is not one every watcher made: watching a
+-- table into a collection that uses it is still refused.
+SET ROLE sec_attacker;
+SET ROLE rag_admin;
+SELECT rag_create_provider('group-made', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
+SET ROLE sec_attacker;
+SELECT rag_create_collection('trap', embedding_provider => 'group-made', embedding_model => 'stolen') > 0 AS created;
+SELECT rag_grant('trap', 'sec_owner', 'admin');
+RESET ROLE;
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.trapped (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_owner.trapped', 'trap', content => 'body');
+DROP TABLE sec_owner.trapped;
+RESET ROLE;
+SELECT rag_drop_collection('trap'), rag_drop_provider('group-made');
 SELECT count(*) AS grants_to_dropped_roles
   FROM rag.collection_grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
 SET ROLE sec_reader;
