@@ -136,8 +136,12 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
                     c"_rename_role",
                     &[pg_sys::TEXTOID, pg_sys::TEXTOID],
                     &[
-                        old_name.into_datum().expect("a string always makes a datum"),
-                        new_name.into_datum().expect("a string always makes a datum"),
+                        old_name
+                            .into_datum()
+                            .expect("a string always makes a datum"),
+                        new_name
+                            .into_datum()
+                            .expect("a string always makes a datum"),
                     ],
                 );
             }
