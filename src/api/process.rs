@@ -2,7 +2,7 @@
 //! not in shared_preload_libraries. Each step runs in a subtransaction, so one bad document is recorded as
 //! failed and the others still go through. Provider calls happen inside the caller's transaction here,
 //! which is the price of having no worker; they still honour cancellation and statement_timeout.
-use crate::error::{RagError, UnwrapOrRaise};
+use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use crate::worker::breaker::Providers;
 use crate::worker::documents::process_next;
 use crate::worker::steps::{Step, Steps};
@@ -55,6 +55,19 @@ impl Steps for Subtransactions {
 /// Processes up to `max_items` due documents in this session; returns how many it worked on.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
+    // A hot standby cannot write: said with the primary's address rather than with PostgreSQL's "cannot assign
+    // TransactionIds during recovery" from the first step.
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT rag._refuse_writes_on_standby('rag_process_queue')",
+                None,
+                &[],
+            )
+            .map(|_| ())
+    })
+    .doing(|| "checking for a standby".to_string())
+    .unwrap_or_raise();
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;

@@ -87,6 +87,11 @@ class Standby(unittest.TestCase):
             self.assertIn('"question": "Who serves lunch on standby?"', log.read())
 
     def test_2_conversations_are_refused_with_the_primary(self):
+        # So is working the queue by hand, which writes too.
+        code, _, stderr = self.on_standby("SELECT rag_process_queue()", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("rag_process_queue needs the primary: this server is a read-only standby", stderr)
+        self.assertNotIn("TransactionIds", stderr)
         code, _, stderr = self.on_standby("SELECT rag_conversation_start('kb')", check=False)
         self.assertNotEqual(code, 0)
         self.assertIn("a conversation needs the primary: this server is a read-only standby", stderr)
