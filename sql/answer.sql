@@ -182,9 +182,14 @@ DECLARE
     v rag.conversations;
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
     IF NOT FOUND OR (v.owner <> rag._calling_role()
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
-                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role())))) THEN
+                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
+                              AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                               WHERE c.id = v.collection_id AND c.watch_ended_at >= v.created_at
+                                                 AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                                           WHERE r.rolname = rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;

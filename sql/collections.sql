@@ -229,6 +229,14 @@ BEGIN
     RETURN v_id;
 END $$;
 
+-- The role a grant names: the role of exactly that name, else 0 for public in any case (as GRANT … TO PUBLIC
+-- reads it), else NULL.
+CREATE FUNCTION rag._grantee_oid(p_grantee text) RETURNS oid
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_grantee),
+                    CASE WHEN pg_catalog.lower(p_grantee) = 'public' THEN 0::oid END)
+$$;
+
 -- Lets `grantee` (a role name, or 'public') read, write or administer a collection. Owners, superusers and
 -- admins of the collection may grant; granting again replaces the level.
 CREATE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
@@ -242,14 +250,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'read: query and ask; write: also ingest and delete; admin: also drop, watch, reindex and grant.';
     END IF;
-    IF lower(rag_grant.grantee) = 'public' THEN
-        v_grantee := 0;
-    ELSE
-        SELECT r.oid INTO v_grantee FROM pg_catalog.pg_roles r WHERE r.rolname = rag_grant.grantee;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
-                HINT = 'Name an existing role, or public.';
-        END IF;
+    -- A role's exact name first: "Public" and "PUBLIC" may be roles of their own (only public cannot).
+    v_grantee := rag._grantee_oid(rag_grant.grantee);
+    IF v_grantee IS NULL THEN
+        RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
+            HINT = 'Name an existing role, or public.';
     END IF;
     INSERT INTO rag.collection_grants AS g (collection_id, grantee, privilege, granted_by)
     VALUES (v_collection, v_grantee::regrole, rag_grant.privilege, rag._calling_role())
@@ -265,8 +270,7 @@ DECLARE
 BEGIN
     DELETE FROM rag.collection_grants g
      WHERE g.collection_id = v_collection
-       AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
-                            ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
+       AND g.grantee = rag._grantee_oid(rag_revoke.grantee);
     RETURN FOUND;
 END $$;
 
@@ -299,6 +303,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
     UPDATE rag.conversations c SET owner = p_new WHERE c.owner = p_old;
+    UPDATE rag.queries q SET role = p_new WHERE q.role = p_old AND NOT q.role_dropped;
 END $$;
 
 -- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the
@@ -348,6 +353,8 @@ BEGIN
                   HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, providers and conversations, and DROP OWNED BY %I takes back its grants and drops its conversations.',
                                 v_role, v_role);
     END IF;
+    -- The roles are gone: their questions stay in the ledger under their names, for no later role of that name.
+    UPDATE rag.queries q SET role_dropped = true WHERE q.role = ANY (p_names) AND NOT q.role_dropped;
 END $$;
 
 CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean

@@ -33,6 +33,12 @@ ALTER TABLE rag.providers ADD COLUMN created_by name;
 ALTER TABLE rag.collections ADD COLUMN owner regrole;
 UPDATE rag.collections SET owner = 'rag_admin'::regrole;
 ALTER TABLE rag.collections ALTER COLUMN owner SET NOT NULL;
+-- The ledger's askers by name (schema.sql): rows of roles dropped before this update are nobody's now.
+ALTER TABLE rag.queries ADD COLUMN role_dropped boolean NOT NULL DEFAULT false;
+UPDATE rag.queries q SET role_dropped = true
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = q.role);
+-- When a watch last ended (schema.sql): 0.1.0 kept no ledger visibility rule by watch, so none is assumed.
+ALTER TABLE rag.collections ADD COLUMN watch_ended_at timestamptz;
 CREATE TABLE rag.collection_grants (
     collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
     grantee       regrole NOT NULL,
@@ -331,16 +337,21 @@ COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with 
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user
+    USING ((role = current_user AND NOT role_dropped)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
+               AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                WHERE c.id = queries.collection_id AND c.watch_ended_at >= queries.created_at)));
 
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner = current_user
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
+               AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                WHERE c.id = conversations.collection_id
+                                  AND c.watch_ended_at >= conversations.created_at)));
 
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 
@@ -946,6 +957,12 @@ BEGIN
     RETURN v_id;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._grantee_oid(p_grantee text) RETURNS oid
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_grantee),
+                    CASE WHEN pg_catalog.lower(p_grantee) = 'public' THEN 0::oid END)
+$$;
+
 CREATE OR REPLACE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -957,14 +974,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'read: query and ask; write: also ingest and delete; admin: also drop, watch, reindex and grant.';
     END IF;
-    IF lower(rag_grant.grantee) = 'public' THEN
-        v_grantee := 0;
-    ELSE
-        SELECT r.oid INTO v_grantee FROM pg_catalog.pg_roles r WHERE r.rolname = rag_grant.grantee;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
-                HINT = 'Name an existing role, or public.';
-        END IF;
+    -- A role's exact name first: "Public" and "PUBLIC" may be roles of their own (only public cannot).
+    v_grantee := rag._grantee_oid(rag_grant.grantee);
+    IF v_grantee IS NULL THEN
+        RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
+            HINT = 'Name an existing role, or public.';
     END IF;
     INSERT INTO rag.collection_grants AS g (collection_id, grantee, privilege, granted_by)
     VALUES (v_collection, v_grantee::regrole, rag_grant.privilege, rag._calling_role())
@@ -979,8 +993,7 @@ DECLARE
 BEGIN
     DELETE FROM rag.collection_grants g
      WHERE g.collection_id = v_collection
-       AND g.grantee = CASE WHEN lower(rag_revoke.grantee) = 'public' THEN 0
-                            ELSE (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag_revoke.grantee) END;
+       AND g.grantee = rag._grantee_oid(rag_revoke.grantee);
     RETURN FOUND;
 END $$;
 
@@ -1008,6 +1021,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
     UPDATE rag.conversations c SET owner = p_new WHERE c.owner = p_old;
+    UPDATE rag.queries q SET role = p_new WHERE q.role = p_old AND NOT q.role_dropped;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
@@ -1049,6 +1063,8 @@ BEGIN
                   HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, providers and conversations, and DROP OWNED BY %I takes back its grants and drops its conversations.',
                                 v_role, v_role);
     END IF;
+    -- The roles are gone: their questions stay in the ledger under their names, for no later role of that name.
+    UPDATE rag.queries q SET role_dropped = true WHERE q.role = ANY (p_names) AND NOT q.role_dropped;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
@@ -3037,9 +3053,14 @@ DECLARE
     v rag.conversations;
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
+    -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
     IF NOT FOUND OR (v.owner <> rag._calling_role()
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
-                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role())))) THEN
+                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
+                              AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                               WHERE c.id = v.collection_id AND c.watch_ended_at >= v.created_at
+                                                 AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                                           WHERE r.rolname = rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -3128,11 +3149,18 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 
 CREATE OR REPLACE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT array_agg(a.attname::text ORDER BY a.attnum)
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-       AND (w.read_columns IS NULL OR a.attname = ANY (w.read_columns) OR a.attname = ANY (w.metadata_columns)
-            OR a.attname = ANY (w.key_columns))
+    WITH live AS (
+        SELECT a.attname::text AS name, a.attnum
+          FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped),
+    every AS (
+        SELECT w.read_columns IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(w.read_columns || w.metadata_columns || w.key_columns) n(name)
+                           WHERE NOT EXISTS (SELECT 1 FROM live l WHERE l.name = n.name)) AS all_columns)
+    SELECT array_agg(l.name ORDER BY l.attnum)
+      FROM live l, every e
+     WHERE e.all_columns OR l.name = ANY (w.read_columns) OR l.name = ANY (w.metadata_columns)
+        OR l.name = ANY (w.key_columns)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_read_columns(w rag.watches) RETURNS text[]
@@ -3200,6 +3228,9 @@ BEGIN
         RETURN true;
     END IF;
     IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN
+        IF rag._watch_columns(w) IS NULL THEN
+            RETURN false;
+        END IF;
         FOREACH v_column IN ARRAY rag._watch_columns(w) LOOP
             IF NOT pg_catalog.has_column_privilege(v_caller, w.source, v_column, 'SELECT') THEN
                 RETURN false;
@@ -3219,7 +3250,8 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
-                 OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
+                 OR rag._watch_columns(w) IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
                                  WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
 $$;
 
@@ -3357,6 +3389,27 @@ BEGIN
             OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
     LOOP
         PERFORM rag._grant_watch_owner(v_owner);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._reassign_watch_functions(p_old oid[], p_new oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_function regprocedure;
+    v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
+BEGIN
+    IF v_new IS NULL THEN
+        RETURN;
+    END IF;
+    FOR v_function IN
+        SELECT p.oid::regprocedure
+          FROM rag.watches w
+          JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
+                                   AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+         WHERE p.proowner = ANY (p_old)
+         ORDER BY p.oid
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO %I', v_function, v_new);
     END LOOP;
 END $$;
 
@@ -3912,6 +3965,13 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._watches_ended() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    UPDATE rag.collections c SET watch_ended_at = now() WHERE c.id IN (SELECT g.collection_id FROM gone g);
+    RETURN NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._on_alter_table() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -3999,11 +4059,18 @@ BEGIN
         PERFORM rag._watch_install(v_watch);
     END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
-    -- "source" (the name is text there: it is what citations show).
-    -- ALTER SCHEMA … RENAME names no table, so every watch is looked at (their names only).
+    -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
+    -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
+    -- looking at every watch whose name is out of date would have one role's DDL rewrite, and wait for the
+    -- row locks on, another role's documents (whose owner can make the name stale on purpose).
     WITH renamed AS (
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
-         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
+          FROM pg_catalog.pg_class t
+         WHERE t.oid = w.source
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                        WHERE NOT d.in_extension
+                          AND ((d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = w.source)
+                               OR (d.classid = 'pg_catalog.pg_namespace'::regclass AND d.objid = t.relnamespace)))
            AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
         RETURNING w.id, w.source_name)
     UPDATE rag.documents d
@@ -4628,7 +4695,14 @@ CREATE TRIGGER documents_deleted AFTER DELETE ON rag.documents REFERENCING OLD T
 
 -- A watched table that becomes a partition or an inheritance child gets the triggers its place needs
 -- (watch.sql, rag._on_alter_table).
-CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA') EXECUTE FUNCTION rag._on_alter_table();
+CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA', 'ALTER INDEX', 'ALTER VIEW', 'ALTER MATERIALIZED VIEW',
+                 'ALTER FOREIGN TABLE', 'ALTER TYPE')
+    EXECUTE FUNCTION rag._on_alter_table();
+
+-- A watch that ends keeps the ledger's older answers from admins (watch.sql, rag._watches_ended).
+CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
 
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')

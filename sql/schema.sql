@@ -86,7 +86,13 @@ CREATE TABLE rag.collections (
     min_lead           real NOT NULL CHECK (min_lead BETWEEN 0 AND 100),
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- The role that created it: it, its members and superusers hold every privilege on it.
-    owner              regrole NOT NULL
+    owner              regrole NOT NULL,
+    -- When a watch of the collection last ended (rag_unwatch, or its table dropped). Answers given until then may
+    -- quote that table's rows, and the rule that lets an admin read other roles' answers (every row the
+    -- collection indexes readable to them) can no longer be checked against a table that is not watched any
+    -- more: those answers are shown to their askers and superusers only (the policies of rag.queries and
+    -- rag.conversations).
+    watch_ended_at     timestamptz
 );
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
 
@@ -470,7 +476,11 @@ CREATE TABLE rag.queries (
     cost_usd           numeric NOT NULL DEFAULT 0,
     -- The price rows in force when the call ran, so old amounts stay explainable after a price change.
     prices             jsonb NOT NULL DEFAULT '{}',
-    role               name NOT NULL
+    -- Who asked, by name: renamed with the role (ALTER ROLE … RENAME, src/api/roles.rs). When the role is
+    -- dropped the row keeps the name, as the record of who asked, but a role created later with that name is
+    -- not shown it (role_dropped).
+    role               name NOT NULL,
+    role_dropped       boolean NOT NULL DEFAULT false
 );
 CREATE INDEX queries_by_collection_day ON rag.queries (collection, created_at);
 
@@ -486,16 +496,22 @@ CREATE TABLE rag.messages (
 
 -- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
 -- see all of that collection's when they may read every row it indexes (an answer quotes rows the asker saw).
+-- Rows from before a watch of the collection ended are its askers' and superusers' only (watch_ended_at).
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING (role = current_user
+    USING ((role = current_user AND NOT role_dropped)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
+               AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                WHERE c.id = queries.collection_id AND c.watch_ended_at >= queries.created_at)));
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner = current_user
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])));
+               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
+               AND NOT EXISTS (SELECT 1 FROM rag.collections c
+                                WHERE c.id = conversations.collection_id
+                                  AND c.watch_ended_at >= conversations.created_at)));
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
     USING (conversation_id IN (SELECT c.id FROM rag.conversations c));

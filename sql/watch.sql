@@ -46,14 +46,25 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 -- NULL, every column, when one reads the whole row, has a subquery or calls a function that could read the
 -- table itself, or no longer analyzes), the metadata columns and the key. This list decides who may read the
 -- indexed text and which updates index it again. Catalogs only: a reader's search and the policies of
--- rag.documents call it, and nothing of the table's owner may run there.
+-- rag.documents call it, and nothing of the table's owner may run there. A recorded name the table no longer
+-- has (a column renamed or dropped by a command rag_watch_alter does not see: ALTER VIEW … RENAME COLUMN on a
+-- table, DROP TYPE … CASCADE) also means every column: left out, the indexed text of the renamed column would
+-- be shown to whoever may read the others. NULL when the table has no column left, which readers must treat as
+-- "not readable" (only a table-level SELECT then lets them in).
 CREATE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT array_agg(a.attname::text ORDER BY a.attnum)
-      FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped
-       AND (w.read_columns IS NULL OR a.attname = ANY (w.read_columns) OR a.attname = ANY (w.metadata_columns)
-            OR a.attname = ANY (w.key_columns))
+    WITH live AS (
+        SELECT a.attname::text AS name, a.attnum
+          FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = w.source AND a.attnum > 0 AND NOT a.attisdropped),
+    every AS (
+        SELECT w.read_columns IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(w.read_columns || w.metadata_columns || w.key_columns) n(name)
+                           WHERE NOT EXISTS (SELECT 1 FROM live l WHERE l.name = n.name)) AS all_columns)
+    SELECT array_agg(l.name ORDER BY l.attnum)
+      FROM live l, every e
+     WHERE e.all_columns OR l.name = ANY (w.read_columns) OR l.name = ANY (w.metadata_columns)
+        OR l.name = ANY (w.key_columns)
 $$;
 
 -- The columns a watch's expressions read, found by PostgreSQL's analyzer (rag._expression_columns, which runs
@@ -144,6 +155,9 @@ BEGIN
         RETURN true;
     END IF;
     IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN
+        IF rag._watch_columns(w) IS NULL THEN
+            RETURN false;
+        END IF;
         FOREACH v_column IN ARRAY rag._watch_columns(w) LOOP
             IF NOT pg_catalog.has_column_privilege(v_caller, w.source, v_column, 'SELECT') THEN
                 RETURN false;
@@ -168,7 +182,8 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
-                 OR NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
+                 OR rag._watch_columns(w) IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
                                  WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
 $$;
 
@@ -345,6 +360,32 @@ BEGIN
             OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
     LOOP
         PERFORM rag._grant_watch_owner(v_owner);
+    END LOOP;
+END $$;
+
+-- Before REASSIGN OWNED (src/api/roles.rs, only for a caller with the privileges of every role it names, as
+-- PostgreSQL then requires): a watched table's trigger functions belong to its owner but live in schema rag,
+-- and PostgreSQL lets only a superuser give an object to a role without CREATE on its schema, so the command
+-- failed for any other role. They go to the new role here, as rag's owner, before the command moves the tables;
+-- rag._reassign_owned then grants the new owner what they need. Granted to no role.
+CREATE FUNCTION rag._reassign_watch_functions(p_old oid[], p_new oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_function regprocedure;
+    v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
+BEGIN
+    IF v_new IS NULL THEN
+        RETURN;
+    END IF;
+    FOR v_function IN
+        SELECT p.oid::regprocedure
+          FROM rag.watches w
+          JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
+                                   AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+         WHERE p.proowner = ANY (p_old)
+         ORDER BY p.oid
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO %I', v_function, v_new);
     END LOOP;
 END $$;
 
@@ -926,6 +967,17 @@ BEGIN
 END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
 
+-- A watch that ends (rag_unwatch, its table dropped, not its collection) leaves answers that may quote its rows
+-- behind in the ledger: rag.collections.watch_ended_at keeps them from admins from then on (schema.sql).
+CREATE FUNCTION rag._watches_ended() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    UPDATE rag.collections c SET watch_ended_at = now() WHERE c.id IN (SELECT g.collection_id FROM gone g);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
+
 -- A watched table that becomes a partition or an inheritance child (ATTACH PARTITION, INHERIT), or stops being
 -- one, gets the triggers its new place needs (rag._watch_trigger_mode): its triggers are made again whenever
 -- they no longer match (not while its set is not whole: a restore makes them itself), or when the table
@@ -1017,11 +1069,18 @@ BEGIN
         PERFORM rag._watch_install(v_watch);
     END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
-    -- "source" (the name is text there: it is what citations show).
-    -- ALTER SCHEMA … RENAME names no table, so every watch is looked at (their names only).
+    -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
+    -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
+    -- looking at every watch whose name is out of date would have one role's DDL rewrite, and wait for the
+    -- row locks on, another role's documents (whose owner can make the name stale on purpose).
     WITH renamed AS (
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
-         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d WHERE NOT d.in_extension)
+          FROM pg_catalog.pg_class t
+         WHERE t.oid = w.source
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                        WHERE NOT d.in_extension
+                          AND ((d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = w.source)
+                               OR (d.classid = 'pg_catalog.pg_namespace'::regclass AND d.objid = t.relnamespace)))
            AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
         RETURNING w.id, w.source_name)
     UPDATE rag.documents d
@@ -1030,7 +1089,12 @@ BEGIN
                            ELSE d.metadata END
       FROM renamed r WHERE d.watch_id = r.id;
 END $$;
-CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA') EXECUTE FUNCTION rag._on_alter_table();
+-- Besides ALTER TABLE: PostgreSQL lets ALTER INDEX rename a table, and ALTER VIEW, ALTER MATERIALIZED VIEW and
+-- ALTER FOREIGN TABLE rename a table's columns (the command's kind is not checked against the relation's there).
+CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA', 'ALTER INDEX', 'ALTER VIEW', 'ALTER MATERIALIZED VIEW',
+                 'ALTER FOREIGN TABLE', 'ALTER TYPE')
+    EXECUTE FUNCTION rag._on_alter_table();
 
 -- A publication FOR ALL TABLES (or one given schema rag or one of its tables) publishes rag's own tables too:
 -- PostgreSQL gives an extension no way to keep its tables out of such a publication. A subscriber without rag

@@ -65,7 +65,8 @@ fn oid_array(oids: Vec<pg_sys::Oid>) -> pg_sys::Datum {
     oids.into_datum().expect("an array always makes a datum")
 }
 
-/// Before a utility statement runs: notes the roles a `DROP ROLE` names, for [`after_command`].
+/// Before a utility statement runs: notes the roles a `DROP ROLE` names, for [`after_command`]; hands the
+/// watch trigger functions of the roles a `REASSIGN OWNED` names to the new role (`rag._reassign_watch_functions`).
 ///
 /// # Safety
 /// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
@@ -75,9 +76,36 @@ pub unsafe extern "C-unwind" fn before_command(pstmt: *mut pg_sys::PlannedStmt) 
         return;
     }
     let node = (*pstmt).utilityStmt;
-    if (*node).type_ == pg_sys::NodeTag::T_DropRoleStmt {
-        let roles = named_roles((*(node as *mut pg_sys::DropRoleStmt)).roles);
-        DROPPING.with(|dropping| *dropping.borrow_mut() = roles);
+    match (*node).type_ {
+        pg_sys::NodeTag::T_DropRoleStmt => {
+            let roles = named_roles((*(node as *mut pg_sys::DropRoleStmt)).roles);
+            DROPPING.with(|dropping| *dropping.borrow_mut() = roles);
+        }
+        pg_sys::NodeTag::T_ReassignOwnedStmt => {
+            // Only for a caller PostgreSQL will let run the command (the privileges of every role named):
+            // anyone else gets PostgreSQL's own refusal, with nothing of rag's changed or revealed first.
+            let statement = node as *mut pg_sys::ReassignOwnedStmt;
+            let new_role = pg_sys::get_rolespec_oid((*statement).newrole, true);
+            let old_roles: Vec<pg_sys::Oid> = named_roles((*statement).roles)
+                .into_iter()
+                .map(|(oid, _)| oid)
+                .collect();
+            let caller = pg_sys::GetUserId();
+            if new_role != pg_sys::InvalidOid
+                && !old_roles.is_empty()
+                && pg_sys::has_privs_of_role(caller, new_role)
+                && old_roles
+                    .iter()
+                    .all(|old| pg_sys::has_privs_of_role(caller, *old))
+            {
+                call(
+                    c"_reassign_watch_functions",
+                    &[pg_sys::OIDARRAYOID, pg_sys::OIDARRAYOID],
+                    &[oid_array(old_roles), oid_array(vec![new_role])],
+                );
+            }
+        }
+        _ => {}
     }
 }
 

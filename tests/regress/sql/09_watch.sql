@@ -621,7 +621,18 @@ SELECT rag_create_collection('handed-over', embedding_model => 'hash-384') > 0 A
 CREATE TABLE public.handed_over (id int PRIMARY KEY, body text);
 SELECT rag_watch('public.handed_over', 'handed-over', content => 'body') > 0 AS watching;
 RESET ROLE;
+-- Run by a role that is no superuser but has the privileges of both, as PostgreSQL asks: the watch's trigger
+-- functions live in schema rag, where PostgreSQL lets only a superuser give an object to a role without CREATE
+-- there, so rag hands them over first (before, the command failed: permission denied for schema rag).
+CREATE ROLE watch_steward IN ROLE watch_old_owner, watch_new_owner;
+GRANT CREATE ON SCHEMA public TO watch_new_owner;
+SET ROLE watch_steward;
 REASSIGN OWNED BY watch_old_owner TO watch_new_owner;
+RESET ROLE;
+SELECT p.proname ~ '^_watch_[0-9]+(_row)?$' AS trigger_function, pg_get_userbyid(p.proowner) AS owner, count(*)
+  FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]'
+   AND p.proowner IN ('watch_old_owner'::regrole, 'watch_new_owner'::regrole) GROUP BY 1, 2;
+SELECT pg_get_userbyid(relowner) AS table_owner FROM pg_class WHERE oid = 'public.handed_over'::regclass;
 SELECT owner FROM rag.collections WHERE name = 'handed-over';
 REVOKE CREATE ON SCHEMA public FROM watch_old_owner;
 DROP OWNED BY watch_old_owner;
@@ -636,7 +647,7 @@ SELECT rag_unwatch('public.handed_over', drop_documents => true);
 SELECT rag_drop_collection('handed-over');
 DROP TABLE public.handed_over;
 DROP OWNED BY watch_new_owner;
-DROP ROLE watch_old_owner, watch_new_owner;
+DROP ROLE watch_steward, watch_old_owner, watch_new_owner;
 -- A watched table renamed, or moved to another schema, goes by its new name in rag_watch_status and its
 -- documents' source; a column the watch reads cannot be renamed away from it (the expressions are text), one
 -- it does not read can.
