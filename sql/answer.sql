@@ -49,7 +49,7 @@ CREATE FUNCTION rag._record_query(
     p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
     p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
     p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
-    p_best_relevance real DEFAULT NULL)
+    p_best_relevance real DEFAULT NULL, p_watches_ended integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -82,7 +82,7 @@ BEGIN
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role)
+                             latency_ms, cost_usd, prices, role, watches_ended)
     SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
@@ -91,7 +91,12 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
+           rag._calling_role(),
+           -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
+           -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
+           -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
+           least(coalesce(p_watches_ended, -1),
+                 (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
       FROM rag.collections c WHERE c.id = p_collection_id
     RETURNING id INTO v_id;
     RETURN v_id;
@@ -142,7 +147,11 @@ CREATE FUNCTION rag._record_exchange(p_conversation_id bigint, p_question text, 
 LANGUAGE sql AS $$
     INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
     VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
-           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id);
+    -- The conversation is as old as its oldest answer (rag.collections.watches_ended).
+    UPDATE rag.conversations v SET watches_ended = q.watches_ended
+      FROM rag.queries q
+     WHERE v.id = p_conversation_id AND q.id = p_query_id AND q.watches_ended < v.watches_ended;
 $$;
 
 -- Conversations are written as they go, so they live on the primary; on a hot standby they are refused with
@@ -170,8 +179,9 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    INSERT INTO rag.conversations (collection_id, owner, watches_ended)
+    SELECT c.id, rag._calling_role(), c.watches_ended
+      FROM rag.collections c WHERE c.id = rag._collection_id(collection, 'read')
     RETURNING id INTO v_id;
     RETURN v_id;
 END $$;
@@ -186,10 +196,10 @@ BEGIN
     IF NOT FOUND OR (v.owner <> rag._calling_role()
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
-                              AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                               WHERE c.id = v.collection_id AND c.watch_ended_at >= v.created_at
-                                                 AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                                                           WHERE r.rolname = rag._calling_role())))) THEN
+                              AND (EXISTS (SELECT 1 FROM rag.collections c
+                                            WHERE c.id = v.collection_id AND c.watches_ended = v.watches_ended)
+                                   OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                        WHERE r.rolname = rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;

@@ -37,8 +37,11 @@ ALTER TABLE rag.collections ALTER COLUMN owner SET NOT NULL;
 ALTER TABLE rag.queries ADD COLUMN role_dropped boolean NOT NULL DEFAULT false;
 UPDATE rag.queries q SET role_dropped = true
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = q.role);
--- When a watch last ended (schema.sql): 0.1.0 kept no ledger visibility rule by watch, so none is assumed.
-ALTER TABLE rag.collections ADD COLUMN watch_ended_at timestamptz;
+-- How many watches of a collection have ended, as each ledger row and conversation saw it (schema.sql): 0.1.0
+-- kept no such count; its rows count as of now.
+ALTER TABLE rag.collections ADD COLUMN watches_ended integer NOT NULL DEFAULT 0;
+ALTER TABLE rag.queries ADD COLUMN watches_ended integer NOT NULL DEFAULT 0;
+ALTER TABLE rag.conversations ADD COLUMN watches_ended integer NOT NULL DEFAULT 0;
 CREATE TABLE rag.collection_grants (
     collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
     grantee       regrole NOT NULL,
@@ -340,8 +343,8 @@ CREATE POLICY own_or_administered ON rag.queries FOR SELECT
     USING ((role = current_user AND NOT role_dropped)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                WHERE c.id = queries.collection_id AND c.watch_ended_at >= queries.created_at)));
+               AND EXISTS (SELECT 1 FROM rag.collections c
+                            WHERE c.id = queries.collection_id AND c.watches_ended = queries.watches_ended)));
 
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 
@@ -349,9 +352,9 @@ CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner = current_user
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                WHERE c.id = conversations.collection_id
-                                  AND c.watch_ended_at >= conversations.created_at)));
+               AND EXISTS (SELECT 1 FROM rag.collections c
+                            WHERE c.id = conversations.collection_id
+                              AND c.watches_ended = conversations.watches_ended)));
 
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 
@@ -2800,6 +2803,7 @@ BEGIN
         p_nearest => v_nearest, p_best_relevance => v_best,
         p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
         p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
+        p_watches_ended => c.watches_ended,
         p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
         p_search_ms => extract(epoch FROM clock_timestamp() - v_embedded) * 1000,
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);
@@ -2928,7 +2932,7 @@ CREATE OR REPLACE FUNCTION rag._record_query(
     p_completion_tokens bigint DEFAULT NULL, p_chat_calls integer DEFAULT 0,
     p_embed_ms double precision DEFAULT NULL, p_search_ms double precision DEFAULT NULL,
     p_generate_ms double precision DEFAULT NULL, p_latency_ms double precision DEFAULT NULL,
-    p_best_relevance real DEFAULT NULL)
+    p_best_relevance real DEFAULT NULL, p_watches_ended integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -2961,7 +2965,7 @@ BEGIN
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role)
+                             latency_ms, cost_usd, prices, role, watches_ended)
     SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
@@ -2970,7 +2974,12 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role()
+           rag._calling_role(),
+           -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
+           -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
+           -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
+           least(coalesce(p_watches_ended, -1),
+                 (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
       FROM rag.collections c WHERE c.id = p_collection_id
     RETURNING id INTO v_id;
     RETURN v_id;
@@ -3015,7 +3024,11 @@ CREATE OR REPLACE FUNCTION rag._record_exchange(p_conversation_id bigint, p_ques
 LANGUAGE sql AS $$
     INSERT INTO rag.messages (conversation_id, role, content, rewritten_question, query_id)
     VALUES (p_conversation_id, 'user', p_question, p_rewritten, p_query_id),
-           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id)
+           (p_conversation_id, 'assistant', coalesce(p_reply, ''), NULL, p_query_id);
+    -- The conversation is as old as its oldest answer (rag.collections.watches_ended).
+    UPDATE rag.conversations v SET watches_ended = q.watches_ended
+      FROM rag.queries q
+     WHERE v.id = p_conversation_id AND q.id = p_query_id AND q.watches_ended < v.watches_ended;
 $$;
 
 CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
@@ -3041,8 +3054,9 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner)
-    VALUES (rag._collection_id(collection, 'read'), rag._calling_role())
+    INSERT INTO rag.conversations (collection_id, owner, watches_ended)
+    SELECT c.id, rag._calling_role(), c.watches_ended
+      FROM rag.collections c WHERE c.id = rag._collection_id(collection, 'read')
     RETURNING id INTO v_id;
     RETURN v_id;
 END $$;
@@ -3057,10 +3071,10 @@ BEGIN
     IF NOT FOUND OR (v.owner <> rag._calling_role()
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
-                              AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                               WHERE c.id = v.collection_id AND c.watch_ended_at >= v.created_at
-                                                 AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                                                           WHERE r.rolname = rag._calling_role())))) THEN
+                              AND (EXISTS (SELECT 1 FROM rag.collections c
+                                            WHERE c.id = v.collection_id AND c.watches_ended = v.watches_ended)
+                                   OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                                        WHERE r.rolname = rag._calling_role())))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -3939,6 +3953,9 @@ BEGIN
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
     END IF;
+    -- The collection's row before its documents, the order a store takes them in (rag._lock_for_store): the
+    -- watch's end is counted on that row (rag._watches_ended) after the documents go.
+    PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
@@ -3957,6 +3974,8 @@ DECLARE
 BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
+        -- As rag_unwatch: the collection's row first.
+        PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
         PERFORM rag._forget_queued_rows(w.id);
         PERFORM rag._delete_watch_documents(w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
@@ -3968,7 +3987,8 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._watches_ended() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    UPDATE rag.collections c SET watch_ended_at = now() WHERE c.id IN (SELECT g.collection_id FROM gone g);
+    UPDATE rag.collections c SET watches_ended = c.watches_ended + 1
+     WHERE c.id IN (SELECT g.collection_id FROM gone g);
     RETURN NULL;
 END $$;
 
@@ -3991,6 +4011,13 @@ BEGIN
             UNION
             SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
               JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            -- ALTER TYPE … RENAME ATTRIBUTE … CASCADE renames the columns of the tables typed by it (OF type),
+            -- and names only the type (by its pg_class row).
+            SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
+              JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
         SELECT w.id, rag._table_name(w.source), col
           FROM rag.watches w JOIN altered a ON a.objid = w.source

@@ -527,6 +527,7 @@ BEGIN
         p_nearest => v_nearest, p_best_relevance => v_best,
         p_sources_sent => coalesce(v_count, 0), p_citations => '[]', p_citations_stripped => 0,
         p_embedding_model => c.embedding_model, p_embed_tokens => v_tokens, p_chat_calls => 0,
+        p_watches_ended => c.watches_ended,
         p_embed_ms => extract(epoch FROM v_embedded - v_started) * 1000,
         p_search_ms => extract(epoch FROM clock_timestamp() - v_embedded) * 1000,
         p_latency_ms => extract(epoch FROM clock_timestamp() - v_started) * 1000);

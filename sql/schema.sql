@@ -87,12 +87,13 @@ CREATE TABLE rag.collections (
     created_at         timestamptz NOT NULL DEFAULT now(),
     -- The role that created it: it, its members and superusers hold every privilege on it.
     owner              regrole NOT NULL,
-    -- When a watch of the collection last ended (rag_unwatch, or its table dropped). Answers given until then may
-    -- quote that table's rows, and the rule that lets an admin read other roles' answers (every row the
-    -- collection indexes readable to them) can no longer be checked against a table that is not watched any
-    -- more: those answers are shown to their askers and superusers only (the policies of rag.queries and
-    -- rag.conversations).
-    watch_ended_at     timestamptz
+    -- How many of the collection's watches have ended (rag_unwatch, or a table dropped). Each ledger row and
+    -- conversation records the count its call read before searching; an admin reads another role's only while
+    -- the count is unchanged. An answer may quote rows of a table the collection no longer watches, and the rule
+    -- that lets an admin read others' answers (every row the collection indexes readable to them) cannot be
+    -- checked against it any more. A count rather than a time: an answer whose search saw the watch still there
+    -- (its snapshot taken before the rag_unwatch committed) is caught however late it is written.
+    watches_ended      integer NOT NULL DEFAULT 0
 );
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
 
@@ -438,7 +439,9 @@ CREATE TABLE rag.conversations (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
     owner         name NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now()
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    -- rag.collections.watches_ended when it was started, lowered to that of any answer added to it since.
+    watches_ended integer NOT NULL DEFAULT 0
 );
 
 CREATE TABLE rag.queries (
@@ -480,7 +483,9 @@ CREATE TABLE rag.queries (
     -- dropped the row keeps the name, as the record of who asked, but a role created later with that name is
     -- not shown it (role_dropped).
     role               name NOT NULL,
-    role_dropped       boolean NOT NULL DEFAULT false
+    role_dropped       boolean NOT NULL DEFAULT false,
+    -- rag.collections.watches_ended as the call read it before its search.
+    watches_ended      integer NOT NULL DEFAULT 0
 );
 CREATE INDEX queries_by_collection_day ON rag.queries (collection, created_at);
 
@@ -496,22 +501,22 @@ CREATE TABLE rag.messages (
 
 -- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
 -- see all of that collection's when they may read every row it indexes (an answer quotes rows the asker saw).
--- Rows from before a watch of the collection ended are its askers' and superusers' only (watch_ended_at).
+-- Rows from before a watch of the collection ended are their askers' and superusers' only (watches_ended).
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
     USING ((role = current_user AND NOT role_dropped)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                WHERE c.id = queries.collection_id AND c.watch_ended_at >= queries.created_at)));
+               AND EXISTS (SELECT 1 FROM rag.collections c
+                            WHERE c.id = queries.collection_id AND c.watches_ended = queries.watches_ended)));
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner = current_user
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND NOT EXISTS (SELECT 1 FROM rag.collections c
-                                WHERE c.id = conversations.collection_id
-                                  AND c.watch_ended_at >= conversations.created_at)));
+               AND EXISTS (SELECT 1 FROM rag.collections c
+                            WHERE c.id = conversations.collection_id
+                              AND c.watches_ended = conversations.watches_ended)));
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
     USING (conversation_id IN (SELECT c.id FROM rag.conversations c));

@@ -939,6 +939,9 @@ BEGIN
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
     END IF;
+    -- The collection's row before its documents, the order a store takes them in (rag._lock_for_store): the
+    -- watch's end is counted on that row (rag._watches_ended) after the documents go.
+    PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
@@ -958,6 +961,8 @@ DECLARE
 BEGIN
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' LOOP
+        -- As rag_unwatch: the collection's row first.
+        PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
         PERFORM rag._forget_queued_rows(w.id);
         PERFORM rag._delete_watch_documents(w.id);
         EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
@@ -968,11 +973,12 @@ END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
 
 -- A watch that ends (rag_unwatch, its table dropped, not its collection) leaves answers that may quote its rows
--- behind in the ledger: rag.collections.watch_ended_at keeps them from admins from then on (schema.sql).
+-- behind in the ledger: rag.collections.watches_ended keeps them from admins from then on (schema.sql).
 CREATE FUNCTION rag._watches_ended() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    UPDATE rag.collections c SET watch_ended_at = now() WHERE c.id IN (SELECT g.collection_id FROM gone g);
+    UPDATE rag.collections c SET watches_ended = c.watches_ended + 1
+     WHERE c.id IN (SELECT g.collection_id FROM gone g);
     RETURN NULL;
 END $$;
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
@@ -1001,6 +1007,13 @@ BEGIN
             UNION
             SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
               JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            UNION
+            -- ALTER TYPE … RENAME ATTRIBUTE … CASCADE renames the columns of the tables typed by it (OF type),
+            -- and names only the type (by its pg_class row).
+            SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
+              JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
         SELECT w.id, rag._table_name(w.source), col
           FROM rag.watches w JOIN altered a ON a.objid = w.source

@@ -29,6 +29,8 @@ struct Collection {
     template: String,
     context_budget: usize,
     max_answer_tokens: u32,
+    /// rag.collections.watches_ended read here, before the search: the ledger row keeps it (schema.sql).
+    watches_ended: i32,
 }
 
 /// The collection by name, for a caller holding the read privilege on it (rag._collection_id checks).
@@ -36,7 +38,8 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
     let loaded = Spi::connect(|client| {
         let rows = client.select(
             "SELECT c.id, c.name, c.embedding_model, p.name, p.kind, p.base_url, p.api_key_setting,
-                    c.chat_model, c.prompt_template, c.context_budget, c.max_answer_tokens, c.dimensions IS NOT NULL
+                    c.chat_model, c.prompt_template, c.context_budget, c.max_answer_tokens, c.dimensions IS NOT NULL,
+                    c.watches_ended
                FROM rag.collections c JOIN rag.providers p ON p.name = c.chat_provider
               WHERE c.id = rag._collection_id($1)",
             Some(1),
@@ -57,6 +60,7 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
                 row.get::<i32>(10)?,
                 row.get::<i32>(11)?,
                 row.get::<bool>(12)?,
+                row.get::<i32>(13)?,
             ));
         }
         Ok::<_, pgrx::spi::Error>(found)
@@ -81,6 +85,7 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
         context_budget,
         max_answer_tokens,
         has_vectors,
+        watches_ended,
     ) = row;
     Ok(Collection {
         id: not_null(id, "collections.id")?,
@@ -98,6 +103,7 @@ fn load_collection(name: &str) -> Result<Collection, RagError> {
         template: template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
         context_budget: not_null(context_budget, "collections.context_budget")? as usize,
         max_answer_tokens: not_null(max_answer_tokens, "collections.max_answer_tokens")? as u32,
+        watches_ended: not_null(watches_ended, "collections.watches_ended")?,
     })
 }
 
@@ -647,7 +653,7 @@ const RECORD_QUERY: &str = "SELECT rag._record_query(
     p_citations => $10, p_citations_stripped => $11, p_embedding_model => $12, p_chat_model => $13,
     p_embed_tokens => $14, p_prompt_tokens => $15, p_completion_tokens => $16, p_chat_calls => $17,
     p_embed_ms => $18, p_search_ms => $19, p_generate_ms => $20, p_latency_ms => $21,
-    p_best_relevance => $22)";
+    p_best_relevance => $22, p_watches_ended => $23)";
 const QUERY_COST: &str = "SELECT rag._query_cost($1, $2, $3, $4, $5)";
 const RECORD_EXCHANGE: &str = "SELECT rag._record_exchange($1, $2, $3, $4, $5)";
 
@@ -657,7 +663,7 @@ const RECORD_EXCHANGE: &str = "SELECT rag._record_exchange($1, $2, $3, $4, $5)";
 fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>), RagError> {
     let a = entry.answer;
     let c = entry.collection;
-    let ledger_args: [pgrx::datum::DatumWithOid; 22] = [
+    let ledger_args: [pgrx::datum::DatumWithOid; 23] = [
         c.id.into(),
         entry.question.into(),
         a.outcome.as_str().into(),
@@ -680,6 +686,7 @@ fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>)
         a.generate_ms.into(),
         entry.latency_ms.into(),
         entry.context.best_relevance.into(),
+        c.watches_ended.into(),
     ];
     let cost_args: [pgrx::datum::DatumWithOid; 5] = [
         c.embedding_model.clone().into(),

@@ -879,6 +879,14 @@ ALTER FOREIGN TABLE sec_owner.renamed RENAME COLUMN body TO old_body;
 ALTER INDEX sec_owner.renamed RENAME TO renamed_by_index;
 SELECT source_name FROM rag.watches WHERE source = 'sec_owner.renamed_by_index'::regclass;
 ALTER TABLE sec_owner.renamed_by_index RENAME TO renamed;
+-- A typed table's columns are renamed through its type; the command names only the type.
+CREATE TYPE sec_owner.renamed_shape AS (id int, body text);
+CREATE TABLE sec_owner.typed OF sec_owner.renamed_shape (PRIMARY KEY (id));
+SELECT rag_watch('sec_owner.typed', 'renamed', content => 'body') > 0 AS watching;
+ALTER TYPE sec_owner.renamed_shape RENAME ATTRIBUTE body TO old_body CASCADE;
+SELECT rag_unwatch('sec_owner.typed', drop_documents => true);
+DROP TABLE sec_owner.typed;
+DROP TYPE sec_owner.renamed_shape;
 SELECT rag_unwatch('sec_owner.renamed', drop_documents => true), rag_drop_collection('renamed');
 DROP TABLE sec_owner.renamed;
 RESET ROLE;
@@ -1133,9 +1141,12 @@ SELECT count(*) > 0 AS reader_keeps_own_rows FROM rag.queries WHERE collection =
 SELECT count(*) > 0 AS reader_keeps_conversation FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 RESET ROLE;
 SELECT count(*) > 0 AS superuser_sees_them FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
--- Answers given after the watch ended are the admins' to read again.
+-- Answers given after the watch ended are the admins' to read again, but not those given in a conversation
+-- from before (they are written from its history).
 SET ROLE sec_reader;
 SELECT count(*) >= 0 AS asked FROM rag_query('tickets', 'toner');
+SELECT outcome IS NOT NULL AS asked_in_the_old_conversation
+  FROM rag_ask('tickets', 'and the toner?', conversation => current_setting('sec.reader_conversation')::bigint);
 RESET ROLE;
 SET ROLE sec_attacker;
 SELECT count(*) AS readers_later_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';

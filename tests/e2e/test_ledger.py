@@ -1,0 +1,108 @@
+"""The ledger keeps other roles' answers from an admin who may not read the rows they quote, also when the watch
+those rows came from ends while an answer is being given (the end is counted, not timed: README, Security)."""
+from functools import partial
+
+from support import InItsOwnDatabase, background_psql, psql, scalar
+from support import wait_until as wait_until_in
+
+DB = "rag_e2e_ledger"
+wait_until = partial(wait_until_in, db=DB)
+
+
+def quote(text):
+    return "'" + text.replace("'", "''") + "'"
+
+
+def waiting_on(key):
+    return f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = {key} AND NOT granted)"
+
+
+class Ledger(InItsOwnDatabase):
+    DB = DB
+
+    def test_an_answer_whose_search_saw_the_watch_stays_hidden_after_the_unwatch(self):
+        psql("""
+            CREATE ROLE lg_owner IN ROLE rag_admin;
+            CREATE ROLE lg_admin IN ROLE rag_admin;
+            CREATE ROLE lg_reader IN ROLE rag_reader;
+            CREATE SCHEMA lg AUTHORIZATION lg_owner;
+            SET ROLE lg_owner;
+            CREATE TABLE lg.tickets (id int PRIMARY KEY, visible_to name, body text);
+            INSERT INTO lg.tickets VALUES (1, 'lg_reader', 'The printer on floor two is out of toner.'),
+                                          (2, 'nobody', 'The salary review for the printer team is due in March.');
+            ALTER TABLE lg.tickets ENABLE ROW LEVEL SECURITY;
+            CREATE POLICY own_tickets ON lg.tickets FOR SELECT USING (visible_to = current_user);
+            GRANT USAGE ON SCHEMA lg TO lg_reader, lg_admin;
+            GRANT SELECT ON lg.tickets TO lg_reader, lg_admin;
+            SELECT rag_create_collection('tickets', embedding_model => 'hash-384');
+            SELECT rag_watch('lg.tickets', 'tickets', content => 'body');
+            SELECT rag_grant('tickets', 'lg_reader', 'read');
+            SELECT rag_grant('tickets', 'lg_admin', 'admin');
+        """, db=DB)
+        holder = unwatcher = asker = None
+        try:
+            self.assertTrue(wait_until("SELECT rag_wait('tickets', '1 second')", seconds=60))
+            question = "Which printer is out of toner?"
+            # The admin by grant may not read the table whole (its row-level security), so not its askers'
+            # answers either.
+            psql(f"SET ROLE lg_reader; SELECT rag_ask('tickets', '{question}')", db=DB)
+            self.assertEqual(scalar("SET ROLE lg_admin; SELECT count(*) FROM rag.queries WHERE role = 'lg_reader'",
+                                    db=DB), "0")
+
+            # The reader's search takes its snapshot while the admin's rag_unwatch has run but not committed;
+            # the answer is written after the commit, from the rows its snapshot still holds.
+            holder = background_psql("SELECT pg_advisory_lock(1); SELECT pg_advisory_lock(3);", db=DB)
+            self.assertTrue(wait_until("SELECT count(*) = 2 FROM pg_locks WHERE locktype = 'advisory' AND granted"))
+            unwatcher = background_psql("""
+                SET ROLE lg_admin;
+                BEGIN;
+                SELECT rag_unwatch(w.source, drop_documents => true) FROM rag.watches w;
+                SELECT 'unwatched at ' || clock_timestamp();
+                SELECT pg_advisory_lock(1);
+                COMMIT;""", db=DB)
+            self.assertTrue(wait_until(waiting_on(1)), "the unwatch did not get to its lock")
+            asker = background_psql(f"""
+                SET ROLE lg_reader;
+                BEGIN ISOLATION LEVEL REPEATABLE READ;
+                SELECT count(*) FROM rag.collections;
+                SELECT pg_advisory_lock(3);
+                SELECT outcome FROM rag_ask('tickets', '{question}');
+                COMMIT;""", db=DB)
+            self.assertTrue(wait_until(waiting_on(3)), "the asker did not take its snapshot")
+            holder.stdin.write("SELECT pg_advisory_unlock(1);\n")
+            holder.stdin.flush()
+            out, err = unwatcher.communicate(timeout=60)
+            self.assertEqual(unwatcher.returncode, 0, err)
+            unwatched_at = next(line for line in out.splitlines() if line.startswith("unwatched at "))[13:]
+            self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=DB), "0")
+            holder.stdin.write("SELECT pg_advisory_unlock(3);\n")
+            holder.stdin.flush()
+            out, err = asker.communicate(timeout=60)
+            self.assertEqual(asker.returncode, 0, err)
+            self.assertIn("answered", out.split(), "the late answer should come from the rows its snapshot saw")
+            holder.communicate(timeout=30)
+
+            # The late answer quotes the table the collection no longer watches: the admin is not shown it,
+            # although it was written after the unwatch committed.
+            # Written by a transaction that began after the unwatch had run: a rule by time would show it.
+            late = psql("SELECT outcome, sources_sent > 0, created_at > %s::timestamptz FROM rag.queries "
+                        "WHERE role = 'lg_reader' ORDER BY id DESC LIMIT 1" % quote(unwatched_at), db=DB)
+            self.assertEqual(late, [["answered", "t", "t"]])
+            self.assertEqual(scalar("SET ROLE lg_admin; SELECT count(*) FROM rag.queries WHERE role = 'lg_reader'",
+                                    db=DB), "0")
+            # An answer given from a snapshot after the unwatch is the admin's to read: the collection indexes
+            # nothing the admin may not read now.
+            psql(f"SET ROLE lg_reader; SELECT rag_ask('tickets', '{question}')", db=DB)
+            self.assertEqual(scalar("SET ROLE lg_admin; SELECT count(*) FROM rag.queries WHERE role = 'lg_reader'",
+                                    db=DB), "1")
+        finally:
+            for process in (holder, unwatcher, asker):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
+            psql("""
+                SELECT rag_drop_collection('tickets');
+                DROP SCHEMA lg CASCADE;
+                DROP OWNED BY lg_owner, lg_admin, lg_reader;
+                DROP ROLE lg_owner, lg_admin, lg_reader;
+            """, db=DB, check=False)
