@@ -82,7 +82,7 @@ BEGIN
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role, watches_ended)
+                             latency_ms, cost_usd, prices, role, role_id, watches_ended)
     SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
@@ -92,6 +92,7 @@ BEGIN
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
            rag._calling_role(),
+           (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -179,9 +180,10 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner, watches_ended)
-    SELECT c.id, rag._calling_role(), c.watches_ended
-      FROM rag.collections c WHERE c.id = rag._collection_id(collection, 'read')
+    INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
+    SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
+      FROM rag.collections c, pg_catalog.pg_roles r
+     WHERE c.id = rag._collection_id(collection, 'read') AND r.rolname = rag._calling_role()
     RETURNING id INTO v_id;
     RETURN v_id;
 END $$;
@@ -193,7 +195,7 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
+    IF NOT FOUND OR (v.owner_id IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
                               AND (EXISTS (SELECT 1 FROM rag.collections c

@@ -293,17 +293,21 @@ BEGIN
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
                              ELSE v_new END
      WHERE p.created_by = ANY (v_old);
-    UPDATE rag.conversations c SET owner = v_new WHERE c.owner = ANY (v_old);
+    UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
--- ALTER ROLE … RENAME: providers and conversations record their role by name.
+-- ALTER ROLE … RENAME: providers record their creator by name; conversations and the ledger keep the name
+-- beside the role, as the record.
 CREATE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
-    UPDATE rag.conversations c SET owner = p_new WHERE c.owner = p_old;
-    UPDATE rag.queries q SET role = p_new WHERE q.role = p_old AND NOT q.role_dropped;
+    -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
+    UPDATE rag.conversations c SET owner = p_new
+     WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
+    UPDATE rag.queries q SET role = p_new
+     WHERE q.role_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
 END $$;
 
 -- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the
@@ -314,7 +318,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
     DELETE FROM rag.conversations c
-     WHERE c.owner = ANY (ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_roles)));
+     WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 
 -- DROP ROLE of a role that owns a collection, holds a grant on one, made a provider or owns a conversation
@@ -336,13 +340,13 @@ BEGIN
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
               FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
            (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by = r.name),
-           (SELECT count(*) FROM rag.conversations c WHERE c.owner = r.name)
+           (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
       FROM unnest(p_roles, p_names) AS r(oid, name)
      WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by = r.name)
-        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner = r.name)
+        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
      ORDER BY r.name LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'role "%" cannot be dropped because objects of rag depend on it', v_role
@@ -353,8 +357,9 @@ BEGIN
                   HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, providers and conversations, and DROP OWNED BY %I takes back its grants and drops its conversations.',
                                 v_role, v_role);
     END IF;
-    -- The roles are gone: their questions stay in the ledger under their names, for no later role of that name.
-    UPDATE rag.queries q SET role_dropped = true WHERE q.role = ANY (p_names) AND NOT q.role_dropped;
+    -- The roles are gone: their questions stay in the ledger under their names, for no role (a bare oid left
+    -- behind would be dumped as a number, and a restore elsewhere would give the rows to whichever role has it).
+    UPDATE rag.queries q SET role_id = NULL WHERE q.role_id::oid = ANY (p_roles);
 END $$;
 
 CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean

@@ -33,10 +33,12 @@ ALTER TABLE rag.providers ADD COLUMN created_by name;
 ALTER TABLE rag.collections ADD COLUMN owner regrole;
 UPDATE rag.collections SET owner = 'rag_admin'::regrole;
 ALTER TABLE rag.collections ALTER COLUMN owner SET NOT NULL;
--- The ledger's askers by name (schema.sql): rows of roles dropped before this update are nobody's now.
-ALTER TABLE rag.queries ADD COLUMN role_dropped boolean NOT NULL DEFAULT false;
-UPDATE rag.queries q SET role_dropped = true
- WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = q.role);
+-- The ledger's askers and the conversations' owners by role as well as by name (schema.sql): under 0.1.0 the
+-- name was all; the role of that name now is taken to be the one, and rows of roles gone are nobody's.
+ALTER TABLE rag.queries ADD COLUMN role_id regrole;
+UPDATE rag.queries q SET role_id = r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = q.role;
+ALTER TABLE rag.conversations ADD COLUMN owner_id regrole;
+UPDATE rag.conversations v SET owner_id = r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v.owner;
 -- How many watches of a collection have ended, as each ledger row and conversation saw it (schema.sql): 0.1.0
 -- kept no such count; its rows count as of now.
 ALTER TABLE rag.collections ADD COLUMN watches_ended integer NOT NULL DEFAULT 0;
@@ -340,7 +342,7 @@ COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with 
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING ((role = current_user AND NOT role_dropped)
+    USING (role_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
                AND EXISTS (SELECT 1 FROM rag.collections c
@@ -349,7 +351,7 @@ CREATE POLICY own_or_administered ON rag.queries FOR SELECT
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user
+    USING (owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
                AND EXISTS (SELECT 1 FROM rag.collections c
@@ -1015,7 +1017,7 @@ BEGIN
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
                              ELSE v_new END
      WHERE p.created_by = ANY (v_old);
-    UPDATE rag.conversations c SET owner = v_new WHERE c.owner = ANY (v_old);
+    UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
@@ -1023,8 +1025,11 @@ CREATE OR REPLACE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
-    UPDATE rag.conversations c SET owner = p_new WHERE c.owner = p_old;
-    UPDATE rag.queries q SET role = p_new WHERE q.role = p_old AND NOT q.role_dropped;
+    -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
+    UPDATE rag.conversations c SET owner = p_new
+     WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
+    UPDATE rag.queries q SET role = p_new
+     WHERE q.role_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
@@ -1032,7 +1037,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
     DELETE FROM rag.conversations c
-     WHERE c.owner = ANY (ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_roles)));
+     WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._refuse_drop_role(p_roles oid[], p_names text[]) RETURNS void
@@ -1049,13 +1054,13 @@ BEGIN
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
               FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
            (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by = r.name),
-           (SELECT count(*) FROM rag.conversations c WHERE c.owner = r.name)
+           (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
       FROM unnest(p_roles, p_names) AS r(oid, name)
      WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by = r.name)
-        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner = r.name)
+        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
      ORDER BY r.name LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'role "%" cannot be dropped because objects of rag depend on it', v_role
@@ -1066,8 +1071,9 @@ BEGIN
                   HINT = format('REASSIGN OWNED BY %I TO another role moves its collections, providers and conversations, and DROP OWNED BY %I takes back its grants and drops its conversations.',
                                 v_role, v_role);
     END IF;
-    -- The roles are gone: their questions stay in the ledger under their names, for no later role of that name.
-    UPDATE rag.queries q SET role_dropped = true WHERE q.role = ANY (p_names) AND NOT q.role_dropped;
+    -- The roles are gone: their questions stay in the ledger under their names, for no role (a bare oid left
+    -- behind would be dumped as a number, and a restore elsewhere would give the rows to whichever role has it).
+    UPDATE rag.queries q SET role_id = NULL WHERE q.role_id::oid = ANY (p_roles);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
@@ -2965,7 +2971,7 @@ BEGIN
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
-                             latency_ms, cost_usd, prices, role, watches_ended)
+                             latency_ms, cost_usd, prices, role, role_id, watches_ended)
     SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
@@ -2975,6 +2981,7 @@ BEGIN
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
            rag._calling_role(),
+           (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -3054,9 +3061,10 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM rag._refuse_writes_on_standby('a conversation');
-    INSERT INTO rag.conversations (collection_id, owner, watches_ended)
-    SELECT c.id, rag._calling_role(), c.watches_ended
-      FROM rag.collections c WHERE c.id = rag._collection_id(collection, 'read')
+    INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
+    SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
+      FROM rag.collections c, pg_catalog.pg_roles r
+     WHERE c.id = rag._collection_id(collection, 'read') AND r.rolname = rag._calling_role()
     RETURNING id INTO v_id;
     RETURN v_id;
 END $$;
@@ -3068,7 +3076,7 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (v.owner <> rag._calling_role()
+    IF NOT FOUND OR (v.owner_id IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
                               AND (EXISTS (SELECT 1 FROM rag.collections c

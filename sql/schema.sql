@@ -438,7 +438,9 @@ COMMENT ON TABLE rag.prices IS 'Price per million tokens by model; a model with 
 CREATE TABLE rag.conversations (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     collection_id integer NOT NULL REFERENCES rag.collections (id) ON DELETE CASCADE,
+    -- The owner's name (as the ledger's role) and the owner itself, which decides who reads it.
     owner         name NOT NULL,
+    owner_id      regrole,
     created_at    timestamptz NOT NULL DEFAULT now(),
     -- rag.collections.watches_ended when it was started, lowered to that of any answer added to it since.
     watches_ended integer NOT NULL DEFAULT 0
@@ -479,11 +481,13 @@ CREATE TABLE rag.queries (
     cost_usd           numeric NOT NULL DEFAULT 0,
     -- The price rows in force when the call ran, so old amounts stay explainable after a price change.
     prices             jsonb NOT NULL DEFAULT '{}',
-    -- Who asked, by name: renamed with the role (ALTER ROLE … RENAME, src/api/roles.rs). When the role is
-    -- dropped the row keeps the name, as the record of who asked, but a role created later with that name is
-    -- not shown it (role_dropped).
+    -- Who asked: the name, as the record (renamed with the role by ALTER ROLE … RENAME in this database,
+    -- src/api/roles.rs), and the role itself, which decides who reads the row (a role created later under the
+    -- same name, here or after a DROP ROLE in another database, is another role). regrole, not oid: a dump
+    -- writes the name, and a restore finds the role's new oid by it. NULL once the role is dropped (from this
+    -- database; elsewhere its bare oid names no role of the cluster again).
     role               name NOT NULL,
-    role_dropped       boolean NOT NULL DEFAULT false,
+    role_id            regrole,
     -- rag.collections.watches_ended as the call read it before its search.
     watches_ended      integer NOT NULL DEFAULT 0
 );
@@ -504,14 +508,14 @@ CREATE TABLE rag.messages (
 -- Rows from before a watch of the collection ended are their askers' and superusers' only (watches_ended).
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
-    USING ((role = current_user AND NOT role_dropped)
+    USING (role_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
                AND EXISTS (SELECT 1 FROM rag.collections c
                             WHERE c.id = queries.collection_id AND c.watches_ended = queries.watches_ended)));
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
-    USING (owner = current_user
+    USING (owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
                AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
                AND EXISTS (SELECT 1 FROM rag.collections c

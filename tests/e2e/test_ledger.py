@@ -106,3 +106,26 @@ class Ledger(InItsOwnDatabase):
                 DROP OWNED BY lg_owner, lg_admin, lg_reader;
                 DROP ROLE lg_owner, lg_admin, lg_reader;
             """, db=DB, check=False)
+
+    def test_a_role_dropped_from_another_database_leaves_its_rows_to_nobody(self):
+        # rag's utility hook sees only the database it runs in; a role is the cluster's. Who reads a ledger row
+        # or a conversation is decided by the role (its oid), not its name, so a role created later under the
+        # name is another role here too.
+        psql("""
+            CREATE ROLE lg_asker IN ROLE rag_reader;
+            SELECT rag_create_collection('notes', embedding_model => 'hash-384');
+            SELECT rag_grant('notes', 'lg_asker', 'read');
+            SELECT rag_ingest('notes', 'Keys', 'The spare key is under the blue mat by the back door.');
+        """, db=DB)
+        try:
+            self.assertTrue(wait_until("SELECT rag_wait('notes', '1 second')", seconds=60))
+            psql("SET ROLE lg_asker; SELECT rag_ask('notes', 'Where is the spare key?'); "
+                 "SELECT rag_conversation_start('notes')", db=DB)
+            self.assertEqual(scalar("SET ROLE lg_asker; SELECT count(*) FROM rag.queries", db=DB), "1")
+            psql("DROP ROLE lg_asker; CREATE ROLE lg_asker IN ROLE rag_reader", db="postgres")
+            self.assertEqual(scalar("SET ROLE lg_asker; SELECT count(*) FROM rag.queries", db=DB), "0")
+            self.assertEqual(scalar("SET ROLE lg_asker; SELECT count(*) FROM rag.conversations", db=DB), "0")
+            # The record of who asked stays.
+            self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE role = 'lg_asker'", db=DB), "1")
+        finally:
+            psql("SELECT rag_drop_collection('notes'); DROP ROLE IF EXISTS lg_asker", db=DB, check=False)

@@ -1152,8 +1152,8 @@ SET ROLE sec_attacker;
 SELECT count(*) AS readers_later_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
 RESET ROLE;
 
--- The ledger's asker is a name: it follows a rename of the role, and a role created later under a dropped
--- role's name does not read the dropped role's questions and answers.
+-- The ledger's asker is a role, not a name: its rows follow a rename of the role (their name too), and a role
+-- created later under the old name, or under a dropped role's name, does not read them.
 CREATE ROLE sec_asker IN ROLE rag_reader;
 SET ROLE sec_owner;
 SELECT rag_grant('owner-docs', 'sec_asker', 'read');
@@ -1176,7 +1176,7 @@ CREATE ROLE sec_asker_renamed IN ROLE rag_reader;
 SET ROLE sec_asker_renamed;
 SELECT count(*) AS rows_of_the_dropped_role FROM rag.queries;
 RESET ROLE;
-SELECT role, role_dropped, count(*) FROM rag.queries WHERE role LIKE 'sec_asker%' GROUP BY 1, 2 ORDER BY 1, 2;
+SELECT role, role_id IS NULL AS role_gone, count(*) FROM rag.queries WHERE role LIKE 'sec_asker%' GROUP BY 1, 2 ORDER BY 1, 2;
 DROP ROLE sec_asker, sec_asker_renamed;
 
 -- public is PUBLIC in any case, unless a role has exactly that name.
