@@ -285,24 +285,26 @@ DECLARE
     v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations record their role by name: a later role of the same name would inherit them.
-    -- Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
+    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
     -- an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
     -- on record: only a superuser may drop it).
     UPDATE rag.providers p
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                             ELSE v_new END
-     WHERE p.created_by = ANY (v_old);
+                             ELSE v_new END,
+           created_by_id = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
+                                ELSE p_new[1]::regrole END
+     WHERE p.created_by_id::oid = ANY (p_old);
     UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
--- ALTER ROLE … RENAME: providers record their creator by name; conversations and the ledger keep the name
--- beside the role, as the record.
+-- ALTER ROLE … RENAME: providers, conversations and the ledger keep the role's name beside the role, as the
+-- record.
 CREATE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
+    UPDATE rag.providers p SET created_by = p_new
+     WHERE p.created_by_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
     -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
     UPDATE rag.conversations c SET owner = p_new
      WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
@@ -339,13 +341,13 @@ BEGIN
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
               FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
-           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by = r.name),
+           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by_id::oid = r.oid),
            (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
       FROM unnest(p_roles, p_names) AS r(oid, name)
      WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by = r.name)
+        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by_id::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
      ORDER BY r.name LIMIT 1;
     IF FOUND THEN

@@ -38,8 +38,10 @@ BEGIN
                   HINT = format('A superuser decides where keys go: SELECT rag_allow_key(%L, %L);',
                                 api_key_setting, rtrim(coalesce(base_url, ''), '/'));
     END IF;
-    INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by)
-    VALUES (name, kind, rtrim(base_url, '/'), api_key_setting, rag._calling_role());
+    INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by, created_by_id)
+    SELECT rag_create_provider.name, rag_create_provider.kind, rtrim(rag_create_provider.base_url, '/'),
+           rag_create_provider.api_key_setting, r.rolname, r.oid::regrole
+      FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
 END $$;
 
 CREATE FUNCTION rag._caller_is_superuser() RETURNS boolean
@@ -87,7 +89,7 @@ BEGIN
     END IF;
     UPDATE rag.providers p SET api_key_setting = NULL
      WHERE p.api_key_setting = rag_disallow_key.api_key_setting AND p.base_url = rtrim(rag_disallow_key.base_url, '/')
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by), false);
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id), false);
     RETURN true;
 END $$;
 
@@ -99,8 +101,8 @@ END $$;
 CREATE FUNCTION rag._caller_controls_provider(p rag.providers) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT rag._caller_is_superuser()
-        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by, 'USAGE'))
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id)
+            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by_id::oid, 'USAGE'))
 $$;
 
 CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean

@@ -24,7 +24,7 @@ CREATE TABLE rag.key_grants (
     granted_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (api_key_setting, base_url)
 );
-ALTER TABLE rag.providers ADD COLUMN created_by name;
+ALTER TABLE rag.providers ADD COLUMN created_by name, ADD COLUMN created_by_id regrole;
 
 -- Collections get an owner and per-collection grants. Under 0.1.0 every member of rag_reader read every
 -- collection, every rag_writer wrote to all and every rag_admin administered all; the collections found here
@@ -277,8 +277,9 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM rag.providers p
                     WHERE p.name = p_provider
                       AND (p.kind = 'local'
-                           OR (p.name = 'ollama' AND p.kind = 'ollama' AND p.base_url IS NULL AND p.created_by IS NULL)
-                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
+                           OR (p.name = 'ollama' AND p.kind = 'ollama' AND p.base_url IS NULL AND p.created_by IS NULL
+                               AND p.created_by_id IS NULL)
+                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id AND r.rolsuper)))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._require_collection_whole_for(p_collection_id integer, p_provider text, p_action text)
@@ -1009,14 +1010,15 @@ DECLARE
     v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations record their role by name: a later role of the same name would inherit them.
-    -- Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
+    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
     -- an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
     -- on record: only a superuser may drop it).
     UPDATE rag.providers p
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                             ELSE v_new END
-     WHERE p.created_by = ANY (v_old);
+                             ELSE v_new END,
+           created_by_id = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
+                                ELSE p_new[1]::regrole END
+     WHERE p.created_by_id::oid = ANY (p_old);
     UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
@@ -1024,7 +1026,8 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    UPDATE rag.providers p SET created_by = p_new WHERE p.created_by = p_old;
+    UPDATE rag.providers p SET created_by = p_new
+     WHERE p.created_by_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
     -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
     UPDATE rag.conversations c SET owner = p_new
      WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
@@ -1053,13 +1056,13 @@ BEGIN
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
            (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
               FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
-           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by = r.name),
+           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by_id::oid = r.oid),
            (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
       FROM unnest(p_roles, p_names) AS r(oid, name)
      WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by = r.name)
+        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by_id::oid = r.oid)
         OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
      ORDER BY r.name LIMIT 1;
     IF FOUND THEN
@@ -1685,8 +1688,10 @@ BEGIN
                   HINT = format('A superuser decides where keys go: SELECT rag_allow_key(%L, %L);',
                                 api_key_setting, rtrim(coalesce(base_url, ''), '/'));
     END IF;
-    INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by)
-    VALUES (name, kind, rtrim(base_url, '/'), api_key_setting, rag._calling_role());
+    INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by, created_by_id)
+    SELECT rag_create_provider.name, rag_create_provider.kind, rtrim(rag_create_provider.base_url, '/'),
+           rag_create_provider.api_key_setting, r.rolname, r.oid::regrole
+      FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._caller_is_superuser() RETURNS boolean
@@ -1731,15 +1736,15 @@ BEGIN
     END IF;
     UPDATE rag.providers p SET api_key_setting = NULL
      WHERE p.api_key_setting = rag_disallow_key.api_key_setting AND p.base_url = rtrim(rag_disallow_key.base_url, '/')
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by), false);
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id), false);
     RETURN true;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._caller_controls_provider(p rag.providers) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT rag._caller_is_superuser()
-        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by, 'USAGE'))
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id)
+            AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by_id::oid, 'USAGE'))
 $$;
 
 CREATE OR REPLACE FUNCTION rag_drop_provider(name text) RETURNS boolean
@@ -3779,8 +3784,8 @@ BEGIN
        AND NOT rag._provider_is_the_servers(p.name)
        -- Its creator may read the table anyway: the owner, or a role with the owner's privileges (not the
        -- other way round: every watcher is a member of rag_admin, which anyone of it can create as).
-       AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-                AND pg_catalog.pg_has_role(p.created_by, p_role, 'USAGE'))
+       AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id)
+                AND pg_catalog.pg_has_role(p.created_by_id::oid, p_role, 'USAGE'))
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'watching % would send its rows to provider "%", which % chose', p_table, v_provider,

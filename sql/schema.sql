@@ -14,7 +14,11 @@ CREATE TABLE rag.providers (
     api_key_setting text CHECK (api_key_setting IS NULL OR api_key_setting = 'rag.openai_api_key'
                                 OR api_key_setting ~ '^file:[A-Za-z0-9_.-]{1,63}$'),
     created_at      timestamptz NOT NULL DEFAULT now(),
-    created_by      name
+    -- Its creator: the name, as the record, and the role, which every decision reads (a role created later
+    -- under the name, after a DROP ROLE in another database, is another role). NULL: the extension's own, or
+    -- made under 0.1.0, which kept no creator.
+    created_by      name,
+    created_by_id   regrole
 );
 COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.ollama_url setting';
 -- 'local' runs a sentence-embedding model inside PostgreSQL (models under rag.model_path): no server at all.
@@ -357,8 +361,9 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM rag.providers p
                     WHERE p.name = p_provider
                       AND (p.kind = 'local'
-                           OR (p.name = 'ollama' AND p.kind = 'ollama' AND p.base_url IS NULL AND p.created_by IS NULL)
-                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by AND r.rolsuper)))
+                           OR (p.name = 'ollama' AND p.kind = 'ollama' AND p.base_url IS NULL AND p.created_by IS NULL
+                               AND p.created_by_id IS NULL)
+                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id AND r.rolsuper)))
 $$;
 
 -- Raises unless the caller may read every row of the collection, when p_provider is one that sends text to a

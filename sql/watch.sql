@@ -755,8 +755,8 @@ BEGIN
        AND NOT rag._provider_is_the_servers(p.name)
        -- Its creator may read the table anyway: the owner, or a role with the owner's privileges (not the
        -- other way round: every watcher is a member of rag_admin, which anyone of it can create as).
-       AND NOT (p.created_by IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p.created_by)
-                AND pg_catalog.pg_has_role(p.created_by, p_role, 'USAGE'))
+       AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.created_by_id)
+                AND pg_catalog.pg_has_role(p.created_by_id::oid, p_role, 'USAGE'))
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'watching % would send its rows to provider "%", which % chose', p_table, v_provider,

@@ -1,5 +1,7 @@
 """The ledger keeps other roles' answers from an admin who may not read the rows they quote, also when the watch
-those rows came from ends while an answer is being given (the end is counted, not timed: README, Security)."""
+those rows came from ends while an answer is being given (the end is counted, not timed: README, Security). Ledger
+rows, conversations and providers belong to a role, not to a name: a role created later under a dropped role's
+name, after a DROP ROLE in a database rag's hook does not see, gets nothing of them."""
 from functools import partial
 
 from support import InItsOwnDatabase, background_psql, psql, scalar
@@ -129,3 +131,19 @@ class Ledger(InItsOwnDatabase):
             self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE role = 'lg_asker'", db=DB), "1")
         finally:
             psql("SELECT rag_drop_collection('notes'); DROP ROLE IF EXISTS lg_asker", db=DB, check=False)
+
+    def test_a_providers_creator_dropped_from_another_database_is_nobody(self):
+        # A provider is its creator's to drop or spend; a role created later under the creator's name is not
+        # its creator.
+        psql("CREATE ROLE lg_maker IN ROLE rag_admin", db=DB)
+        try:
+            psql("SET ROLE lg_maker; SELECT rag_create_provider('lg-provider', 'ollama', "
+                 "base_url => 'http://127.0.0.1:9')", db=DB)
+            psql("DROP ROLE lg_maker; CREATE ROLE lg_maker IN ROLE rag_admin", db="postgres")
+            code, _, err = psql("SET ROLE lg_maker; SELECT rag_drop_provider('lg-provider')", db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn('permission denied for provider "lg-provider"', err)
+            self.assertEqual(scalar("SELECT created_by FROM rag.providers WHERE name = 'lg-provider'", db=DB),
+                             "lg_maker")
+        finally:
+            psql("SELECT rag_drop_provider('lg-provider'); DROP ROLE IF EXISTS lg_maker", db=DB, check=False)
