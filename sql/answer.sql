@@ -58,7 +58,7 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
-    -- Only rag's own functions call this (rag_query, rag_prompt, rag_ask, all SECURITY DEFINER; no role is
+    -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
@@ -195,7 +195,7 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (v.owner_id IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())
+    IF NOT FOUND OR (NOT coalesce(v.owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
                               AND (EXISTS (SELECT 1 FROM rag.collections c

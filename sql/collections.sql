@@ -281,12 +281,11 @@ END $$;
 CREATE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_old name[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_old));
     v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
-    -- an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
+    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser
+    -- created counts as the server's own, and one made by an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
     -- on record: only a superuser may drop it).
     UPDATE rag.providers p
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL

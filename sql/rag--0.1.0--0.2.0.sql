@@ -1006,12 +1006,11 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_old name[] := ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = ANY (p_old));
     v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
 BEGIN
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser created counts as the server's own, and one made by
-    -- an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
+    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser
+    -- created counts as the server's own, and one made by an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
     -- on record: only a superuser may drop it).
     UPDATE rag.providers p
        SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
@@ -2952,7 +2951,7 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
 BEGIN
-    -- Only rag's own functions call this (rag_query, rag_prompt, rag_ask, all SECURITY DEFINER; no role is
+    -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
@@ -3081,7 +3080,7 @@ DECLARE
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
     -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (v.owner_id IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())
+    IF NOT FOUND OR (NOT coalesce(v.owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
                      AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
                               AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
                               AND (EXISTS (SELECT 1 FROM rag.collections c
@@ -3966,8 +3965,10 @@ BEGIN
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
     END IF;
-    -- The collection's row before its documents, the order a store takes them in (rag._lock_for_store): the
-    -- watch's end is counted on that row (rag._watches_ended) after the documents go.
+    -- Locks in the order DROP TABLE takes them (rag._on_sql_drop): the table (its triggers are dropped under an
+    -- ACCESS EXCLUSIVE lock), then the collection's row, then its documents, the order a store takes those two in
+    -- (rag._lock_for_store); the watch's end is counted on that row (rag._watches_ended).
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', source);
     PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
@@ -3985,8 +3986,9 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    -- By collection, so that two commands dropping several watched tables lock the collections in one order.
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
-              WHERE o.object_type = 'table' LOOP
+              WHERE o.object_type = 'table' ORDER BY wa.collection_id, wa.id LOOP
         -- As rag_unwatch: the collection's row first.
         PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
         PERFORM rag._forget_queued_rows(w.id);

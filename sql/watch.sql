@@ -939,8 +939,10 @@ BEGIN
                   DETAIL = 'Kept documents are no longer checked against the table: every reader of the collection would read rows the table may not show them.',
                   HINT = format('Unwatch it with drop_documents => true, or ask %s.', pg_catalog.pg_get_userbyid(rag._watch_owner(w)));
     END IF;
-    -- The collection's row before its documents, the order a store takes them in (rag._lock_for_store): the
-    -- watch's end is counted on that row (rag._watches_ended) after the documents go.
+    -- Locks in the order DROP TABLE takes them (rag._on_sql_drop): the table (its triggers are dropped under an
+    -- ACCESS EXCLUSIVE lock), then the collection's row, then its documents, the order a store takes those two in
+    -- (rag._lock_for_store); the watch's end is counted on that row (rag._watches_ended).
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', source);
     PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
     PERFORM rag._drop_watch_triggers(source);
     EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
@@ -959,8 +961,9 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    -- By collection, so that two commands dropping several watched tables lock the collections in one order.
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
-              WHERE o.object_type = 'table' LOOP
+              WHERE o.object_type = 'table' ORDER BY wa.collection_id, wa.id LOOP
         -- As rag_unwatch: the collection's row first.
         PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
         PERFORM rag._forget_queued_rows(w.id);

@@ -147,3 +147,45 @@ class Ledger(InItsOwnDatabase):
                              "lg_maker")
         finally:
             psql("SELECT rag_drop_provider('lg-provider'); DROP ROLE IF EXISTS lg_maker", db=DB, check=False)
+
+    def test_unwatch_takes_the_table_before_the_collection(self):
+        # As DROP TABLE does: a session reading the table that then changes the collection must not deadlock
+        # with an unwatch (which counts the watch's end on the collection's row).
+        psql("""
+            CREATE TABLE lg_locks (id int PRIMARY KEY, body text);
+            INSERT INTO lg_locks VALUES (1, 'A row to index.');
+            SELECT rag_create_collection('locks', embedding_model => 'hash-384');
+            SELECT rag_watch('lg_locks', 'locks', content => 'body');
+        """, db=DB)
+        gate = reader = unwatcher = None
+        try:
+            self.assertTrue(wait_until("SELECT rag_wait('locks', '1 second')", seconds=60))
+            gate = background_psql("SELECT pg_advisory_lock(5);", db=DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                                       "AND objid = 5 AND granted)"))
+            reader = background_psql("""
+                BEGIN;
+                SELECT count(*) FROM lg_locks;
+                SELECT pg_advisory_lock(5);
+                SELECT rag_set_search('locks', ef_search => 50);
+                COMMIT;""", db=DB)
+            self.assertTrue(wait_until(waiting_on(5)), "the reader did not get to its lock")
+            unwatcher = background_psql("SELECT rag_unwatch('lg_locks', drop_documents => true);", db=DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks "
+                                       "WHERE relation = 'lg_locks'::regclass AND NOT granted)"),
+                            "the unwatch did not wait for the table")
+            gate.stdin.write("SELECT pg_advisory_unlock(5);\n")
+            gate.stdin.flush()
+            _, err = reader.communicate(timeout=60)
+            self.assertEqual(reader.returncode, 0, err)
+            out, err = unwatcher.communicate(timeout=60)
+            self.assertEqual(unwatcher.returncode, 0, err)
+            self.assertEqual(out.strip(), "t")
+            gate.communicate(timeout=30)
+        finally:
+            for process in (gate, reader, unwatcher):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
+            psql("SELECT rag_unwatch('lg_locks', drop_documents => true); SELECT rag_drop_collection('locks'); "
+                 "DROP TABLE IF EXISTS lg_locks", db=DB, check=False)
