@@ -272,6 +272,14 @@ BEGIN
                                   AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
+      FROM rag.collections c
+     WHERE c.id = ANY (rag._collections_with(p_role, 'admin'))
+       AND c.id = ANY (rag._collections_held_whole(p_role))
+$$;
+
 CREATE OR REPLACE FUNCTION rag._provider_is_the_servers(p_provider text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM rag.providers p
@@ -344,20 +352,15 @@ ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
     USING (role_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND EXISTS (SELECT 1 FROM rag.collections c
-                            WHERE c.id = queries.collection_id AND c.watches_ended = queries.watches_ended)));
+           OR collection_id::bigint * 4294967296 + watches_ended
+              = ANY ((SELECT rag._ledger_keys_visible(current_user))::bigint[]));
 
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND EXISTS (SELECT 1 FROM rag.collections c
-                            WHERE c.id = conversations.collection_id
-                              AND c.watches_ended = conversations.watches_ended)));
+           OR collection_id::bigint * 4294967296 + watches_ended
+              = ANY ((SELECT rag._ledger_keys_visible(current_user))::bigint[]));
 
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 
@@ -4659,7 +4662,7 @@ BEGIN
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
-            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_privilege_rank',
+            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',

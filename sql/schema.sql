@@ -353,6 +353,19 @@ BEGIN
                                   AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
 END $$;
 
+-- Whose ledger rows and conversations p_role may read besides its own: those of the collections it administers
+-- and holds whole (above), written under the collection's current count of ended watches (watches_ended), as
+-- one bigint per collection (its id times 2^32 plus the count) that a row's own pair is looked up in. One
+-- array, computed once per query (an InitPlan): a subquery per row instead made the policies' plans cost enough
+-- for JIT compilation, about 0.2 s on a 200,000-row ledger (BENCHMARKS.md §4).
+CREATE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
+      FROM rag.collections c
+     WHERE c.id = ANY (rag._collections_with(p_role, 'admin'))
+       AND c.id = ANY (rag._collections_held_whole(p_role))
+$$;
+
 -- Whether a provider sends text only where the server's administrators chose: in-process models, the
 -- extension's own ollama (rag.ollama_url, a superuser's setting) and providers a superuser created. Providers
 -- made under 0.1.0 have no creator on record (any rag_admin could make one then), so they do not count.
@@ -514,18 +527,13 @@ CREATE TABLE rag.messages (
 ALTER TABLE rag.queries ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.queries FOR SELECT
     USING (role_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND EXISTS (SELECT 1 FROM rag.collections c
-                            WHERE c.id = queries.collection_id AND c.watches_ended = queries.watches_ended)));
+           OR collection_id::bigint * 4294967296 + watches_ended
+              = ANY ((SELECT rag._ledger_keys_visible(current_user))::bigint[]));
 ALTER TABLE rag.conversations ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_or_administered ON rag.conversations FOR SELECT
     USING (owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-           OR (collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
-               AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])
-               AND EXISTS (SELECT 1 FROM rag.collections c
-                            WHERE c.id = conversations.collection_id
-                              AND c.watches_ended = conversations.watches_ended)));
+           OR collection_id::bigint * 4294967296 + watches_ended
+              = ANY ((SELECT rag._ledger_keys_visible(current_user))::bigint[]));
 ALTER TABLE rag.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY of_visible_conversations ON rag.messages FOR SELECT
     USING (conversation_id IN (SELECT c.id FROM rag.conversations c));

@@ -223,7 +223,7 @@ BEGIN
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
-            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_privilege_rank',
+            WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
