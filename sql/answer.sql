@@ -57,6 +57,7 @@ DECLARE
     v_chat_price rag.prices := rag._price_in_force(p_chat_model);
     v_cost numeric := 0;
     v_id bigint;
+    v_role name := rag._calling_role();
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
@@ -75,7 +76,7 @@ BEGIN
             'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
             'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
             'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
+            'role', v_role));
         RETURN NULL;
     END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
@@ -91,8 +92,7 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role(),
-           (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole,
+           v_role, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role)::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -192,16 +192,15 @@ CREATE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.conversatio
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v rag.conversations;
+    v_caller pg_catalog.pg_roles;
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (NOT coalesce(v.owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
-                     AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
-                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
-                              AND (EXISTS (SELECT 1 FROM rag.collections c
-                                            WHERE c.id = v.collection_id AND c.watches_ended = v.watches_ended)
-                                   OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                                        WHERE r.rolname = rag._calling_role())))) THEN
+    SELECT * INTO v_caller FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    -- The policy of rag.conversations (schema.sql), for the caller rather than rag's owner; superusers, whom
+    -- the policy does not apply to, read every conversation.
+    IF v.id IS NULL OR NOT (coalesce(v.owner_id = v_caller.oid, false) OR coalesce(v_caller.rolsuper, false)
+                         OR v.collection_id::bigint * 4294967296 + v.watches_ended
+                            = ANY (rag._ledger_keys_visible(v_caller.rolname))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;

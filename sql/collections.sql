@@ -281,34 +281,32 @@ END $$;
 CREATE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
+    v_new pg_catalog.pg_roles;
 BEGIN
+    SELECT * INTO v_new FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1];
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser
-    -- created counts as the server's own, and one made by an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
-    -- on record: only a superuser may drop it).
+    -- Providers and conversations go to the new role. Providers not to a superuser, though: a provider a
+    -- superuser created counts as the server's own, and one made by an ordinary role must not become that by
+    -- the usual clean-up before its creator is dropped (no creator on record: only a superuser may drop it).
     UPDATE rag.providers p
-       SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                             ELSE v_new END,
-           created_by_id = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                                ELSE p_new[1]::regrole END
+       SET created_by = CASE WHEN v_new.rolsuper THEN NULL ELSE v_new.rolname END,
+           created_by_id = CASE WHEN v_new.rolsuper THEN NULL ELSE p_new[1]::regrole END
      WHERE p.created_by_id::oid = ANY (p_old);
-    UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
+    UPDATE rag.conversations c SET owner = v_new.rolname, owner_id = p_new[1]::regrole
+     WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
--- ALTER ROLE … RENAME: providers, conversations and the ledger keep the role's name beside the role, as the
--- record.
-CREATE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
+-- After ALTER ROLE … RENAME, with the new name: providers, conversations and the ledger keep the role's name
+-- beside the role, as the record; whose they are is the role's oid, which the rename kept.
+CREATE FUNCTION rag._rename_role(p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_role oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
 BEGIN
-    UPDATE rag.providers p SET created_by = p_new
-     WHERE p.created_by_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
-    -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
-    UPDATE rag.conversations c SET owner = p_new
-     WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
-    UPDATE rag.queries q SET role = p_new
-     WHERE q.role_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
+    UPDATE rag.providers p SET created_by = p_new WHERE p.created_by_id::oid = v_role;
+    UPDATE rag.conversations c SET owner = p_new WHERE c.owner_id::oid = v_role;
+    UPDATE rag.queries q SET role = p_new WHERE q.role_id::oid = v_role;
 END $$;
 
 -- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the
@@ -318,8 +316,7 @@ CREATE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
-    DELETE FROM rag.conversations c
-     WHERE c.owner_id::oid = ANY (p_roles);
+    DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 
 -- DROP ROLE of a role that owns a collection, holds a grant on one, made a provider or owns a conversation
@@ -336,19 +333,20 @@ DECLARE
     v_providers text;
     v_conversations bigint;
 BEGIN
-    SELECT r.name,
-           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
-           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
-              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
-           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by_id::oid = r.oid),
-           (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
+    SELECT d.name, d.owned, d.granted, d.providers, d.conversations
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
-      FROM unnest(p_roles, p_names) AS r(oid, name)
-     WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by_id::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
-     ORDER BY r.name LIMIT 1;
+      FROM (SELECT r.name,
+                   (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+                      FROM rag.collections c WHERE c.owner::oid = r.oid) AS owned,
+                   (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+                      FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id
+                     WHERE g.grantee::oid = r.oid) AS granted,
+                   (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name)
+                      FROM rag.providers p WHERE p.created_by_id::oid = r.oid) AS providers,
+                   (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid) AS conversations
+              FROM unnest(p_roles, p_names) AS r(oid, name)) d
+     WHERE d.owned IS NOT NULL OR d.granted IS NOT NULL OR d.providers IS NOT NULL OR d.conversations > 0
+     ORDER BY d.name LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'role "%" cannot be dropped because objects of rag depend on it', v_role
             USING ERRCODE = 'dependent_objects_still_exist',

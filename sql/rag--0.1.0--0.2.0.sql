@@ -276,8 +276,8 @@ CREATE OR REPLACE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
       FROM rag.collections c
-     WHERE c.id = ANY (rag._collections_with(p_role, 'admin'))
-       AND c.id = ANY (rag._collections_held_whole(p_role))
+     WHERE c.id = ANY ((SELECT rag._collections_with(p_role, 'admin'))::integer[])
+       AND c.id = ANY ((SELECT rag._collections_held_whole(p_role))::integer[])
 $$;
 
 CREATE OR REPLACE FUNCTION rag._provider_is_the_servers(p_provider text) RETURNS boolean
@@ -1009,40 +1009,37 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._reassign_owned(p_old oid[], p_new oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_new name := (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]);
+    v_new pg_catalog.pg_roles;
 BEGIN
+    SELECT * INTO v_new FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1];
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
-    -- Providers and conversations go to the new role. Not to a superuser, though: a provider a superuser
-    -- created counts as the server's own, and one made by an ordinary role must not become that by the usual clean-up before its creator is dropped (no creator
-    -- on record: only a superuser may drop it).
+    -- Providers and conversations go to the new role. Providers not to a superuser, though: a provider a
+    -- superuser created counts as the server's own, and one made by an ordinary role must not become that by
+    -- the usual clean-up before its creator is dropped (no creator on record: only a superuser may drop it).
     UPDATE rag.providers p
-       SET created_by = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                             ELSE v_new END,
-           created_by_id = CASE WHEN (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1]) THEN NULL
-                                ELSE p_new[1]::regrole END
+       SET created_by = CASE WHEN v_new.rolsuper THEN NULL ELSE v_new.rolname END,
+           created_by_id = CASE WHEN v_new.rolsuper THEN NULL ELSE p_new[1]::regrole END
      WHERE p.created_by_id::oid = ANY (p_old);
-    UPDATE rag.conversations c SET owner = v_new, owner_id = p_new[1]::regrole WHERE c.owner_id::oid = ANY (p_old);
+    UPDATE rag.conversations c SET owner = v_new.rolname, owner_id = p_new[1]::regrole
+     WHERE c.owner_id::oid = ANY (p_old);
     PERFORM rag._grant_watch_owners();
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._rename_role(p_old text, p_new text) RETURNS void
+CREATE OR REPLACE FUNCTION rag._rename_role(p_new text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_role oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
 BEGIN
-    UPDATE rag.providers p SET created_by = p_new
-     WHERE p.created_by_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
-    -- The names are the record; who reads the rows is the role's oid, which a rename keeps.
-    UPDATE rag.conversations c SET owner = p_new
-     WHERE c.owner_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
-    UPDATE rag.queries q SET role = p_new
-     WHERE q.role_id::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_new);
+    UPDATE rag.providers p SET created_by = p_new WHERE p.created_by_id::oid = v_role;
+    UPDATE rag.conversations c SET owner = p_new WHERE c.owner_id::oid = v_role;
+    UPDATE rag.queries q SET role = p_new WHERE q.role_id::oid = v_role;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
-    DELETE FROM rag.conversations c
-     WHERE c.owner_id::oid = ANY (p_roles);
+    DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._refuse_drop_role(p_roles oid[], p_names text[]) RETURNS void
@@ -1054,19 +1051,20 @@ DECLARE
     v_providers text;
     v_conversations bigint;
 BEGIN
-    SELECT r.name,
-           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name) FROM rag.collections c WHERE c.owner::oid = r.oid),
-           (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
-              FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id WHERE g.grantee::oid = r.oid),
-           (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name) FROM rag.providers p WHERE p.created_by_id::oid = r.oid),
-           (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
+    SELECT d.name, d.owned, d.granted, d.providers, d.conversations
       INTO v_role, v_owned, v_granted, v_providers, v_conversations
-      FROM unnest(p_roles, p_names) AS r(oid, name)
-     WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.owner::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.collection_grants g WHERE g.grantee::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.providers p WHERE p.created_by_id::oid = r.oid)
-        OR EXISTS (SELECT 1 FROM rag.conversations c WHERE c.owner_id::oid = r.oid)
-     ORDER BY r.name LIMIT 1;
+      FROM (SELECT r.name,
+                   (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+                      FROM rag.collections c WHERE c.owner::oid = r.oid) AS owned,
+                   (SELECT string_agg(format('%L', c.name), ', ' ORDER BY c.name)
+                      FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id
+                     WHERE g.grantee::oid = r.oid) AS granted,
+                   (SELECT string_agg(format('%L', p.name), ', ' ORDER BY p.name)
+                      FROM rag.providers p WHERE p.created_by_id::oid = r.oid) AS providers,
+                   (SELECT count(*) FROM rag.conversations c WHERE c.owner_id::oid = r.oid) AS conversations
+              FROM unnest(p_roles, p_names) AS r(oid, name)) d
+     WHERE d.owned IS NOT NULL OR d.granted IS NOT NULL OR d.providers IS NOT NULL OR d.conversations > 0
+     ORDER BY d.name LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'role "%" cannot be dropped because objects of rag depend on it', v_role
             USING ERRCODE = 'dependent_objects_still_exist',
@@ -2953,6 +2951,7 @@ DECLARE
     v_chat_price rag.prices := rag._price_in_force(p_chat_model);
     v_cost numeric := 0;
     v_id bigint;
+    v_role name := rag._calling_role();
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
@@ -2971,7 +2970,7 @@ BEGIN
             'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
             'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
             'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', rag._calling_role()));
+            'role', v_role));
         RETURN NULL;
     END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
@@ -2987,8 +2986,7 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           rag._calling_role(),
-           (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole,
+           v_role, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role)::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -3080,16 +3078,15 @@ CREATE OR REPLACE FUNCTION rag._conversation_of_caller(p_id bigint) RETURNS rag.
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v rag.conversations;
+    v_caller pg_catalog.pg_roles;
 BEGIN
     SELECT * INTO v FROM rag.conversations WHERE id = p_id;
-    -- As the policy of rag.conversations reads it (schema.sql), for the caller rather than rag's owner.
-    IF NOT FOUND OR (NOT coalesce(v.owner_id = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()), false)
-                     AND NOT (v.collection_id = ANY (rag._collections_with(rag._calling_role(), 'admin'))
-                              AND v.collection_id = ANY (rag._collections_held_whole(rag._calling_role()))
-                              AND (EXISTS (SELECT 1 FROM rag.collections c
-                                            WHERE c.id = v.collection_id AND c.watches_ended = v.watches_ended)
-                                   OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                                        WHERE r.rolname = rag._calling_role())))) THEN
+    SELECT * INTO v_caller FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
+    -- The policy of rag.conversations (schema.sql), for the caller rather than rag's owner; superusers, whom
+    -- the policy does not apply to, read every conversation.
+    IF v.id IS NULL OR NOT (coalesce(v.owner_id = v_caller.oid, false) OR coalesce(v_caller.rolsuper, false)
+                         OR v.collection_id::bigint * 4294967296 + v.watches_ended
+                            = ANY (rag._ledger_keys_visible(v_caller.rolname))) THEN
         RAISE EXCEPTION 'conversation % does not exist', p_id
             USING ERRCODE = 'undefined_object', HINT = 'Start one with rag_conversation_start(collection).';
     END IF;
@@ -4016,6 +4013,26 @@ DECLARE
     v_watch integer;
     v_table text;
     v_column text;
+    -- The tables the command altered, with their partitions and inheritance children (ATTACH and a column
+    -- renamed on the parent name the parent) and the tables typed by a composite type it altered (ALTER TYPE …
+    -- RENAME ATTRIBUTE … CASCADE names only the type, by its pg_class row); never inside an extension's script,
+    -- which may not replace objects it does not own.
+    v_altered oid[] := ARRAY(
+        SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+        UNION
+        SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+        UNION
+        SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
+          JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension);
+    -- The schemas it altered (ALTER SCHEMA … RENAME names no table).
+    v_schemas oid[] := ARRAY(
+        SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+         WHERE d.classid = 'pg_catalog.pg_namespace'::regclass AND NOT d.in_extension);
 BEGIN
     -- A watch's expressions, key and metadata columns are kept as names: a column among them renamed or
     -- dropped (CASCADE drops the triggers that depend on it), on the table or through its parent, would leave
@@ -4023,28 +4040,14 @@ BEGIN
     -- to drop a column a view reads. Where the columns the expressions read are not known (NULL: a function of
     -- the owner's, a whole row), the expressions must still find theirs.
     FOR v_watch, v_table, v_column IN
-        WITH altered AS (
-            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            -- ALTER TYPE … RENAME ATTRIBUTE … CASCADE renames the columns of the tables typed by it (OF type),
-            -- and names only the type (by its pg_class row).
-            SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
-              JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
         SELECT w.id, rag._table_name(w.source), col
-          FROM rag.watches w JOIN altered a ON a.objid = w.source
+          FROM rag.watches w
           LEFT JOIN LATERAL (
                 SELECT c FROM unnest(w.key_columns || w.metadata_columns || coalesce(w.read_columns, '{}')) c
                  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute t
                                     WHERE t.attrelid = w.source AND t.attname = c AND t.attnum > 0 AND NOT t.attisdropped)
                  LIMIT 1) missing(col) ON true
-         WHERE missing.col IS NOT NULL OR w.read_columns IS NULL
+         WHERE w.source = ANY (v_altered) AND (missing.col IS NOT NULL OR w.read_columns IS NULL)
          ORDER BY w.id
     LOOP
         IF v_column IS NULL THEN
@@ -4068,15 +4071,8 @@ BEGIN
         END IF;
     END LOOP;
     FOR v_watch IN
-        -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
-        -- the parent); never inside an extension's script, which may not replace objects it does not own.
         WITH altered AS (
-            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            SELECT unnest(v_altered) AS objid
             UNION
             -- DETACH names the parent, which the detached table no longer is a child of; the detach rewrote the
             -- table's pg_class row in this transaction. Without that test, an owner who gave their own watched
@@ -4112,10 +4108,7 @@ BEGIN
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
           FROM pg_catalog.pg_class t
          WHERE t.oid = w.source
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
-                        WHERE NOT d.in_extension
-                          AND ((d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = w.source)
-                               OR (d.classid = 'pg_catalog.pg_namespace'::regclass AND d.objid = t.relnamespace)))
+           AND (w.source = ANY (v_altered) OR t.relnamespace = ANY (v_schemas))
            AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
         RETURNING w.id, w.source_name)
     UPDATE rag.documents d

@@ -362,8 +362,8 @@ CREATE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
       FROM rag.collections c
-     WHERE c.id = ANY (rag._collections_with(p_role, 'admin'))
-       AND c.id = ANY (rag._collections_held_whole(p_role))
+     WHERE c.id = ANY ((SELECT rag._collections_with(p_role, 'admin'))::integer[])
+       AND c.id = ANY ((SELECT rag._collections_held_whole(p_role))::integer[])
 $$;
 
 -- Whether a provider sends text only where the server's administrators chose: in-process models, the

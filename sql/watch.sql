@@ -997,6 +997,26 @@ DECLARE
     v_watch integer;
     v_table text;
     v_column text;
+    -- The tables the command altered, with their partitions and inheritance children (ATTACH and a column
+    -- renamed on the parent name the parent) and the tables typed by a composite type it altered (ALTER TYPE …
+    -- RENAME ATTRIBUTE … CASCADE names only the type, by its pg_class row); never inside an extension's script,
+    -- which may not replace objects it does not own.
+    v_altered oid[] := ARRAY(
+        SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+        UNION
+        SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+        UNION
+        SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
+          JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension);
+    -- The schemas it altered (ALTER SCHEMA … RENAME names no table).
+    v_schemas oid[] := ARRAY(
+        SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+         WHERE d.classid = 'pg_catalog.pg_namespace'::regclass AND NOT d.in_extension);
 BEGIN
     -- A watch's expressions, key and metadata columns are kept as names: a column among them renamed or
     -- dropped (CASCADE drops the triggers that depend on it), on the table or through its parent, would leave
@@ -1004,28 +1024,14 @@ BEGIN
     -- to drop a column a view reads. Where the columns the expressions read are not known (NULL: a function of
     -- the owner's, a whole row), the expressions must still find theirs.
     FOR v_watch, v_table, v_column IN
-        WITH altered AS (
-            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            -- ALTER TYPE … RENAME ATTRIBUTE … CASCADE renames the columns of the tables typed by it (OF type),
-            -- and names only the type (by its pg_class row).
-            SELECT t.oid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_class ct ON ct.oid = d.objid AND ct.relkind = 'c'
-              JOIN pg_catalog.pg_class t ON t.reloftype = ct.reltype
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension)
         SELECT w.id, rag._table_name(w.source), col
-          FROM rag.watches w JOIN altered a ON a.objid = w.source
+          FROM rag.watches w
           LEFT JOIN LATERAL (
                 SELECT c FROM unnest(w.key_columns || w.metadata_columns || coalesce(w.read_columns, '{}')) c
                  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute t
                                     WHERE t.attrelid = w.source AND t.attname = c AND t.attnum > 0 AND NOT t.attisdropped)
                  LIMIT 1) missing(col) ON true
-         WHERE missing.col IS NOT NULL OR w.read_columns IS NULL
+         WHERE w.source = ANY (v_altered) AND (missing.col IS NOT NULL OR w.read_columns IS NULL)
          ORDER BY w.id
     LOOP
         IF v_column IS NULL THEN
@@ -1049,15 +1055,8 @@ BEGIN
         END IF;
     END LOOP;
     FOR v_watch IN
-        -- Only the tables the command altered, and their partitions and inheritance children (ATTACH names
-        -- the parent); never inside an extension's script, which may not replace objects it does not own.
         WITH altered AS (
-            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
-            UNION
-            SELECT i.inhrelid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              JOIN pg_catalog.pg_inherits i ON i.inhparent = d.objid
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass AND NOT d.in_extension
+            SELECT unnest(v_altered) AS objid
             UNION
             -- DETACH names the parent, which the detached table no longer is a child of; the detach rewrote the
             -- table's pg_class row in this transaction. Without that test, an owner who gave their own watched
@@ -1093,10 +1092,7 @@ BEGIN
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
           FROM pg_catalog.pg_class t
          WHERE t.oid = w.source
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
-                        WHERE NOT d.in_extension
-                          AND ((d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = w.source)
-                               OR (d.classid = 'pg_catalog.pg_namespace'::regclass AND d.objid = t.relnamespace)))
+           AND (w.source = ANY (v_altered) OR t.relnamespace = ANY (v_schemas))
            AND w.source_name IS DISTINCT FROM rag._table_name(w.source)
         RETURNING w.id, w.source_name)
     UPDATE rag.documents d

@@ -57,17 +57,19 @@ impl Steps for Subtransactions {
 pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     // A hot standby cannot write: said with the primary's address rather than with PostgreSQL's "cannot assign
     // TransactionIds during recovery" from the first step.
-    Spi::connect(|client| {
-        client
-            .select(
-                "SELECT rag._refuse_writes_on_standby('rag_process_queue')",
-                None,
-                &[],
-            )
-            .map(|_| ())
-    })
-    .doing(|| "checking for a standby".to_string())
-    .unwrap_or_raise();
+    if crate::pg::in_recovery() {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT rag._refuse_writes_on_standby('rag_process_queue')",
+                    None,
+                    &[],
+                )
+                .map(|_| ())
+        })
+        .doing(|| "checking for a standby".to_string())
+        .unwrap_or_raise();
+    }
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;

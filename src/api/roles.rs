@@ -61,6 +61,23 @@ fn call(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid], arguments: &[pg_s
     }
 }
 
+/// The existing roles a `REASSIGN OWNED` names, and its new role (InvalidOid when there is none by that name).
+///
+/// # Safety
+/// `statement` is a valid ReassignOwnedStmt.
+unsafe fn reassigned_roles(
+    statement: *mut pg_sys::ReassignOwnedStmt,
+) -> (Vec<pg_sys::Oid>, pg_sys::Oid) {
+    let old_roles = named_roles((*statement).roles)
+        .into_iter()
+        .map(|(oid, _)| oid)
+        .collect();
+    (
+        old_roles,
+        pg_sys::get_rolespec_oid((*statement).newrole, true),
+    )
+}
+
 fn oid_array(oids: Vec<pg_sys::Oid>) -> pg_sys::Datum {
     oids.into_datum().expect("an array always makes a datum")
 }
@@ -84,12 +101,7 @@ pub unsafe extern "C-unwind" fn before_command(pstmt: *mut pg_sys::PlannedStmt) 
         pg_sys::NodeTag::T_ReassignOwnedStmt => {
             // Only for a caller PostgreSQL will let run the command (the privileges of every role named):
             // anyone else gets PostgreSQL's own refusal, with nothing of rag's changed or revealed first.
-            let statement = node as *mut pg_sys::ReassignOwnedStmt;
-            let new_role = pg_sys::get_rolespec_oid((*statement).newrole, true);
-            let old_roles: Vec<pg_sys::Oid> = named_roles((*statement).roles)
-                .into_iter()
-                .map(|(oid, _)| oid)
-                .collect();
+            let (old_roles, new_role) = reassigned_roles(node as *mut pg_sys::ReassignOwnedStmt);
             let caller = pg_sys::GetUserId();
             if new_role != pg_sys::InvalidOid
                 && !old_roles.is_empty()
@@ -140,12 +152,10 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
             }
         }
         pg_sys::NodeTag::T_ReassignOwnedStmt => {
-            let statement = node as *mut pg_sys::ReassignOwnedStmt;
-            let new_role = pg_sys::get_rolespec_oid((*statement).newrole, false);
-            let old_roles = named_roles((*statement).roles)
-                .into_iter()
-                .map(|(oid, _)| oid)
-                .collect();
+            let (old_roles, new_role) = reassigned_roles(node as *mut pg_sys::ReassignOwnedStmt);
+            if new_role == pg_sys::InvalidOid {
+                return;
+            }
             call(
                 c"_reassign_owned",
                 &[pg_sys::OIDARRAYOID, pg_sys::OIDARRAYOID],
@@ -155,22 +165,15 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
         pg_sys::NodeTag::T_RenameStmt => {
             let statement = node as *mut pg_sys::RenameStmt;
             if (*statement).renameType == pg_sys::ObjectType::OBJECT_ROLE
-                && !(*statement).subname.is_null()
                 && !(*statement).newname.is_null()
             {
-                let old_name = std::ffi::CStr::from_ptr((*statement).subname).to_string_lossy();
                 let new_name = std::ffi::CStr::from_ptr((*statement).newname).to_string_lossy();
                 call(
                     c"_rename_role",
-                    &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-                    &[
-                        old_name
-                            .into_datum()
-                            .expect("a string always makes a datum"),
-                        new_name
-                            .into_datum()
-                            .expect("a string always makes a datum"),
-                    ],
+                    &[pg_sys::TEXTOID],
+                    &[new_name
+                        .into_datum()
+                        .expect("a string always makes a datum")],
                 );
             }
         }

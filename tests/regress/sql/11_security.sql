@@ -1035,6 +1035,13 @@ SELECT rag_conversation_start('tickets') AS reader_conversation \gset
 SELECT outcome FROM rag_ask('tickets', 'which printer is out of toner', k => 8, conversation => :reader_conversation);
 RESET ROLE;
 SELECT set_config('sec.reader_conversation', :'reader_conversation', false) IS NOT NULL AS noted;
+-- Reading the reader's conversation as whoever calls it; refused as if it did not exist.
+CREATE FUNCTION pg_temp.try_readers_conversation() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+EXCEPTION WHEN undefined_object THEN
+    RAISE NOTICE 'the reader''s conversation is not the admin''s to read';
+END $$;
 SET ROLE sec_attacker;
 SELECT rag_create_provider('admins-own', 'ollama', base_url => 'http://127.0.0.1:9') IS NULL AS created;
 SELECT rag_create_provider('admins-reranker', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
@@ -1046,12 +1053,7 @@ SELECT rag_set_reranker('tickets', 'stolen');
 SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
 SELECT count(*) AS readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
 SELECT count(*) AS readers_conversations FROM rag.conversations WHERE owner = 'sec_reader';
-DO $$
-BEGIN
-    PERFORM rag_conversation(current_setting('sec.reader_conversation')::bigint);
-EXCEPTION WHEN undefined_object THEN
-    RAISE NOTICE 'the reader''s conversation is not the admin''s to read';
-END $$;
+SELECT pg_temp.try_readers_conversation();
 RESET ROLE;
 -- The table's owner may do all of it.
 SET ROLE sec_owner;
@@ -1126,12 +1128,7 @@ SELECT rag_unwatch(w.source, drop_documents => true) FROM rag.watches w WHERE w.
 SELECT count(*) AS readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
 SELECT count(*) AS readers_conversations FROM rag.conversations WHERE owner = 'sec_reader';
 SELECT count(*) AS readers_messages FROM rag.messages;
-DO $$
-BEGIN
-    PERFORM rag_conversation(current_setting('sec.reader_conversation')::bigint);
-EXCEPTION WHEN undefined_object THEN
-    RAISE NOTICE 'the reader''s conversation is not the admin''s to read';
-END $$;
+SELECT pg_temp.try_readers_conversation();
 RESET ROLE;
 SET ROLE sec_owner;
 SELECT count(*) AS owner_sees_readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
