@@ -254,22 +254,26 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._collections_with(p_role name, p_privilege text) RETURNS integer[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT coalesce(array_agg(c.id), '{}')
-      FROM rag.collections c, pg_catalog.pg_roles r
-     WHERE r.rolname = p_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege)
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id), '{}')
+              FROM rag.collections c, pg_catalog.pg_roles r
+             WHERE r.rolname = v_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege));
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._collections_held_whole(p_role name) RETURNS integer[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
-    v_whole integer[] := rag._watches_readable_whole(p_role);
+    v_role name := rag._acting_for(p_role);
+    v_whole integer[] := rag._watches_readable_whole(v_role);
 BEGIN
     RETURN (SELECT coalesce(array_agg(c.id), '{}')
               FROM rag.collections c
              WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
                                 WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
-                                  AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
+                                  AND NOT pg_catalog.pg_has_role(v_role, t.relowner, 'USAGE')));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
@@ -715,6 +719,13 @@ CREATE OR REPLACE FUNCTION rag."_calling_identity"() RETURNS TABLE (
 STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_identity_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_acting_for"(
+	"role" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'acting_for_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -3271,7 +3282,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT coalesce(array_agg(w.id), '{}')
       FROM rag.watches w
       JOIN pg_catalog.pg_class t ON t.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.rolname = p_role
+      JOIN pg_catalog.pg_roles r ON r.rolname = (SELECT rag._acting_for(p_role))
      WHERE r.rolsuper
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
@@ -4524,7 +4535,12 @@ BEGIN
          WHERE dep.refclassid = 'pg_extension'::regclass
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
-           AND p.prosecdef AND p.prokind = 'f' AND pg_catalog.left(p.proname, 4) = 'rag_'
+           AND p.prosecdef AND p.prokind = 'f'
+           AND (pg_catalog.left(p.proname, 4) = 'rag_'
+                -- What a role may see, asked by rag's policies and views with current_user: executable by
+                -- every reader, so they ask who is calling (rag._acting_for), which needs the wrapper's frame.
+                OR p.proname IN ('_collections_with', '_collections_held_whole', '_watches_readable_whole',
+                                 '_ledger_keys_visible'))
            AND n.nspname <> 'rag_definer'
     LOOP
         v_previous := pg_catalog.to_regprocedure(format('rag_definer.%I(%s)', f.proname, f.argument_types));

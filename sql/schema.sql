@@ -328,13 +328,20 @@ LANGUAGE sql STABLE AS $$
                                AND pg_catalog.pg_has_role(p_role, g.grantee, 'USAGE'))))
 $$;
 
--- The ids of the collections p_role holds p_privilege on; policies call it once per query (an InitPlan).
+-- The ids of the collections p_role holds p_privilege on; policies call it once per query (an InitPlan) with
+-- current_user. Every reader may call it, so it answers only for the caller or a role whose privileges the
+-- caller has (rag._acting_for; a superuser for any): another role's list is not the caller's to learn. It and
+-- the three below are entered through wrappers (sql/security.sql) so that rag._acting_for can tell who asks.
+-- PL/pgSQL because this file is run before the Rust functions exist, and a SQL body is checked when created.
 CREATE FUNCTION rag._collections_with(p_role name, p_privilege text) RETURNS integer[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT coalesce(array_agg(c.id), '{}')
-      FROM rag.collections c, pg_catalog.pg_roles r
-     WHERE r.rolname = p_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege)
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id), '{}')
+              FROM rag.collections c, pg_catalog.pg_roles r
+             WHERE r.rolname = v_role AND rag._has_collection_privilege(c.id, c.owner, r.oid, p_privilege));
+END $$;
 
 -- The collections every row of which p_role may read: for each table the collection watches, p_role has the
 -- privileges of its owner (the worker reads it as them) or may read it whole (rag._watches_readable_whole). An
@@ -344,20 +351,22 @@ $$;
 CREATE FUNCTION rag._collections_held_whole(p_role name) RETURNS integer[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
-    v_whole integer[] := rag._watches_readable_whole(p_role);
+    v_role name := rag._acting_for(p_role);
+    v_whole integer[] := rag._watches_readable_whole(v_role);
 BEGIN
     RETURN (SELECT coalesce(array_agg(c.id), '{}')
               FROM rag.collections c
              WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
                                 WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
-                                  AND NOT pg_catalog.pg_has_role(p_role, t.relowner, 'USAGE')));
+                                  AND NOT pg_catalog.pg_has_role(v_role, t.relowner, 'USAGE')));
 END $$;
 
 -- Whose ledger rows and conversations p_role may read besides its own: those of the collections it administers
 -- and holds whole (above), written under the collection's current count of ended watches (watches_ended), as
 -- one bigint per collection (its id times 2^32 plus the count) that a row's own pair is looked up in. One
 -- array, computed once per query (an InitPlan): a subquery per row instead made the policies' plans cost enough
--- for JIT compilation, about 0.2 s on a 200,000-row ledger (BENCHMARKS.md §4).
+-- for JIT compilation, about 0.2 s on a 200,000-row ledger (BENCHMARKS.md §4). The two functions it calls
+-- refuse a p_role the caller may not ask about.
 CREATE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')

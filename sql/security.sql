@@ -94,7 +94,12 @@ BEGIN
          WHERE dep.refclassid = 'pg_extension'::regclass
            AND dep.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
            AND dep.deptype = 'e'
-           AND p.prosecdef AND p.prokind = 'f' AND pg_catalog.left(p.proname, 4) = 'rag_'
+           AND p.prosecdef AND p.prokind = 'f'
+           AND (pg_catalog.left(p.proname, 4) = 'rag_'
+                -- What a role may see, asked by rag's policies and views with current_user: executable by
+                -- every reader, so they ask who is calling (rag._acting_for), which needs the wrapper's frame.
+                OR p.proname IN ('_collections_with', '_collections_held_whole', '_watches_readable_whole',
+                                 '_ledger_keys_visible'))
            AND n.nspname <> 'rag_definer'
     LOOP
         v_previous := pg_catalog.to_regprocedure(format('rag_definer.%I(%s)', f.proname, f.argument_types));

@@ -177,7 +177,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT coalesce(array_agg(w.id), '{}')
       FROM rag.watches w
       JOIN pg_catalog.pg_class t ON t.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.rolname = p_role
+      JOIN pg_catalog.pg_roles r ON r.rolname = (SELECT rag._acting_for(p_role))
      WHERE r.rolsuper
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)

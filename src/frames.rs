@@ -221,7 +221,8 @@ fn floor_now() -> Floor {
 }
 
 /// What the catalog says of a function: its owner, its schema, whether it switches to its owner
-/// (SECURITY DEFINER), and whether it is `rag._calling_role()` or `rag._calling_identity()` itself.
+/// (SECURITY DEFINER), and whether it is one of the functions that ask who called (`rag._calling_role()`,
+/// `rag._calling_identity()`, `rag._acting_for()`).
 struct FunctionFacts {
     owner: pg_sys::Oid,
     namespace: pg_sys::Oid,
@@ -247,7 +248,7 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
         let definer = (*form).prosecdef;
         let named_calling_role = matches!(
             std::ffi::CStr::from_ptr((*form).proname.data.as_ptr()).to_bytes(),
-            b"_calling_role" | b"_calling_identity"
+            b"_calling_role" | b"_calling_identity" | b"_acting_for"
         );
         pg_sys::ReleaseSysCache(tuple);
         // Only the innermost frame has that name; the other frames need no second lookup.
@@ -262,7 +263,8 @@ fn describe(function: pg_sys::Oid) -> Option<FunctionFacts> {
     }
 }
 
-/// Who called into rag, seen from `rag._calling_role()` itself, which must be the innermost frame (it has a
+/// Who called into rag, seen from `rag._calling_role()` itself (or `rag._calling_identity()`,
+/// `rag._acting_for()`), which must be the innermost frame (it has a
 /// SET clause, so the handler runs it and the hook recorded it). Below it lie rag's own frames: functions of
 /// rag's owner in the schema `rag` or members of the extension elsewhere; only a superuser can create those
 /// and only rag's owner can change them, so their catalog entries can be believed. The outermost of them was
@@ -344,6 +346,41 @@ pub fn entry_point_caller() -> Result<Caller, CallerUnknown> {
         role: caller,
         search_path: outermost_path.map(|path| path.to_string_lossy().into_owned()),
     })
+}
+
+/// The identity PostgreSQL called the wrapper of the function asking with: seen from `rag._acting_for()`, which
+/// must be the innermost frame, called by a SECURITY DEFINER body in `rag_definer`, itself called by a wrapper
+/// of rag (a function of rag's owner in schema rag that does not switch identity). That identity is the
+/// `current_user` of the statement that called the wrapper: a reader's own query, the owner of a function or
+/// materialized view that reads rag's tables, or rag's owner when rag's own code reads its views. `None` when
+/// the frames do not have that shape (the body called without its wrapper, among others), or when frames
+/// may have started unseen.
+pub fn wrapper_identity() -> Option<pg_sys::Oid> {
+    if FLOOR.get() == Floor::Switched {
+        return None;
+    }
+    let top = FRAMES.with(|frames| {
+        let frames = frames.borrow();
+        (3..=CAPACITY)
+            .contains(&frames.depth)
+            .then(|| frames.frames[frames.depth - 3..frames.depth].to_vec())
+    })?;
+    let [wrapper, body, own] = top.as_slice() else {
+        return None;
+    };
+    let own_facts = describe(own.function)?;
+    let body_facts = describe(body.function)?;
+    let wrapper_facts = describe(wrapper.function)?;
+    // SAFETY: a syscache lookup by name; with missing_ok it returns InvalidOid rather than raising.
+    let bodies = unsafe { pg_sys::get_namespace_oid(c"rag_definer".as_ptr(), true) };
+    let shaped = own_facts.is_calling_role
+        && body_facts.definer
+        && body_facts.namespace == bodies
+        && body_facts.owner == own_facts.owner
+        && !wrapper_facts.definer
+        && wrapper_facts.namespace == own_facts.namespace
+        && wrapper_facts.owner == own_facts.owner;
+    shaped.then_some(wrapper.user)
 }
 
 /// Who called into rag, as the outermost frame of rag recorded it: the identity, and the `search_path` the

@@ -69,6 +69,7 @@ extension_sql_file!(
         api::watch::rag::query_as,
         api::watch_keys::rag::watch_keys_taken,
         api::rag::restrict_to_current_user,
+        api::rag::acting_for,
         api::extract::rag::to_text,
         api::query::rag::local_model_window,
         api::query::rag::embed_text

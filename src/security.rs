@@ -142,6 +142,56 @@ pub fn caller() -> crate::frames::Caller {
     }
 }
 
+/// Raises unless whoever asks may be told what `role` may see. The policies and views that narrow rag's tables
+/// pass `current_user` to the functions that list a role's collections and watches (`rag._collections_with`
+/// and the like); those functions run as rag's owner and are executable by every reader, so without this a
+/// reader could name another role and learn which collections it may read. Allowed: the role the function's
+/// wrapper was called as ([`crate::frames::wrapper_identity`]: the `current_user` of the asking statement,
+/// which is what the policies pass), and, for rag's own checks on behalf of the caller of its entry point, that
+/// caller, a role whose privileges it has (it could `SET ROLE` and ask) or any role for a superuser.
+///
+/// Unlike [`caller`], allowed inside a security-restricted operation: there PostgreSQL has made the object's
+/// owner the current user (a materialized view's refresh, an index expression), the frames record exactly
+/// that identity, and answering what that owner may read is what the policies need to do. Nothing is acted on.
+pub fn require_acting_for(role_name: &str) {
+    let Ok(name) = CString::new(role_name) else {
+        return; // no role has a NUL in its name: nothing to tell
+    };
+    // SAFETY: `name` is NUL-terminated and alive for the call; with missing_ok the lookup returns InvalidOid
+    // instead of raising.
+    let role = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
+    if role == pg_sys::InvalidOid || crate::frames::wrapper_identity() == Some(role) {
+        return;
+    }
+    // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
+    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+        crate::error::RagError::InsufficientPrivilege {
+            message: "rag cannot tell who is asking inside a parallel worker".into(),
+            hint: "Call rag's functions from a function that is not marked PARALLEL SAFE.".into(),
+        }
+        .raise()
+    }
+    let caller = match crate::frames::entry_point_caller() {
+        Ok(caller) => caller.role,
+        Err(why) => crate::error::RagError::InsufficientPrivilege {
+            message: why.message().into(),
+            hint: why.hint().into(),
+        }
+        .raise(),
+    };
+    // SAFETY: the privilege checks read the catalog caches of this backend only.
+    let allowed = role == caller
+        || unsafe { pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, role) };
+    if !allowed {
+        crate::error::RagError::InsufficientPrivilege {
+            message: format!("permission denied to see what role \"{role_name}\" may read in rag"),
+            hint: "rag answers this only for the calling role, a role whose privileges it has, or a superuser."
+                .into(),
+        }
+        .raise()
+    }
+}
+
 /// Makes the rest of the calling SECURITY DEFINER function a security-restricted operation as its owner (the
 /// current user). PostgreSQL's own restore of the definer function's identity and security context when it
 /// returns (or the abort of an ERROR) ends it, so nothing is left to undo here. Refused outside a definer

@@ -78,6 +78,15 @@ pub mod rag {
         TableIterator::once((role_name(caller.role), caller.search_path))
     }
 
+    /// `role` itself, once the caller of rag's entry point may be told what that role may see (see
+    /// [`crate::security::require_acting_for`]); the functions behind rag's row-level security ask it before
+    /// they list a role's collections or watches. Parallel restricted, as `rag._calling_role()`.
+    #[pg_extern(stable, parallel_restricted, name = "_acting_for")]
+    pub fn acting_for(role: &str) -> String {
+        crate::security::require_acting_for(role);
+        role.to_owned()
+    }
+
     fn role_name(role: pgrx::pg_sys::Oid) -> String {
         // SAFETY: GetUserNameFromId with noerr returns a palloc'd NUL-terminated string or NULL (checked),
         // which is copied before the memory context can go away.

@@ -440,7 +440,7 @@ SELECT count(*) AS functions_with_another_path
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
    AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
    AND NOT (NOT p.prosecdef AND p.prosrc LIKE 'SELECT %rag\_definer.' || p.proname || '(%'
-            AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag'));
+            AND p.pronamespace IN ((SELECT extnamespace FROM pg_extension WHERE extname = 'rag'), 'rag'::regnamespace));
 SELECT p.oid::regprocedure AS function, p.proconfig IS NULL AS unconfigured, NOT p.prosecdef AS invoker,
        p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
   FROM pg_proc p WHERE p.oid IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
@@ -1189,6 +1189,49 @@ SET ROLE sec_owner;
 SELECT rag_revoke('owner-docs', 'Public'), rag_revoke('owner-docs', 'public');
 RESET ROLE;
 DROP ROLE "Public";
+
+------------------------------------------------------------------------------------------------------------
+-- What another role may see is not a reader's to learn. The functions behind rag's policies run as rag's owner
+-- and every reader may call them, with any role name: they answer only for the caller, a role whose privileges
+-- the caller has (it could SET ROLE and ask), or anyone for a superuser.
+SET ROLE sec_reader;
+SELECT rag._collections_with('sec_owner', 'read');
+SELECT rag._collections_held_whole('sec_owner');
+SELECT rag._watches_readable_whole('sec_owner');
+SELECT rag._ledger_keys_visible('sec_owner');
+-- The body behind the wrapper cannot tell who calls it, so it refuses everyone.
+SELECT rag_definer._collections_with('sec_reader', 'read');
+SELECT cardinality(rag._collections_with('sec_reader', 'read')) = (SELECT count(*) FROM rag.collections) AS own_list,
+       rag._ledger_keys_visible(current_user) = '{}' AS reader_administers_nothing;
+RESET ROLE;
+GRANT sec_reader TO sec_nobody;
+SET ROLE sec_nobody;
+SELECT cardinality(rag._collections_with('sec_reader', 'read')) > 0 AS member_may_ask;
+SELECT rag._collections_with('sec_owner', 'read');
+RESET ROLE;
+REVOKE sec_reader FROM sec_nobody;
+SELECT cardinality(rag._collections_with('sec_owner', 'admin')) > 0 AS superuser_may_ask;
+-- The policies still see the role PostgreSQL runs them as: inside a function of another role (SECURITY
+-- DEFINER, called by the reader) and in a materialized view's refresh, a security-restricted operation as the
+-- view's owner.
+SET ROLE sec_attacker;
+CREATE FUNCTION sec_attacker.visible_collections() RETURNS text LANGUAGE sql SECURITY DEFINER
+    SET search_path = pg_catalog AS $$ SELECT string_agg(name, ', ' ORDER BY name) FROM rag.collections $$;
+GRANT EXECUTE ON FUNCTION sec_attacker.visible_collections() TO sec_reader;
+GRANT USAGE ON SCHEMA sec_attacker TO sec_reader;
+CREATE MATERIALIZED VIEW sec_attacker.visible_collections_view AS SELECT name FROM rag.collections;
+REFRESH MATERIALIZED VIEW sec_attacker.visible_collections_view;
+SELECT string_agg(name, ', ' ORDER BY name) AS refreshed_as_its_owner FROM sec_attacker.visible_collections_view;
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT sec_attacker.visible_collections() AS as_the_functions_owner,
+       (SELECT string_agg(name, ', ' ORDER BY name) FROM rag.collections) AS as_the_reader;
+RESET ROLE;
+SET ROLE sec_attacker;
+DROP MATERIALIZED VIEW sec_attacker.visible_collections_view;
+DROP FUNCTION sec_attacker.visible_collections();
+REVOKE USAGE ON SCHEMA sec_attacker FROM sec_reader;
+RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
