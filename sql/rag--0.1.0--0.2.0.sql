@@ -1676,6 +1676,13 @@ BEGIN
         RAISE EXCEPTION 'base_url must be an http or https URL, not %', quote_literal(base_url)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example http://127.0.0.1:11434 or https://api.openai.com/v1.';
     END IF;
+    -- A query or fragment would swallow the route rag appends (a provider could then fetch any path of any
+    -- server the database reaches), and user-info would be sent as credentials and shown in rag.providers.
+    IF base_url ~ '[?#]' OR base_url ~ '^https?://[^/]*@' THEN
+        RAISE EXCEPTION 'base_url must not carry a query (?), a fragment (#) or user-info (user@host)'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'rag appends the API route (/embeddings, /api/embed, …) to it: name the server and path prefix only, and keep a key in api_key_setting.';
+    END IF;
     IF kind = 'openai' AND base_url IS NULL THEN
         RAISE EXCEPTION 'an openai provider needs a base_url' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'The URL includes the version path, for example https://api.openai.com/v1.';
@@ -1730,6 +1737,11 @@ BEGIN
     IF base_url IS NULL OR base_url !~ '^https?://[^/\s]+' THEN
         RAISE EXCEPTION 'base_url must be an http or https URL, not %', coalesce(quote_literal(base_url), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'The exact base URL the provider will use, e.g. https://api.openai.com/v1.';
+    END IF;
+    IF base_url ~ '[?#]' OR base_url ~ '^https?://[^/]*@' THEN
+        RAISE EXCEPTION 'base_url must not carry a query (?), a fragment (#) or user-info (user@host)'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'No provider may use such a URL; keys are named by api_key_setting, never put in the URL.';
     END IF;
     INSERT INTO rag.key_grants (api_key_setting, base_url, granted_by)
     VALUES (api_key_setting, rtrim(base_url, '/'), rag._calling_role())

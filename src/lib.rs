@@ -85,6 +85,7 @@ extension_sql_file!("../sql/security.sql", name = "security", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     keep_backtraces_out_of_errors();
+    pg::remember_how_loaded();
     settings::define();
     // In every process that loads the library, preloaded or not: rag's privilege checks need to know whose
     // code is running (frames.rs).

@@ -74,6 +74,24 @@ pub fn pin_worker_search_path() {
     };
 }
 
+static LOADED_BY_POSTMASTER: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Called from `_PG_init`: remembers, for every backend the postmaster forks afterwards, that the library came
+/// from shared_preload_libraries.
+pub fn remember_how_loaded() {
+    if preloading() {
+        LOADED_BY_POSTMASTER.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether rag was in shared_preload_libraries, so that its settings existed in this backend before any SQL
+/// ran. Otherwise a `rag.*` value from the configuration is, until the library loads in a session, a
+/// placeholder PostgreSQL shows to every role.
+pub fn loaded_by_postmaster() -> bool {
+    LOADED_BY_POSTMASTER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// True while the postmaster loads shared_preload_libraries, the only time shared memory, background
 /// workers and hooks may be registered.
 pub fn preloading() -> bool {

@@ -45,6 +45,13 @@ pub fn read_secret_setting(name: &str) -> Result<Option<String>, String> {
         return read_secrets_file(entry);
     }
     if name == "rag.openai_api_key" {
+        if !crate::pg::loaded_by_postmaster() {
+            return Err("rag.openai_api_key is used only when rag is in shared_preload_libraries: until the \
+                        library is loaded in a session, PostgreSQL shows a rag setting from the configuration \
+                        to every role (SHOW rag.openai_api_key); preload rag, or keep the key in \
+                        rag.secrets_file and name it file:NAME"
+                .to_string());
+        }
         let value = crate::settings::string(&crate::settings::OPENAI_API_KEY);
         return Ok((!value.trim().is_empty()).then(|| value.trim().to_string()));
     }

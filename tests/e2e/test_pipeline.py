@@ -346,6 +346,31 @@ class WithoutPreload(unittest.TestCase):
     def tearDownClass(cls):
         subprocess.run(["bash", "-c", f"source {os.environ['ROOT']}/scripts/lib/cluster.sh; stop_cluster {cls.data}"])
 
+    def test_a_key_in_the_configuration_is_not_used(self):
+        port = self.port
+        secret = "sk-nopreload-5ecret"
+        # ALTER SYSTEM knows the setting only in a session that loaded the library.
+        psql(f"LOAD 'rag'; ALTER SYSTEM SET rag.openai_api_key = '{secret}'; SELECT pg_reload_conf()", db="postgres",
+             port=port)
+        time.sleep(0.5)
+        try:
+            psql("CREATE DATABASE keyless", db="postgres", port=port)
+            psql("DROP ROLE IF EXISTS np_peek; CREATE ROLE np_peek LOGIN", db="postgres", port=port)
+            # Why: before the library is loaded in a session, the setting is a placeholder anyone may read.
+            self.assertEqual(psql("SET ROLE np_peek; SHOW rag.openai_api_key", db="keyless", port=port),
+                             [[secret]])
+            provider = f"http://127.0.0.1:{os.environ['PROVIDER_PORT']}/v1"
+            code, rows, err = psql(f"""CREATE EXTENSION rag CASCADE;
+                SELECT rag_create_provider('keyed', 'openai', '{provider}', 'rag.openai_api_key');
+                SELECT rag_embed('hello', 'hash-384', 'keyed');""", db="keyless", port=port, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("rag.openai_api_key is used only when rag is in shared_preload_libraries", err)
+            self.assertNotIn(secret, repr(rows) + err)
+        finally:
+            psql("LOAD 'rag'; ALTER SYSTEM RESET rag.openai_api_key; SELECT pg_reload_conf()", db="postgres", port=port)
+            psql("DROP DATABASE IF EXISTS keyless", db="postgres", port=port)
+            psql("DROP ROLE IF EXISTS np_peek", db="postgres", port=port)
+
     def test_definer_functions_running_when_the_library_loads(self):
         port = self.port
         psql("CREATE DATABASE definers", db="postgres", port=port)

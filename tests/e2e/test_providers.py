@@ -1,7 +1,9 @@
 """Providers: an OpenAI-compatible server beside Ollama, keys nobody but the server can read, and a provider
 that is down not stalling collections on another provider."""
+import http.server
 import os
 import subprocess
+import threading
 import time
 import unittest
 
@@ -135,6 +137,63 @@ class Providers(unittest.TestCase):
         finally:
             psql("SELECT rag_drop_collection('stuck')", db=DB)
             psql("ALTER SYSTEM RESET rag.http_timeout; SELECT pg_reload_conf();", db="postgres")
+
+    def test_f_an_admin_cannot_read_internal_services_through_a_provider(self):
+        # An HTTP service only the database server reaches: a page of secrets at any path, and a redirect to it.
+        reached = []
+
+        class Internal(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                reached.append(self.path)
+                if self.path.startswith("/redirect"):
+                    self.send_response(302)
+                    self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/secret/models")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = b"INTERNAL-ONLY db_password=hunter2"
+                self.send_response(200 if self.command == "GET" else 500)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Internal)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_port
+        psql("DROP ROLE IF EXISTS ssrf_admin; CREATE ROLE ssrf_admin LOGIN IN ROLE rag_admin", db=DB)
+        try:
+            # The route rag appends cannot be swallowed by a query or fragment, nor credentials put in the URL.
+            for url in (f"http://127.0.0.1:{port}/secret?x=", f"http://127.0.0.1:{port}/secret#",
+                        f"http://user:pass@127.0.0.1:{port}/v1"):
+                code, _, stderr = psql(f"SET ROLE ssrf_admin; SELECT rag_create_provider('ssrf', 'openai', '{url}')",
+                                       db=DB, check=False)
+                self.assertNotEqual(code, 0, url)
+                self.assertIn("must not carry a query", stderr)
+            psql(f"SET ROLE ssrf_admin; SELECT rag_create_provider('ssrf', 'openai', 'http://127.0.0.1:{port}/secret');"
+                 f"SELECT rag_create_provider('ssrf-redirect', 'openai', 'http://127.0.0.1:{port}/redirect')", db=DB)
+            # What the service answers is not read back: not from a page served with 200, not from an error.
+            for probe in ("SELECT * FROM rag_models('ssrf')",
+                          "SELECT rag_embed('hello', 'm', 'ssrf')",
+                          "SELECT * FROM rag_models('ssrf-redirect')"):
+                code, rows, stderr = psql(f"SET ROLE ssrf_admin; {probe}", db=DB, check=False)
+                self.assertNotEqual(code, 0, probe)
+                self.assertNotIn("hunter2", repr(rows) + stderr, probe)
+                self.assertNotIn("INTERNAL-ONLY", repr(rows) + stderr, probe)
+            # The redirect was not followed: the page it points to was asked for once, by the first probe only.
+            self.assertEqual(reached, ["/secret/models", "/secret/embeddings", "/redirect/models"])
+            _, _, stderr = psql("SET ROLE ssrf_admin; SELECT * FROM rag_models('ssrf-redirect')", db=DB, check=False)
+            self.assertIn("HTTP 302", stderr)
+        finally:
+            server.shutdown()
+            server.server_close()
+            psql("SELECT rag_drop_provider(name) FROM rag.providers WHERE name IN ('ssrf', 'ssrf-redirect')", db=DB)
+            psql("DROP ROLE IF EXISTS ssrf_admin", db=DB)
 
 
 if __name__ == "__main__":

@@ -62,16 +62,21 @@ impl fmt::Display for CallContext<'_> {
 }
 
 impl CallContext<'_> {
-    /// A permanent error about a response that arrived with a success status but cannot be used.
+    /// A permanent error about a response that arrived with a success status but cannot be used. The body
+    /// is not quoted: the server is whatever the provider's URL names, which a `rag_admin` chooses, and a
+    /// quote would read any internal HTTP service back to them (only its size is given).
     pub(crate) fn bad_response(&self, status: u16, problem: &str, body: &[u8]) -> ProviderError {
-        let start = excerpt(
-            &String::from_utf8_lossy(&body[..body.len().min(4 * EXCERPT_CHARS)]),
-            EXCERPT_CHARS,
-        );
+        // Checks made after parsing (counts, norms) pass no body.
+        let size = if body.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} bytes)", body.len())
+        };
         ProviderError::Permanent {
             status: Some(status),
             message: format!(
-                "{self}: HTTP {status}: unusable response: {problem}; body starts with: {start}"
+                "{self}: HTTP {status}: unusable response{size}: {}",
+                excerpt(problem, EXCERPT_CHARS)
             ),
         }
     }
@@ -125,6 +130,10 @@ pub(crate) fn exchange(
         return Err(ProviderError::Interrupted);
     }
     let started = Instant::now();
+    // Kept to take the key out of what the server answers before any of it is quoted: a server that echoes
+    // the Authorization header would otherwise have it cut short in an excerpt, where a replacement of the
+    // whole key no longer finds it.
+    let key = outgoing.bearer.clone().filter(|key| !key.is_empty());
     let (sender, receiver) = mpsc::sync_channel(1);
     let worker_client = client.clone();
     let spawned = rag_threads::spawn(
@@ -164,7 +173,48 @@ pub(crate) fn exchange(
             }
         }
     };
-    settle(outcome, timeout, context)
+    settle(without_key(outcome, key.as_deref()), timeout, context)
+}
+
+/// The outcome with every occurrence of `key` in the response body replaced by `[redacted]`.
+fn without_key(outcome: Outcome, key: Option<&str>) -> Outcome {
+    let Some(key) = key else {
+        return outcome;
+    };
+    match outcome {
+        Outcome::Answered {
+            status,
+            retry_after,
+            retry_after_ms,
+            body,
+        } => Outcome::Answered {
+            status,
+            retry_after,
+            retry_after_ms,
+            body: replace_bytes(&body, key.as_bytes(), b"[redacted]"),
+        },
+        other => other,
+    }
+}
+
+fn replace_bytes(haystack: &[u8], needle: &[u8], replacement: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut rest = haystack;
+    while !needle.is_empty() && rest.len() >= needle.len() {
+        match rest
+            .windows(needle.len())
+            .position(|window| window == needle)
+        {
+            Some(at) => {
+                out.extend_from_slice(&rest[..at]);
+                out.extend_from_slice(replacement);
+                rest = &rest[at + needle.len()..];
+            }
+            None => break,
+        }
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 fn timed_out(context: &CallContext<'_>, timeout: Duration) -> ProviderError {
@@ -339,6 +389,9 @@ fn failure(error: reqwest::Error) -> Outcome {
 /// The provider's own explanation from an error body: Ollama `{"error": "..."}`, OpenAI
 /// `{"error": {"message": "..."}}`, FastAPI-style `{"detail": ...}`, or the raw text; at most
 /// [`EXCERPT_CHARS`] characters on one line.
+/// What an error response says, for the message: the error text of a JSON body in the dialects providers use,
+/// never the raw body (an HTML page, a file, an internal service's answer: the server is the provider's URL's,
+/// which a `rag_admin` chooses), of which only the size is given.
 pub(crate) fn provider_error_text(body: &[u8]) -> String {
     let raw = String::from_utf8_lossy(body);
     let explained = match serde_json::from_str::<serde_json::Value>(&raw) {
@@ -360,7 +413,14 @@ pub(crate) fn provider_error_text(body: &[u8]) -> String {
         }
         _ => None,
     };
-    excerpt(explained.as_deref().unwrap_or(&raw), EXCERPT_CHARS)
+    match explained {
+        Some(text) => excerpt(&text, EXCERPT_CHARS),
+        None if body.is_empty() => String::new(),
+        None => format!(
+            "a {}-byte body without a JSON error message (not quoted)",
+            body.len()
+        ),
+    }
 }
 
 /// Collapses whitespace and control characters to single spaces and cuts at `max_chars` characters.
@@ -414,12 +474,16 @@ mod tests {
         );
         assert_eq!(
             provider_error_text(b"<html>\n  Bad   Gateway\n</html>"),
-            "<html> Bad Gateway </html>"
+            "a 30-byte body without a JSON error message (not quoted)"
         );
         assert_eq!(provider_error_text(b""), "");
         assert_eq!(
             provider_error_text(&[0xff, 0xfe, b'o', b'k']),
-            "\u{fffd}\u{fffd}ok"
+            "a 4-byte body without a JSON error message (not quoted)"
+        );
+        assert_eq!(
+            provider_error_text(br#"{"AccessKeyId":"AKIA","SecretAccessKey":"s3cr3t"}"#),
+            "a 49-byte body without a JSON error message (not quoted)"
         );
     }
 

@@ -220,6 +220,20 @@ impl Provider {
         let base = config.base_url.trim().trim_end_matches('/').to_string();
         // The URL itself is left out of these messages: it may carry credentials in its user-info part.
         match reqwest::Url::parse(&base) {
+            // A query or fragment would swallow the route appended to the base (`/secret?x=` + `/models`
+            // fetches `/secret`), and user-info would be sent as credentials to a server of the URL's
+            // choosing: a base URL names a server and a path prefix, nothing else.
+            Ok(url)
+                if url.query().is_some()
+                    || url.fragment().is_some()
+                    || !url.username().is_empty()
+                    || url.password().is_some() =>
+            {
+                return Err(ProviderError::permanent(format!(
+                    "{} provider: base_url must not carry a query (?), a fragment (#) or user-info (user@)",
+                    config.kind
+                )))
+            }
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
             Ok(url) => {
                 return Err(ProviderError::permanent(format!(
@@ -248,6 +262,9 @@ impl Provider {
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .user_agent(concat!("rag-embed/", env!("CARGO_PKG_VERSION")))
+            // A redirect would take the request (a POST's body included) to a server the provider's URL does
+            // not name, past the superuser's choice of where a key may go and of the path rag appends.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| {
                 ProviderError::permanent(format!(

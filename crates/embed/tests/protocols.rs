@@ -586,10 +586,15 @@ fn server_errors_are_transient_with_excerpt() {
     let (status, retry_after, message) =
         expect_transient(openai(&server).embed("m", &inputs(&["x"]), None, &mut never()));
     assert_eq!((status, retry_after), (Some(503), None));
+    // The page itself is not quoted: the server is whatever a provider's URL names.
     assert!(
-        message.contains("HTTP 503 Service Unavailable: <html><body>Service Unavailable xxx"),
+        message.contains(&format!(
+            "HTTP 503 Service Unavailable: a {}-byte body without a JSON error message (not quoted)",
+            html.len()
+        )),
         "{message}"
     );
+    assert!(!message.contains("<html>"), "{message}");
     assert!(
         message.chars().count() < 420,
         "excerpt must be bounded: {} chars",
@@ -656,10 +661,81 @@ fn malformed_json_is_permanent() {
         expect_permanent(ollama_embed_reply("{\"embeddings\": [[1.0, 2.0]", &["x"]));
     assert_eq!(status, Some(200));
     assert!(
-        message.contains("unusable response")
-            && message.contains("body starts with: {\"embeddings\""),
+        message.contains("unusable response (26 bytes): EOF while parsing"),
         "{message}"
     );
+    assert!(!message.contains("{\"embeddings\""), "{message}");
+}
+
+// ---------------------------------------------------------------- what a provider's URL may reach and read back
+
+#[test]
+fn an_internal_page_is_not_read_back() {
+    // What a rag_admin could point a provider at: any HTTP service the database server reaches.
+    for status in [200, 403, 500] {
+        let server = TestServer::start(vec![Behaviour::raw(
+            status,
+            &[("Content-Type", "text/plain")],
+            "db_password=hunter2",
+        )]);
+        let result = openai(&server).list_models(&mut never());
+        let message = match result {
+            Err(error) => error.message().to_string(),
+            Ok(models) => panic!("a text page gave models: {models:?}"),
+        };
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+}
+
+#[test]
+fn redirects_are_not_followed() {
+    let target = TestServer::start(vec![Behaviour::json(200, json!({"data": []}))]);
+    let server = TestServer::start(vec![Behaviour::raw(
+        302,
+        &[("Location", &format!("{}/v1/models", target.url()))],
+        "",
+    )]);
+    let (status, message) = expect_permanent(openai(&server).list_models(&mut never()));
+    assert_eq!(status, Some(302), "{message}");
+    assert_eq!(target.requests().len(), 0, "the redirect was followed");
+}
+
+#[test]
+fn a_base_url_cannot_hide_the_route_or_carry_credentials() {
+    for base_url in [
+        "http://127.0.0.1:9/secret?x=",
+        "http://127.0.0.1:9/secret#",
+        "http://user:pass@127.0.0.1:9/v1",
+        "http://user@127.0.0.1:9/v1",
+    ] {
+        let error = Provider::new(ProviderConfig {
+            kind: ProviderKind::OpenAi,
+            base_url: base_url.to_string(),
+            api_key: None,
+            timeout: Duration::from_secs(1),
+        })
+        .expect_err(base_url);
+        assert!(
+            error.message().contains("must not carry a query"),
+            "{base_url}: {}",
+            error.message()
+        );
+        assert!(!error.message().contains("pass"), "{}", error.message());
+    }
+}
+
+#[test]
+fn an_echoed_key_cut_short_is_still_redacted() {
+    // A server that echoes the Authorization header just before the cut of the quoted error text: the key is
+    // taken out of the body before anything is cut, so no prefix of it survives.
+    for padding in [250, 270, 285, 290] {
+        let server = TestServer::start(vec![Behaviour::json(
+            404,
+            json!({"error": {"message": format!("{} Bearer {SECRET}", "a".repeat(padding))}}),
+        )]);
+        let (_, message) = expect_permanent(openai(&server).list_models(&mut never()));
+        assert!(!message.contains("sk-test"), "{padding}: {message}");
+    }
 }
 
 #[test]

@@ -452,6 +452,11 @@ SET ROLE sec_attacker;
 SELECT rag_create_provider('exfiltrate', 'openai', base_url => 'http://127.0.0.1:9/v1', api_key_setting => 'rag.openai_api_key');
 SELECT rag_allow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1');
 SELECT rag_create_provider('keyless', 'openai', base_url => 'http://127.0.0.1:9/v1');
+-- A provider's URL names a server and a path prefix: a query or fragment would swallow the route rag appends
+-- (any path of any server the database reaches), and user-info would be sent as credentials.
+SELECT rag_create_provider('anypath', 'openai', base_url => 'http://127.0.0.1:9/admin/secrets?x=');
+SELECT rag_create_provider('anypath', 'openai', base_url => 'http://127.0.0.1:9/admin/secrets#');
+SELECT rag_create_provider('anypath', 'openai', base_url => 'http://user:pass@127.0.0.1:9/v1');
 SELECT name, api_key_setting FROM rag.providers WHERE name = 'keyless';
 RESET ROLE;
 SELECT rag_allow_key('rag.openai_api_key', 'http://127.0.0.1:9/v1/');
