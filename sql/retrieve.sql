@@ -128,7 +128,7 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
 $$;
 
 -- The question's lexemes in the collection's configuration, joined by OR; NULL when it has none (only stop
--- words, say).
+-- words, say). The full-text side of a caller who may not read every row of a watched collection.
 CREATE FUNCTION rag._or_query(p_config regconfig, p_text text) RETURNS tsquery
 LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT rag._any_lexeme(tsvector_to_array(to_tsvector(p_config, p_text)))
@@ -146,6 +146,10 @@ $$;
 -- matches than the cap is judged by its share measured on a sample (rag.lexeme_shares). A collection not measured
 -- since it outgrew that size is judged exactly, at the old cost: counting every match up to a quarter of the
 -- collection cost 0.25 to 0.7 s per question at 113,000 chunks.
+-- Those counts and shares take in every chunk, watched rows the caller may not read included: a caller who does
+-- not hold the collection whole (rag._collections_held_whole) gets every lexeme of the question instead, so that
+-- what is kept (rag_explain shows it) and what is found do not tell them which words hidden rows hold, and
+-- hidden rows cannot push a word the caller's own rows share out of their search.
 CREATE FUNCTION rag._keyword_query(c rag.collections, p_question text) RETURNS tsquery
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -164,6 +168,9 @@ DECLARE
     v_measured_chunks bigint;
     v_exact boolean;
 BEGIN
+    IF rag._watched(c) AND NOT c.id = ANY (rag._collections_held_whole(rag._calling_role())) THEN
+        RETURN rag._or_query(c.text_search_config::regconfig, p_question);
+    END IF;
     SELECT count(*), coalesce(sum(s.chunks_total), 0) INTO v_documents, v_chunks
       FROM (SELECT d.chunks_total FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0
              LIMIT v_exact_chunks + 1) s;

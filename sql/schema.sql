@@ -443,10 +443,16 @@ BEGIN
     FOREACH v_table IN ARRAY ARRAY['collections', 'collection_grants', 'watches', 'migrations',
                                    'lexeme_shares', 'lexeme_measures'] LOOP
         EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
-        -- The scalar subquery runs once per query (an InitPlan), not once per row.
+        -- The scalar subquery runs once per query (an InitPlan), not once per row. The lexemes are measured
+        -- over every chunk, those of watched rows a reader may not see included: which words occur and how
+        -- often is shown only to roles that may read every row the collection indexes, as PostgreSQL shows a
+        -- column's statistics (pg_stats) only to roles that may read the column.
         EXECUTE format($p$CREATE POLICY readable ON rag.%I FOR SELECT
-                          USING (%I = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]))$p$,
-                       v_table, CASE v_table WHEN 'collections' THEN 'id' ELSE 'collection_id' END);
+                          USING (%I = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[])%s)$p$,
+                       v_table, CASE v_table WHEN 'collections' THEN 'id' ELSE 'collection_id' END,
+                       CASE WHEN v_table LIKE 'lexeme%'
+                            THEN ' AND collection_id = ANY ((SELECT rag._collections_held_whole(current_user))::integer[])'
+                            ELSE '' END);
     END LOOP;
 END $$;
 
@@ -563,44 +569,3 @@ BEGIN
               FROM rag.chunks ch WHERE ch.collection_id = p_collection_id);
 END $$;
 
--- A security barrier: the view runs as its owner, so its WHERE is all that keeps other roles' collections out,
--- and a caller's own function in a WHERE of theirs must not see a row before it.
-CREATE VIEW rag.status WITH (security_barrier) AS
-SELECT c.name AS collection,
-       c.embedding_provider,
-       c.embedding_model,
-       c.dimensions,
-       coalesce(d.processing, 0) AS documents_processing,
-       coalesce(d.ready, 0) AS documents_ready,
-       coalesce(d.failed, 0) AS documents_failed,
-       coalesce(d.chunks_embedded, 0) AS chunks_embedded,
-       coalesce(d.chunks_total, 0) AS chunks_total,
-       coalesce(q.depth, 0) AS queue_depth,
-       q.oldest AS oldest_pending,
-       e.last_error,
-       m.embedding_model AS migrating_to,
-       m.state AS migration_state,
-       -- Counted only while a model change runs.
-       CASE WHEN m.state = 'embedding' THEN rag._migration_chunks_embedded(c.id) ELSE 0 END
-           AS migration_chunks_embedded,
-       m.failure_reason AS migration_error
-  FROM rag.collections c
-  LEFT JOIN rag.migrations m ON m.collection_id = c.id
-  LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
-               count(*) FILTER (WHERE status = 'ready') AS ready,
-               count(*) FILTER (WHERE status = 'failed') AS failed,
-               sum(chunks_embedded) AS chunks_embedded,
-               sum(chunks_total) AS chunks_total
-          FROM rag.documents WHERE collection_id = c.id) d ON true
-  LEFT JOIN LATERAL (
-        SELECT count(*) AS depth, min(qu.enqueued_at) AS oldest
-          FROM rag.queue qu JOIN rag.documents qd ON qd.id = qu.document_id
-         WHERE qd.collection_id = c.id) q ON true
-  LEFT JOIN LATERAL (
-        SELECT coalesce(qu.last_error, qd.failure_reason) AS last_error
-          FROM rag.documents qd LEFT JOIN rag.queue qu ON qu.document_id = qd.id
-         WHERE qd.collection_id = c.id AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
-         ORDER BY qd.updated_at DESC LIMIT 1) e ON true
- WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';

@@ -1328,24 +1328,37 @@ $$;
 CREATE VIEW rag.watch_status WITH (security_barrier) AS
 SELECT w.source_name AS source,
        c.name AS collection,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) AS rows_indexed,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready') AS rows_ready,
-       (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed') AS rows_failed,
+       -- What the watch's rows are (counts, the errors that quote their values) is shown only to roles that
+       -- may read the whole table, as a plain SELECT of rag.documents shows its documents.
+       CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id) END AS rows_indexed,
+       CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready')
+       END AS rows_ready,
+       CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed')
+       END AS rows_failed,
        -- The documents' counts, not a look into rag.chunks, which a view would plan over every partition.
-       (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint AS chunks,
+       CASE WHEN v.whole THEN (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint
+       END AS chunks,
+       CASE WHEN v.whole THEN
        (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)
-         + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') AS pending,
+         + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') END AS pending,
        -- A watch of a partitioned table (0.1.0 made them; the upgrade kept them) indexes nothing and fails no
        -- row, so without this it would look idle and healthy to anyone who missed the upgrade's warning.
        coalesce(CASE WHEN (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) = 'p'
                      THEN format('the watch indexes nothing: %s is a partitioned table, whose rows are in its '
                                  'partitions; rag_unwatch it, then rag_watch each partition', w.source_name) END,
-                (SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
-                (SELECT d.failure_reason FROM rag.documents d
-                  WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL ORDER BY d.updated_at DESC LIMIT 1)) AS last_error
+                CASE WHEN v.whole THEN e.reason
+                     WHEN e.reason IS NOT NULL
+                     THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '
+                          'only to roles that may read the whole table' END) AS last_error
   FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id
+  CROSS JOIN LATERAL (SELECT w.id = ANY ((SELECT rag._watches_readable_whole(current_user))::integer[]) AS whole) v
+  LEFT JOIN LATERAL (
+        SELECT coalesce((SELECT max(q.last_error) FROM rag.row_queue q WHERE q.watch_id = w.id),
+                        (SELECT d.failure_reason FROM rag.documents d
+                          WHERE d.watch_id = w.id AND d.failure_reason IS NOT NULL
+                          ORDER BY d.updated_at DESC LIMIT 1)) AS reason) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
 -- rows_watched needs a count over the user's table, so it is a function, not a column of the view.
@@ -1356,6 +1369,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     s record;
     w rag.watches;
+    v_whole integer[] := rag._watches_readable_whole(rag._calling_role());
 BEGIN
     -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
     FOR s IN SELECT * FROM rag.watch_status ws
@@ -1365,6 +1379,14 @@ BEGIN
         SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
         source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
         rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
+        -- The view shows this owner everything; the caller gets what the view would show them.
+        IF NOT w.id = ANY (v_whole) THEN
+            rows_indexed := NULL; rows_ready := NULL; rows_failed := NULL; chunks := NULL; pending := NULL;
+            IF s.last_error IS NOT NULL AND NOT pg_catalog.starts_with(s.last_error, 'the watch indexes nothing:') THEN
+                last_error := 'rows of this table failed to index; the reasons quote their values, so they are '
+                              'shown only to roles that may read the whole table';
+            END IF;
+        END IF;
         -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
         -- and shown only to callers who may read the table themselves.
         rows_watched := NULL;
@@ -1377,3 +1399,52 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+-- Here rather than beside the tables in schema.sql: it asks rag._watches_readable_whole, defined above.
+-- A security barrier: the view runs as its owner, so its WHERE is all that keeps other roles' collections out,
+-- and a caller's own function in a WHERE of theirs must not see a row before it.
+CREATE VIEW rag.status WITH (security_barrier) AS
+SELECT c.name AS collection,
+       c.embedding_provider,
+       c.embedding_model,
+       c.dimensions,
+       coalesce(d.processing, 0) AS documents_processing,
+       coalesce(d.ready, 0) AS documents_ready,
+       coalesce(d.failed, 0) AS documents_failed,
+       coalesce(d.chunks_embedded, 0) AS chunks_embedded,
+       coalesce(d.chunks_total, 0) AS chunks_total,
+       coalesce(q.depth, 0) AS queue_depth,
+       q.oldest AS oldest_pending,
+       e.last_error,
+       m.embedding_model AS migrating_to,
+       m.state AS migration_state,
+       -- Counted only while a model change runs.
+       CASE WHEN m.state = 'embedding' THEN rag._migration_chunks_embedded(c.id) ELSE 0 END
+           AS migration_chunks_embedded,
+       m.failure_reason AS migration_error
+  FROM rag.collections c
+  LEFT JOIN rag.migrations m ON m.collection_id = c.id
+  -- Documents of watched rows count only for roles that may read the whole table (as a plain SELECT of
+  -- rag.documents shows them): an error evaluating a watch's expression quotes the row's values, and the
+  -- counts would count rows the table's rules keep from the reader.
+  CROSS JOIN LATERAL (SELECT (SELECT rag._watches_readable_whole(current_user)) AS ids) whole
+  LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE status = 'processing') AS processing,
+               count(*) FILTER (WHERE status = 'ready') AS ready,
+               count(*) FILTER (WHERE status = 'failed') AS failed,
+               sum(chunks_embedded) AS chunks_embedded,
+               sum(chunks_total) AS chunks_total
+          FROM rag.documents
+         WHERE collection_id = c.id AND (watch_id IS NULL OR watch_id = ANY (whole.ids))) d ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS depth, min(qu.enqueued_at) AS oldest
+          FROM rag.queue qu JOIN rag.documents qd ON qd.id = qu.document_id
+         WHERE qd.collection_id = c.id AND (qd.watch_id IS NULL OR qd.watch_id = ANY (whole.ids))) q ON true
+  LEFT JOIN LATERAL (
+        SELECT coalesce(qu.last_error, qd.failure_reason) AS last_error
+          FROM rag.documents qd LEFT JOIN rag.queue qu ON qu.document_id = qd.id
+         WHERE qd.collection_id = c.id AND (qd.watch_id IS NULL OR qd.watch_id = ANY (whole.ids))
+           AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
+         ORDER BY qd.updated_at DESC LIMIT 1) e ON true
+ WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
