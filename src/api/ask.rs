@@ -528,16 +528,31 @@ struct Conversation {
     history: Vec<(String, String)>,
 }
 
+/// Why a conversation may not be continued by this call.
+enum ConversationRefusal {
+    NotOwned,
+    OtherCollection,
+}
+
 fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, RagError> {
     let history = Spi::connect(|client| {
-        let owner = client.select(
-            "SELECT collection_id FROM rag._conversation_of_caller($1)",
+        // An admin of the collection may read another role's conversation (rag._conversation_of_caller), but
+        // only its owner (or a superuser) adds to it: an answer asked into it would be written into the
+        // owner's history, and rewrite the owner's next questions.
+        let found = client.select(
+            "SELECT v.collection_id,
+                    v.owner_id = r.oid OR r.rolsuper
+               FROM rag._conversation_of_caller($1) v, pg_catalog.pg_roles r
+              WHERE r.rolname = rag._calling_role()",
             Some(1),
             &[id.into()],
         )?;
-        let collection_id: Option<i32> = owner.first().get_one()?;
+        let (collection_id, owned): (Option<i32>, Option<bool>) = found.first().get_two()?;
+        if owned != Some(true) {
+            return Ok(Err(ConversationRefusal::NotOwned));
+        }
         if collection_id != Some(collection.id) {
-            return Ok(None);
+            return Ok(Err(ConversationRefusal::OtherCollection));
         }
         let rows = client.select(
             "SELECT role, coalesce(rewritten_question, content) FROM rag.messages WHERE conversation_id = $1 ORDER BY id",
@@ -548,12 +563,18 @@ fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, R
         for row in rows {
             history.push((row.get::<String>(1)?.unwrap_or_default(), row.get::<String>(2)?.unwrap_or_default()));
         }
-        Ok::<_, pgrx::spi::Error>(Some(history))
+        Ok::<_, pgrx::spi::Error>(Ok(history))
     })
     .doing(|| format!("reading conversation {id}"))?;
     match history {
-        Some(history) => Ok(Conversation { id, history }),
-        None => Err(RagError::invalid(
+        Ok(history) => Ok(Conversation { id, history }),
+        Err(ConversationRefusal::NotOwned) => Err(RagError::InsufficientPrivilege {
+            message: format!("conversation {id} is another role's"),
+            hint: "An admin of the collection may read it (rag_conversation), but only its owner continues it; \
+                   start one of your own with rag_conversation_start."
+                .into(),
+        }),
+        Err(ConversationRefusal::OtherCollection) => Err(RagError::invalid(
             format!(
                 "conversation {id} belongs to another collection than \"{}\"",
                 collection.name

@@ -1087,6 +1087,15 @@ RESET ROLE;
 SET ROLE sec_owner;
 SELECT count(*) > 0 AS owner_sees_readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
 SELECT count(*) AS owner_reads_readers_conversation FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+-- Reads it, but does not write into it: the reader's history (and the rewriting of their next questions) is
+-- theirs alone.
+DO $$
+BEGIN
+    PERFORM rag_ask('tickets', 'and on floor 3?', conversation => current_setting('sec.reader_conversation')::bigint);
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
+END $$;
+SELECT count(*) AS readers_conversation_unchanged FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 SELECT rag_set_reranker('tickets', 'stolen', reranker_provider => 'admins-reranker');
 SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
 SELECT rag_revoke('tickets', 'sec_attacker');
