@@ -151,7 +151,12 @@ BEGIN
     SELECT i.role, i.search_path INTO v_caller_name, v_caller_path FROM rag._calling_identity() i;
     SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
-    IF NOT FOUND OR v_super THEN
+    -- No such watch: nothing to check a row against, so nothing is shown (the search never asks about one:
+    -- a watch's end sets its documents' watch_id to NULL in the same transaction).
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v_super THEN
         RETURN true;
     END IF;
     IF NOT pg_catalog.has_table_privilege(v_caller, w.source, 'SELECT') THEN

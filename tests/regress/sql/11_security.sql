@@ -1240,6 +1240,9 @@ SELECT rag._ledger_keys_visible('sec_owner');
 SELECT rag_definer._collections_with('sec_reader', 'read');
 SELECT cardinality(rag._collections_with('sec_reader', 'read')) = (SELECT count(*) FROM rag.collections) AS own_list,
        rag._ledger_keys_visible(current_user) = '{}' AS reader_administers_nothing;
+-- The row check cannot be called directly (it could not tell who asks); inside a search, a watch that does not
+-- exist shows no row (rag._row_visible fails closed).
+SELECT rag._row_visible(-1, '{"id": 1}') AS unknown_watch_row_visible;
 RESET ROLE;
 GRANT sec_reader TO sec_nobody;
 SET ROLE sec_nobody;
