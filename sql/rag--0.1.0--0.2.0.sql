@@ -268,21 +268,26 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     v_role name := rag._acting_for(p_role);
     v_whole integer[] := rag._watches_readable_whole(v_role);
+    v_readable integer[] := rag._collections_with(v_role, 'read');
 BEGIN
     RETURN (SELECT coalesce(array_agg(c.id), '{}')
               FROM rag.collections c
-             WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+             WHERE c.id = ANY (v_readable)
+               AND NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
                                 WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
                                   AND NOT pg_catalog.pg_has_role(v_role, t.relowner, 'USAGE')));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
-      FROM rag.collections c
-     WHERE c.id = ANY ((SELECT rag._collections_with(p_role, 'admin'))::integer[])
-       AND c.id = ANY ((SELECT rag._collections_held_whole(p_role))::integer[])
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
+              FROM rag.collections c
+             WHERE c.id = ANY (rag._collections_with(v_role, 'admin'))
+               AND c.id = ANY (rag._collections_held_whole(v_role)));
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._provider_is_the_servers(p_provider text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -556,6 +561,13 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_acting_for"(
+	"role" TEXT /* Option < & str > */
+) RETURNS TEXT /* String */
+STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'acting_for_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
 STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
@@ -684,13 +696,6 @@ CREATE OR REPLACE FUNCTION rag."_calling_identity"() RETURNS TABLE (
 STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'calling_identity_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_acting_for"(
-	"role" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT STABLE PARALLEL RESTRICTED 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'acting_for_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_check_reranker"(
 	"model" TEXT /* & str */
@@ -3263,19 +3268,24 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    -- Asked first, not inside the query, where the planner may never evaluate it (no watch to join with).
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (
     SELECT coalesce(array_agg(w.id), '{}')
       FROM rag.watches w
       JOIN pg_catalog.pg_class t ON t.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.rolname = (SELECT rag._acting_for(p_role))
+      JOIN pg_catalog.pg_roles r ON r.rolname = v_role
      WHERE r.rolsuper
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
                  OR rag._watch_columns(w) IS NOT NULL
                     AND NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
-                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
-$$;
+                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT')))));
+END $$;
 
 CREATE OR REPLACE VIEW rag.status WITH (security_barrier) AS
 SELECT c.name AS collection,
@@ -4403,28 +4413,32 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     s record;
     w rag.watches;
-    v_whole integer[] := rag._watches_readable_whole(rag._calling_role());
+    v_caller name := rag._calling_role();
+    v_whole integer[] := rag._watches_readable_whole(v_caller);
+    v_readable integer[] := rag._collections_with(v_caller, 'read');
 BEGIN
-    -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
+    -- This function runs as the extension's owner, for whom the view shows every watch and all of it: keep the
+    -- caller's watches, and show what the view would show the caller.
     FOR s IN SELECT * FROM rag.watch_status ws
-              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c
-                                          WHERE c.id = ANY (rag._collections_with(rag._calling_role(), 'read')))
+              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c WHERE c.id = ANY (v_readable))
               ORDER BY 1 LOOP
         SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
+        IF NOT FOUND THEN
+            CONTINUE;  -- unwatched (or renamed) since the loop's snapshot
+        END IF;
         source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
         rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
-        -- The view shows this owner everything; the caller gets what the view would show them.
+        rows_watched := NULL;
         IF NOT w.id = ANY (v_whole) THEN
             rows_indexed := NULL; rows_ready := NULL; rows_failed := NULL; chunks := NULL; pending := NULL;
-            IF s.last_error IS NOT NULL AND NOT pg_catalog.starts_with(s.last_error, 'the watch indexes nothing:') THEN
+            IF s.last_error IS NOT NULL
+               AND (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) IS DISTINCT FROM 'p' THEN
                 last_error := 'rows of this table failed to index; the reasons quote their values, so they are '
                               'shown only to roles that may read the whole table';
             END IF;
-        END IF;
-        -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
-        -- and shown only to callers who may read the table themselves.
-        rows_watched := NULL;
-        IF pg_catalog.has_table_privilege(rag._calling_role()::name, w.source, 'SELECT') THEN
+        ELSE
+            -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone
+            -- else's), so past the table's row-level security: shown only to callers who may read it whole.
             SELECT x::text::bigint INTO rows_watched
               FROM rag._query_as(rag._watch_owner(w),
                                  format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,

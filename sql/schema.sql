@@ -347,16 +347,19 @@ END $$;
 -- privileges of its owner (the worker reads it as them) or may read it whole (rag._watches_readable_whole). An
 -- admin of a collection is not trusted with the rows of another owner's table that its row-level security or
 -- column privileges keep from them: the ledger's answers and the choice of where the collection's texts are
--- sent (a provider of the admin's choosing would be sent every chunk) follow this.
+-- sent (a provider of the admin's choosing would be sent every chunk) follow this. Only collections p_role may
+-- read at all are listed.
 CREATE FUNCTION rag._collections_held_whole(p_role name) RETURNS integer[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     v_role name := rag._acting_for(p_role);
     v_whole integer[] := rag._watches_readable_whole(v_role);
+    v_readable integer[] := rag._collections_with(v_role, 'read');
 BEGIN
     RETURN (SELECT coalesce(array_agg(c.id), '{}')
               FROM rag.collections c
-             WHERE NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+             WHERE c.id = ANY (v_readable)
+               AND NOT EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
                                 WHERE w.collection_id = c.id AND NOT w.id = ANY (v_whole)
                                   AND NOT pg_catalog.pg_has_role(v_role, t.relowner, 'USAGE')));
 END $$;
@@ -365,15 +368,19 @@ END $$;
 -- and holds whole (above), written under the collection's current count of ended watches (watches_ended), as
 -- one bigint per collection (its id times 2^32 plus the count) that a row's own pair is looked up in. One
 -- array, computed once per query (an InitPlan): a subquery per row instead made the policies' plans cost enough
--- for JIT compilation, about 0.2 s on a 200,000-row ledger (BENCHMARKS.md §4). The two functions it calls
--- refuse a p_role the caller may not ask about.
+-- for JIT compilation, about 0.2 s on a 200,000-row ledger (BENCHMARKS.md §4). It asks about p_role itself
+-- first: the functions it calls are called from rag's own code (as rag's owner), where their own check can no
+-- longer tell who asked.
 CREATE FUNCTION rag._ledger_keys_visible(p_role name) RETURNS bigint[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
-      FROM rag.collections c
-     WHERE c.id = ANY ((SELECT rag._collections_with(p_role, 'admin'))::integer[])
-       AND c.id = ANY ((SELECT rag._collections_held_whole(p_role))::integer[])
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (SELECT coalesce(array_agg(c.id::bigint * 4294967296 + c.watches_ended), '{}')
+              FROM rag.collections c
+             WHERE c.id = ANY (rag._collections_with(v_role, 'admin'))
+               AND c.id = ANY (rag._collections_held_whole(v_role)));
+END $$;
 
 -- Whether a provider sends text only where the server's administrators chose: in-process models, the
 -- extension's own ollama (rag.ollama_url, a superuser's setting) and providers a superuser created. Providers

@@ -178,19 +178,24 @@ END $$;
 -- only: nothing of the table's owner's (policies, types, operators) runs for it. The policies below call it
 -- once per query.
 CREATE FUNCTION rag._watches_readable_whole(p_role name) RETURNS integer[]
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    -- Asked first, not inside the query, where the planner may never evaluate it (no watch to join with).
+    v_role name := rag._acting_for(p_role);
+BEGIN
+    RETURN (
     SELECT coalesce(array_agg(w.id), '{}')
       FROM rag.watches w
       JOIN pg_catalog.pg_class t ON t.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.rolname = (SELECT rag._acting_for(p_role))
+      JOIN pg_catalog.pg_roles r ON r.rolname = v_role
      WHERE r.rolsuper
         OR pg_catalog.pg_has_role(r.oid, t.relowner, 'USAGE') AND NOT t.relforcerowsecurity
         OR ((NOT t.relrowsecurity OR r.rolbypassrls)
             AND (pg_catalog.has_table_privilege(r.oid, w.source, 'SELECT')
                  OR rag._watch_columns(w) IS NOT NULL
                     AND NOT EXISTS (SELECT 1 FROM unnest(rag._watch_columns(w)) col
-                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT'))))
-$$;
+                                 WHERE NOT pg_catalog.has_column_privilege(r.oid, w.source, col, 'SELECT')))));
+END $$;
 
 -- A plain SELECT of rag.documents or rag.chunks keeps the source table's rules too: a document made from a
 -- watched row, and its chunks, are shown only to a role that may read that whole table (above). A reader who
@@ -1374,28 +1379,32 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     s record;
     w rag.watches;
-    v_whole integer[] := rag._watches_readable_whole(rag._calling_role());
+    v_caller name := rag._calling_role();
+    v_whole integer[] := rag._watches_readable_whole(v_caller);
+    v_readable integer[] := rag._collections_with(v_caller, 'read');
 BEGIN
-    -- This function runs as the extension's owner, for whom the view shows every watch: keep the caller's.
+    -- This function runs as the extension's owner, for whom the view shows every watch and all of it: keep the
+    -- caller's watches, and show what the view would show the caller.
     FOR s IN SELECT * FROM rag.watch_status ws
-              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c
-                                          WHERE c.id = ANY (rag._collections_with(rag._calling_role(), 'read')))
+              WHERE ws.collection = ANY (SELECT c.name FROM rag.collections c WHERE c.id = ANY (v_readable))
               ORDER BY 1 LOOP
         SELECT * INTO w FROM rag.watches WHERE source_name = s.source;
+        IF NOT FOUND THEN
+            CONTINUE;  -- unwatched (or renamed) since the loop's snapshot
+        END IF;
         source := s.source; collection := s.collection; rows_indexed := s.rows_indexed; rows_ready := s.rows_ready;
         rows_failed := s.rows_failed; chunks := s.chunks; pending := s.pending; last_error := s.last_error;
-        -- The view shows this owner everything; the caller gets what the view would show them.
+        rows_watched := NULL;
         IF NOT w.id = ANY (v_whole) THEN
             rows_indexed := NULL; rows_ready := NULL; rows_failed := NULL; chunks := NULL; pending := NULL;
-            IF s.last_error IS NOT NULL AND NOT pg_catalog.starts_with(s.last_error, 'the watch indexes nothing:') THEN
+            IF s.last_error IS NOT NULL
+               AND (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) IS DISTINCT FROM 'p' THEN
                 last_error := 'rows of this table failed to index; the reasons quote their values, so they are '
                               'shown only to roles that may read the whole table';
             END IF;
-        END IF;
-        -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone else's),
-        -- and shown only to callers who may read the table themselves.
-        rows_watched := NULL;
-        IF pg_catalog.has_table_privilege(rag._calling_role()::name, w.source, 'SELECT') THEN
+        ELSE
+            -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone
+            -- else's), so past the table's row-level security: shown only to callers who may read it whole.
             SELECT x::text::bigint INTO rows_watched
               FROM rag._query_as(rag._watch_owner(w),
                                  format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,

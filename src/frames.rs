@@ -349,16 +349,14 @@ pub fn entry_point_caller() -> Result<Caller, CallerUnknown> {
 }
 
 /// The identity PostgreSQL called the wrapper of the function asking with: seen from `rag._acting_for()`, which
-/// must be the innermost frame, called by a SECURITY DEFINER body in `rag_definer`, itself called by a wrapper
-/// of rag (a function of rag's owner in schema rag that does not switch identity). That identity is the
-/// `current_user` of the statement that called the wrapper: a reader's own query, the owner of a function or
-/// materialized view that reads rag's tables, or rag's owner when rag's own code reads its views. `None` when
-/// the frames do not have that shape (the body called without its wrapper, among others), or when frames
-/// may have started unseen.
+/// must be the innermost frame, called by a SECURITY DEFINER body in `rag_definer`, itself called by its own
+/// wrapper (a function of rag's owner of the same name in schema rag that does not switch identity). That
+/// identity is the `current_user` of the statement that called the wrapper: a reader's own query, the owner of
+/// a function or materialized view that reads rag's tables, or rag's owner when rag's own code reads its views.
+/// `None` when the frames do not have that shape (the body called without its wrapper, among others). The
+/// three frames were seen starting by the hook whatever lies below them, so a library loaded late changes
+/// nothing here.
 pub fn wrapper_identity() -> Option<pg_sys::Oid> {
-    if FLOOR.get() == Floor::Switched {
-        return None;
-    }
     let top = FRAMES.with(|frames| {
         let frames = frames.borrow();
         (3..=CAPACITY)
@@ -380,7 +378,17 @@ pub fn wrapper_identity() -> Option<pg_sys::Oid> {
         && !wrapper_facts.definer
         && wrapper_facts.namespace == own_facts.namespace
         && wrapper_facts.owner == own_facts.owner;
-    shaped.then_some(wrapper.user)
+    (shaped && same_name(wrapper.function, body.function)).then_some(wrapper.user)
+}
+
+/// Whether two functions have the same name: a wrapper and the body it calls.
+fn same_name(one: pg_sys::Oid, other: pg_sys::Oid) -> bool {
+    // SAFETY: get_func_name returns a palloc'd NUL-terminated copy of the name, or NULL for an unknown oid
+    // (checked); both are read before this function returns, and the memory belongs to the current context.
+    unsafe {
+        let (one, other) = (pg_sys::get_func_name(one), pg_sys::get_func_name(other));
+        !one.is_null() && !other.is_null() && CStr::from_ptr(one) == CStr::from_ptr(other)
+    }
 }
 
 /// Who called into rag, as the outermost frame of rag recorded it: the identity, and the `search_path` the

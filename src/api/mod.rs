@@ -82,7 +82,16 @@ pub mod rag {
     /// [`crate::security::require_acting_for`]); the functions behind rag's row-level security ask it before
     /// they list a role's collections or watches. Parallel restricted, as `rag._calling_role()`.
     #[pg_extern(stable, parallel_restricted, name = "_acting_for")]
-    pub fn acting_for(role: &str) -> String {
+    pub fn acting_for(role: Option<&str>) -> String {
+        // Not STRICT: a NULL role would otherwise skip the check, and the functions asking would answer for
+        // no role in particular (pg_has_role(NULL, ...) is NULL, which a NOT EXISTS turns into "every row").
+        let Some(role) = role else {
+            crate::error::RagError::invalid(
+                "the role asked about must not be NULL",
+                "Pass current_user, or the name of a role whose privileges you have.",
+            )
+            .raise()
+        };
         crate::security::require_acting_for(role);
         role.to_owned()
     }

@@ -76,7 +76,7 @@ impl CallContext<'_> {
             status: Some(status),
             message: format!(
                 "{self}: HTTP {status}: unusable response{size}: {}",
-                excerpt(problem, EXCERPT_CHARS)
+                excerpt(&without_quoted_values(problem), EXCERPT_CHARS)
             ),
         }
     }
@@ -173,7 +173,40 @@ pub(crate) fn exchange(
             }
         }
     };
-    settle(without_key(outcome, key.as_deref()), timeout, context)
+    settle(
+        without_key(outcome, key.as_deref()),
+        timeout,
+        context,
+        key.as_deref(),
+    )
+}
+
+/// A parser's complaint with the string values it quotes from the body (in double quotes) left out: serde's
+/// `invalid type: string "…", expected a sequence` would otherwise read a field of any JSON service back to
+/// whoever chose the URL.
+fn without_quoted_values(problem: &str) -> String {
+    let mut out = String::with_capacity(problem.len());
+    let mut quote: Option<char> = None;
+    for ch in problem.chars() {
+        match quote {
+            Some(open) if ch == open => {
+                out.push('…');
+                out.push(ch);
+                quote = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(ch);
+                if ch == '"' {
+                    quote = Some(ch);
+                }
+            }
+        }
+    }
+    if quote.is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// The outcome with every occurrence of `key` in the response body replaced by `[redacted]`.
@@ -229,6 +262,7 @@ fn settle(
     outcome: Outcome,
     timeout: Duration,
     context: &CallContext<'_>,
+    key: Option<&str>,
 ) -> Result<Reply, ProviderError> {
     match outcome {
         Outcome::Answered { status, body, .. } if (200..300).contains(&status) => {
@@ -248,7 +282,7 @@ fn settle(
                 message.push(' ');
                 message.push_str(reason);
             }
-            let text = provider_error_text(&body);
+            let text = provider_error_text(&body, key);
             if !text.is_empty() {
                 message.push_str(": ");
                 message.push_str(&text);
@@ -386,13 +420,12 @@ fn failure(error: reqwest::Error) -> Outcome {
     }
 }
 
-/// The provider's own explanation from an error body: Ollama `{"error": "..."}`, OpenAI
-/// `{"error": {"message": "..."}}`, FastAPI-style `{"detail": ...}`, or the raw text; at most
-/// [`EXCERPT_CHARS`] characters on one line.
-/// What an error response says, for the message: the error text of a JSON body in the dialects providers use,
-/// never the raw body (an HTML page, a file, an internal service's answer: the server is the provider's URL's,
-/// which a `rag_admin` chooses), of which only the size is given.
-pub(crate) fn provider_error_text(body: &[u8]) -> String {
+/// What an error response says, for the message: the error text of a JSON body in the dialects providers use
+/// (Ollama `{"error": "..."}`, OpenAI `{"error": {"message": "..."}}`, FastAPI-style `{"detail": "..."}`), a
+/// string only, with `key` taken out of it before it is cut to [`EXCERPT_CHARS`] characters on one line. Never
+/// the raw body or a structured value (an HTML page, a file, an internal service's answer: the server is the
+/// provider's URL's, which a `rag_admin` chooses), of which only the size is given.
+pub(crate) fn provider_error_text(body: &[u8], key: Option<&str>) -> String {
     let raw = String::from_utf8_lossy(body);
     let explained = match serde_json::from_str::<serde_json::Value>(&raw) {
         Ok(serde_json::Value::Object(object)) => {
@@ -405,16 +438,19 @@ pub(crate) fn provider_error_text(body: &[u8]) -> String {
             ]
             .into_iter()
             .flatten()
-            .find(|value| !value.is_null() && !value.is_object())
-            .map(|value| match value {
-                serde_json::Value::String(text) => text.clone(),
-                other => other.to_string(),
-            })
+            .find_map(|value| value.as_str().map(str::to_string))
         }
         _ => None,
     };
     match explained {
-        Some(text) => excerpt(&text, EXCERPT_CHARS),
+        // The body was scrubbed of the key as bytes; JSON escapes (`\u002d`) hide it from that, not from this.
+        Some(text) => excerpt(
+            &match key {
+                Some(key) => text.replace(key, "[redacted]"),
+                None => text,
+            },
+            EXCERPT_CHARS,
+        ),
         None if body.is_empty() => String::new(),
         None => format!(
             "a {}-byte body without a JSON error message (not quoted)",
@@ -455,35 +491,65 @@ mod tests {
     #[test]
     fn error_text_from_each_dialect() {
         assert_eq!(
-            provider_error_text(br#"{"error":"model \"x\" not found"}"#),
+            provider_error_text(br#"{"error":"model \"x\" not found"}"#, None),
             "model \"x\" not found"
         );
         assert_eq!(
             provider_error_text(
-                br#"{"error":{"message":"Incorrect API key","type":"invalid_request_error"}}"#
+                br#"{"error":{"message":"Incorrect API key","type":"invalid_request_error"}}"#,
+                None
             ),
             "Incorrect API key"
         );
         assert_eq!(
-            provider_error_text(br#"{"detail":"Not Found"}"#),
+            provider_error_text(br#"{"detail":"Not Found"}"#, None),
             "Not Found"
         );
+        // Only strings: a structured value could be any service's data.
         assert_eq!(
-            provider_error_text(br#"{"detail":[{"loc":["body"]}]}"#),
-            r#"[{"loc":["body"]}]"#
+            provider_error_text(br#"{"detail":[{"loc":["body"]}]}"#, None),
+            "a 29-byte body without a JSON error message (not quoted)"
         );
         assert_eq!(
-            provider_error_text(b"<html>\n  Bad   Gateway\n</html>"),
+            provider_error_text(b"<html>\n  Bad   Gateway\n</html>", None),
             "a 30-byte body without a JSON error message (not quoted)"
         );
-        assert_eq!(provider_error_text(b""), "");
+        assert_eq!(provider_error_text(b"", None), "");
         assert_eq!(
-            provider_error_text(&[0xff, 0xfe, b'o', b'k']),
+            provider_error_text(&[0xff, 0xfe, b'o', b'k'], None),
             "a 4-byte body without a JSON error message (not quoted)"
         );
         assert_eq!(
-            provider_error_text(br#"{"AccessKeyId":"AKIA","SecretAccessKey":"s3cr3t"}"#),
+            provider_error_text(
+                br#"{"AccessKeyId":"AKIA","SecretAccessKey":"s3cr3t"}"#,
+                None
+            ),
             "a 49-byte body without a JSON error message (not quoted)"
+        );
+        // A key the body spelled with JSON escapes is found once decoded, before the cut.
+        assert_eq!(
+            provider_error_text(br#"{"error":"bad key sk\u002dabc"}"#, Some("sk-abc")),
+            "bad key [redacted]"
+        );
+    }
+
+    #[test]
+    fn parser_complaints_quote_no_values() {
+        assert_eq!(
+            without_quoted_values(
+                r#"invalid type: string "secret", expected a sequence at line 1 column 53"#
+            ),
+            r#"invalid type: string "…", expected a sequence at line 1 column 53"#
+        );
+        // Backticks name fields of the protocol (`choices` is empty), not values.
+        assert_eq!(
+            without_quoted_values("`choices` is empty"),
+            "`choices` is empty"
+        );
+        assert_eq!(without_quoted_values(r#"cut "short"#), r#"cut "…"#);
+        assert_eq!(
+            without_quoted_values("2 results for 3 documents"),
+            "2 results for 3 documents"
         );
     }
 
