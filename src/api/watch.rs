@@ -110,12 +110,20 @@ pub mod rag {
         if kept.is_some() {
             return kept;
         }
-        let built = Spi::get_one_with_args::<String>(
-            "SELECT pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
-                                      rag._qualified_name(w.source), rag._key_condition(w)) \
-               FROM rag.watches w WHERE w.id = $1",
-            &[watch_id.into()],
-        )
+        // A read-only SPI call: a search runs this on a hot standby too, where `Spi::get_one_with_args` (run as
+        // an update) would ask for a transaction id and fail.
+        let built = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
+                                              rag._qualified_name(w.source), rag._key_condition(w)) \
+                       FROM rag.watches w WHERE w.id = $1",
+                    Some(1),
+                    &[watch_id.into()],
+                )?
+                .first()
+                .get_one::<String>()
+        })
         .unwrap_or_else(|error| {
             crate::error::RagError::Spi {
                 doing: format!("building the row lookup of watch {watch_id}"),

@@ -24,6 +24,22 @@ class Standby(unittest.TestCase):
             SELECT rag_ingest('kb', 'Canteen', 'Lunch is served from noon until two in the canteen.');
         """, db=DB)
         assert wait_until("SELECT rag_wait('kb', '1 second')", db=DB)
+        # A watched table with row-level security, read by a role that may read some of its rows: a search
+        # checks each of its candidates by key, which must not need a transaction id.
+        psql("""
+            DROP ROLE IF EXISTS standby_reader; CREATE ROLE standby_reader LOGIN IN ROLE rag_reader;
+            CREATE TABLE public.standby_pages (id int PRIMARY KEY, audience name NOT NULL, body text NOT NULL);
+            ALTER TABLE public.standby_pages ENABLE ROW LEVEL SECURITY;
+            CREATE POLICY audience ON public.standby_pages USING (audience = current_user);
+            GRANT SELECT ON public.standby_pages TO standby_reader;
+            INSERT INTO public.standby_pages VALUES
+                (1, 'standby_reader', 'Annual leave is twenty five days a year for every employee.'),
+                (2, 'postgres', 'Annual leave for directors is negotiated in private.');
+            SELECT rag_create_collection('pages', embedding_model => 'hash-384', max_distance => 2);
+            SELECT rag_watch('public.standby_pages', 'pages', content => 'body');
+            SELECT rag_grant('pages', 'standby_reader', 'read');
+        """, db=DB)
+        assert wait_until("SELECT rag_wait('pages', '1 second')", db=DB)
         psql("""
             BEGIN;
             SELECT rag_create_collection('later', embedding_model => 'hash-384');
@@ -63,6 +79,7 @@ class Standby(unittest.TestCase):
         as_postgres(f"{PG_BIN}/pg_ctl", "-D", os.path.join(cls.dir, "data"), "-m", "immediate", "-w", "stop")
         shutil.rmtree(cls.dir, ignore_errors=True)
         drop_database(DB)
+        psql("DROP ROLE IF EXISTS standby_reader", db="postgres")
 
     def on_standby(self, sql, check=True):
         return psql(sql, db=DB, port=self.port, check=check)
@@ -85,6 +102,16 @@ class Standby(unittest.TestCase):
                          [["t"]])
         with open(self.log) as log:
             self.assertIn('"question": "Who serves lunch on standby?"', log.read())
+
+    def test_1b_a_reader_of_a_watched_table_searches_the_standby(self):
+        sql = ("SET ROLE standby_reader; SELECT title IS NOT NULL, content "
+               "FROM rag_query('pages', 'how much annual leave', 5)")
+        on_primary = psql(sql, db=DB)
+        self.assertEqual([row[1] for row in on_primary],
+                         ["Annual leave is twenty five days a year for every employee."])
+        self.assertEqual(self.on_standby(sql), on_primary)
+        answered = self.on_standby("SET ROLE standby_reader; SELECT outcome FROM rag_ask('pages', 'how much annual leave?')")
+        self.assertEqual(answered, [["answered"]])
 
     def test_2_conversations_are_refused_with_the_primary(self):
         # So is working the queue by hand, which writes too.
