@@ -22,6 +22,21 @@ pub fn shutdown_requested() -> bool {
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
+/// Answers the cluster-wide barriers other backends wait on (DROP DATABASE, ALTER DATABASE SET TABLESPACE, DROP
+/// TABLESPACE make every process close its files of the database first), as CHECK_FOR_INTERRUPTS would. A
+/// worker waiting for a provider's answer polls this: otherwise a slow provider, or one a `rag_admin` points at
+/// a server that answers after an hour, would hold up DROP DATABASE of any database in the cluster that long.
+pub fn absorb_signal_barriers() {
+    // SAFETY: the flag is a sig_atomic_t set by PostgreSQL's signal handler (a volatile read, as PostgreSQL's
+    // INTERRUPTS_PENDING_CONDITION does); ProcessProcSignalBarrier is what ProcessInterrupts calls for it, and
+    // the worker polls from a place where an interrupt check is allowed (no lock or borrow of ours held).
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::ProcSignalBarrierPending) != 0 {
+            pg_sys::ProcessProcSignalBarrier();
+        }
+    }
+}
+
 /// Re-reads postgresql.conf after a SIGHUP, as PostgreSQL's own processes do in their main loops.
 pub fn reload_configuration() {
     // SAFETY: called from a background worker's main loop, outside any transaction and with no PostgreSQL

@@ -28,6 +28,7 @@ impl Steps for WorkerTransactions {
             .and_then(|result| result.map_err(Into::into))
     }
     fn interrupted(&self) -> bool {
+        crate::pg::absorb_signal_barriers();
         crate::pg::shutdown_requested()
     }
 }

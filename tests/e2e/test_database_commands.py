@@ -192,6 +192,35 @@ class DatabaseCommands(unittest.TestCase):
         finally:
             psql("ALTER SYSTEM RESET rag.batch_size;\nSELECT pg_reload_conf();", db="postgres")
 
+    def test_another_database_drops_while_a_worker_waits_for_a_slow_provider(self):
+        # DROP DATABASE waits until every process of the cluster has closed the dropped database's files (a
+        # ProcSignalBarrier). A worker waiting 30 s for a provider's answer must answer that wait meanwhile,
+        # or dropping any database, one without rag among them, waits for the provider.
+        make_database("rag_e2e_waiting")
+        try:
+            # Longer than the provider takes (the tests' server setting is 10 s): the answer comes, after 30 s.
+            psql("ALTER SYSTEM SET rag.http_timeout = '60s';\nSELECT pg_reload_conf();", db="postgres")
+            time.sleep(0.5)
+            psql("SELECT rag_create_collection('slow', embedding_model => 'hash-384@slow30000')", db="rag_e2e_waiting")
+            psql("SELECT rag_ingest('slow', 'slow', 'A document whose provider answers after half a minute.')",
+                 db="rag_e2e_waiting")
+            deadline = time.time() + 30
+            while time.time() < deadline and scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                    "AND datname = 'rag_e2e_waiting' AND state = 'active'", db="postgres") == "0":
+                time.sleep(0.2)
+            time.sleep(1)
+            drop_database("rag_e2e_plain")
+            psql("CREATE DATABASE rag_e2e_plain", db="postgres")
+            psql("DROP DATABASE rag_e2e_plain", db="postgres")
+            # Dropped while the provider still had not answered: the document is not embedded yet (without the
+            # barrier answered, the drop waited for the answer, and the document was ready by then).
+            self.assertEqual(scalar("SELECT status FROM rag.documents WHERE title = 'slow'", db="rag_e2e_waiting"),
+                             "processing")
+        finally:
+            psql("ALTER SYSTEM RESET rag.http_timeout;\nSELECT pg_reload_conf();", db="postgres")
+            psql("DROP DATABASE IF EXISTS rag_e2e_waiting WITH (FORCE)", db="postgres")
+
 
 if __name__ == "__main__":
     unittest.main()
