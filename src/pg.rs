@@ -70,23 +70,42 @@ pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
     )
 }
 
-/// Gives a background worker's session `search_path = pg_catalog, pg_temp`, right after it connects. The
-/// workers run as the bootstrap superuser: no schema where others may create objects goes on their path (a
-/// closer overload there, or one a database owner's `ALTER DATABASE … SET search_path` puts first, would run
-/// with that superuser's rights); rag's functions pin their own path themselves. A session-level setting, as
-/// SET would make: it outranks the database's and role's defaults applied at connection, and a function's SET
-/// clause (also session-level) still replaces it while that function runs.
-pub fn pin_worker_search_path() {
-    // SAFETY: both strings are NUL-terminated constants; search_path's check hook only parses the value and
-    // its assign hook only marks the cached path stale, so neither needs a transaction.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-        )
-    };
+/// Settles a background worker's session right after it connects, before anything runs in it. The workers run
+/// as the bootstrap superuser, and the database's and role's defaults (`ALTER DATABASE … SET`, which a
+/// database's owner may run for settings any user may set) apply to them at connection. So:
+/// - `search_path = pg_catalog, pg_temp`: no schema where others may create objects goes on their path (a
+///   closer overload there, or one a database owner's setting puts first, would run with that superuser's
+///   rights); rag's functions pin their own path themselves;
+/// - `role = none`, and the defaults that would stop the worker from doing its job (read-only transactions,
+///   SERIALIZABLE, statement and idle timeouts) at PostgreSQL's own defaults: `ALTER DATABASE d SET role = x`
+///   made every worker of the database run as x and fail from then on.
+///
+/// Session-level settings, as SET would make: they outrank the database's and role's defaults, and a
+/// function's SET clause (also session-level) still replaces them while that function runs.
+pub fn settle_worker_session() {
+    let settings: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+        (c"search_path", c"pg_catalog, pg_temp"),
+        (c"role", c"none"),
+        (c"default_transaction_read_only", c"off"),
+        (c"default_transaction_isolation", c"read committed"),
+        (c"default_transaction_deferrable", c"off"),
+        (c"statement_timeout", c"0"),
+        (c"lock_timeout", c"0"),
+        (c"idle_in_transaction_session_timeout", c"0"),
+    ];
+    for (name, value) in settings {
+        // SAFETY: NUL-terminated constants. None of these settings' check or assign hooks needs a transaction
+        // for these values: search_path's only parses and marks the cached path stale, role's resolves
+        // "none" without a catalog lookup, the others are plain values.
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+            )
+        };
+    }
 }
 
 static LOADED_BY_POSTMASTER: std::sync::atomic::AtomicBool =

@@ -69,7 +69,7 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some("postgres"), None);
     // Its one query names only pg_catalog's objects; pinned all the same, as the workers' is.
-    crate::pg::pin_worker_search_path();
+    crate::pg::settle_worker_session();
     registry::set_launcher_pid(crate::pg::my_pid());
     let mut launcher = Launcher::default();
     loop {

@@ -203,7 +203,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = registry::slot_database(slot);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    crate::pg::pin_worker_search_path();
+    crate::pg::settle_worker_session();
     registry::mark_running(slot);
     // Started just before a DROP DATABASE (or similar) paused this database: leave it to that command.
     if registry::database_paused(database) {

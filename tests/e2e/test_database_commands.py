@@ -221,6 +221,30 @@ class DatabaseCommands(unittest.TestCase):
             psql("ALTER SYSTEM RESET rag.http_timeout;\nSELECT pg_reload_conf();", db="postgres")
             psql("DROP DATABASE IF EXISTS rag_e2e_waiting WITH (FORCE)", db="postgres")
 
+    def test_a_database_owners_defaults_do_not_reach_the_worker(self):
+        # ALTER DATABASE ... SET applies to every session that connects, the workers' too (they run as the
+        # bootstrap superuser): a database owner's role, read-only default or timeouts must not stop them.
+        make_database("rag_e2e_defaults")
+        try:
+            psql("DROP ROLE IF EXISTS rag_e2e_nobody; CREATE ROLE rag_e2e_nobody", db="postgres")
+            psql("ALTER DATABASE rag_e2e_defaults SET role = 'rag_e2e_nobody';"
+                 "ALTER DATABASE rag_e2e_defaults SET default_transaction_read_only = on;"
+                 "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';", db="postgres")
+            # The worker connected before the defaults: a new one connects with them.
+            psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_defaults'", db="postgres")
+            time.sleep(1)
+            self.assertTrue(worker_connected("rag_e2e_defaults"))
+            session = "SET ROLE NONE; SET default_transaction_read_only = off; SET statement_timeout = 0;\n"
+            psql(session + "SELECT rag_ingest('c', 'defaults', 'Indexed although the database says read-only.')",
+                 db="rag_e2e_defaults")
+            self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
+            self.assertEqual(psql(session + "SELECT status FROM rag.documents WHERE title = 'defaults'",
+                                  db="rag_e2e_defaults"), [["ready"]])
+        finally:
+            psql("DROP DATABASE IF EXISTS rag_e2e_defaults WITH (FORCE)", db="postgres")
+            psql("DROP ROLE IF EXISTS rag_e2e_nobody", db="postgres")
+
 
 if __name__ == "__main__":
     unittest.main()
