@@ -208,6 +208,27 @@ BEGIN
         RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown become clean text before chunking.';
     END IF;
+    -- Title, source and metadata come back with every search result and answer (and the titles go into the
+    -- ledger with every answer): bounded, so that one writer cannot make every reader's call heavy.
+    IF octet_length(title) > rag._limit('document_title_max_bytes')::integer
+       OR octet_length(source) > rag._limit('document_source_max_bytes')::integer THEN
+        RAISE EXCEPTION 'a document''s title and source may be at most % bytes each (title %, source %)',
+                        rag._limit('document_title_max_bytes'), coalesce(octet_length(title), 0),
+                        coalesce(octet_length(source), 0)
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Put long text in the body.';
+    END IF;
+    IF octet_length(metadata::text) > rag._limit('document_metadata_max_bytes')::integer THEN
+        RAISE EXCEPTION 'a document''s metadata may be at most % bytes as JSON text, not %',
+                        rag._limit('document_metadata_max_bytes'), octet_length(metadata::text)
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
+    END IF;
+    -- Before any conversion, which holds several copies of its input.
+    IF octet_length(v_body) > v_limit THEN
+        RAISE EXCEPTION 'document "%" is % bytes, above rag.max_document_size (%)',
+                        coalesce(title, ''), octet_length(v_body), pg_size_pretty(v_limit)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Split the document, or raise rag.max_document_size (superuser).';
+    END IF;
     v_body := rag._to_text(v_body, format);
     IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
         RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')
@@ -264,6 +285,13 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(v_collection, 'write');
+    -- A watched row's document follows its row: deleting it here would drop the row from every reader's
+    -- searches until the row changes, and a writer may not even see the row (the table's rules are not theirs).
+    IF EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = rag_delete_document.document_id AND d.watch_id IS NOT NULL) THEN
+        RAISE EXCEPTION 'document % is made from a row of a watched table', rag_delete_document.document_id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'It follows its row: delete or change the row, or rag_unwatch the table.';
+    END IF;
     DELETE FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
     RETURN FOUND;
 END $$;

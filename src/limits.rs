@@ -15,6 +15,16 @@ pub const CONTEXT_BUDGET_MAX: i32 = 1_000_000;
 /// ranked against every candidate by the reranker and copied into the prompt up to four times
 /// (rag_answer::MAX_QUERY_PLACEHOLDERS): an unbounded one made every step allocate with it.
 pub const QUESTION_MAX_BYTES: i32 = 32 * 1024;
+/// A document's title and source as `rag_ingest` takes them: every search and answer returns them, and every
+/// answer copies its sources' titles into the ledger, so a writer's 200 MB title made each reader's `rag_ask`
+/// take 2 GB (red team 8).
+/// HTML or Markdown up to this size is converted in the calling process; larger texts in a bounded child
+/// (src/api/extract.rs `convert_markup`). A megabyte converts in well under a second and a few dozen MB.
+pub const MARKUP_IN_PROCESS_MAX_BYTES: usize = 1024 * 1024;
+pub const DOCUMENT_TITLE_MAX_BYTES: usize = 4096;
+pub const DOCUMENT_SOURCE_MAX_BYTES: usize = 4096;
+/// A document's metadata as jsonb text: it travels with every search result the same way.
+pub const DOCUMENT_METADATA_MAX_BYTES: usize = 64 * 1024;
 
 /// Tokens the chat model may answer with, when the collection does not say.
 pub const MAX_ANSWER_TOKENS_DEFAULT: i32 = 1024;
@@ -154,6 +164,9 @@ fn for_sql(name: &str) -> Option<String> {
         "context_budget_min" => CONTEXT_BUDGET_MIN.to_string(),
         "context_budget_max" => CONTEXT_BUDGET_MAX.to_string(),
         "question_max_bytes" => QUESTION_MAX_BYTES.to_string(),
+        "document_title_max_bytes" => DOCUMENT_TITLE_MAX_BYTES.to_string(),
+        "document_source_max_bytes" => DOCUMENT_SOURCE_MAX_BYTES.to_string(),
+        "document_metadata_max_bytes" => DOCUMENT_METADATA_MAX_BYTES.to_string(),
         // A collection's prompt template (rag_answer::validate_template says why).
         "prompt_template_max_bytes" => rag_answer::MAX_TEMPLATE_BYTES.to_string(),
         "prompt_query_placeholders_max" => rag_answer::MAX_QUERY_PLACEHOLDERS.to_string(),

@@ -1,7 +1,7 @@
 //! How many file extractions run at once in the whole cluster (`rag.max_concurrent_extractions`). Each runs in
 //! a child process that may take `rag.extraction_memory`; without a bound, N sessions extracting hostile files
 //! at once take N times that, and the kernel's OOM killer may then pick a backend and so restart the cluster.
-//! A slot holds the pid of the backend extracting and the role it acts as; a backend finding every slot taken,
+//! A slot holds the pid of the backend extracting and its login (session user); a backend finding every slot taken,
 //! or its role holding half of them already, waits on its latch (`wait_event` Extension in pg_stat_activity),
 //! where a cancel or statement_timeout ends the wait. The share per role keeps one role's hostile files, in as
 //! many sessions as it likes, from holding every other role's extractions back.
@@ -17,7 +17,7 @@ pub const MOST_SLOTS: usize = 64;
 // same _PG_init branch).
 static SLOT_HOLDER: PgAtomic<[AtomicI32; MOST_SLOTS]> =
     unsafe { PgAtomic::new(c"rag_extraction_slot_holder") };
-/// The role (PostgreSQL's outer user: the session's, whatever SECURITY DEFINER function runs) of each holder;
+/// The login (PostgreSQL's session user, whatever role it has SET or SECURITY DEFINER function runs) of each holder;
 /// written after the pid is claimed and cleared before it is given back.
 // SAFETY: see SLOT_HOLDER.
 static SLOT_ROLE: PgAtomic<[AtomicU32; MOST_SLOTS]> =
@@ -117,8 +117,10 @@ pub fn acquire() -> ExtractionSlot {
     if !crate::worker::registry::available() {
         return ExtractionSlot { slot: None };
     }
-    // SAFETY: getpid never fails; GetOuterUserId reads a backend global set when the session started.
-    let (me, role) = unsafe { (libc::getpid(), u32::from(pg_sys::GetOuterUserId())) };
+    // Counted by the login (the session user), not the role it acts as: any member may `SET ROLE rag_writer` or
+    // `rag_reader` in further sessions, and took every slot that way past its own share (red team 8).
+    // SAFETY: getpid never fails; GetSessionUserId reads a backend global set when the session started.
+    let (me, role) = unsafe { (libc::getpid(), u32::from(pg_sys::GetSessionUserId())) };
     loop {
         // Each backend counts against the limit it has read, and a backend reads a reloaded configuration
         // between statements: just after a change the bound is the larger of the old and the new value.

@@ -128,6 +128,25 @@ class Isolation(InItsOwnDatabase):
         self.assertIn("canceling statement due to statement timeout", stderr)
         self.assertLess(elapsed, 2.5, f"extraction ran {elapsed:.1f} s past a 300 ms statement_timeout")
 
+    def test_markup_conversion_is_bounded_and_stops_at_statement_timeout(self):
+        # Markdown of two-character lines takes the converter about 42 bytes a byte: past a megabyte it runs in
+        # a child under the extraction bounds, which a cancel ends at once (in the backend it ran to the end).
+        text = "repeat(E'#\\n', 8000000)"
+        started = time.time()
+        code, _, stderr = psql(f"SET statement_timeout = '300ms';\nSELECT length(rag_markdown_to_text({text}));",
+                               db=DB, check=False)
+        elapsed = time.time() - started
+        self.assertNotEqual(code, 0)
+        self.assertIn("canceling statement due to statement timeout", stderr)
+        self.assertLess(elapsed, 2.5, f"conversion ran {elapsed:.1f} s past a 300 ms statement_timeout")
+        code, _, stderr = psql(f"SET rag.extraction_memory = '256MB';\nSELECT length(rag_markdown_to_text({text}));",
+                               db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("could not be extracted", stderr)
+        self.assertIn("256 MB", stderr)
+        # A small text is converted in the session, as before.
+        self.assertEqual(scalar("SELECT rag_markdown_to_text(E'# Title\\n\\nSome *text*.')", db=DB), "Title")
+
     def test_a_file_that_exhausts_memory_fails_alone(self):
         """A 3 KB PDF whose object stream lists one array of a million elements 200 times: the PDF parser
         builds gigabytes from it, which no size limit of the input bounds. Extraction runs in a child process

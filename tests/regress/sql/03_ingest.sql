@@ -242,3 +242,17 @@ SELECT round(rag._seconds_until_due()) AS seconds_until_due;
 UPDATE rag.queue SET not_before = now() - interval '1 minute';
 SELECT rag._seconds_until_due() AS overdue;
 ROLLBACK;
+
+-- Title, source and metadata come back with every search result and answer: a writer may not make them huge
+-- (a 200 MB title made every reader's rag_ask take 2 GB). The body is measured before it is converted.
+\set VERBOSITY terse
+SELECT rag_ingest('docs', repeat('T', 4097), 'A body.');
+SELECT rag_ingest('docs', 'Title', 'A body.', source => repeat('s', 4097));
+SELECT rag_ingest('docs', 'Title', 'A body.', metadata => jsonb_build_object('k', repeat('m', 70000)));
+BEGIN;
+SET LOCAL rag.max_document_size = '1kB';
+SELECT rag_ingest('docs', 'Title', repeat('# heading' || E'\n', 200), format => 'markdown');
+ROLLBACK;
+\set VERBOSITY default
+SELECT rag_ingest('docs', repeat('T', 4096), 'A body at the title''s limit.', source => repeat('s', 4096)) > 0 AS at_the_limits;
+SELECT rag_delete_document(id) FROM rag.documents WHERE body = 'A body at the title''s limit.';

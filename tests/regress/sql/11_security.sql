@@ -1316,6 +1316,23 @@ RESET ROLE;
 SET ROLE sec_attacker;
 SELECT source, rows_watched, rows_indexed, rows_failed, last_error FROM rag_watch_status() WHERE source = 'sec_owner.pay';
 RESET ROLE;
+-- A writer of the collection does not delete a watched row's document (it follows its row; and the writer may
+-- not even see the row, here the reader's).
+SET ROLE sec_owner;
+SELECT rag_grant('pay', 'sec_writer', 'write');
+RESET ROLE;
+SELECT d.id AS watched_document FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
+ WHERE c.name = 'pay' AND d.watch_id IS NOT NULL LIMIT 1 \gset
+SET ROLE sec_writer;
+SELECT set_config('sec.watched_document', :'watched_document', false) IS NOT NULL AS noted;
+DO $$
+BEGIN
+    PERFORM rag_delete_document(current_setting('sec.watched_document')::bigint);
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
+END $$;
+RESET ROLE;
+SELECT count(*) AS watched_document_kept FROM rag.documents WHERE id = :watched_document;
 INSERT INTO rag.lexeme_shares SELECT c.id, 'bonus', 0.5 FROM rag.collections c WHERE c.name IN ('pay', 'owner-docs');
 SET ROLE sec_reader;
 SELECT c.name, count(s.*) AS shares_shown FROM rag.collections c LEFT JOIN rag.lexeme_shares s ON s.collection_id = c.id
