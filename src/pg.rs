@@ -150,6 +150,45 @@ pub fn current_user_owns_database(database: pg_sys::Oid) -> bool {
     }
 }
 
+/// Whether the current user may copy the database with CREATE DATABASE … TEMPLATE, as PostgreSQL decides it: a
+/// role that may create databases (a superuser or CREATEDB), and the database marked as a template or owned by
+/// the role.
+pub fn current_user_may_copy_database(database: pg_sys::Oid) -> bool {
+    // SAFETY: syscache lookups by oid of the current user and of a valid database oid; each tuple is checked for
+    // NULL, read as its catalog's fixed-size struct and released before returning.
+    unsafe {
+        let user = pg_sys::GetUserId();
+        let may_create = pg_sys::superuser() || {
+            let role = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::AUTHOID as std::ffi::c_int,
+                pg_sys::Datum::from(user),
+            );
+            if role.is_null() {
+                false
+            } else {
+                let createdb = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_authid>(role))
+                    .rolcreatedb;
+                pg_sys::ReleaseSysCache(role);
+                createdb
+            }
+        };
+        if !may_create {
+            return false;
+        }
+        let row = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::DATABASEOID as std::ffi::c_int,
+            pg_sys::Datum::from(database),
+        );
+        if row.is_null() {
+            return false;
+        }
+        let template =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(row)).datistemplate;
+        pg_sys::ReleaseSysCache(row);
+        template || current_user_owns_database(database)
+    }
+}
+
 /// What this process is doing, as `pg_stat_activity` shows it: `state` active with `query` set to `activity`,
 /// or idle (the last activity stays in `query`, as an idle client session's last statement does). Background workers report nothing unless they call this (only a client backend's
 /// statements are reported by PostgreSQL itself), so without it a DBA sees a rag worker with an empty query.

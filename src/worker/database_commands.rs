@@ -65,11 +65,19 @@ unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
     if pstmt.is_null() {
         return;
     }
-    if let Some(name) = database_needing_exclusive_access((*pstmt).utilityStmt) {
+    let statement = (*pstmt).utilityStmt;
+    if let Some(name) = database_needing_exclusive_access(statement) {
         let database = pg_sys::get_database_oid(name, true);
-        // Only a caller the command itself would allow (the database's owner or a superuser) may
-        // hold the workers off; anyone else's attempt fails in PostgreSQL and changes nothing here.
-        if database != pg_sys::InvalidOid && crate::pg::current_user_owns_database(database) {
+        // Only a caller the command itself would allow may hold the workers off (the database's owner or a
+        // superuser; for a copy, any role that may create databases when the source is a template); anyone
+        // else's attempt fails in PostgreSQL and changes nothing here.
+        let copying = !statement.is_null() && (*statement).type_ == pg_sys::NodeTag::T_CreatedbStmt;
+        let allowed = if copying {
+            crate::pg::current_user_may_copy_database(database)
+        } else {
+            crate::pg::current_user_owns_database(database)
+        };
+        if database != pg_sys::InvalidOid && allowed {
             registry::pause_database(database, PAUSE);
             registry::stop_workers_of(database);
         }

@@ -245,6 +245,25 @@ class DatabaseCommands(unittest.TestCase):
             psql("DROP DATABASE IF EXISTS rag_e2e_defaults WITH (FORCE)", db="postgres")
             psql("DROP ROLE IF EXISTS rag_e2e_nobody", db="postgres")
 
+    def test_a_role_that_may_create_databases_copies_a_template_in_use(self):
+        # A database marked as a template may be copied by any role with CREATEDB, not only by its owner: the
+        # worker connected to it must make way for that role's CREATE DATABASE too.
+        make_database("rag_e2e_template")
+        try:
+            psql("DROP ROLE IF EXISTS rag_e2e_creator; CREATE ROLE rag_e2e_creator CREATEDB;"
+                 "ALTER DATABASE rag_e2e_template IS_TEMPLATE true;", db="postgres")
+            self.assertTrue(worker_connected("rag_e2e_template"))
+            drop_database("rag_e2e_copied")
+            code, _, stderr = psql("SET ROLE rag_e2e_creator;\nCREATE DATABASE rag_e2e_copied TEMPLATE rag_e2e_template;",
+                                   db="postgres", check=False)
+            self.assertEqual(code, 0, stderr)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.collections WHERE name = 'c'", db="rag_e2e_copied"), "1")
+        finally:
+            psql("ALTER DATABASE rag_e2e_template IS_TEMPLATE false", db="postgres")
+            psql("DROP DATABASE IF EXISTS rag_e2e_copied WITH (FORCE)", db="postgres")
+            psql("DROP DATABASE IF EXISTS rag_e2e_template WITH (FORCE)", db="postgres")
+            psql("DROP ROLE IF EXISTS rag_e2e_creator", db="postgres")
+
 
 if __name__ == "__main__":
     unittest.main()
