@@ -4313,6 +4313,18 @@ BEGIN
         document_id := d.id;
         RETURN;
     END IF;
+    -- The bounds rag_ingest puts on what every search result and answer carries: whoever may write to the
+    -- watched table would otherwise set them for every reader of the collection.
+    IF octet_length(v_title) > rag._limit('document_title_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the row''s title is % bytes, above the % a document''s title may be',
+                        octet_length(v_title), rag._limit('document_title_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Shorten the watch''s title expression (left(..., n)).';
+    END IF;
+    IF octet_length(v_metadata::text) > rag._limit('document_metadata_max_bytes')::integer THEN
+        RAISE EXCEPTION 'the row''s metadata is % bytes of JSON, above the % a document''s metadata may be',
+                        octet_length(v_metadata::text), rag._limit('document_metadata_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Watch fewer or shorter metadata columns.';
+    END IF;
     v_sha := sha256(convert_to(v_content, 'UTF8'));
     v_metadata := v_metadata || jsonb_build_object('source', w.source_name, 'key', q.key);
     -- A new title is a new text to embed (each chunk's header names it: rag.chunks.header), so only new metadata

@@ -15,12 +15,12 @@ pub const CONTEXT_BUDGET_MAX: i32 = 1_000_000;
 /// ranked against every candidate by the reranker and copied into the prompt up to four times
 /// (rag_answer::MAX_QUERY_PLACEHOLDERS): an unbounded one made every step allocate with it.
 pub const QUESTION_MAX_BYTES: i32 = 32 * 1024;
-/// A document's title and source as `rag_ingest` takes them: every search and answer returns them, and every
-/// answer copies its sources' titles into the ledger, so a writer's 200 MB title made each reader's `rag_ask`
-/// take 2 GB (red team 8).
 /// HTML or Markdown up to this size is converted in the calling process; larger texts in a bounded child
 /// (src/api/extract.rs `convert_markup`). A megabyte converts in well under a second and a few dozen MB.
 pub const MARKUP_IN_PROCESS_MAX_BYTES: usize = 1024 * 1024;
+/// A document's title and source as `rag_ingest` takes them: every search and answer returns them, and every
+/// answer copies its sources' titles into the ledger, so a writer's 200 MB title made each reader's `rag_ask`
+/// take 2 GB (red team 8).
 pub const DOCUMENT_TITLE_MAX_BYTES: usize = 4096;
 pub const DOCUMENT_SOURCE_MAX_BYTES: usize = 4096;
 /// A document's metadata as jsonb text: it travels with every search result the same way.

@@ -57,6 +57,19 @@ pub fn is_background_worker() -> bool {
     unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_BG_WORKER }
 }
 
+static IN_RAG_WORKER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called once by a rag worker when it starts: this process is one of rag's workers (not a parallel worker,
+/// which is a background worker as well, nor another extension's).
+pub fn mark_rag_worker() {
+    IN_RAG_WORKER.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// True in one of rag's own workers.
+pub fn is_rag_worker() -> bool {
+    IN_RAG_WORKER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a transaction callback's event ends the transaction (committed, aborted or prepared, in a backend or
 /// a parallel worker): what the backend keeps per transaction is forgotten there.
 pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
@@ -77,8 +90,9 @@ pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
 ///   closer overload there, or one a database owner's setting puts first, would run with that superuser's
 ///   rights); rag's functions pin their own path themselves;
 /// - `role = none`, and the defaults that would stop the worker from doing its job (read-only transactions,
-///   SERIALIZABLE, statement and idle timeouts) at PostgreSQL's own defaults: `ALTER DATABASE d SET role = x`
-///   made every worker of the database run as x and fail from then on.
+///   SERIALIZABLE, statement, idle and transaction timeouts, non-standard strings) at PostgreSQL's own
+///   defaults: `ALTER DATABASE d SET role = x` made every worker of the database run as x and fail from then
+///   on. (Settings of loadable modules, such as `plpgsql.extra_errors`, are not reset.)
 ///
 /// Session-level settings, as SET would make: they outrank the database's and role's defaults, and a
 /// function's SET clause (also session-level) still replaces them while that function runs.
@@ -92,6 +106,11 @@ pub fn settle_worker_session() {
         (c"statement_timeout", c"0"),
         (c"lock_timeout", c"0"),
         (c"idle_in_transaction_session_timeout", c"0"),
+        // rag's SQL is written for standard strings (its functions pin it too; the worker's own queries do not).
+        (c"standard_conforming_strings", c"on"),
+        // PostgreSQL 17 added a timeout that ends the whole session (FATAL) when a transaction runs longer.
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        (c"transaction_timeout", c"0"),
     ];
     for (name, value) in settings {
         // SAFETY: NUL-terminated constants. None of these settings' check or assign hooks needs a transaction
@@ -137,8 +156,8 @@ pub fn preloading() -> bool {
 /// Whether the current user owns the database (or is a superuser): who PostgreSQL lets drop or rename it.
 /// PostgreSQL 16 folded the per-kind ownership checks into `object_ownercheck`.
 pub fn current_user_owns_database(database: pg_sys::Oid) -> bool {
-    // SAFETY: both calls read the syscache of a valid database oid (or find no row and answer false); they
-    // raise only on a corrupt catalog, which reaches the caller's pg_guard.
+    // SAFETY: both calls read the syscache by oid; for an oid with no database they raise (callers pass only an
+    // existing database's oid), as on a corrupt catalog, which reaches the caller's pg_guard.
     #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
     unsafe {
         pg_sys::pg_database_ownercheck(database, pg_sys::GetUserId())

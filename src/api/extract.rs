@@ -113,11 +113,13 @@ fn extract_interruptibly(data: &[u8], job: Job<'_>) -> Result<Extracted, RagErro
         fd: read_fd,
         reaped: false,
     };
-    // JSON of at most max_text_bytes of text: escapes (quotes, backslashes) at most double it.
-    let most = limits
-        .max_text_bytes
-        .saturating_mul(2)
-        .saturating_add(1024 * 1024);
+    // JSON of the text: escapes at most double it (quotes, backslashes), and a control character becomes six
+    // bytes (\u00XX). A file's text is at most max_text_bytes; a converted text at most its input.
+    let most = match job {
+        Job::File(_) => limits.max_text_bytes.saturating_mul(2),
+        Job::Markup(_) => data.len().saturating_mul(6),
+    }
+    .saturating_add(1024 * 1024);
     let mut reply = Vec::new();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
@@ -405,7 +407,10 @@ fn convert_markup(text: &str, format: rag_extract::Format) -> String {
             "HTML"
         },
     );
-    if text.len() <= crate::limits::MARKUP_IN_PROCESS_MAX_BYTES {
+    // The rag worker (a watched table's HTML column) converts in its own process, as before: it must not wait
+    // for an extraction slot that readers' files may hold for minutes while it holds the table's lock and
+    // ignores shutdown in that wait; the rows are the table owner's own.
+    if text.len() <= crate::limits::MARKUP_IN_PROCESS_MAX_BYTES || crate::pg::is_rag_worker() {
         return match format {
             rag_extract::Format::Markdown => rag_extract::markdown_to_text(text),
             _ => rag_extract::html_to_text(text),

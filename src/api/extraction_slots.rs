@@ -2,9 +2,9 @@
 //! a child process that may take `rag.extraction_memory`; without a bound, N sessions extracting hostile files
 //! at once take N times that, and the kernel's OOM killer may then pick a backend and so restart the cluster.
 //! A slot holds the pid of the backend extracting and its login (session user); a backend finding every slot taken,
-//! or its role holding half of them already, waits on its latch (`wait_event` Extension in pg_stat_activity),
-//! where a cancel or statement_timeout ends the wait. The share per role keeps one role's hostile files, in as
-//! many sessions as it likes, from holding every other role's extractions back.
+//! or its login holding half of them already, waits on its latch (`wait_event` Extension in pg_stat_activity),
+//! where a cancel or statement_timeout ends the wait. The share per login keeps one login's hostile files, in
+//! as many sessions (and roles it may SET) as it likes, from holding every other login's extractions back.
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};

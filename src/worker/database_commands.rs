@@ -72,12 +72,15 @@ unsafe extern "C-unwind" fn hold_workers_off(pstmt: *mut pg_sys::PlannedStmt) {
         // superuser; for a copy, any role that may create databases when the source is a template); anyone
         // else's attempt fails in PostgreSQL and changes nothing here.
         let copying = !statement.is_null() && (*statement).type_ == pg_sys::NodeTag::T_CreatedbStmt;
-        let allowed = if copying {
-            crate::pg::current_user_may_copy_database(database)
-        } else {
-            crate::pg::current_user_owns_database(database)
-        };
-        if database != pg_sys::InvalidOid && allowed {
+        // Asked only of a database that exists: PostgreSQL's ownership check raises for one that does not,
+        // which turned a non-superuser's DROP DATABASE IF EXISTS of a missing database into an error.
+        let allowed = database != pg_sys::InvalidOid
+            && if copying {
+                crate::pg::current_user_may_copy_database(database)
+            } else {
+                crate::pg::current_user_owns_database(database)
+            };
+        if allowed {
             registry::pause_database(database, PAUSE);
             registry::stop_workers_of(database);
         }

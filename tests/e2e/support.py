@@ -9,11 +9,13 @@ import unittest
 import urllib.request
 
 
-def psql(sql, db="rag_e2e", check=True, port=None, timeout=120):
-    """Runs SQL and returns the rows as lists of strings (unaligned, tab-separated)."""
+def psql(sql, db="rag_e2e", check=True, port=None, timeout=120, user=None):
+    """Runs SQL and returns the rows as lists of strings (unaligned, tab-separated); `user` logs in as that role."""
     env = dict(os.environ)
     if port is not None:
         env["PGPORT"] = str(port)
+    if user is not None:
+        env["PGUSER"] = user
     result = subprocess.run(
         ["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", db],
         input=sql, capture_output=True, text=True, env=env, timeout=timeout)

@@ -230,6 +230,9 @@ class DatabaseCommands(unittest.TestCase):
             psql("ALTER DATABASE rag_e2e_defaults SET role = 'rag_e2e_nobody';"
                  "ALTER DATABASE rag_e2e_defaults SET default_transaction_read_only = on;"
                  "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';", db="postgres")
+            if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
+                # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too.
+                psql("ALTER DATABASE rag_e2e_defaults SET transaction_timeout = '1ms'", db="postgres")
             # The worker connected before the defaults: a new one connects with them.
             psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_defaults'", db="postgres")
@@ -263,6 +266,18 @@ class DatabaseCommands(unittest.TestCase):
             psql("DROP DATABASE IF EXISTS rag_e2e_copied WITH (FORCE)", db="postgres")
             psql("DROP DATABASE IF EXISTS rag_e2e_template WITH (FORCE)", db="postgres")
             psql("DROP ROLE IF EXISTS rag_e2e_creator", db="postgres")
+
+    def test_drop_if_exists_of_a_missing_database_by_a_role_that_may_create_databases(self):
+        # The hook asks who may hold the workers off only of a database that exists: PostgreSQL's ownership
+        # check raises for one that does not, which turned this NOTICE into an error.
+        psql("DROP ROLE IF EXISTS rag_e2e_dropper; CREATE ROLE rag_e2e_dropper CREATEDB", db="postgres")
+        try:
+            code, _, stderr = psql("SET ROLE rag_e2e_dropper;\nDROP DATABASE IF EXISTS rag_e2e_never_made;",
+                                   db="postgres", check=False)
+            self.assertEqual(code, 0, stderr)
+            self.assertIn("does not exist, skipping", stderr)
+        finally:
+            psql("DROP ROLE IF EXISTS rag_e2e_dropper", db="postgres")
 
 
 if __name__ == "__main__":

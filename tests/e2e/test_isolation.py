@@ -194,8 +194,8 @@ class Isolation(InItsOwnDatabase):
     def test_extractions_beyond_the_limit_wait_for_a_slot(self):
         """rag.max_concurrent_extractions bounds how many extraction children (each up to rag.extraction_memory)
         run at once in the cluster: with 1, a second extraction waits (no child of its own, wait event
-        Extension) while the first one's child is held stopped; a cancel ends the wait; with 2, one role holds at
-        most one slot while another role's extraction goes ahead; and the first backend's end gives its slot
+        Extension) while the first one's child is held stopped; a cancel ends the wait; with 2, one login holds at
+        most one slot (whatever role it sets) while another login's extraction goes ahead; and the first backend's end gives its slot
         back (rag_extraction_slots() lists none), so the next extraction goes on."""
         pdf = memory_bomb_pdf()
         waiting = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'slot_waiter' "
@@ -203,7 +203,7 @@ class Isolation(InItsOwnDatabase):
         harmless = ("SET application_name = 'slot_waiter';\n"
                     "SELECT rag_extract_text(convert_to('the waiter''s text', 'UTF8'), 'waiter.txt');")
         psql("ALTER SYSTEM SET rag.max_concurrent_extractions = 1;\nSELECT pg_reload_conf();", db="postgres")
-        psql("DROP ROLE IF EXISTS rag_slot_other;\nCREATE ROLE rag_slot_other IN ROLE rag_reader;", db=DB)
+        psql("DROP ROLE IF EXISTS rag_slot_other;\nCREATE ROLE rag_slot_other LOGIN IN ROLE rag_reader;", db=DB)
         sessions, stopped = [], []
         try:
             self.assertTrue(wait_until("SELECT current_setting('rag.max_concurrent_extractions') = '1'"))
@@ -234,15 +234,14 @@ class Isolation(InItsOwnDatabase):
             _, stderr = sessions[-1].communicate(timeout=30)
             self.assertIn("canceling statement due to user request", stderr)
 
-            # With two slots, one role may hold one of them (half, rounded up): the holder's role waits again
-            # with a slot free, and another role's extraction goes ahead at once.
+            # With two slots, one login may hold one of them (half, rounded up): the holder's login waits again
+            # with a slot free, also as another role it may SET, and another login's extraction goes ahead at once.
             psql("ALTER SYSTEM SET rag.max_concurrent_extractions = 2;\nSELECT pg_reload_conf();", db="postgres")
             self.assertTrue(wait_until("SELECT current_setting('rag.max_concurrent_extractions') = '2'"))
-            sessions.append(background_psql(harmless, db=DB))
-            self.assertTrue(wait_until(waiting, seconds=30), "the holder's role took more than its share")
-            code, rows, stderr = psql("SET ROLE rag_slot_other;\n"
-                                      "SELECT rag_extract_text(convert_to('another role''s text', 'UTF8'), 'other.txt');",
-                                      db=DB, check=False, timeout=30)
+            sessions.append(background_psql("SET ROLE rag_slot_other;\n" + harmless, db=DB))
+            self.assertTrue(wait_until(waiting, seconds=30), "the holder's login took more than its share")
+            code, rows, stderr = psql("SELECT rag_extract_text(convert_to('another role''s text', 'UTF8'), 'other.txt');",
+                                      db=DB, check=False, timeout=30, user="rag_slot_other")
             self.assertEqual((code, rows), (0, [["another role's text"]]), stderr)
             self.assertEqual(scalar(waiting, db=DB), "t")
             self.assertEqual(psql("SELECT pid FROM rag_extraction_slots()", db=DB), [[str(holder)]])

@@ -688,3 +688,14 @@ ALTER TABLE renamed_through_function RENAME COLUMN other TO another;
 SELECT rag_unwatch('renamed_through_function', drop_documents => true);
 DROP TABLE renamed_through_function;
 DROP FUNCTION public.shouted(text);
+
+-- A watched row's title and metadata are bounded as rag_ingest's are (whoever may write to the table would
+-- otherwise size what every reader's results carry): the row fails, with the reason, and the others index.
+CREATE TABLE oversized (id int PRIMARY KEY, heading text, body text);
+INSERT INTO oversized VALUES (1, repeat('H', 5000), 'An ordinary body.'), (2, 'Short', 'Another ordinary body.');
+SELECT rag_watch('oversized', 'site', content => 'body', title => 'heading') > 0 AS watching;
+SELECT rag_wait('site', '30 seconds') AS synced;
+SELECT count(*) AS indexed FROM rag.documents WHERE watch_id = (SELECT id FROM rag.watches WHERE source = 'oversized'::regclass);
+SELECT rows_indexed, last_error FROM rag_watch_status() WHERE source = 'oversized';
+SELECT rag_unwatch('oversized', drop_documents => true);
+DROP TABLE oversized;
