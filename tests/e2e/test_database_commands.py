@@ -1,6 +1,7 @@
 """Commands that need a database to themselves succeed although a rag worker is connected to it: DROP DATABASE
 (no FORCE), ALTER DATABASE ... RENAME TO, CREATE DATABASE ... TEMPLATE. Test runners drop and recreate their
 databases all the time; an extension's worker must not make that fail with "being accessed by other users"."""
+import os
 import time
 import unittest
 
@@ -230,21 +231,24 @@ class DatabaseCommands(unittest.TestCase):
             psql("ALTER DATABASE rag_e2e_defaults SET role = 'rag_e2e_nobody';"
                  "ALTER DATABASE rag_e2e_defaults SET default_transaction_read_only = on;"
                  "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';", db="postgres")
+            session = "SET ROLE NONE; SET default_transaction_read_only = off; SET statement_timeout = 0;\n"
             if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
-                # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too.
+                # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too. This test's
+                # own sessions set it at connection, before their first transaction could time out.
                 psql("ALTER DATABASE rag_e2e_defaults SET transaction_timeout = '1ms'", db="postgres")
+                os.environ["PGOPTIONS"] = "-c transaction_timeout=0"
             # The worker connected before the defaults: a new one connects with them.
             psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_defaults'", db="postgres")
             time.sleep(1)
             self.assertTrue(worker_connected("rag_e2e_defaults"))
-            session = "SET ROLE NONE; SET default_transaction_read_only = off; SET statement_timeout = 0;\n"
             psql(session + "SELECT rag_ingest('c', 'defaults', 'Indexed although the database says read-only.')",
                  db="rag_e2e_defaults")
             self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
             self.assertEqual(psql(session + "SELECT status FROM rag.documents WHERE title = 'defaults'",
                                   db="rag_e2e_defaults"), [["ready"]])
         finally:
+            os.environ.pop("PGOPTIONS", None)
             psql("DROP DATABASE IF EXISTS rag_e2e_defaults WITH (FORCE)", db="postgres")
             psql("DROP ROLE IF EXISTS rag_e2e_nobody", db="postgres")
 
