@@ -283,6 +283,38 @@ class DatabaseCommands(unittest.TestCase):
         finally:
             psql("DROP ROLE IF EXISTS rag_e2e_dropper", db="postgres")
 
+    def test_rag_in_a_schema_a_superuser_owns(self):
+        # README, Backups, "Where rag lives": public belongs to the database's owner, so rag may be created in a
+        # superuser's schema instead; collections, a reader's search and answer, and a watch work from there.
+        drop_database("rag_e2e_ext")
+        psql("CREATE DATABASE rag_e2e_ext", db="postgres")
+        try:
+            psql("CREATE SCHEMA ext; GRANT USAGE ON SCHEMA ext TO PUBLIC;"
+                 "CREATE EXTENSION vector SCHEMA ext; CREATE EXTENSION rag SCHEMA ext;"
+                 "ALTER DATABASE rag_e2e_ext SET search_path = \"$user\", public, ext;"
+                 "DROP ROLE IF EXISTS rag_e2e_ext_reader; CREATE ROLE rag_e2e_ext_reader IN ROLE rag_reader;",
+                 db="rag_e2e_ext")
+            self.assertEqual(scalar("SELECT extnamespace::regnamespace FROM pg_extension WHERE extname = 'rag'",
+                                    db="rag_e2e_ext"), "ext")
+            psql("SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);"
+                 "SELECT rag_grant('kb', 'rag_e2e_ext_reader', 'read');"
+                 "SELECT rag_ingest('kb', 'Notice', 'Staff must give thirty days notice in writing.');"
+                 "CREATE TABLE public.pages (id int PRIMARY KEY, body text);"
+                 "INSERT INTO public.pages VALUES (1, 'Lunch is served at noon in the canteen.');"
+                 "SELECT rag_watch('public.pages', 'kb', content => 'body');", db="rag_e2e_ext")
+            self.assertEqual(scalar("SELECT rag_wait('kb', '60 seconds')", db="rag_e2e_ext"), "t")
+            self.assertEqual(psql("SET ROLE rag_e2e_ext_reader;\n"
+                                  "SELECT title FROM rag_query('kb', 'how much notice must staff give', 1);",
+                                  db="rag_e2e_ext"), [["Notice"]])
+            self.assertEqual(psql("SET ROLE rag_e2e_ext_reader;\n"
+                                  "SELECT outcome FROM rag_ask('kb', 'How much notice must staff give?');",
+                                  db="rag_e2e_ext"), [["answered"]])
+            self.assertEqual(psql("SELECT content FROM rag_query('kb', 'when is lunch served', 1)", db="rag_e2e_ext"),
+                             [["Lunch is served at noon in the canteen."]])
+        finally:
+            drop_database("rag_e2e_ext")
+            psql("DROP ROLE IF EXISTS rag_e2e_ext_reader", db="postgres")
+
 
 if __name__ == "__main__":
     unittest.main()
