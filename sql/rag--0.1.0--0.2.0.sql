@@ -1841,13 +1841,8 @@ BEGIN
                         rag._limit('document_metadata_max_bytes'), octet_length(metadata::text)
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
     END IF;
-    -- Before any conversion, which holds several copies of its input.
-    IF octet_length(v_body) > v_limit THEN
-        RAISE EXCEPTION 'document "%" is % bytes, above rag.max_document_size (%)',
-                        coalesce(title, ''), octet_length(v_body), pg_size_pretty(v_limit)
-            USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'Split the document, or raise rag.max_document_size (superuser).';
-    END IF;
+    -- The conversion bounds its own input (rag.max_file_size) and runs a large one in the bounded child
+    -- (src/api/extract.rs convert_markup); its text is measured below.
     v_body := rag._to_text(v_body, format);
     IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
         RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')

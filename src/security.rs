@@ -111,16 +111,6 @@ pub fn calling_role() -> pg_sys::Oid {
 /// under the refusals described at [`calling_role`]; the path is `None` where nothing was recorded. A reader's
 /// row checks run the watched table's policies as that role with that path (`rag._calling_identity()`).
 pub fn caller() -> crate::frames::Caller {
-    // A parallel worker starts with the leader's outer role and none of its running functions: it cannot
-    // tell, and nothing in rag needs to act for a caller there.
-    // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
-    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
-        crate::error::RagError::InsufficientPrivilege {
-            message: "rag cannot act for a caller inside a parallel worker".into(),
-            hint: "Call rag's functions from a function that is not marked PARALLEL SAFE.".into(),
-        }
-        .raise()
-    }
     // SAFETY: reads process-global state of this backend, on its only thread.
     if unsafe { pg_sys::InSecurityRestrictedOperation() } {
         crate::error::RagError::InsufficientPrivilege {
@@ -129,6 +119,21 @@ pub fn caller() -> crate::frames::Caller {
                    expressions run with their author's rights under PostgreSQL's restrictions, where rag cannot \
                    tell whose rights those are; call rag's functions from ordinary SQL."
                 .into(),
+        }
+        .raise()
+    }
+    recorded_caller()
+}
+
+/// The caller the frames recorded for rag's entry point, or an ERROR saying why they cannot tell. A parallel
+/// worker starts with the leader's outer role and none of its running functions: it cannot tell, and nothing
+/// in rag needs to act for a caller there.
+fn recorded_caller() -> crate::frames::Caller {
+    // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
+    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+        crate::error::RagError::InsufficientPrivilege {
+            message: "rag cannot act for a caller inside a parallel worker".into(),
+            hint: "Call rag's functions from a function that is not marked PARALLEL SAFE.".into(),
         }
         .raise()
     }
@@ -163,22 +168,7 @@ pub fn require_acting_for(role_name: &str) {
     if role == pg_sys::InvalidOid || crate::frames::wrapper_identity() == Some(role) {
         return;
     }
-    // SAFETY: a backend global, set once when a parallel worker starts (-1 elsewhere).
-    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
-        crate::error::RagError::InsufficientPrivilege {
-            message: "rag cannot tell who is asking inside a parallel worker".into(),
-            hint: "Call rag's functions from a function that is not marked PARALLEL SAFE.".into(),
-        }
-        .raise()
-    }
-    let caller = match crate::frames::entry_point_caller() {
-        Ok(caller) => caller.role,
-        Err(why) => crate::error::RagError::InsufficientPrivilege {
-            message: why.message().into(),
-            hint: why.hint().into(),
-        }
-        .raise(),
-    };
+    let caller = recorded_caller().role;
     // SAFETY: the privilege checks read the catalog caches of this backend only.
     let allowed = role == caller
         || unsafe { pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, role) };

@@ -244,7 +244,7 @@ SELECT rag._seconds_until_due() AS overdue;
 ROLLBACK;
 
 -- Title, source and metadata come back with every search result and answer: a writer may not make them huge
--- (a 200 MB title made every reader's rag_ask take 2 GB). The body is measured before it is converted.
+-- (a 200 MB title made every reader's rag_ask take 2 GB). Converted markup is measured as the text it gives.
 \set VERBOSITY terse
 SELECT rag_ingest('docs', repeat('T', 4097), 'A body.');
 SELECT rag_ingest('docs', 'Title', 'A body.', source => repeat('s', 4097));
