@@ -26,6 +26,9 @@ BEGIN
         RAISE EXCEPTION 'an openai provider needs a base_url' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'The URL includes the version path, for example https://api.openai.com/v1.';
     END IF;
+    IF base_url IS NOT NULL THEN
+        PERFORM rag._check_provider_url(base_url);
+    END IF;
     IF api_key_setting IS NOT NULL AND api_key_setting <> 'rag.openai_api_key'
        AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$' THEN
         RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', quote_literal(api_key_setting)

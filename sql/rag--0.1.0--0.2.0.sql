@@ -622,6 +622,13 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_max_distance_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_check_provider_url"(
+	"base_url" TEXT /* & str */
+) RETURNS void
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_provider_url_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_model_prefixes"(
 	"model" TEXT /* & str */
 ) RETURNS TABLE (
@@ -1656,6 +1663,9 @@ BEGIN
     IF kind = 'openai' AND base_url IS NULL THEN
         RAISE EXCEPTION 'an openai provider needs a base_url' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'The URL includes the version path, for example https://api.openai.com/v1.';
+    END IF;
+    IF base_url IS NOT NULL THEN
+        PERFORM rag._check_provider_url(base_url);
     END IF;
     IF api_key_setting IS NOT NULL AND api_key_setting <> 'rag.openai_api_key'
        AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$' THEN

@@ -1,7 +1,9 @@
 //! Turns a `rag.providers` row into a client from `rag-embed`. API keys are read here, from a setting no SQL
 //! route displays or from a server-only file, so a key reaches the provider without ever being readable by
 //! the role that runs the query; the table holds only where the key is, never the key.
-use rag_embed::{EmbedOutput, Provider, ProviderConfig, ProviderError, ProviderKind};
+use rag_embed::{
+    EmbedOutput, HostAllowlist, Provider, ProviderConfig, ProviderError, ProviderKind,
+};
 use rag_embed_local::{CrossEncoder, LoadOptions, LocalModel};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -244,9 +246,13 @@ pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig
             ))
         }
     };
-    let base_url = match (&row.base_url, kind) {
-        (Some(url), _) if !url.trim().is_empty() => url.trim().to_string(),
-        (_, ProviderKind::Ollama) => crate::settings::string(&crate::settings::OLLAMA_URL),
+    // rag.ollama_url is a superuser's own choice; only URLs a rag_admin wrote answer to rag.provider_hosts.
+    let (base_url, allowed_hosts) = match (&row.base_url, kind) {
+        (Some(url), _) if !url.trim().is_empty() => (url.trim().to_string(), provider_hosts()?),
+        (_, ProviderKind::Ollama) => (
+            crate::settings::string(&crate::settings::OLLAMA_URL),
+            HostAllowlist::default(),
+        ),
         (_, ProviderKind::OpenAi) => {
             return Err(format!("provider \"{}\" has no base_url", row.name))
         }
@@ -261,7 +267,15 @@ pub fn config_for(row: &ProviderRow, timeout: Duration) -> Result<ProviderConfig
         base_url,
         api_key,
         timeout,
+        allowed_hosts,
     })
+}
+
+/// `rag.provider_hosts` parsed; a list that does not parse refuses every listed-URL provider rather than
+/// allowing them all.
+pub fn provider_hosts() -> Result<HostAllowlist, String> {
+    HostAllowlist::parse(&crate::settings::string(&crate::settings::PROVIDER_HOSTS))
+        .map_err(|why| format!("rag.provider_hosts is not valid: {why}"))
 }
 
 pub fn connect(row: &ProviderRow, timeout: Duration) -> Result<Provider, String> {

@@ -11,6 +11,8 @@ pub static EMBEDDING_MODEL: GucSetting<Option<CString>> =
 pub static CHAT_MODEL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 pub static OPENAI_API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static SECRETS_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static PROVIDER_HOSTS: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
 // Empty means "what the collection's model expects" (rag_embed::known_models); set, it wins for new collections.
 pub static DOCUMENT_PREFIX: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
@@ -86,6 +88,15 @@ pub fn define() {
         &SECRETS_FILE,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
+    );
+    // The servers a rag_admin's provider URL may name: the server administrator's, as its network is.
+    GucRegistry::define_string_guc(
+        c"rag.provider_hosts",
+        c"Hosts that providers named by rag_create_provider may connect to; empty allows any.",
+        c"Comma-separated host names (*.domain for subdomains), IP addresses or CIDR blocks, each optionally with :port. A name not listed must resolve to listed addresses. rag.ollama_url is exempt.",
+        &PROVIDER_HOSTS,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     // Where the database sends document text is a superuser's decision: SUSET.
     GucRegistry::define_string_guc(

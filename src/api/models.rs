@@ -112,6 +112,30 @@ pub mod rag {
         rag_embed::known_models::default_max_distance(model)
     }
 
+    /// Refuses a provider URL that `rag.provider_hosts` does not admit, so that rag_create_provider says so at
+    /// once; the HTTP client checks again at every connection, on the addresses it connects to.
+    #[pg_extern(stable, parallel_safe, name = "_check_provider_url")]
+    pub fn check_provider_url(base_url: &str) {
+        let refused = |message: String| -> ! {
+            crate::error::RagError::InsufficientPrivilege {
+                message,
+                hint: "A superuser lists the servers providers may reach in rag.provider_hosts (postgresql.conf or ALTER SYSTEM, then SELECT pg_reload_conf()).".into(),
+            }
+            .raise()
+        };
+        let list = crate::provider::provider_hosts().unwrap_or_else(|why| refused(why));
+        let Ok(url) = parse_url(base_url) else {
+            return; // the SQL checks the URL's shape and say what is wrong with it
+        };
+        if let Err(why) = list.admit(&url) {
+            refused(format!("base_url: {why}"));
+        }
+    }
+
+    fn parse_url(base_url: &str) -> Result<rag_embed::Url, ()> {
+        rag_embed::Url::parse(base_url.trim()).map_err(|_| ())
+    }
+
     /// The tokens a known model reads at most (NULL otherwise), for rag_create_collection.
     #[pg_extern(immutable, parallel_safe, name = "_model_window")]
     pub fn model_window(model: &str) -> Option<i32> {

@@ -73,6 +73,13 @@ impl Providers {
         self.open_until.remove(provider);
     }
 
+    /// Drops the cached client, so that settings just reloaded (keys, `rag.provider_hosts`, `rag.ollama_url`)
+    /// apply to the next call.
+    pub fn forget_client(&mut self) {
+        self.client = None;
+        self.key = None;
+    }
+
     /// A client for the provider and model, reused while they and the timeout stay the same.
     pub fn client(&mut self, row: &ProviderRow, model: &str) -> Result<&Embedder, String> {
         let timeout = crate::settings::http_timeout();

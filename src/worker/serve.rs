@@ -234,6 +234,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         if BackgroundWorker::sighup_received() {
             crate::pg::reload_configuration();
             apply_commit_mode(&steps);
+            providers.forget_client();
         }
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.

@@ -7,7 +7,7 @@ import threading
 import time
 import unittest
 
-from support import fresh_database, psql, scalar
+from support import fresh_database, psql, scalar, wait_until
 
 DB = "rag_e2e_providers"
 KEY = "sk-test-5ecret-4f1a-DO-NOT-LEAK"
@@ -194,6 +194,61 @@ class Providers(unittest.TestCase):
             server.server_close()
             psql("SELECT rag_drop_provider(name) FROM rag.providers WHERE name IN ('ssrf', 'ssrf-redirect')", db=DB)
             psql("DROP ROLE IF EXISTS ssrf_admin", db=DB)
+
+    def test_g_provider_hosts_bound_where_an_admin_points_a_provider(self):
+        provider_port = os.environ["PROVIDER_PORT"]
+        psql("DROP ROLE IF EXISTS hosts_admin; CREATE ROLE hosts_admin LOGIN IN ROLE rag_admin", db=DB)
+        psql("ALTER SYSTEM SET rag.provider_hosts = '10.0.0.0/8, ollama.internal:11434'; SELECT pg_reload_conf()",
+             db="postgres")
+        try:
+            self.assertTrue(wait_until("SELECT current_setting('rag.provider_hosts') <> ''", db=DB, seconds=10))
+            # A non-superuser cannot change the list, for a session, a role or a database.
+            for attempt in ("SET rag.provider_hosts = ''", "ALTER ROLE hosts_admin SET rag.provider_hosts = ''",
+                            f"ALTER DATABASE {DB} SET rag.provider_hosts = ''"):
+                code, _, stderr = psql(f"SET ROLE hosts_admin; {attempt}", db=DB, check=False)
+                self.assertNotEqual(code, 0, attempt)
+            # An address the list does not hold is refused when the provider is made, with the way out.
+            code, _, stderr = psql(f"SET ROLE hosts_admin; SELECT rag_create_provider('probe', 'ollama', "
+                                   f"'http://127.0.0.1:{provider_port}')", db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn(f"127.0.0.1:{provider_port} is not in rag.provider_hosts", stderr)
+            self.assertIn("HINT:  A superuser lists the servers", stderr)
+            # A name the list does not hold may be made (it may resolve into a listed block), but it reaches only
+            # listed addresses: localhost resolves outside 10.0.0.0/8, so no call leaves.
+            psql(f"SET ROLE hosts_admin; SELECT rag_create_provider('by-name', 'ollama', 'http://localhost:{provider_port}')",
+                 db=DB)
+            code, _, stderr = psql("SET ROLE hosts_admin; SELECT * FROM rag_models('by-name')", db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("localhost resolves to no address in rag.provider_hosts", stderr)
+            # The worker keeps to the list too: a document of a collection on that provider fails with the reason.
+            psql("SET ROLE hosts_admin; SELECT rag_create_collection('hosts', embedding_provider => 'by-name', "
+                 "embedding_model => 'hash-384'); SELECT rag_ingest('hosts', 'Listed', 'Reached only through the list.')",
+                 db=DB)
+            self.assertTrue(wait_until("SELECT coalesce(last_error LIKE '%resolves to no address in rag.provider_hosts%', "
+                                       "false) FROM rag.status WHERE collection = 'hosts'", db=DB, seconds=30),
+                            psql("SELECT * FROM rag.status WHERE collection = 'hosts'", db=DB))
+            # rag.ollama_url is the superuser's own: the built-in provider is not held to the list.
+            self.assertEqual(scalar("SELECT count(*) > 0 FROM rag_models('ollama')", db=DB), "t")
+            # Once the superuser lists the loopback block, the same provider works, in backends and in the worker
+            # (which takes the reloaded list for its next call).
+            psql("ALTER SYSTEM SET rag.provider_hosts = '127.0.0.0/8'; SELECT pg_reload_conf()", db="postgres")
+            self.assertTrue(wait_until("SELECT current_setting('rag.provider_hosts') = '127.0.0.0/8'", db=DB, seconds=10))
+            self.assertEqual(scalar("SET ROLE hosts_admin; SELECT count(*) > 0 FROM rag_models('by-name')", db=DB), "t")
+            psql("SET ROLE hosts_admin; SELECT rag_reindex('hosts')", db=DB)
+            self.assertEqual(scalar("SELECT rag_wait('hosts', '60 seconds')", db=DB), "t",
+                             psql("SELECT * FROM rag.status WHERE collection = 'hosts'", db=DB))
+            # A list that does not parse refuses every provider it governs rather than allowing them all.
+            psql("ALTER SYSTEM SET rag.provider_hosts = '10.1.2.3/8'; SELECT pg_reload_conf()", db="postgres")
+            self.assertTrue(wait_until("SELECT current_setting('rag.provider_hosts') = '10.1.2.3/8'", db=DB, seconds=10))
+            code, _, stderr = psql("SELECT * FROM rag_models('by-name')", db=DB, check=False)
+            self.assertNotEqual(code, 0)
+            self.assertIn("rag.provider_hosts is not valid", stderr)
+            self.assertIn("did you mean 10.0.0.0/8", stderr)
+        finally:
+            psql("ALTER SYSTEM RESET rag.provider_hosts; SELECT pg_reload_conf()", db="postgres")
+            psql("SELECT rag_drop_collection('hosts') FROM rag.collections WHERE name = 'hosts'", db=DB)
+            psql("SELECT rag_drop_provider(name) FROM rag.providers WHERE name IN ('probe', 'by-name')", db=DB)
+            psql("DROP ROLE IF EXISTS hosts_admin", db=DB)
 
 
 if __name__ == "__main__":

@@ -399,8 +399,18 @@ fn perform(client: &Client, outgoing: Outgoing) -> Outcome {
 
 fn failure(error: reqwest::Error) -> Outcome {
     let timed_out = error.is_timeout();
-    // Builder errors (bad URL, bad header value) and redirect loops will not heal by waiting.
-    let transient = !(error.is_builder() || error.is_redirect());
+    // Builder errors (bad URL, bad header value), redirect loops and a host rag.provider_hosts refuses will not
+    // heal by waiting.
+    let refused_host = {
+        let mut source = std::error::Error::source(&error);
+        let mut refused = false;
+        while let Some(cause) = source {
+            refused |= cause.is::<crate::hosts::HostRefused>();
+            source = cause.source();
+        }
+        refused
+    };
+    let transient = !(error.is_builder() || error.is_redirect() || refused_host);
     // The URL is dropped: the route is already in the context, and a URL could carry credentials.
     let error = error.without_url();
     let mut detail = error.to_string();

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod hosts;
 mod http;
 pub mod known_models;
 mod ollama;
@@ -34,7 +35,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use error::{classify_status, ProviderError, StatusClass};
+pub use hosts::{Admission, HostAllowlist};
 pub use pace::Pace;
+/// The URL type provider URLs are parsed into (reqwest's, which is the `url` crate's).
+pub use reqwest::Url;
 pub use retry::{RetryPolicy, RngLike, SplitMix64};
 
 use http::{CallContext, Method, Outgoing};
@@ -111,6 +115,8 @@ pub struct ProviderConfig {
     pub api_key: Option<String>,
     /// Deadline for a whole request: connecting, sending and reading the full response.
     pub timeout: Duration,
+    /// Where the provider may connect (`rag.provider_hosts`); an empty list allows every host.
+    pub allowed_hosts: HostAllowlist,
 }
 
 impl fmt::Debug for ProviderConfig {
@@ -120,6 +126,7 @@ impl fmt::Debug for ProviderConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
             .field("timeout", &self.timeout)
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }
@@ -219,7 +226,7 @@ impl Provider {
     pub fn new(config: ProviderConfig) -> Result<Provider, ProviderError> {
         let base = config.base_url.trim().trim_end_matches('/').to_string();
         // The URL itself is left out of these messages: it may carry credentials in its user-info part.
-        match reqwest::Url::parse(&base) {
+        let admission = match reqwest::Url::parse(&base) {
             // A query or fragment would swallow the route appended to the base (`/secret?x=` + `/models`
             // fetches `/secret`), and user-info would be sent as credentials to a server of the URL's
             // choosing: a base URL names a server and a path prefix, nothing else.
@@ -234,7 +241,14 @@ impl Provider {
                     config.kind
                 )))
             }
-            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {
+                config.allowed_hosts.admit(&url).map_err(|why| {
+                    ProviderError::permanent(format!(
+                        "{} provider: {why}",
+                        config.kind
+                    ))
+                })?
+            }
             Ok(url) => {
                 return Err(ProviderError::permanent(format!(
                     "{} provider: base_url must be an absolute http or https URL, got scheme {:?}",
@@ -248,7 +262,7 @@ impl Provider {
                     config.kind
                 )))
             }
-        }
+        };
         // The HTTP stack adds the timeout to `Instant::now()`, which panics on overflow for absurd values.
         if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
             return Err(ProviderError::permanent(format!(
@@ -258,7 +272,18 @@ impl Provider {
                 config.timeout
             )));
         }
-        let client = reqwest::blocking::Client::builder()
+        let mut builder = reqwest::blocking::Client::builder();
+        if !config.allowed_hosts.is_empty() {
+            // The list is checked against the addresses connected to; through a proxy those would be the
+            // proxy's, so with a list rag connects directly.
+            builder = builder.no_proxy();
+        }
+        if let Admission::ToAddresses(blocks) = admission {
+            builder = builder.dns_resolver(std::sync::Arc::new(hosts::AddressCheckingResolver {
+                blocks: std::sync::Arc::new(blocks),
+            }));
+        }
+        let client = builder
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .user_agent(concat!("rag-embed/", env!("CARGO_PKG_VERSION")))
@@ -504,6 +529,7 @@ mod tests {
             base_url: base_url.to_string(),
             api_key: api_key.map(str::to_string),
             timeout: Duration::from_secs(5),
+            allowed_hosts: HostAllowlist::default(),
         }
     }
 

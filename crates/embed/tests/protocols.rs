@@ -6,7 +6,9 @@ mod support;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use rag_embed::{ChatMessage, ChatRequest, Provider, ProviderConfig, ProviderError, ProviderKind};
+use rag_embed::{
+    ChatMessage, ChatRequest, HostAllowlist, Provider, ProviderConfig, ProviderError, ProviderKind,
+};
 use serde_json::json;
 use support::{closed_port_url, Behaviour, TestServer};
 
@@ -18,6 +20,7 @@ fn provider(kind: ProviderKind, base_url: String, timeout: Duration) -> Provider
         base_url,
         api_key: Some(SECRET.to_string()),
         timeout,
+        allowed_hosts: HostAllowlist::default(),
     })
     .expect("valid configuration")
 }
@@ -713,6 +716,7 @@ fn a_base_url_cannot_hide_the_route_or_carry_credentials() {
             base_url: base_url.to_string(),
             api_key: None,
             timeout: Duration::from_secs(1),
+            allowed_hosts: HostAllowlist::default(),
         })
         .expect_err(base_url);
         assert!(
@@ -875,4 +879,64 @@ fn connections_and_provider_survive_many_calls() {
         );
     }
     assert_eq!(server.requests().len(), 20);
+}
+
+fn listed_provider(base_url: String, list: &str) -> Result<Provider, ProviderError> {
+    Provider::new(ProviderConfig {
+        kind: ProviderKind::OpenAi,
+        base_url,
+        api_key: Some(SECRET.to_string()),
+        timeout: Duration::from_secs(5),
+        allowed_hosts: HostAllowlist::parse(list).expect("a valid list"),
+    })
+}
+
+#[test]
+fn provider_hosts_refuse_unlisted_servers_before_any_request() {
+    let server = TestServer::start(vec![Behaviour::json(200, json!({"data": []}))]);
+    let port = server.url().rsplit(':').next().unwrap().to_string();
+    let by_name = format!("http://localhost:{port}/v1");
+    let by_address = format!("http://127.0.0.1:{port}/v1");
+
+    // Listed by address: an address literal passes, and a name passes only by resolving inside the block.
+    for url in [&by_address, &by_name] {
+        let provider = listed_provider(url.clone(), "127.0.0.0/8").expect(url);
+        provider.list_models(&mut never()).expect(url);
+    }
+    // The port is part of an entry.
+    let error = listed_provider(by_address.clone(), "127.0.0.1:1").expect_err("wrong port");
+    assert!(
+        error
+            .message()
+            .contains(&format!("127.0.0.1:{port} is not in rag.provider_hosts")),
+        "{}",
+        error.message()
+    );
+    // An unlisted address literal is refused when the provider is made.
+    let error =
+        listed_provider(by_address.clone(), "10.0.0.0/8, ollama.internal").expect_err("unlisted");
+    assert!(
+        error.message().contains("is not in rag.provider_hosts"),
+        "{}",
+        error.message()
+    );
+    // A name that resolves outside every listed block is refused at connect, permanently, and nothing was sent.
+    let provider =
+        listed_provider(by_name.clone(), "10.0.0.0/8").expect("names go to the resolver");
+    let (status, message) = expect_permanent(provider.list_models(&mut never()));
+    assert_eq!(status, None, "{message}");
+    assert!(
+        message.contains("localhost resolves to no address in rag.provider_hosts"),
+        "{message}"
+    );
+    // Listed by name: its own DNS answer is trusted.
+    listed_provider(by_name.clone(), &format!("localhost:{port}"))
+        .expect("listed name")
+        .list_models(&mut never())
+        .expect("listed name");
+    assert_eq!(
+        server.requests().len(),
+        3,
+        "only the admitted calls reached the server"
+    );
 }
