@@ -58,25 +58,30 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
     v_role name := rag._calling_role();
+    v_line jsonb;
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
-            'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', v_role));
+    -- The columns of rag.queries as one line of JSON: what a hot standby logs instead of writing the row, and
+    -- what the server log gets if the row is rolled back (src/api/ledger_trail.rs).
+    v_line := jsonb_strip_nulls(jsonb_build_object(
+        'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+        'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+        'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+        'sources_sent', p_sources_sent,
+        'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+        'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+        'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+        'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+        'role', v_role));
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only')::boolean THEN
+        -- A hot standby, or a read-only transaction, cannot write the ledger. The call is recorded in the
+        -- server log instead, one line of JSON per call with the columns of rag.queries (README,
+        -- "Operations"), so an operator can read what was answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', v_line;
+        PERFORM rag._ledger_row_written(NULL);
         RETURN NULL;
     END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
@@ -100,6 +105,7 @@ BEGIN
                  (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
       FROM rag.collections c WHERE c.id = p_collection_id
     RETURNING id INTO v_id;
+    PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
     RETURN v_id;
 END $$;
 
@@ -228,8 +234,10 @@ BEGIN
 END $$;
 
 -- The ledger per collection and day: what the service did, how often it refused, how fast, at what cost.
--- A security barrier, as rag.status is.
-CREATE VIEW rag.ledger_daily WITH (security_barrier) AS
+-- Run as its caller (security_invoker), so rag.queries' own policy decides which rows count: an admin by grant
+-- who may not read every row the collection indexes gets totals of the rows they may see only (a total of prompt
+-- tokens would measure how much of the hidden rows' text was sent). A security barrier, as rag.status is.
+CREATE VIEW rag.ledger_daily WITH (security_barrier, security_invoker) AS
 SELECT collection,
        date_trunc('day', created_at)::date AS day,
        count(*) AS calls,

@@ -105,6 +105,8 @@ ALTER TABLE rag.collections
     ADD COLUMN text_search_config text NOT NULL DEFAULT 'english';
 ALTER TABLE rag.collections ALTER COLUMN search_mode SET DEFAULT 'hybrid';
 CREATE INDEX documents_by_collection ON rag.documents (collection_id);
+-- A turn reads its conversation's last messages (src/api/ask.rs), and dropping a conversation deletes them.
+CREATE INDEX messages_by_conversation ON rag.messages (conversation_id, id);
 ALTER TABLE rag.chunks ADD COLUMN tsv tsvector;
 UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config::regconfig, ch.content)
   FROM rag.collections c WHERE c.id = ch.collection_id;
@@ -567,6 +569,13 @@ CREATE OR REPLACE FUNCTION rag."_acting_for"(
 STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'acting_for_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_ledger_row_written"(
+	"line" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ledger_row_written_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
 STRICT STABLE PARALLEL RESTRICTED 
@@ -2981,25 +2990,30 @@ DECLARE
     v_cost numeric := 0;
     v_id bigint;
     v_role name := rag._calling_role();
+    v_line jsonb;
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
     PERFORM rag._require_privilege(p_collection_id, 'read');
     v_cost := rag._query_cost(p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens);
-    IF pg_catalog.pg_is_in_recovery() THEN
-        -- A hot standby cannot write the ledger. The call is recorded in the standby's own server log instead,
-        -- one line of JSON per call with the columns of rag.queries (README, "Operations"), so an operator
-        -- can read what the standby answered; the caller gets NULL as its query_id.
-        RAISE LOG 'rag ledger: %', jsonb_strip_nulls(jsonb_build_object(
-            'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-            'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-            'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
-            'sources_sent', p_sources_sent,
-            'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
-            'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
-            'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
-            'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-            'role', v_role));
+    -- The columns of rag.queries as one line of JSON: what a hot standby logs instead of writing the row, and
+    -- what the server log gets if the row is rolled back (src/api/ledger_trail.rs).
+    v_line := jsonb_strip_nulls(jsonb_build_object(
+        'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
+        'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
+        'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+        'sources_sent', p_sources_sent,
+        'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
+        'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
+        'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
+        'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
+        'role', v_role));
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only')::boolean THEN
+        -- A hot standby, or a read-only transaction, cannot write the ledger. The call is recorded in the
+        -- server log instead, one line of JSON per call with the columns of rag.queries (README,
+        -- "Operations"), so an operator can read what was answered; the caller gets NULL as its query_id.
+        RAISE LOG 'rag ledger: %', v_line;
+        PERFORM rag._ledger_row_written(NULL);
         RETURN NULL;
     END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
@@ -3023,6 +3037,7 @@ BEGIN
                  (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
       FROM rag.collections c WHERE c.id = p_collection_id
     RETURNING id INTO v_id;
+    PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
     RETURN v_id;
 END $$;
 
@@ -3142,7 +3157,7 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-CREATE OR REPLACE VIEW rag.ledger_daily WITH (security_barrier) AS
+CREATE OR REPLACE VIEW rag.ledger_daily WITH (security_barrier, security_invoker) AS
 SELECT collection,
        date_trunc('day', created_at)::date AS day,
        count(*) AS calls,

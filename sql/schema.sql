@@ -542,6 +542,8 @@ CREATE TABLE rag.messages (
     query_id           bigint REFERENCES rag.queries (id) ON DELETE SET NULL,
     created_at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- A turn reads its conversation's last messages (src/api/ask.rs), and dropping a conversation deletes them.
+CREATE INDEX messages_by_conversation ON rag.messages (conversation_id, id);
 
 -- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
 -- see all of that collection's when they may read every row it indexes (an answer quotes rows the asker saw).

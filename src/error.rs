@@ -38,6 +38,8 @@ pub enum RagError {
     InsufficientPrivilege { message: String, hint: String },
     /// A file the call needs is not there (58P01), e.g. a local model's directory.
     MissingFile { message: String, hint: String },
+    /// The call writes, and the transaction is read-only (25006).
+    ReadOnly { message: String, hint: String },
     /// A file could not be turned into text: too large or deep (54000), a format not supported (0A000),
     /// anything else wrong with the file (22023).
     Extraction {
@@ -94,6 +96,7 @@ impl RagError {
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE
             }
             RagError::MissingFile { .. } => PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
+            RagError::ReadOnly { .. } => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
             RagError::ProviderSetup { .. } => PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
             RagError::Spi { .. } | RagError::Aborted(_) | RagError::Internal(_) => {
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
@@ -124,6 +127,7 @@ impl RagError {
             | RagError::Timeout { hint, .. }
             | RagError::InsufficientPrivilege { hint, .. }
             | RagError::MissingFile { hint, .. }
+            | RagError::ReadOnly { hint, .. }
             | RagError::ProviderSetup { hint, .. } => hint.clone(),
             RagError::Extraction { error, .. } => error.hint().unwrap_or("").to_string(),
             RagError::Provider { error, .. } => match error {
@@ -157,6 +161,7 @@ impl fmt::Display for RagError {
             | RagError::Timeout { message, .. }
             | RagError::InsufficientPrivilege { message, .. }
             | RagError::MissingFile { message, .. }
+            | RagError::ReadOnly { message, .. }
             | RagError::ProviderSetup { message, .. } => f.write_str(message),
             RagError::Extraction {
                 filename: Some(name),

@@ -92,6 +92,7 @@ pub extern "C-unwind" fn _PG_init() {
     frames::install(pg::preloading());
     api::watch::install();
     api::watch_keys::install();
+    api::ledger_trail::install();
     pg::install_process_utility(pg::preloading());
     api::search::install();
     if pg::preloading() {

@@ -399,7 +399,8 @@ impl Answer {
 fn add(total: Option<i64>, more: Option<i64>) -> Option<i64> {
     match (total, more) {
         (None, None) => None,
-        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        // The provider's counts are bounded where they are read (rag_embed::validate); saturating all the same.
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
     }
 }
 
@@ -428,6 +429,12 @@ fn answer_with_model(
         temperature: Some(0.0),
     };
     let started = Instant::now();
+    super::ledger_trail::call_sent(
+        "answering",
+        collection.id,
+        &collection.chat_provider.name,
+        model,
+    );
     let reply = client.chat(&request, &mut super::on_cancel());
     let generate_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
     let output = match reply {
@@ -554,10 +561,15 @@ fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, R
         if collection_id != Some(collection.id) {
             return Ok(Err(ConversationRefusal::OtherCollection));
         }
+        // Only the last messages are used (the rewrite's window): a long conversation is not read whole on
+        // every turn.
         let rows = client.select(
-            "SELECT role, coalesce(rewritten_question, content) FROM rag.messages WHERE conversation_id = $1 ORDER BY id",
+            "SELECT m.role, m.said FROM (SELECT id, role, coalesce(rewritten_question, content) AS said
+                                          FROM rag.messages WHERE conversation_id = $1
+                                         ORDER BY id DESC LIMIT $2) m
+              ORDER BY m.id",
             None,
-            &[id.into()],
+            &[id.into(), (rag_answer::REWRITE_HISTORY_MESSAGES as i64).into()],
         )?;
         let mut history = Vec::new();
         for row in rows {
@@ -635,6 +647,12 @@ fn rewrite_follow_up(
         max_tokens: Some(200),
         temperature: Some(0.0),
     };
+    super::ledger_trail::call_sent(
+        "rewriting the follow-up",
+        collection.id,
+        &collection.chat_provider.name,
+        model,
+    );
     match client.chat(&request, &mut super::on_cancel()) {
         Ok(output) => Ok(Rewrite {
             question: clean_rewritten_question(&output.content, question),
@@ -826,6 +844,15 @@ fn ask(
                 .map(|_| ())
         })
         .doing(|| "checking for a standby".to_string())?;
+        // SAFETY: PostgreSQL's flag for the open transaction, read on its only thread.
+        if unsafe { pgrx::pg_sys::XactReadOnly } {
+            return Err(RagError::ReadOnly {
+                message: "a conversation needs a read-write transaction: its messages are written as it goes"
+                    .into(),
+                hint: "Ask without conversation => in a read-only transaction, or continue it in a read-write one."
+                    .into(),
+            });
+        }
     }
     let conversation = conversation
         .map(|id| load_conversation(id, &collection))

@@ -4,6 +4,7 @@ pub mod ask;
 pub mod chunk;
 pub mod extract;
 pub mod extraction_slots;
+pub mod ledger_trail;
 pub mod models;
 pub mod process;
 pub mod query;

@@ -44,7 +44,14 @@ pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbeddi
         ));
     };
     let input = format!("{prefix}{question}");
-    let cache_key = (provider_row.name.clone(), model.clone(), input.clone());
+    // SAFETY: reads the session's current role (SET ROLE's), process-global state of this backend.
+    let session_role = unsafe { pgrx::pg_sys::GetOuterUserId() };
+    let cache_key = (
+        session_role,
+        provider_row.name.clone(),
+        model.clone(),
+        input.clone(),
+    );
     if let Some(cached) = cached_query(&cache_key, dimensions) {
         return Ok(cached);
     }
@@ -54,6 +61,14 @@ pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbeddi
             hint: "Check the provider with rag_models().".to_string(),
         })?;
     let inputs = vec![input];
+    if provider_row.kind != crate::provider::Kind::Local {
+        super::ledger_trail::call_sent(
+            "embedding the question",
+            collection_id,
+            &provider_row.name,
+            &model,
+        );
+    }
     let output = client
         .embed(&model, &inputs, None, &mut super::on_cancel())
         .map_err(|error| provider_error("embedding", &provider_row.name, &model, error))?;
@@ -101,7 +116,10 @@ pub fn provider_error(
     }
 }
 
-type QueryKey = (String, String, String);
+/// Session role, provider, model and prefixed question. The role is part of it: a cached answer costs no
+/// tokens, which the ledger shows, and on a pooled connection that switches roles (SET ROLE) another role
+/// could tell a question had been asked before.
+type QueryKey = (pgrx::pg_sys::Oid, String, String, String);
 
 thread_local! {
     /// Recent question embeddings of this backend: asking the same question again costs no provider call

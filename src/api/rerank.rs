@@ -82,6 +82,7 @@ fn rerank(
             .iter()
             .map(|passage| passage.clone().unwrap_or_default())
             .collect();
+        super::ledger_trail::call_sent("reranking", collection_id, &provider_row.name, &model);
         return rerank_on_server(&provider_row, &model, question, &texts);
     }
     let reranker = crate::provider::local_reranker(&model).map_err(missing_model)?;

@@ -2,6 +2,9 @@
 those rows came from ends while an answer is being given (the end is counted, not timed: README, Security). Ledger
 rows, conversations and providers belong to a role, not to a name: a role created later under a dropped role's
 name, after a DROP ROLE in a database rag's hook does not see, gets nothing of them."""
+import json
+import os
+import time
 from functools import partial
 
 from support import InItsOwnDatabase, background_psql, psql, scalar
@@ -189,3 +192,98 @@ class Ledger(InItsOwnDatabase):
                     process.wait()
             psql("SELECT rag_unwatch('lg_locks', drop_documents => true); SELECT rag_drop_collection('locks'); "
                  "DROP TABLE IF EXISTS lg_locks", db=DB, check=False)
+
+
+class CallsThatRollBack(InItsOwnDatabase):
+    """A ledger row is written in the caller's transaction; a provider call whose row is rolled back (ROLLBACK,
+    a savepoint, a cancel while the provider works) is written to the server log instead, and a read-only
+    transaction logs its calls as a standby does."""
+    DB = "rag_e2e_ledger_rollback"
+
+    def log_lines_since(self, start):
+        with open(self.log_path, encoding="utf-8", errors="replace") as log:
+            log.seek(start)
+            found = []
+            for line in log.read().splitlines():
+                if "rag ledger: " in line:
+                    found.append(json.loads(line.split("rag ledger: ", 1)[1]))
+            return found
+
+    def wait_for_lines(self, start, predicate, seconds=10):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            lines = [line for line in self.log_lines_since(start) if predicate(line)]
+            if lines:
+                return lines
+            time.sleep(0.1)
+        return []
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.log_path = os.path.join(os.environ["WORK"], "pg", "server.log")
+        psql("""
+            DROP ROLE IF EXISTS rb_reader;
+            CREATE ROLE rb_reader LOGIN IN ROLE rag_reader;
+            SELECT rag_create_collection('rb', embedding_model => 'hash-384', chat_model => 'chat-test');
+            SELECT rag_create_collection('rb_slow', embedding_model => 'hash-384', chat_model => 'chat-test@slow4000');
+            SELECT rag_grant('rb', 'rb_reader', 'read');
+            SELECT rag_grant('rb_slow', 'rb_reader', 'read');
+            SELECT rag_ingest('rb', 'Notice', 'Staff give thirty days notice before they resign.');
+            SELECT rag_ingest('rb_slow', 'Notice', 'Staff give thirty days notice before they resign.');
+            SELECT rag_wait('rb', '60 seconds'), rag_wait('rb_slow', '60 seconds');
+        """, db=cls.DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        psql("DROP ROLE IF EXISTS rb_reader", db="postgres")
+
+    def test_rolled_back_calls_are_in_the_server_log(self):
+        start = os.path.getsize(self.log_path)
+        # ROLLBACK: the answer was given, its row is gone, its line is in the log with the question.
+        rows = psql("BEGIN; SELECT outcome FROM rag_ask('rb', 'rolled-back-one: how much notice do staff give?'); "
+                    "ROLLBACK;", db=self.DB, user="rb_reader")
+        self.assertEqual(rows, [["answered"]])
+        lines = self.wait_for_lines(start, lambda line: "rolled-back-one" in line.get("question", ""))
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0]["rolled_back"])
+        self.assertEqual((lines[0]["role"], lines[0]["collection"], lines[0]["outcome"]), ("rb_reader", "rb", "answered"))
+        self.assertIn("query_id", lines[0])
+        # A savepoint rolled back around one call, a committed call after it: only the first is logged, only
+        # the second is in the ledger.
+        psql("BEGIN; SAVEPOINT s; SELECT count(*) FROM rag_query('rb', 'rolled-back-two notice'); "
+             "ROLLBACK TO SAVEPOINT s; SELECT count(*) FROM rag_query('rb', 'committed-three notice'); COMMIT;",
+             db=self.DB, user="rb_reader")
+        self.assertEqual(len(self.wait_for_lines(start, lambda line: line.get("question") == "rolled-back-two notice")), 1)
+        self.assertEqual(scalar("SELECT string_agg(question, ',' ORDER BY id) FROM rag.queries "
+                                "WHERE question ~ '^(rolled-back|committed)'", db=self.DB), "committed-three notice")
+        self.assertEqual([line for line in self.log_lines_since(start) if "committed-three" in line.get("question", "")], [])
+        # A read-only transaction searches, and its call goes to the log (no row, nothing rolled back).
+        rows = psql("BEGIN READ ONLY; SELECT count(*) > 0 FROM rag_query('rb', 'read-only-four notice', max_distance => 2); COMMIT;",
+                    db=self.DB, user="rb_reader")
+        self.assertEqual(rows, [["t"]])
+        lines = self.wait_for_lines(start, lambda line: line.get("question") == "read-only-four notice")
+        self.assertEqual(len(lines), 1, lines)
+        self.assertNotIn("rolled_back", lines[0])
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE question = 'read-only-four notice'", db=self.DB), "0")
+        # A conversation writes as it goes: refused in a read-only transaction before any provider call.
+        conversation = scalar("SELECT rag_conversation_start('rb')", db=self.DB, user="rb_reader")
+        code, _, stderr = psql(f"SET default_transaction_read_only = on; SELECT * FROM rag_ask('rb', 'read-only-five', "
+                               f"conversation => {conversation})", db=self.DB, user="rb_reader", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("a conversation needs a read-write transaction", stderr)
+        self.assertEqual([line for line in self.log_lines_since(start) if "read-only-five" in json.dumps(line)], [])
+
+    def test_a_call_cancelled_while_the_provider_works_is_logged(self):
+        start = os.path.getsize(self.log_path)
+        code, rows, stderr = psql("SET statement_timeout = '1500ms'; "
+                                  "SELECT * FROM rag_ask('rb_slow', 'cancelled-six: how much notice?', max_distance => 2)",
+                                  db=self.DB, user="rb_reader", check=False)
+        self.assertNotEqual(code, 0, rows)
+        self.assertIn("statement timeout", stderr)
+        lines = self.wait_for_lines(start, lambda line: line.get("provider_call") == "answering")
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual((lines[0]["role"], lines[0]["model"], lines[0]["rolled_back"]),
+                         ("rb_reader", "chat-test@slow4000", True))
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE question ~ 'cancelled-six'", db=self.DB), "0")

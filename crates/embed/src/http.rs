@@ -5,7 +5,8 @@
 
 use std::fmt;
 use std::io::Read;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,6 +26,42 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 /// Longest provider error text quoted in a message.
 pub(crate) const EXCERPT_CHARS: usize = 300;
+
+/// Requests of this process that were given up on (a cancel, the deadline) and whose threads still run: each
+/// holds a thread and a connection until the provider answers or the HTTP client's own deadline ends it, and
+/// the provider goes on generating (and billing) meanwhile. A session that cancels call after call is held to
+/// this many before it may send another.
+pub const MAX_ABANDONED_REQUESTS: usize = 4;
+static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+
+const RUNNING: u8 = 0;
+const FINISHED: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+/// The requests given up on whose threads still run, in this process.
+pub fn abandoned_requests() -> usize {
+    ABANDONED.load(Ordering::Acquire)
+}
+
+/// Counts the request as given up on if the caller leaves without its reply (by returning, or by the interrupt
+/// hook unwinding with a Postgres error) while its thread still runs.
+struct GiveUpOnDrop {
+    state: Arc<AtomicU8>,
+    replied: bool,
+}
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        if !self.replied
+            && self
+                .state
+                .compare_exchange(RUNNING, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            ABANDONED.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
 
 /// The HTTP methods the provider protocols use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,12 +171,29 @@ pub(crate) fn exchange(
     // the Authorization header would otherwise have it cut short in an excerpt, where a replacement of the
     // whole key no longer finds it.
     let key = outgoing.bearer.clone().filter(|key| !key.is_empty());
+    let abandoned = abandoned_requests();
+    if abandoned >= MAX_ABANDONED_REQUESTS {
+        return Err(ProviderError::Transient {
+            status: None,
+            retry_after: None,
+            message: format!(
+                "{context}: not sent: {abandoned} earlier requests of this session that were cancelled or timed \
+                 out are still running; each ends when the provider answers or within its deadline \
+                 (rag.http_timeout)"
+            ),
+        });
+    }
     let (sender, receiver) = mpsc::sync_channel(1);
     let worker_client = client.clone();
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    let thread_state = state.clone();
     let spawned = rag_threads::spawn(
         thread::Builder::new().name("rag-provider-http".to_string()),
         move || {
             let outcome = perform(&worker_client, outgoing);
+            if thread_state.swap(FINISHED, Ordering::AcqRel) == GIVEN_UP {
+                ABANDONED.fetch_sub(1, Ordering::AcqRel);
+            }
             // The caller may have given up and dropped the receiver; nobody is left to tell.
             let _ = sender.send(outcome);
         },
@@ -151,10 +205,17 @@ pub(crate) fn exchange(
             message: format!("{context}: could not start the request thread: {error}"),
         });
     }
+    let mut give_up = GiveUpOnDrop {
+        state,
+        replied: false,
+    };
     let outcome = loop {
         let left = timeout.saturating_sub(started.elapsed());
         match receiver.recv_timeout(POLL_INTERVAL.min(left)) {
-            Ok(outcome) => break outcome,
+            Ok(outcome) => {
+                give_up.replied = true;
+                break outcome;
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // No lock or borrow is held here: the hook may unwind with a Postgres error.
                 if interrupt() {
@@ -181,10 +242,18 @@ pub(crate) fn exchange(
     )
 }
 
-/// A parser's complaint with the string values it quotes from the body (in double quotes) left out: serde's
-/// `invalid type: string "…", expected a sequence` would otherwise read a field of any JSON service back to
-/// whoever chose the URL.
+/// A parser's complaint with the values it quotes from the body left out: serde quotes strings in double quotes
+/// (`invalid type: string "…", expected a sequence`) and numbers and booleans in backticks (``invalid type:
+/// integer `4111111111111111` ``), which would read a field of any JSON service back to whoever chose the URL.
 fn without_quoted_values(problem: &str) -> String {
+    const SERDE_VALUE_KINDS: [&str; 6] = [
+        "integer ",
+        "boolean ",
+        "floating point ",
+        "char ",
+        "unknown variant ",
+        "unknown field ",
+    ];
     let mut out = String::with_capacity(problem.len());
     let mut quote: Option<char> = None;
     for ch in problem.chars() {
@@ -196,8 +265,12 @@ fn without_quoted_values(problem: &str) -> String {
             }
             Some(_) => {}
             None => {
+                // Backticks also name the protocol's own fields (`choices` is empty, missing field `data`):
+                // only a value of the body's, after its kind, is left out.
+                let value_follows =
+                    ch == '`' && SERDE_VALUE_KINDS.iter().any(|kind| out.ends_with(kind));
                 out.push(ch);
-                if ch == '"' {
+                if ch == '"' || value_follows {
                     quote = Some(ch);
                 }
             }
@@ -557,6 +630,28 @@ mod tests {
             "`choices` is empty"
         );
         assert_eq!(without_quoted_values(r#"cut "short"#), r#"cut "…"#);
+        // Numbers, booleans and the body's own names in backticks are values too.
+        for (complaint, said) in [
+            (
+                "invalid type: integer `4111111111111111`, expected a sequence",
+                "invalid type: integer `…`, expected a sequence",
+            ),
+            (
+                "invalid type: boolean `true`, expected a string",
+                "invalid type: boolean `…`, expected a string",
+            ),
+            (
+                "invalid type: floating point `2.5`, expected usize",
+                "invalid type: floating point `…`, expected usize",
+            ),
+            (
+                "unknown variant `internal_secret`, expected `a` or `b`",
+                "unknown variant `…`, expected `a` or `b`",
+            ),
+            ("missing field `data`", "missing field `data`"),
+        ] {
+            assert_eq!(without_quoted_values(complaint), said);
+        }
         assert_eq!(
             without_quoted_values("2 results for 3 documents"),
             "2 results for 3 documents"

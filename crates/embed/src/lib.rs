@@ -36,6 +36,7 @@ use serde::Serialize;
 
 pub use error::{classify_status, ProviderError, StatusClass};
 pub use hosts::{Admission, HostAllowlist};
+pub use http::{abandoned_requests, MAX_ABANDONED_REQUESTS};
 pub use pace::Pace;
 /// The URL type provider URLs are parsed into (reqwest's, which is the `url` crate's).
 pub use reqwest::Url;

@@ -35,7 +35,7 @@ pub(crate) fn embed_body(
 #[derive(Deserialize)]
 struct EmbedResponse {
     embeddings: Vec<Vec<f32>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::validate::token_count")]
     prompt_eval_count: Option<i64>,
 }
 
@@ -92,16 +92,16 @@ struct ChatResponse {
     message: ChatResponseMessage,
     #[serde(default)]
     done_reason: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::validate::token_count")]
     prompt_eval_count: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::validate::token_count")]
     eval_count: Option<i64>,
 }
 
 pub(crate) fn parse_chat(body: &[u8]) -> serde_json::Result<ChatOutput> {
     let response: ChatResponse = serde_json::from_slice(body)?;
     Ok(ChatOutput {
-        content: response.message.content,
+        content: crate::validate::storable_text(response.message.content),
         prompt_tokens: response.prompt_eval_count,
         completion_tokens: response.eval_count,
         truncated: response.done_reason.as_deref() == Some("length"),

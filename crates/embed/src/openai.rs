@@ -95,13 +95,16 @@ pub(crate) fn parse_rerank(body: &[u8], documents: usize) -> Result<Vec<f32>, St
         if slot.is_some() {
             return Err(format!("result index {} appears twice", item.index));
         }
-        if !item.relevance_score.is_finite() {
+        // Checked as stored: a score beyond f32's range (1e39) would become infinite, pass any threshold and
+        // make the lead NaN.
+        let score = item.relevance_score as f32;
+        if !score.is_finite() {
             return Err(format!(
-                "result {} has a score that is not a number",
+                "result {} has a score that is not a finite 32-bit number",
                 item.index
             ));
         }
-        *slot = Some(item.relevance_score as f32);
+        *slot = Some(score);
     }
     Ok(scores
         .into_iter()
@@ -111,9 +114,9 @@ pub(crate) fn parse_rerank(body: &[u8], documents: usize) -> Result<Vec<f32>, St
 
 #[derive(Deserialize, Default)]
 struct Usage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::validate::token_count")]
     prompt_tokens: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::validate::token_count")]
     completion_tokens: Option<i64>,
 }
 
@@ -243,7 +246,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatOutput, String> {
         ));
     };
     Ok(ChatOutput {
-        content,
+        content: crate::validate::storable_text(content),
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         truncated: choice.finish_reason.as_deref() == Some("length"),

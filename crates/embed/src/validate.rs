@@ -57,6 +57,33 @@ pub(crate) fn check_vectors(
 
 #[cfg(test)]
 mod tests {
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        #[serde(default, deserialize_with = "super::token_count")]
+        tokens: Option<i64>,
+    }
+
+    #[test]
+    fn token_counts_outside_reason_are_not_reported() {
+        let count = |json: &str| serde_json::from_str::<Usage>(json).unwrap().tokens;
+        assert_eq!(count(r#"{"tokens": 42}"#), Some(42));
+        assert_eq!(count(r#"{"tokens": 0}"#), Some(0));
+        assert_eq!(count(r#"{}"#), None);
+        assert_eq!(count(r#"{"tokens": null}"#), None);
+        assert_eq!(count(r#"{"tokens": -105}"#), None);
+        assert_eq!(count(r#"{"tokens": 9223372036854775807}"#), None);
+        assert_eq!(count(r#"{"tokens": 1.5}"#), None);
+        assert_eq!(count(r#"{"tokens": 3.0}"#), Some(3));
+        assert_eq!(count(r#"{"tokens": "12"}"#), None);
+        assert_eq!(count(r#"{"tokens": [1]}"#), None);
+    }
+
+    #[test]
+    fn no_nul_reaches_postgres() {
+        assert_eq!(super::storable_text("a\0b".to_string()), "a\u{FFFD}b");
+        assert_eq!(super::storable_text("plain".to_string()), "plain");
+    }
+
     use super::*;
 
     #[test]
@@ -121,5 +148,33 @@ mod tests {
             check_vectors(&[vec![f32::MIN_POSITIVE, 0.0]], 1, None),
             Ok(())
         );
+    }
+}
+
+/// The most tokens one call is believed to report; a count above it is a provider's nonsense, not usage.
+pub(crate) const MAX_REPORTED_TOKENS: f64 = 1e12;
+
+/// A provider's token count, as the ledger may trust it: a whole number from 0 to [`MAX_REPORTED_TOKENS`].
+/// Anything else (negative, fractional, absurd, a string) is taken as not reported, rather than failing a
+/// usable reply or putting a negative or overflowing cost in the ledger.
+pub(crate) fn token_count<'de, D>(deserializer: D) -> Result<Option<i64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let value = <Option<serde_json::Value> as serde::Deserialize>::deserialize(deserializer)?;
+    Ok(value
+        .as_ref()
+        .and_then(serde_json::Value::as_f64)
+        .filter(|count| (0.0..=MAX_REPORTED_TOKENS).contains(count) && count.fract() == 0.0)
+        .map(|count| count as i64))
+}
+
+/// Reply text as PostgreSQL can store it: `text` holds no NUL, and one would cut off whatever follows it (a
+/// truncation note included) when the value is read back. Each NUL becomes U+FFFD, so nothing is hidden.
+pub(crate) fn storable_text(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
     }
 }

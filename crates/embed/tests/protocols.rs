@@ -357,6 +357,8 @@ fn openai_rerank_refuses_results_it_cannot_pair_with_documents() {
         json!([{"index": 0, "relevance_score": 1.0}]),
         json!([{"index": 0, "relevance_score": 1.0}, {"index": 0, "relevance_score": 2.0}]),
         json!([{"index": 0, "relevance_score": 1.0}, {"index": 5, "relevance_score": 2.0}]),
+        // Finite as a double, infinite as the f32 it is kept as: it would pass any relevance threshold.
+        json!([{"index": 0, "relevance_score": 1e39}, {"index": 1, "relevance_score": 2.0}]),
         json!("nope"),
     ] {
         let server = TestServer::start(vec![Behaviour::json(200, json!({"results": results}))]);
@@ -939,4 +941,28 @@ fn provider_hosts_refuse_unlisted_servers_before_any_request() {
         3,
         "only the admitted calls reached the server"
     );
+}
+
+#[test]
+fn chat_replies_keep_no_nul_and_trust_no_absurd_token_counts() {
+    let server = TestServer::start(vec![Behaviour::json(
+        200,
+        json!({"choices": [{"message": {"content": "nul \u{0} hidden [1]"}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 9223372036854775807i64, "completion_tokens": -105}}),
+    )]);
+    let messages = [ChatMessage::new("user", "q")];
+    let reply = openai(&server)
+        .chat(
+            &ChatRequest {
+                model: "m",
+                messages: &messages,
+                json_schema: None,
+                max_tokens: None,
+                temperature: None,
+            },
+            &mut never(),
+        )
+        .unwrap();
+    assert_eq!(reply.content, "nul \u{FFFD} hidden [1]");
+    assert_eq!((reply.prompt_tokens, reply.completion_tokens), (None, None));
 }

@@ -53,6 +53,16 @@ SELECT collection, kind, outcome, sources_sent > 0 AS had_sources, citations_kep
        prompt_tokens IS NOT NULL AS prompt_tokens, completion_tokens IS NOT NULL AS completion_tokens,
        embed_tokens > 0 AS embed_tokens, role
   FROM rag.queries WHERE collection LIKE 'ask-%' ORDER BY id;
+-- The cache is per role: on a connection that switches roles, one role cannot tell from its own ledger row (no
+-- embed tokens) that another asked the same question before.
+CREATE ROLE ask_cache_reader IN ROLE rag_reader;
+SELECT rag_grant('ask-ok', 'ask_cache_reader', 'read');
+SET ROLE ask_cache_reader;
+SELECT count(*) >= 0 AS searched FROM rag_query('ask-ok', 'How much notice must staff give before resigning?');
+RESET ROLE;
+SELECT embed_tokens > 0 AS other_role_embedded_it_again FROM rag.queries WHERE role = 'ask_cache_reader';
+SELECT rag_revoke('ask-ok', 'ask_cache_reader');
+DROP ROLE ask_cache_reader;
 
 -- Cost comes from reported usage and the price in force, which is stored beside it.
 SELECT rag_set_price('chat-test', 1.50, 6.00, now() - interval '1 day');

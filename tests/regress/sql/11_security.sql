@@ -1080,12 +1080,16 @@ SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'admins-reranker
 SELECT rag_set_reranker('tickets', 'stolen');
 SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
 SELECT count(*) AS readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
+-- Nor their totals: prompt tokens would measure how much of the hidden rows' text was sent.
+SELECT coalesce(sum(calls), 0) AS calls_in_ledger_daily, coalesce(sum(prompt_tokens), 0) AS prompt_tokens
+  FROM rag.ledger_daily WHERE collection = 'tickets';
 SELECT count(*) AS readers_conversations FROM rag.conversations WHERE owner = 'sec_reader';
 SELECT pg_temp.try_readers_conversation();
 RESET ROLE;
 -- The table's owner may do all of it.
 SET ROLE sec_owner;
 SELECT count(*) > 0 AS owner_sees_readers_ledger_rows FROM rag.queries WHERE collection = 'tickets' AND role = 'sec_reader';
+SELECT sum(calls) > 0 AS owner_sees_them_in_ledger_daily FROM rag.ledger_daily WHERE collection = 'tickets';
 SELECT count(*) AS owner_reads_readers_conversation FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 -- Reads it, but does not write into it: the reader's history (and the rewriting of their next questions) is
 -- theirs alone.
