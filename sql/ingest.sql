@@ -326,7 +326,9 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id
                     WHERE w.collection_id = p_collection)
         OR EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
-                    WHERE w.collection_id = p_collection AND q.attempts = 0);
+                    -- Not waiting: a row that failed and waits out its back-off (attempts counts claims,
+                    -- rag._claim_row, so a row being synced now has one too).
+                    WHERE w.collection_id = p_collection AND (q.attempts = 0 OR q.claimed_by IS NOT NULL));
 END $$;
 
 -- Polls until every document of the collection has left 'processing' and no row of a table it watches waits

@@ -1946,7 +1946,9 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id
                     WHERE w.collection_id = p_collection)
         OR EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id
-                    WHERE w.collection_id = p_collection AND q.attempts = 0);
+                    -- Not waiting: a row that failed and waits out its back-off (attempts counts claims,
+                    -- rag._claim_row, so a row being synced now has one too).
+                    WHERE w.collection_id = p_collection AND (q.attempts = 0 OR q.claimed_by IS NOT NULL));
 END $$;
 
 CREATE OR REPLACE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
@@ -4277,7 +4279,23 @@ BEGIN
          ORDER BY rq.not_before, rq.id
          LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
-            UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
+            -- Its last claimer is gone before it finished: a crash or a restart (once: tried again at once), or
+            -- a worker that ended itself because the watch's expressions ran past twice
+            -- rag.expression_timeout, catching the cancel (src/security.rs). From the second such end on, the
+            -- row backs off like a failed one, so that one table's code cannot hold the worker in a loop.
+            IF q.claimed_by IS NOT NULL AND q.claimed_by <> p_worker AND q.attempts >= 2 THEN
+                UPDATE rag.row_queue
+                   SET claimed_by = NULL,
+                       last_error = format('the worker stopped %s times while syncing this row, the last time '
+                                           'without finishing: a crash, or the watch''s expressions ran past twice '
+                                           'rag.expression_timeout and went on after the cancel', q.attempts),
+                       not_before = now() + least(interval '30 seconds' * power(2, least(q.attempts - 2, 7)),
+                                                  interval '1 hour')
+                 WHERE id = q.id;
+                CONTINUE;
+            END IF;
+            -- Counted when claimed, so that a worker that never comes back from the row still counts it.
+            UPDATE rag.row_queue SET claimed_by = p_worker, attempts = attempts + 1 WHERE id = q.id;
             RETURN QUERY SELECT q.id, q.version, q.watch_id;
             RETURN;
         END IF;
@@ -4423,10 +4441,12 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
 LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
+    -- attempts already counts this one (rag._claim_row): the back-off is 30 s after the first failure, doubling.
     UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
-           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE attempts + 1 END,
+           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE greatest(attempts, 1) END,
            not_before = CASE WHEN p_error IS NULL THEN not_before
-                             ELSE now() + least(interval '30 seconds' * power(2, least(attempts, 7)), interval '1 hour') END
+                             ELSE now() + least(interval '30 seconds' * power(2, least(greatest(attempts, 1) - 1, 7)),
+                                                interval '1 hour') END
      WHERE id = p_row_queue_id;
 $$;
 

@@ -1187,7 +1187,23 @@ BEGIN
          ORDER BY rq.not_before, rq.id
          LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
-            UPDATE rag.row_queue SET claimed_by = p_worker WHERE id = q.id;
+            -- Its last claimer is gone before it finished: a crash or a restart (once: tried again at once), or
+            -- a worker that ended itself because the watch's expressions ran past twice
+            -- rag.expression_timeout, catching the cancel (src/security.rs). From the second such end on, the
+            -- row backs off like a failed one, so that one table's code cannot hold the worker in a loop.
+            IF q.claimed_by IS NOT NULL AND q.claimed_by <> p_worker AND q.attempts >= 2 THEN
+                UPDATE rag.row_queue
+                   SET claimed_by = NULL,
+                       last_error = format('the worker stopped %s times while syncing this row, the last time '
+                                           'without finishing: a crash, or the watch''s expressions ran past twice '
+                                           'rag.expression_timeout and went on after the cancel', q.attempts),
+                       not_before = now() + least(interval '30 seconds' * power(2, least(q.attempts - 2, 7)),
+                                                  interval '1 hour')
+                 WHERE id = q.id;
+                CONTINUE;
+            END IF;
+            -- Counted when claimed, so that a worker that never comes back from the row still counts it.
+            UPDATE rag.row_queue SET claimed_by = p_worker, attempts = attempts + 1 WHERE id = q.id;
             RETURN QUERY SELECT q.id, q.version, q.watch_id;
             RETURN;
         END IF;
@@ -1338,10 +1354,12 @@ END $$;
 CREATE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
 LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
+    -- attempts already counts this one (rag._claim_row): the back-off is 30 s after the first failure, doubling.
     UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
-           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE attempts + 1 END,
+           attempts = CASE WHEN p_error IS NULL THEN 0 ELSE greatest(attempts, 1) END,
            not_before = CASE WHEN p_error IS NULL THEN not_before
-                             ELSE now() + least(interval '30 seconds' * power(2, least(attempts, 7)), interval '1 hour') END
+                             ELSE now() + least(interval '30 seconds' * power(2, least(greatest(attempts, 1) - 1, 7)),
+                                                interval '1 hour') END
      WHERE id = p_row_queue_id;
 $$;
 

@@ -22,6 +22,39 @@ pub fn shutdown_requested() -> bool {
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
+/// SIGTERM (shutdown, `pg_terminate_backend`) for a worker that runs other roles' SQL: the main loop's flag, as
+/// pgrx's handler sets it, and PostgreSQL's own `die`, so that SQL running when it comes ends at its next
+/// interrupt check with a FATAL no PL/pgSQL exception handler can catch. With the flag alone, a watch
+/// expression that looped catching `query_canceled` kept the worker (and `pg_ctl stop -m fast`) waiting forever.
+pub fn terminate_on_sigterm() {
+    unsafe extern "C-unwind" fn terminate(signal: std::ffi::c_int) {
+        // SAFETY: a signal handler writing the sig_atomic_t flags PostgreSQL's own handlers write; `die`
+        // saves and restores errno itself and only sets flags and this process's latch.
+        unsafe {
+            (&raw mut pg_sys::ShutdownRequestPending).write_volatile(1);
+            pg_sys::die(signal);
+        }
+    }
+    // SAFETY: replaces this process's SIGTERM handler, as background workers do at their start.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::pqsignal(pg_sys::SIGTERM as std::ffi::c_int, Some(terminate));
+        #[cfg(feature = "pg18")]
+        pg_sys::pqsignal_be(pg_sys::SIGTERM as std::ffi::c_int, Some(terminate));
+    }
+}
+
+/// Makes this process end at its next interrupt check, with the FATAL of a terminated worker: what SIGTERM
+/// does ([`terminate_on_sigterm`]), for a deadline the worker set itself.
+pub fn terminate_self() {
+    // SAFETY: the flags PostgreSQL's `die` sets, set from this process's only thread; the latch is its own.
+    unsafe {
+        (&raw mut pg_sys::ProcDiePending).write_volatile(1);
+        (&raw mut pg_sys::InterruptPending).write_volatile(1);
+        pg_sys::SetLatch(pg_sys::MyLatch);
+    }
+}
+
 /// Answers the cluster-wide barriers other backends wait on (DROP DATABASE, ALTER DATABASE SET TABLESPACE, DROP
 /// TABLESPACE make every process close its files of the database first), as CHECK_FOR_INTERRUPTS would. A
 /// worker waiting for a provider's answer polls this: otherwise a slow provider, or one a `rag_admin` points at

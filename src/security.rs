@@ -15,15 +15,56 @@ use std::ffi::CString;
 /// been the fourth entry since the enum was introduced, in every supported major.
 const STATEMENT_TIMEOUT_ID: std::ffi::c_int = 3;
 
+/// `USER_TIMEOUT` in the same enum: the first id a module may register. PostgreSQL 17 added
+/// TRANSACTION_TIMEOUT before it.
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+const USER_TIMEOUT_ID: std::ffi::c_int = 13;
+#[cfg(not(any(feature = "pg17", feature = "pg18")))]
+const USER_TIMEOUT_ID: std::ffi::c_int = 12;
+
 // Declared here because pgrx does not bind utils/timeout.h; the signatures are PostgreSQL's.
 extern "C-unwind" {
     fn enable_timeout_after(id: std::ffi::c_int, delay_ms: std::ffi::c_int);
     fn disable_timeout(id: std::ffi::c_int, keep_indicator: bool);
+    fn RegisterTimeout(
+        id: std::ffi::c_int,
+        handler: Option<unsafe extern "C-unwind" fn()>,
+    ) -> std::ffi::c_int;
+}
+
+/// A watch expression's code may catch the statement timeout's cancel (PL/pgSQL `EXCEPTION WHEN
+/// query_canceled`) and go on, holding the worker, its database's other collections and a cluster worker slot
+/// for ever. Past this second deadline the worker ends itself (FATAL, which no handler catches) and the
+/// launcher starts another; the row backs off (rag._claim_row).
+fn hard_deadline_ms(timeout_ms: i32) -> i32 {
+    timeout_ms
+        .saturating_mul(2)
+        .max(timeout_ms.saturating_add(5_000))
+}
+
+/// The registered id of the hard deadline's timeout in this process, registered on first use.
+fn hard_deadline_timeout() -> std::ffi::c_int {
+    thread_local! {
+        static REGISTERED: std::cell::Cell<Option<std::ffi::c_int>> = const { std::cell::Cell::new(None) };
+    }
+    unsafe extern "C-unwind" fn passed() {
+        // Called from PostgreSQL's SIGALRM handler: only flags and the latch, as `die` does.
+        crate::pg::terminate_self();
+    }
+    REGISTERED.with(|registered| {
+        registered.get().unwrap_or_else(|| {
+            // SAFETY: registers a handler in this process's timeout table, as modules do; it raises only
+            // when all of USER_TIMEOUT's ten slots are taken, which is an ERROR like any other.
+            let id = unsafe { RegisterTimeout(USER_TIMEOUT_ID, Some(passed)) };
+            registered.set(Some(id));
+            id
+        })
+    })
 }
 
 /// While alive, the current user is `role` in a security-restricted operation, with
 /// `standard_conforming_strings = on` so that user SQL is tokenised exactly as it was when it was checked.
-/// Dropped normally, it restores identity and settings. On an ERROR it restores nothing itself: the
+/// Dropped normally, it restores identity and every setting (whatever the SQL set, for the session too). On an ERROR it restores nothing itself: the
 /// (sub)transaction abort that follows every ERROR resets the user id, security context and GUC nest level to
 /// what they were when the (sub)transaction began, which is how PostgreSQL's own callers rely on it too.
 pub struct RestrictedIdentity {
@@ -58,9 +99,14 @@ impl RestrictedIdentity {
         }
         let timeout_armed = timeout_ms > 0;
         if timeout_armed {
+            let hard_deadline = hard_deadline_timeout();
             // SAFETY: the STATEMENT_TIMEOUT reason is registered by InitPostgres in every backend and
-            // background worker; arming it is what postgres.c does at the start of each statement.
-            unsafe { enable_timeout_after(STATEMENT_TIMEOUT_ID, timeout_ms) };
+            // background worker; arming it is what postgres.c does at the start of each statement. The hard
+            // deadline's reason was registered just above.
+            unsafe {
+                enable_timeout_after(STATEMENT_TIMEOUT_ID, timeout_ms);
+                enable_timeout_after(hard_deadline, hard_deadline_ms(timeout_ms));
+            }
         }
         RestrictedIdentity {
             saved_user,
@@ -77,17 +123,24 @@ impl Drop for RestrictedIdentity {
             // Always, errors included: no abort path disarms it in a background worker, and a timer left
             // armed would cancel whatever the worker does next.
             // SAFETY: disarming a timeout never raises; it only edits the timeout table of this process.
-            unsafe { disable_timeout(STATEMENT_TIMEOUT_ID, false) };
+            unsafe {
+                disable_timeout(STATEMENT_TIMEOUT_ID, false);
+                disable_timeout(hard_deadline_timeout(), false);
+            }
         }
         if std::thread::panicking() {
             // An ERROR is on its way to the abort that restores everything (see the type's comment); calling
             // into PostgreSQL while unwinding could only raise a second error.
             return;
         }
+        // Every setting changed since `enter` is undone, session-level ones included, as PostgreSQL does after
+        // an index expression or a materialized view's query: the user's code must not leave a
+        // `set_config(…, false)` behind (a search_path naming their schema ahead of pg_catalog stayed in force in
+        // the worker, which runs as a superuser, and made the next unqualified `now()` theirs).
         // SAFETY: the values restored are the ones saved in `enter`, on the same thread, at the same
         // transaction nesting (the guard never outlives the SPI call it wraps).
         unsafe {
-            pg_sys::AtEOXact_GUC(true, self.guc_level);
+            pg_sys::AtEOXact_GUC(false, self.guc_level);
             pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
         }
     }

@@ -328,7 +328,10 @@ pub fn define() {
         &HTTP_TIMEOUT_MS,
         100,
         3_600_000,
-        GucContext::Userset,
+        // A superuser's: a database owner's ALTER DATABASE … SET reached the worker (an hour per call to a
+        // provider that hangs held the worker and its cluster slot that long; a second put other roles'
+        // documents into retries), and a request a session gave up on runs until this deadline.
+        GucContext::Suset,
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(

@@ -39,6 +39,22 @@ const COMPANION_MAX_BYTES: i32 = 16 * 1024;
 /// first, so that `rag.status` shows its progress while it is embedded batch by batch.
 const WHOLE_DOCUMENT_MAX_CHUNKS: usize = 32;
 
+thread_local! {
+    /// Whether this worker's last step synced a watched row: the next one looks at documents first.
+    static LAST_STEP_SYNCED_A_ROW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Syncs the next due watched row, if any; true when there was one.
+fn sync_next_row(steps: &impl Steps, pid: i32) -> Result<bool, RagError> {
+    let Some(row) = steps.run(|| store::claim_row(pid))? else {
+        return Ok(false);
+    };
+    crate::pg::report_activity(Some("rag worker: syncing a changed row of a watched table"));
+    sync_row(steps, &row);
+    LAST_STEP_SYNCED_A_ROW.set(true);
+    Ok(true)
+}
+
 /// `max_documents`: how many small new documents one round may take together (1: one at a time).
 pub fn process_next(
     steps: &impl Steps,
@@ -47,12 +63,15 @@ pub fn process_next(
     max_documents: usize,
 ) -> Result<Step, RagError> {
     let pid = crate::pg::my_pid();
-    // Watched rows first: turning a changed row into chunks is cheap, and it feeds the embedding queue.
-    if let Some(row) = steps.run(|| store::claim_row(pid))? {
-        crate::pg::report_activity(Some("rag worker: syncing a changed row of a watched table"));
-        sync_row(steps, &row);
+    // Watched rows and documents take turns. Turning a changed row into chunks is usually cheap and feeds the
+    // embedding queue, so rows go first; but a row runs its table owner's expressions, which may take up to
+    // rag.expression_timeout each, and rows always first let one slow watch hold every document of the
+    // database (15 rows of 2 s kept another collection's one-chunk document waiting 30 s).
+    let rows_first = !LAST_STEP_SYNCED_A_ROW.get();
+    if rows_first && sync_next_row(steps, pid)? {
         return Ok(Step::Worked);
     }
+    LAST_STEP_SYNCED_A_ROW.set(false);
     let skip = providers.cooling_down();
     let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
     let budgets = providers.claim_budgets(SLICE);
@@ -88,6 +107,9 @@ pub fn process_next(
         Ok(Some((item, companions)))
     })?;
     let Some((item, companions)) = claimed else {
+        if !rows_first && sync_next_row(steps, pid)? {
+            return Ok(Step::Worked);
+        }
         return Ok(Step::Idle(providers.next_close()));
     };
     crate::pg::report_activity(Some(&format!(

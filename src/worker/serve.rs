@@ -201,6 +201,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     }
     let slot = slot as usize;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    crate::pg::terminate_on_sigterm();
     let database = registry::slot_database(slot);
     crate::pg::mark_rag_worker();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
@@ -236,6 +237,9 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             apply_commit_mode(&steps);
             providers.forget_client();
         }
+        // Again before every step: nothing a step ran (a watch's expression is its owner's code) may leave a
+        // setting of this superuser session changed for the next.
+        crate::pg::settle_worker_session();
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
         let outcome = if steps.run(store::work_waiting).unwrap_or(true) {

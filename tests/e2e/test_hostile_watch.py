@@ -1,0 +1,145 @@
+"""A watched table's owner's code runs in the worker, which is a superuser session serving every collection of
+its database: nothing that code sets may outlive the expression, an expression that catches its own timeout's
+cancel may not hold the worker, a terminate request must end the worker whatever SQL it runs, and watched rows
+may not keep documents waiting."""
+import time
+
+from support import InItsOwnDatabase, psql, scalar, wait_until
+
+DB = "rag_e2e_hostile_watch"
+WORKER = f"SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{DB}'"
+
+
+class HostileWatch(InItsOwnDatabase):
+    DB = DB
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        psql(f"""
+            DROP ROLE IF EXISTS hw_owner;
+            CREATE ROLE hw_owner LOGIN IN ROLE rag_admin;
+            CREATE SCHEMA hw AUTHORIZATION hw_owner;
+            SET ROLE hw_owner;
+            -- Lets a test end a stall it made, so that the table can be unwatched without waiting for it.
+            CREATE TABLE hw.released (what text PRIMARY KEY);
+            CREATE FUNCTION hw.stall(t text) RETURNS text LANGUAGE plpgsql AS $$
+            BEGIN
+                WHILE NOT EXISTS (SELECT 1 FROM hw.released r WHERE r.what = t) LOOP
+                    BEGIN
+                        PERFORM pg_sleep(0.2);
+                    EXCEPTION WHEN query_canceled THEN NULL;
+                    END;
+                END LOOP;
+                RETURN t;
+            END $$;
+            RESET ROLE;
+            SELECT rag_create_collection('hw_other', embedding_model => 'hash-384');
+        """, db=DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        psql("ALTER SYSTEM RESET rag.expression_timeout; SELECT pg_reload_conf()", db="postgres")
+        super().tearDownClass()
+        psql("DROP ROLE IF EXISTS hw_owner", db="postgres")
+
+    def other_collection_serves(self, title, seconds):
+        psql(f"SELECT rag_ingest('hw_other', '{title}', 'A document of another collection: {title}.')", db=DB)
+        return wait_until(f"SELECT status = 'ready' FROM rag.documents WHERE title = '{title}'", db=DB, seconds=seconds)
+
+    def test_a_settings_an_expression_makes_do_not_outlive_it(self):
+        # The owner's expression puts their schema first on the session's path and names the worker's
+        # application; their now() would make them superuser if the worker's next unqualified now() found it.
+        psql("""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.notes (id int PRIMARY KEY, body text);
+            CREATE TABLE hw.log (what text);
+            CREATE FUNCTION hw.now() RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                BEGIN
+                    EXECUTE 'ALTER ROLE hw_owner SUPERUSER';
+                    INSERT INTO hw.log VALUES ('became superuser');
+                EXCEPTION WHEN OTHERS THEN NULL;
+                END;
+                RETURN pg_catalog.now();
+            END $$;
+            CREATE FUNCTION hw.mark(t text) RETURNS text LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_catalog.set_config('search_path', 'hw, pg_catalog', false);
+                PERFORM pg_catalog.set_config('application_name', 'hw was here', false);
+                PERFORM pg_catalog.set_config('lock_timeout', '1ms', false);
+                RETURN t;
+            END $$;
+            SELECT rag_create_collection('hw_notes', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.notes', 'hw_notes', content => 'hw.mark(body)');
+            INSERT INTO hw.notes VALUES (1, 'The first note.'), (2, 'The second note.');
+        """, db=DB)
+        self.assertEqual(scalar("SELECT rag_wait('hw_notes', '60 seconds')", db=DB), "t")
+        # The worker goes on through more steps, each of which would call now() unqualified.
+        self.assertTrue(self.other_collection_serves("after the notes", 30))
+        psql("SET ROLE hw_owner; INSERT INTO hw.notes VALUES (3, 'The third note.')", db=DB)
+        self.assertEqual(scalar("SELECT rag_wait('hw_notes', '60 seconds')", db=DB), "t")
+        self.assertEqual(scalar("SELECT rolsuper FROM pg_roles WHERE rolname = 'hw_owner'", db=DB), "f")
+        self.assertEqual(scalar("SELECT count(*) FROM hw.log", db=DB), "0")
+        self.assertEqual(scalar(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'hw was here'",
+                                db=DB), "0")
+
+    def test_b_an_expression_that_catches_its_cancel_does_not_hold_the_worker(self):
+        psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf()", db="postgres")
+        time.sleep(0.5)
+        psql("""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.stuck (id int PRIMARY KEY, body text);
+            SELECT rag_create_collection('hw_stuck', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.stuck', 'hw_stuck', content => 'hw.stall(body)');
+            INSERT INTO hw.stuck VALUES (1, 'stall');
+        """, db=DB)
+        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        # Past twice the timeout (at least 5 s more) the worker ends itself; another one serves the database.
+        self.assertTrue(self.other_collection_serves("after the stall", 60))
+        # Each worker that takes the row again ends the same way; from the second end on the row backs off,
+        # with the reason where its owner looks.
+        self.assertTrue(wait_until("SELECT coalesce(bool_or(last_error LIKE 'the worker stopped % times while syncing "
+                                   "this row%'), false) FROM rag.row_queue", db=DB, seconds=90),
+                        psql("SELECT attempts, claimed_by, not_before, last_error FROM rag.row_queue", db=DB))
+        self.assertTrue(self.other_collection_serves("while the row backs off", 30))
+        psql("SET ROLE hw_owner; INSERT INTO hw.released VALUES ('stall'); SELECT rag_unwatch('hw.stuck')", db=DB)
+        psql("ALTER SYSTEM RESET rag.expression_timeout; SELECT pg_reload_conf()", db="postgres")
+
+    def test_c_a_terminate_request_ends_the_worker_in_the_owners_code(self):
+        # With the default timeout (30 s; the hard deadline a minute), only the terminate request ends it.
+        psql("""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.held (id int PRIMARY KEY, body text);
+            SELECT rag_create_collection('hw_held', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.held', 'hw_held', content => 'hw.stall(body)');
+            INSERT INTO hw.held VALUES (1, 'hold');
+        """, db=DB)
+        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        held = scalar(WORKER + " AND wait_event = 'PgSleep'", db=DB)
+        self.assertEqual(scalar(f"SELECT pg_terminate_backend({held})", db=DB), "t")
+        self.assertTrue(wait_until(f"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {held})", db=DB,
+                                   seconds=10), "the worker went on after pg_terminate_backend")
+        psql("SET ROLE hw_owner; INSERT INTO hw.released VALUES ('hold'); SELECT rag_unwatch('hw.held')", db=DB)
+
+    def test_d_watched_rows_and_documents_take_turns(self):
+        psql("""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.slow (id int PRIMARY KEY, body text);
+            CREATE FUNCTION hw.slowly(t text) RETURNS text LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(1); RETURN t; END $$;
+            SELECT rag_create_collection('hw_slow', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.slow', 'hw_slow', content => 'hw.slowly(body)');
+            INSERT INTO hw.slow SELECT g, 'slow row ' || g FROM generate_series(1, 20) g;
+        """, db=DB)
+        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        started = time.time()
+        self.assertTrue(self.other_collection_serves("between the slow rows", 30))
+        waited = time.time() - started
+        pending = int(scalar("SELECT count(*) FROM rag.row_queue", db=DB))
+        # Served after about one row per worker, not after the twenty: rows were still queued when it was ready.
+        self.assertGreater(pending, 5, f"the document waited {waited:.1f} s, until the rows were done")
+        psql("SET ROLE hw_owner; SELECT rag_unwatch('hw.slow')", db=DB)
