@@ -845,6 +845,13 @@ BEGIN
                 HINT = 'key and metadata name columns of the table.';
         END IF;
     END LOOP;
+    IF NOT rag._key_is_unique(source, v_key) THEN
+        RAISE EXCEPTION 'the key (%) of % does not name one row: no unique index covers it', array_to_string(v_key, ', '),
+                        rag._table_name(source)
+            USING ERRCODE = 'invalid_table_definition',
+                  DETAIL = 'A reader is shown a watched row''s document when they may read the row with its key; with a key two rows share, that could be another row than the one indexed.',
+                  HINT = 'Name the primary key''s columns, or columns a unique index (not partial, without expressions) covers, or add such an index.';
+    END IF;
     -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
     -- expression, and together they must evaluate over the table's row as its owner, with the owner's rights
     -- only (a security-restricted operation, as for index expressions).
@@ -965,12 +972,38 @@ BEGIN
     RETURN true;
 END $$;
 
--- DROP TABLE of a watched table takes its documents and its watch along.
+-- Whether a unique index of the table (valid, not partial, without expressions) has all its columns among
+-- p_key: then no two rows share a key, which rag._row_visible's check by key relies on.
+CREATE FUNCTION rag._key_is_unique(p_table regclass, p_key text[]) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index i
+         WHERE i.indrelid = p_table AND i.indisunique AND i.indisvalid
+           AND i.indpred IS NULL AND i.indexprs IS NULL
+           AND NOT EXISTS (SELECT 1 FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) AS k(attnum)
+                            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                               WHERE a.attrelid = p_table AND a.attnum = k.attnum
+                                                 AND a.attname = ANY (p_key))))
+$$;
+
+-- DROP TABLE of a watched table takes its documents and its watch along; dropping the last unique index (or
+-- primary key) a watch's key relies on is refused.
 CREATE FUNCTION rag._on_sql_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o WHERE o.object_type IN ('index', 'table constraint')) THEN
+        FOR w IN SELECT wa.* FROM rag.watches wa
+                  WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class t WHERE t.oid = wa.source)
+                    AND NOT rag._key_is_unique(wa.source, wa.key_columns) LOOP
+            RAISE EXCEPTION 'the key (%) of watched table % would no longer name one row',
+                            array_to_string(w.key_columns, ', '), w.source_name
+                USING ERRCODE = 'dependent_objects_still_exist',
+                      DETAIL = 'rag checks a reader''s right to a watched row''s document by its key.',
+                      HINT = format('Add another unique index covering the key first, or rag_unwatch(%L).', w.source_name);
+        END LOOP;
+    END IF;
     -- By collection, so that two commands dropping several watched tables lock the collections in one order.
     FOR w IN SELECT wa.* FROM pg_event_trigger_dropped_objects() o JOIN rag.watches wa ON wa.source = o.objid
               WHERE o.object_type = 'table' ORDER BY wa.collection_id, wa.id LOOP

@@ -243,6 +243,12 @@ DROP TABLE gathered;
 -- Key types: integers of every width and sign, numeric, uuid (their output function's text), and NULL keys (a
 -- key column without NOT NULL); MERGE writes through the same triggers.
 CREATE TABLE typed_keys (i2 smallint, i4 integer, n numeric, u uuid, maybe integer, body text);
+-- A key must name one row (a unique index covers it); NULLs do not collide in one.
+CREATE UNIQUE INDEX ON typed_keys (i2);
+CREATE UNIQUE INDEX ON typed_keys (i4);
+CREATE UNIQUE INDEX ON typed_keys (n);
+CREATE UNIQUE INDEX ON typed_keys (u);
+CREATE UNIQUE INDEX ON typed_keys (maybe);
 DO $$
 DECLARE
     v_column text;

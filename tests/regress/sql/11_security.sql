@@ -1361,6 +1361,25 @@ DROP TABLE sec_owner.pay;
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
+-- 10. A watch's key names one row. A reader is shown a watched row's document when they may read the row with
+-- its key: a key two tenants share (a slug) let one tenant's reader read the other tenant's row.
+SET ROLE sec_attacker;
+CREATE TABLE sec_attacker.pages (tenant text, slug text, body text, PRIMARY KEY (tenant, slug));
+SELECT rag_watch('sec_attacker.pages', 'attacker-notes', content => 'body', key => ARRAY['slug']);
+-- The whole primary key, or any columns a unique index covers, in any order.
+SELECT rag_watch('sec_attacker.pages', 'attacker-notes', content => 'body', key => ARRAY['slug', 'tenant']) > 0 AS watching;
+-- Nor can the uniqueness go later.
+ALTER TABLE sec_attacker.pages DROP CONSTRAINT pages_pkey;
+CREATE UNIQUE INDEX pages_slug_tenant ON sec_attacker.pages (slug, tenant);
+ALTER TABLE sec_attacker.pages DROP CONSTRAINT pages_pkey;
+DROP INDEX sec_attacker.pages_slug_tenant;
+CREATE UNIQUE INDEX pages_some ON sec_attacker.pages (slug, tenant) WHERE tenant <> 'x';
+DROP INDEX sec_attacker.pages_slug_tenant;
+SELECT rag_unwatch('sec_attacker.pages');
+DROP TABLE sec_attacker.pages;
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
