@@ -114,7 +114,11 @@ END $$;
 -- anchors that pass rag._close_enough, their neighbours (ordinal ±1) in one more join. `close` marks those
 -- anchors; `rank` is the anchor's place in the search's order (a neighbour has its anchor's), which is the order
 -- the sources are sent in. p_max_distance is the caller's ceiling (NULL: the collection's rule).
-CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+-- The question's vector was embedded in one space (p_provider, p_model, p_prefix, p_dimensions: the collection's
+-- row as the embedding read it). If the collection has switched to another model since, nothing is found, and
+-- the caller (src/api/ask.rs) embeds the question again: never one model's question against another's vectors.
+CREATE FUNCTION rag._retrieve_context(p_collection_id integer, p_provider text, p_model text, p_prefix text,
+                                      p_dimensions integer, p_vector text, p_k integer,
                                       p_max_distance double precision, p_question text)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
@@ -129,7 +133,8 @@ BEGIN
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
                rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
           FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
-         WHERE c.id = p_collection_id),
+         WHERE c.id = p_collection_id AND c.embedding_provider = p_provider AND c.embedding_model = p_model
+           AND c.query_prefix = p_prefix AND c.dimensions IS NOT DISTINCT FROM p_dimensions),
     wanted AS (
         SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
         UNION ALL

@@ -978,18 +978,23 @@ BEGIN
     FOR r IN SELECT m.collection_id, m.state, c.vector_column
                FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
               ORDER BY m.collection_id LOOP
-        IF r.state = 'clearing'
-           OR (r.state = 'embedding'
-               AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = r.collection_id)
-               AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-                                WHERE ch.collection_id = r.collection_id AND d.status = 'ready'
-                                  AND CASE r.vector_column WHEN 'embedding' THEN ch.embedding_alt
-                                                           ELSE ch.embedding END IS NULL)) THEN
+        IF r.state = 'clearing' OR (r.state = 'embedding' AND rag._migration_embedded(r.collection_id, r.vector_column)) THEN
             v_due := v_due || r.collection_id;
         END IF;
     END LOOP;
     RETURN v_due;
 END $$;
+
+-- Whether every chunk of the collection's ready documents has its vector in the space a model change fills,
+-- and nothing is queued: the change may switch.
+CREATE FUNCTION rag._migration_embedded(p_collection_id integer, p_vector_column text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                        WHERE ch.collection_id = p_collection_id AND d.status = 'ready'
+                          AND CASE p_vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                   ELSE ch.embedding END IS NULL)
+$$;
 
 -- The worker's step of model changes, each in this transaction: a complete one switches (the new space's HNSW index
 -- is built first, which holds writes to the collection's partition, not reads, while it runs; then the collection's
@@ -1011,6 +1016,11 @@ BEGIN
     FOREACH v_id IN ARRAY rag._migrations_due() LOOP
         SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
         SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE;
+        -- Looked at again under the locks: the change rag._migrations_due found complete may have been replaced
+        -- since (rag_set_embedding_model) by one that has embedded nothing yet, which must not switch.
+        IF m.state = 'embedding' AND NOT rag._migration_embedded(c.id, c.vector_column) THEN
+            CONTINUE;
+        END IF;
         IF m.state = 'clearing' THEN
             IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
                 DELETE FROM rag.migrations WHERE collection_id = c.id;

@@ -624,6 +624,17 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'validate_chunking_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
 	"model" TEXT /* & str */
 ) RETURNS double precision /* Option < f64 > */
@@ -735,14 +746,6 @@ CREATE OR REPLACE FUNCTION rag."_reranker_installed"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'reranker_installed_wrapper';
-
-CREATE OR REPLACE FUNCTION rag."_embed_query"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 	"model" TEXT /* & str */
@@ -1596,18 +1599,21 @@ BEGIN
     FOR r IN SELECT m.collection_id, m.state, c.vector_column
                FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
               ORDER BY m.collection_id LOOP
-        IF r.state = 'clearing'
-           OR (r.state = 'embedding'
-               AND NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = r.collection_id)
-               AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
-                                WHERE ch.collection_id = r.collection_id AND d.status = 'ready'
-                                  AND CASE r.vector_column WHEN 'embedding' THEN ch.embedding_alt
-                                                           ELSE ch.embedding END IS NULL)) THEN
+        IF r.state = 'clearing' OR (r.state = 'embedding' AND rag._migration_embedded(r.collection_id, r.vector_column)) THEN
             v_due := v_due || r.collection_id;
         END IF;
     END LOOP;
     RETURN v_due;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._migration_embedded(p_collection_id integer, p_vector_column text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM rag.queue q WHERE q.collection_id = p_collection_id)
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id
+                        WHERE ch.collection_id = p_collection_id AND d.status = 'ready'
+                          AND CASE p_vector_column WHEN 'embedding' THEN ch.embedding_alt
+                                                   ELSE ch.embedding END IS NULL)
+$$;
 
 CREATE OR REPLACE FUNCTION rag._advance_migrations() RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1625,6 +1631,11 @@ BEGIN
     FOREACH v_id IN ARRAY rag._migrations_due() LOOP
         SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
         SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE;
+        -- Looked at again under the locks: the change rag._migrations_due found complete may have been replaced
+        -- since (rag_set_embedding_model) by one that has embedded nothing yet, which must not switch.
+        IF m.state = 'embedding' AND NOT rag._migration_embedded(c.id, c.vector_column) THEN
+            CONTINUE;
+        END IF;
         IF m.state = 'clearing' THEN
             IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
                 DELETE FROM rag.migrations WHERE collection_id = c.id;
@@ -2472,17 +2483,6 @@ LANGUAGE sql AS $$
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
 
-CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
-	"collection_id" INT, /* i32 */
-	"question" TEXT /* & str */
-) RETURNS TABLE (
-	"vector" TEXT,  /* String */
-	"prompt_tokens" bigint  /* Option < i64 > */
-)
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
-
 CREATE OR REPLACE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
 LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
@@ -2825,7 +2825,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
     END IF;
     IF c.dimensions IS NOT NULL THEN
-        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
+        -- Embedded for the model of the row read above, whose vector column the search reads: a switch to
+        -- another model between two reads would compare one model's question with the other's vectors.
+        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens
+          FROM rag._embed_query_in(c.id, query, c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e;
         v_embedded := clock_timestamp();
         -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
         -- ones that pass the threshold are returned in the search's order, read in one query.
@@ -3043,7 +3046,8 @@ BEGIN
     RETURN v_id;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_vector text, p_k integer,
+CREATE OR REPLACE FUNCTION rag._retrieve_context(p_collection_id integer, p_provider text, p_model text, p_prefix text,
+                                      p_dimensions integer, p_vector text, p_k integer,
                                       p_max_distance double precision, p_question text)
 RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer, char_start integer,
                char_end integer, content text, distance double precision, anchor_chunk_id bigint, locator text,
@@ -3058,7 +3062,8 @@ BEGIN
         SELECT s.chunk_id, s.document_id, s.ordinal, s.distance, s.relevance, s.rank,
                rag._close_enough(c, s.distance, s.relevance, s.lead, p_max_distance) AS close
           FROM rag.collections c, rag._search(c, p_vector, p_k, NULL, p_question) s
-         WHERE c.id = p_collection_id),
+         WHERE c.id = p_collection_id AND c.embedding_provider = p_provider AND c.embedding_model = p_model
+           AND c.query_prefix = p_prefix AND c.dimensions IS NOT DISTINCT FROM p_dimensions),
     wanted AS (
         SELECT a.chunk_id, a.distance, NULL::bigint AS anchor, a.relevance, a.rank, a.close FROM anchors a
         UNION ALL
@@ -3186,6 +3191,29 @@ CREATE OR REPLACE FUNCTION rag."_embed_text"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_text_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT /* & str */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_embed_query_in"(
+	"collection_id" INT, /* i32 */
+	"question" TEXT, /* & str */
+	"provider_name" TEXT, /* & str */
+	"model" TEXT, /* & str */
+	"prefix" TEXT, /* & str */
+	"dimensions" INT /* Option < i32 > */
+) RETURNS TABLE (
+	"vector" TEXT,  /* String */
+	"prompt_tokens" bigint  /* Option < i64 > */
+)
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'embed_query_in_wrapper';
 
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$

@@ -505,7 +505,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
     END IF;
     IF c.dimensions IS NOT NULL THEN
-        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens FROM rag._embed_query_usage(c.id, query) e;
+        -- Embedded for the model of the row read above, whose vector column the search reads: a switch to
+        -- another model between two reads would compare one model's question with the other's vectors.
+        SELECT e.vector, e.prompt_tokens INTO v_vector, v_tokens
+          FROM rag._embed_query_in(c.id, query, c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e;
         v_embedded := clock_timestamp();
         -- Every candidate counts for the ledger's nearest distance and best relevance, returned or not; the
         -- ones that pass the threshold are returned in the search's order, read in one query.

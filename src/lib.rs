@@ -55,8 +55,7 @@ extension_sql_file!(
     name = "retrieve",
     requires = [
         "ingest",
-        api::query::rag::embed_query,
-        api::query::rag::embed_query_usage,
+        api::query::rag::embed_query_in,
         api::rerank::rag::rerank
     ]
 );

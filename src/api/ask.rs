@@ -1,7 +1,7 @@
 //! `rag_prompt()` and `rag_ask()`: retrieval, prompt assembly, the chat call and the grounding check. The
 //! decisions (which sources, what the prompt says, which citations survive) are pure functions in
 //! `crates/answer`; this module fetches, calls and records.
-use super::query::embed_question;
+use super::query::{embed_in_space, query_space, QuerySpace};
 use crate::error::{not_null, RagError, SpiContext, UnwrapOrRaise};
 use crate::limits;
 use crate::provider::{self, ProviderRow};
@@ -117,7 +117,7 @@ struct Retrieved {
 /// The anchors and their neighbours through rag._retrieve_context (which searches through rag._search, in the
 /// collection's mode: the question's text goes along for the full-text side).
 fn retrieve(
-    collection: &Collection,
+    space: &QuerySpace,
     vector: &str,
     question: &str,
     k: i32,
@@ -125,10 +125,14 @@ fn retrieve(
 ) -> Result<Vec<Retrieved>, RagError> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT * FROM rag._retrieve_context($1, $2, $3, $4, $5)",
+            "SELECT * FROM rag._retrieve_context($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             None,
             &[
-                collection.id.into(),
+                space.collection_id.into(),
+                space.provider.name.as_str().into(),
+                space.model.as_str().into(),
+                space.prefix.as_str().into(),
+                space.dimensions.into(),
                 vector.into(),
                 k.into(),
                 max_distance.into(),
@@ -160,7 +164,7 @@ fn retrieve(
         }
         Ok::<_, pgrx::spi::Error>(chunks)
     })
-    .doing(|| format!("searching collection \"{}\"", collection.name))
+    .doing(|| format!("searching collection {}", space.collection_id))
 }
 
 /// The sources that would be sent for `question`: anchors within the ceiling, their neighbours, the budget.
@@ -200,12 +204,32 @@ fn build_context(
             search_ms: 0.0,
         });
     }
-    let started = Instant::now();
-    let embedding = embed_question(collection.id, question)?;
-    let embed_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let searched = Instant::now();
-    let retrieved = retrieve(collection, &embedding.literal, question, k, max_distance)?;
-    let search_ms = searched.elapsed().as_secs_f64() * 1000.0;
+    // The question is embedded in the collection's space as read now, and the search finds nothing if the
+    // collection has switched to another model since (rag._retrieve_context): then it is embedded again in the
+    // new space. A switch is one transaction and rare; three tries outlast any sequence of them a test makes.
+    let mut space = query_space(collection.id)?;
+    let mut embed_ms = 0.0;
+    let mut search_ms = 0.0;
+    let mut embed_tokens = None;
+    let mut tries = 0;
+    let retrieved = loop {
+        tries += 1;
+        let started = Instant::now();
+        let embedding = embed_in_space(&space, question)?;
+        embed_ms += started.elapsed().as_secs_f64() * 1000.0;
+        embed_tokens = add(embed_tokens, embedding.prompt_tokens);
+        let searched = Instant::now();
+        let retrieved = retrieve(&space, &embedding.literal, question, k, max_distance)?;
+        search_ms += searched.elapsed().as_secs_f64() * 1000.0;
+        if !retrieved.is_empty() || tries == 3 {
+            break retrieved;
+        }
+        let now = query_space(collection.id)?;
+        if now.same_as(&space) {
+            break retrieved;
+        }
+        space = now;
+    };
     let nearest = retrieved
         .iter()
         .filter_map(|found| found.chunk.distance)
@@ -225,7 +249,7 @@ fn build_context(
         sources: assembled.sources,
         nearest,
         best_relevance,
-        embed_tokens: embedding.prompt_tokens,
+        embed_tokens,
         embed_ms,
         search_ms,
     })

@@ -11,7 +11,31 @@ pub struct QueryEmbedding {
     pub prompt_tokens: Option<i64>,
 }
 
-pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbedding, RagError> {
+/// The space a question is embedded for: the collection's provider, model, query prefix and dimension, as one
+/// read of its row saw them. A search must read the vectors of that same space: between two reads the worker
+/// may switch the collection to another model (rag_set_embedding_model), and a question embedded with one
+/// model compared with vectors of the other gives distances that mean nothing.
+#[derive(Clone)]
+pub struct QuerySpace {
+    pub collection_id: i32,
+    pub provider: ProviderRow,
+    pub model: String,
+    pub prefix: String,
+    pub dimensions: Option<i32>,
+}
+
+impl QuerySpace {
+    /// The same space: what a search's own read of the collection must still find.
+    pub fn same_as(&self, other: &QuerySpace) -> bool {
+        self.provider.name == other.provider.name
+            && self.model == other.model
+            && self.prefix == other.prefix
+            && self.dimensions == other.dimensions
+    }
+}
+
+/// The collection's query space now.
+pub fn query_space(collection_id: i32) -> Result<QuerySpace, RagError> {
     let row = Spi::connect(|client| {
         let rows = client.select(
             "SELECT p.name, p.kind, p.base_url, p.api_key_setting, c.embedding_model, c.query_prefix, c.dimensions
@@ -22,27 +46,43 @@ pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbeddi
         )?;
         let mut found = None;
         for row in rows {
-            found = Some((
-                ProviderRow {
+            found = Some(QuerySpace {
+                collection_id,
+                provider: ProviderRow {
                     name: row.get::<String>(1)?.unwrap_or_default(),
                     kind: crate::provider::Kind::from_column(&row.get::<String>(2)?.unwrap_or_default()),
                     base_url: row.get::<String>(3)?,
                     api_key_setting: row.get::<String>(4)?,
                 },
-                row.get::<String>(5)?.unwrap_or_default(),
-                row.get::<String>(6)?.unwrap_or_default(),
-                row.get::<i32>(7)?,
-            ));
+                model: row.get::<String>(5)?.unwrap_or_default(),
+                prefix: row.get::<String>(6)?.unwrap_or_default(),
+                dimensions: row.get::<i32>(7)?,
+            });
         }
         Ok::<_, pgrx::spi::Error>(found)
     })
     .doing(|| format!("reading collection {collection_id}"))?;
-    let Some((provider_row, model, prefix, dimensions)) = row else {
-        return Err(RagError::undefined(
+    row.ok_or_else(|| {
+        RagError::undefined(
             format!("collection {collection_id} does not exist"),
             "List collections with: SELECT name FROM rag.collections;",
-        ));
-    };
+        )
+    })
+}
+
+pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbedding, RagError> {
+    embed_in_space(&query_space(collection_id)?, question)
+}
+
+/// The question's embedding in `space`, whatever the collection's row says by now.
+pub fn embed_in_space(space: &QuerySpace, question: &str) -> Result<QueryEmbedding, RagError> {
+    let QuerySpace {
+        collection_id,
+        provider: provider_row,
+        model,
+        prefix,
+        dimensions,
+    } = space.clone();
     let input = format!("{prefix}{question}");
     // SAFETY: reads the session's current role (SET ROLE's), process-global state of this backend.
     let session_role = unsafe { pgrx::pg_sys::GetOuterUserId() };
@@ -215,7 +255,9 @@ pub mod rag {
         embedded.unwrap_or_raise()
     }
 
-    /// The question's embedding as a pgvector literal, for the SQL half of retrieval.
+    /// 0.1.0's SQL embeds the question with these two (its rag_query and rag_prompt), between the library's
+    /// install and `ALTER EXTENSION rag UPDATE`; this version's SQL uses `_embed_query_in`, which takes the
+    /// space the search reads.
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_query")]
     pub fn embed_query(collection_id: i32, question: &str) -> String {
         embed_question(collection_id, question)
@@ -223,13 +265,35 @@ pub mod rag {
             .literal
     }
 
-    /// The same, with the provider-reported token count for the ledger.
+    /// See `_embed_query`.
     #[pg_extern(volatile, parallel_unsafe, name = "_embed_query_usage")]
     pub fn embed_query_usage(
         collection_id: i32,
         question: &str,
     ) -> TableIterator<'static, (name!(vector, String), name!(prompt_tokens, Option<i64>))> {
         let embedding = embed_question(collection_id, question).unwrap_or_raise();
+        TableIterator::once((embedding.literal, embedding.prompt_tokens))
+    }
+
+    /// The question's embedding in the space the caller read from the collection's row (rag_query reads it
+    /// once and searches that row's vector column), with the provider-reported token count for the ledger.
+    #[pg_extern(volatile, parallel_unsafe, name = "_embed_query_in")]
+    pub fn embed_query_in(
+        collection_id: i32,
+        question: &str,
+        provider_name: &str,
+        model: &str,
+        prefix: &str,
+        dimensions: Option<i32>,
+    ) -> TableIterator<'static, (name!(vector, String), name!(prompt_tokens, Option<i64>))> {
+        let space = QuerySpace {
+            collection_id,
+            provider: provider::row_or_raise(provider_name),
+            model: model.to_string(),
+            prefix: prefix.to_string(),
+            dimensions,
+        };
+        let embedding = embed_in_space(&space, question).unwrap_or_raise();
         TableIterator::once((embedding.literal, embedding.prompt_tokens))
     }
 }

@@ -240,7 +240,7 @@ SELECT rag_wait('tickets', '30 seconds') AS synced;
 -- snapshot: a watch made after rag._search looked for one (rag._watched) never lets an unchecked row through,
 -- and rag._search runs the checked search when it finds nothing.
 SELECT rag._search_sql(c, 'vector', false, true, false, false) AS unchecked_sql,
-       rag._embed_query(c.id, 'printer out of toner') AS printer_vector
+       (SELECT e.vector FROM rag._embed_query_in(c.id, 'printer out of toner', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e) AS printer_vector
   FROM rag.collections c WHERE c.name = 'tickets' \gset
 PREPARE unchecked_search(text, integer, jsonb, tsquery, integer) AS :unchecked_sql;
 EXECUTE unchecked_search(:'printer_vector', 8, NULL, NULL, 8);

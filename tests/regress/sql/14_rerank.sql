@@ -42,7 +42,7 @@ SELECT bool_and(combined <= previous + 1e-4) AS by_combined_score, count(*) AS r
 SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_relevance => rag._limit('min_relevance_default')::real);
 -- The same search without reranking keeps the fused order and gives no relevance.
 SELECT count(*) AS candidates, count(s.relevance) AS with_relevance
-  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'train ticket'), 5, NULL, 'train ticket', NULL, false) s
+  FROM rag.collections c, rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, 'train ticket', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 5, NULL, 'train ticket', NULL, false) s
  WHERE c.name = 'rr';
 
 -- Off-domain questions: nothing passes, rag_ask refuses without a chat call, and the ledger keeps both the
@@ -114,8 +114,8 @@ SELECT rag_set_reranker('rr', 'ms-marco-MiniLM-L-12-v2', min_lead => rag._limit(
 -- similarity) less the second candidate's.
 SELECT count(s.lead) AS with_a_lead, bool_and(s.lead IS NULL OR s.rank = 1) AS only_the_first,
        bool_and(s.lead IS NULL OR abs(s.lead - (s.relevance + w * (1 - s.distance)
-                                                - (SELECT t.relevance + w * (1 - t.distance) FROM rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') t WHERE t.rank = 2))) < 1e-3) AS ahead_of_the_second
-  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'When do we get our wages?'), 5, NULL, 'When do we get our wages?') s,
+                                                - (SELECT t.relevance + w * (1 - t.distance) FROM rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, 'When do we get our wages?', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 5, NULL, 'When do we get our wages?') t WHERE t.rank = 2))) < 1e-3) AS ahead_of_the_second
+  FROM rag.collections c, rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, 'When do we get our wages?', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 5, NULL, 'When do we get our wages?') s,
        CAST(rag._limit('rerank_similarity_weight') AS double precision) w
  WHERE c.name = 'rr';
 -- Where the cross-encoder misreads a paraphrase, the bi-encoder's agreement decides: "the washers" goes to the
@@ -131,8 +131,8 @@ SELECT count(*) FILTER (WHERE rag_ingest('rr-blend', t.title, t.body) > 0) AS in
                ('Parental leave', 'New parents may take up to six months off, of which the first three are paid in full.'),
                ('Remote work', 'Team members may work from home up to three days a week after agreeing it with their lead.')) t(title, body);
 SELECT rag_wait('rr-blend', '120 seconds') AS ready;
-SELECT s.rank, d.title, s.relevance = (SELECT max(t.relevance) FROM rag._search(c, rag._embed_query(c.id, 'How do I reserve the washers downstairs?'), 3, NULL, 'How do I reserve the washers downstairs?') t) AS highest_logit
-  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, 'How do I reserve the washers downstairs?'), 2, NULL, 'How do I reserve the washers downstairs?') s
+SELECT s.rank, d.title, s.relevance = (SELECT max(t.relevance) FROM rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, 'How do I reserve the washers downstairs?', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 3, NULL, 'How do I reserve the washers downstairs?') t) AS highest_logit
+  FROM rag.collections c, rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, 'How do I reserve the washers downstairs?', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 2, NULL, 'How do I reserve the washers downstairs?') s
   JOIN rag.documents d ON d.id = s.document_id WHERE c.name = 'rr-blend' ORDER BY s.rank;
 SELECT outcome, citations->0->>'title' AS cited FROM rag_ask('rr-blend', 'How do I reserve the washers downstairs?');
 SELECT outcome, jsonb_path_query_array(citations, '$[*].title') AS cited,
@@ -271,7 +271,7 @@ SELECT count(*) AS returned FROM rag_query('rr-http', :'both', 3, max_distance =
 SELECT s.rank, d.title, s.relevance > 3 AS within_the_lead_of_the_threshold, s.lead IS NULL AS no_lead,
        s.relevance - lead(s.relevance) OVER (ORDER BY s.rank) > 3 AS far_ahead_of_the_next,
        s.distance = max(s.distance) OVER () AS farthest
-  FROM rag.collections c, rag._search(c, rag._embed_query(c.id, :'both'), 3, NULL, :'both') s
+  FROM rag.collections c, rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, :'both', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 3, NULL, :'both') s
   JOIN rag.documents d ON d.id = s.document_id
  WHERE c.name = 'rr-http' ORDER BY s.rank;
 SELECT rag_set_reranker('rr-http', 'rerank-test', min_relevance => 0, min_lead => rag._limit('min_lead_default')::real);
@@ -301,7 +301,7 @@ SELECT rag_wait('rr-pool', '60 seconds') AS ready;
 CREATE FUNCTION pg_temp.side(p_mode text, p_question text) RETURNS TABLE (chunk_id bigint, rank integer)
 LANGUAGE sql AS $$
     SELECT s.chunk_id, s.rank FROM rag.collections c,
-           rag._search(c, rag._embed_query(c.id, p_question), 40, NULL, p_question, p_mode, false) s
+           rag._search(c, (SELECT e.vector FROM rag._embed_query_in(c.id, p_question, c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e), 40, NULL, p_question, p_mode, false) s
      WHERE c.name = 'rr-pool'
 $$;
 WITH fused AS (SELECT f.chunk_id, f.rank, v.rank AS vector_rank, k.rank AS keyword_rank

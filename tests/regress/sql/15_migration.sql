@@ -40,6 +40,17 @@ SELECT rag._search_sql(c, 'hybrid', false, true, true) ~ 'embedding_alt' AS read
        rag._search_sql(c, 'hybrid', false, true, true) ~ 'ch\.embedding::([a-z_]+\.)?vector\(384\)' AS reads_the_old_one
   FROM rag.collections c WHERE c.name = 'mig';
 
+-- The switch looks again under its locks: a change found complete may have been replaced since by one that has
+-- embedded nothing (a second rag_set_embedding_model racing the worker), which must not switch. The race is
+-- played here by a look that finds every change due, for one transaction.
+BEGIN;
+CREATE OR REPLACE FUNCTION rag._migrations_due() RETURNS integer[] LANGUAGE sql AS
+    $$ SELECT array_agg(collection_id ORDER BY collection_id) FROM rag.migrations $$;
+SELECT rag._advance_migrations() AS steps;
+SELECT c.embedding_model, c.dimensions, m.state
+  FROM rag.collections c JOIN rag.migrations m ON m.collection_id = c.id WHERE c.name = 'mig';
+ROLLBACK;
+
 -- Cancelling leaves the old model in place, and the worker clears what was made for the new one.
 SELECT rag_cancel_embedding_model('mig') AS cancelled;
 SELECT rag_cancel_embedding_model('mig') AS cancelled_again;
@@ -50,8 +61,18 @@ SELECT c.embedding_model, c.dimensions, c.vector_column, count(ch.embedding_alt)
  GROUP BY c.id;
 
 -- A change that works: rag_wait returns once the collection has switched.
+-- A question embedded before the switch (as rag_ask embeds it, then searches) is searched in no space after it:
+-- rag_ask then embeds it again in the new one.
+SELECT e.vector AS old_space_vector FROM rag.collections c,
+       rag._embed_query_in(c.id, 'thirty days notice', c.embedding_provider, c.embedding_model, c.query_prefix, c.dimensions) e
+ WHERE c.name = 'mig' \gset
 SELECT rag_set_embedding_model('mig', 'hash-768') AS queued;
 SELECT rag_wait('mig', '60 seconds') AS switched;
+SELECT count(*) AS found_with_the_old_models_question
+  FROM rag.collections c, rag._retrieve_context(c.id, c.embedding_provider, 'hash-384', c.query_prefix, 384,
+                                                 :'old_space_vector', 3, 2, 'thirty days notice') r
+ WHERE c.name = 'mig';
+SELECT outcome, citations -> 0 ->> 'title' AS cited FROM rag_ask('mig', 'thirty days notice', max_distance => 2);
 SELECT embedding_model, dimensions, vector_column, index_name = 'chunks_embedding_alt_c' || id AS indexed
   FROM rag.collections WHERE name = 'mig';
 SELECT title FROM rag_query('mig', 'Staff must give thirty days notice in writing before leaving.', 1);
