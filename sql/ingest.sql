@@ -359,6 +359,16 @@ END $$;
 -- The worker's side. These run as the worker (a superuser) or inside rag_process_queue; nobody else may
 -- call them.
 
+-- Whether the process that claimed a queue item (its pid) is still at work on it: alive and connected to this
+-- database. A pid alone said yes for any process of the cluster with that number, so an item restored into
+-- another database of the same cluster while its worker in the first one ran was never taken again.
+CREATE FUNCTION rag._claim_held(p_pid integer) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(p_pid) a
+                    WHERE a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                                      WHERE d.datname = pg_catalog.current_database()))
+$$;
+
 -- Claims the next due queue item. Collections take turns: p_recent lists the collections this worker served
 -- lately, most recent last, and the oldest due item of the collection served longest ago (or never) wins, so
 -- one collection's thousand documents, or one document's thousand chunks (the worker works in slices), never
@@ -393,7 +403,7 @@ BEGIN
                     WHERE (qu.collection_id, qu.not_before) > (c.id, '-infinity'::timestamptz)
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
-                           OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                           OR NOT rag._claim_held(qu.claimed_by))
                       AND qu.id <> ALL (v_passed)
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
@@ -404,7 +414,7 @@ BEGIN
             SELECT * INTO q FROM rag.queue qu
              WHERE qu.id = v_candidate AND qu.not_before <= now()
                AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
-                    OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                    OR NOT rag._claim_held(qu.claimed_by))
                FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
                 v_found := true;

@@ -1983,6 +1983,13 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._claim_held(p_pid integer) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(p_pid) a
+                    WHERE a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                                      WHERE d.datname = pg_catalog.current_database()))
+$$;
+
 CREATE OR REPLACE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}', p_recent integer[] DEFAULT '{}')
 RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs_chunking boolean,
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
@@ -2011,7 +2018,7 @@ BEGIN
                     WHERE (qu.collection_id, qu.not_before) > (c.id, '-infinity'::timestamptz)
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
-                           OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                           OR NOT rag._claim_held(qu.claimed_by))
                       AND qu.id <> ALL (v_passed)
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
@@ -2022,7 +2029,7 @@ BEGIN
             SELECT * INTO q FROM rag.queue qu
              WHERE qu.id = v_candidate AND qu.not_before <= now()
                AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
-                    OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(qu.claimed_by)))
+                    OR NOT rag._claim_held(qu.claimed_by))
                FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
                 v_found := true;
@@ -4333,7 +4340,7 @@ BEGIN
         SELECT * INTO q FROM rag.row_queue rq
          WHERE rq.watch_id = v_watch AND rq.not_before <= now()
            AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
-                OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
+                OR NOT rag._claim_held(rq.claimed_by))
          ORDER BY rq.not_before, rq.id
          LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF FOUND THEN

@@ -1216,7 +1216,7 @@ BEGIN
         SELECT * INTO q FROM rag.row_queue rq
          WHERE rq.watch_id = v_watch AND rq.not_before <= now()
            AND (rq.claimed_by IS NULL OR rq.claimed_by = p_worker
-                OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(rq.claimed_by)))
+                OR NOT rag._claim_held(rq.claimed_by))
          ORDER BY rq.not_before, rq.id
          LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF FOUND THEN

@@ -256,3 +256,9 @@ ROLLBACK;
 \set VERBOSITY default
 SELECT rag_ingest('docs', repeat('T', 4096), 'A body at the title''s limit.', source => repeat('s', 4096)) > 0 AS at_the_limits;
 SELECT rag_delete_document(id) FROM rag.documents WHERE body = 'A body at the title''s limit.';
+
+-- A queue item's claim is held by a live process connected to this database: not by any process of the cluster
+-- with that pid (an item restored into another database while its worker in the first one ran was never taken).
+SELECT rag._claim_held(pg_backend_pid()) AS this_backend_holds,
+       rag._claim_held((SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer')) AS checkpointer_holds,
+       rag._claim_held(2147483647) AS no_such_process_holds;
