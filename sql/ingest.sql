@@ -623,8 +623,13 @@ END $$;
 -- (rag._accept_dimensions) and two stores sharing the row could not both upgrade their lock without a deadlock.
 -- A dimension found set before the lock and gone after it (a model change switched to the same model before any
 -- vector of it was stored) is the one case left to an upgrade. All NULL when the document is gone.
+-- The locks are waited for at most rag._limit('store_lock_wait_ms'): a writer's transaction left open on the
+-- document (an uncommitted rag_delete_document) or an admin's on the collection (rag_set_embedding_model) kept
+-- the worker waiting as long as it stayed open, and the database's other collections with it. Past that the
+-- step fails with lock_not_available, and the worker puts the document back for a little while without counting
+-- an attempt (src/worker/documents.rs).
 CREATE FUNCTION rag._lock_for_store(p_document_id bigint) RETURNS rag.collections
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     v_collection integer;
@@ -931,7 +936,9 @@ LANGUAGE sql AS $$
            first_failure_at = CASE WHEN p_counts THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
            last_error = coalesce(p_error, last_error),
            claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
-     WHERE id = p_queue_id
+     -- Not waiting for an item another transaction holds (a writer's uncommitted delete of the document takes
+     -- its queue item along): the claim stays this worker's, and every claim skips a locked item anyway.
+     WHERE id = (SELECT qu.id FROM rag.queue qu WHERE qu.id = p_queue_id FOR UPDATE SKIP LOCKED)
 $$;
 
 -- A document that cannot be embedded fails; when it was its vectors for a model change that failed (p_shadow),

@@ -2206,7 +2206,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._lock_for_store(p_document_id bigint) RETURNS rag.collections
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     v_collection integer;
@@ -2475,7 +2475,9 @@ LANGUAGE sql AS $$
            first_failure_at = CASE WHEN p_counts THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
            last_error = coalesce(p_error, last_error),
            claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
-     WHERE id = p_queue_id
+     -- Not waiting for an item another transaction holds (a writer's uncommitted delete of the document takes
+     -- its queue item along): the claim stays this worker's, and every claim skips a locked item anyway.
+     WHERE id = (SELECT qu.id FROM rag.queue qu WHERE qu.id = p_queue_id FOR UPDATE SKIP LOCKED)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text, p_shadow boolean DEFAULT false)
@@ -4143,15 +4145,17 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    -- A watch whose key this command left without a unique index: its rows' documents are shown to no reader
+    -- who needs the row check from now on (rag._row_lookup_sql fails closed), which its owner is told here. Not
+    -- refused: the drop may be someone else's command on another table, while this watch's key was left
+    -- without an index earlier (DROP INDEX CONCURRENTLY, or a watch made by an older version).
     IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o WHERE o.object_type IN ('index', 'table constraint')) THEN
         FOR w IN SELECT wa.* FROM rag.watches wa
                   WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class t WHERE t.oid = wa.source)
                     AND NOT rag._key_is_unique(wa.source, wa.key_columns) LOOP
-            RAISE EXCEPTION 'the key (%) of watched table % would no longer name one row',
-                            array_to_string(w.key_columns, ', '), w.source_name
-                USING ERRCODE = 'dependent_objects_still_exist',
-                      DETAIL = 'rag checks a reader''s right to a watched row''s document by its key.',
-                      HINT = format('Add another unique index covering the key first, or rag_unwatch(%L).', w.source_name);
+            RAISE WARNING 'the key (%) of watched table % no longer names one row: its documents are shown only to roles that may read the whole table',
+                          array_to_string(w.key_columns, ', '), w.source_name
+                USING HINT = 'Create a unique index on the key''s columns (or a subset of them) again.';
         END LOOP;
     END IF;
     -- By collection, so that two commands dropping several watched tables lock the collections in one order.
@@ -4538,6 +4542,10 @@ SELECT w.source_name AS source,
        coalesce(CASE WHEN (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) = 'p'
                      THEN format('the watch indexes nothing: %s is a partitioned table, whose rows are in its '
                                  'partitions; rag_unwatch it, then rag_watch each partition', w.source_name) END,
+                CASE WHEN NOT rag._key_is_unique(w.source, w.key_columns)
+                     THEN format('the key (%s) no longer names one row (no unique index covers it): its documents '
+                                 'are shown only to roles that may read the whole table',
+                                 array_to_string(w.key_columns, ', ')) END,
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '
@@ -4877,7 +4885,7 @@ BEGIN
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
-                               '_migration_chunks_embedded')
+                               '_migration_chunks_embedded', '_key_is_unique')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text')
@@ -5040,5 +5048,23 @@ BEGIN
                              'operators and types of other schemas with their schema, then rag_unwatch the table and '
                              'rag_watch it again.';
         END;
+    END LOOP;
+END $$;
+
+-- From 0.2.0 a watch's key must name one row (a unique index covers it): a reader is shown a watched row's
+-- document when they may read the row with its key, and a key two rows share could be another row. 0.1.0 took
+-- any columns; each such watch is named here. Its rows' documents are shown only to roles that may read the
+-- whole table until a unique index covers the key (rag._row_lookup_sql fails closed).
+DO $$
+DECLARE
+    w rag.watches;
+BEGIN
+    FOR w IN SELECT * FROM rag.watches ORDER BY id LOOP
+        IF NOT rag._key_is_unique(w.source, w.key_columns) THEN
+            RAISE WARNING 'the key (%) of watched table % does not name one row: no unique index covers it',
+                          array_to_string(w.key_columns, ', '), w.source_name
+                USING HINT = 'Create a unique index on the key''s columns (or a subset of them); until then its '
+                             'documents are shown only to roles that may read the whole table.';
+        END IF;
     END LOOP;
 END $$;

@@ -987,21 +987,23 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- DROP TABLE of a watched table takes its documents and its watch along; dropping the last unique index (or
--- primary key) a watch's key relies on is refused.
+-- primary key) a watch's key relies on draws a WARNING.
 CREATE FUNCTION rag._on_sql_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    -- A watch whose key this command left without a unique index: its rows' documents are shown to no reader
+    -- who needs the row check from now on (rag._row_lookup_sql fails closed), which its owner is told here. Not
+    -- refused: the drop may be someone else's command on another table, while this watch's key was left
+    -- without an index earlier (DROP INDEX CONCURRENTLY, or a watch made by an older version).
     IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o WHERE o.object_type IN ('index', 'table constraint')) THEN
         FOR w IN SELECT wa.* FROM rag.watches wa
                   WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class t WHERE t.oid = wa.source)
                     AND NOT rag._key_is_unique(wa.source, wa.key_columns) LOOP
-            RAISE EXCEPTION 'the key (%) of watched table % would no longer name one row',
-                            array_to_string(w.key_columns, ', '), w.source_name
-                USING ERRCODE = 'dependent_objects_still_exist',
-                      DETAIL = 'rag checks a reader''s right to a watched row''s document by its key.',
-                      HINT = format('Add another unique index covering the key first, or rag_unwatch(%L).', w.source_name);
+            RAISE WARNING 'the key (%) of watched table % no longer names one row: its documents are shown only to roles that may read the whole table',
+                          array_to_string(w.key_columns, ', '), w.source_name
+                USING HINT = 'Create a unique index on the key''s columns (or a subset of them) again.';
         END LOOP;
     END IF;
     -- By collection, so that two commands dropping several watched tables lock the collections in one order.
@@ -1421,6 +1423,10 @@ SELECT w.source_name AS source,
        coalesce(CASE WHEN (SELECT t.relkind FROM pg_catalog.pg_class t WHERE t.oid = w.source) = 'p'
                      THEN format('the watch indexes nothing: %s is a partitioned table, whose rows are in its '
                                  'partitions; rag_unwatch it, then rag_watch each partition', w.source_name) END,
+                CASE WHEN NOT rag._key_is_unique(w.source, w.key_columns)
+                     THEN format('the key (%s) no longer names one row (no unique index covers it): its documents '
+                                 'are shown only to roles that may read the whole table',
+                                 array_to_string(w.key_columns, ', ')) END,
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '

@@ -49,6 +49,9 @@ pub enum RagError {
     /// An ERROR raised inside one of the worker's steps, caught and its (sub)transaction rolled back; the
     /// message is PostgreSQL's (with its detail), recorded as the reason of the document or row.
     Aborted(String),
+    /// A step gave up waiting for a lock another transaction holds (55P03): done again a little later, not a
+    /// failure of the document.
+    LockBusy(String),
     /// Something the extension's own invariants rule out, e.g. NULL in a NOT NULL column (XX000).
     Internal(String),
 }
@@ -101,6 +104,7 @@ impl RagError {
             RagError::Spi { .. } | RagError::Aborted(_) | RagError::Internal(_) => {
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
             }
+            RagError::LockBusy(_) => PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
             RagError::Extraction { error, .. } => match error {
                 rag_extract::ExtractError::TooLarge { .. }
                 | rag_extract::ExtractError::TooDeep { .. } => {
@@ -140,7 +144,10 @@ impl RagError {
                 ProviderError::Interrupted => "",
             }
             .to_string(),
-            RagError::Spi { .. } | RagError::Aborted(_) | RagError::Internal(_) => String::new(),
+            RagError::Spi { .. }
+            | RagError::Aborted(_)
+            | RagError::LockBusy(_)
+            | RagError::Internal(_) => String::new(),
         }
     }
 
@@ -182,7 +189,9 @@ impl fmt::Display for RagError {
             ),
             RagError::Spi { doing, error } if doing.is_empty() => write!(f, "{error}"),
             RagError::Spi { doing, error } => write!(f, "{doing}: {error}"),
-            RagError::Aborted(message) | RagError::Internal(message) => f.write_str(message),
+            RagError::Aborted(message)
+            | RagError::LockBusy(message)
+            | RagError::Internal(message) => f.write_str(message),
         }
     }
 }

@@ -22,17 +22,36 @@ pub fn shutdown_requested() -> bool {
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
+/// Whether the worker is running a table owner's code (a watch's expressions), set by
+/// `crate::security::RestrictedIdentity`: a SIGTERM then ends that code at once.
+static USER_CODE_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks the start and end of a table owner's code in the worker. Entering it after a SIGTERM came ends it at
+/// its first interrupt check.
+pub fn user_code_running(running: bool) {
+    USER_CODE_RUNNING.store(running, std::sync::atomic::Ordering::SeqCst);
+    if running && shutdown_requested() {
+        terminate_self();
+    }
+}
+
 /// SIGTERM (shutdown, `pg_terminate_backend`) for a worker that runs other roles' SQL: the main loop's flag, as
-/// pgrx's handler sets it, and PostgreSQL's own `die`, so that SQL running when it comes ends at its next
-/// interrupt check with a FATAL no PL/pgSQL exception handler can catch. With the flag alone, a watch
-/// expression that looped catching `query_canceled` kept the worker (and `pg_ctl stop -m fast`) waiting forever.
+/// pgrx's handler sets it, so that the worker finishes its step and leaves; and, while a table owner's code
+/// runs, PostgreSQL's own `die`, so that it ends at its next interrupt check with a FATAL no PL/pgSQL
+/// exception handler can catch. With the flag alone, a watch expression that looped catching `query_canceled`
+/// kept the worker (and `pg_ctl stop -m fast`) waiting forever.
 pub fn terminate_on_sigterm() {
     unsafe extern "C-unwind" fn terminate(signal: std::ffi::c_int) {
-        // SAFETY: a signal handler writing the sig_atomic_t flags PostgreSQL's own handlers write; `die`
-        // saves and restores errno itself and only sets flags and this process's latch.
+        // SAFETY: a signal handler writing the sig_atomic_t flags PostgreSQL's own handlers write and reading
+        // an atomic; `die` saves and restores errno itself and only sets flags and this process's latch, as
+        // SetLatch does.
         unsafe {
             (&raw mut pg_sys::ShutdownRequestPending).write_volatile(1);
-            pg_sys::die(signal);
+            if USER_CODE_RUNNING.load(std::sync::atomic::Ordering::SeqCst) {
+                pg_sys::die(signal);
+            } else {
+                pg_sys::SetLatch(pg_sys::MyLatch);
+            }
         }
     }
     // SAFETY: replaces this process's SIGTERM handler, as background workers do at their start.

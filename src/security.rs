@@ -42,6 +42,11 @@ fn hard_deadline_ms(timeout_ms: i32) -> i32 {
         .max(timeout_ms.saturating_add(5_000))
 }
 
+/// Registers the hard deadline's timeout in this worker now, at its start.
+pub fn register_hard_deadline() {
+    hard_deadline_timeout();
+}
+
 /// The registered id of the hard deadline's timeout in this process, registered on first use.
 fn hard_deadline_timeout() -> std::ffi::c_int {
     thread_local! {
@@ -53,8 +58,9 @@ fn hard_deadline_timeout() -> std::ffi::c_int {
     }
     REGISTERED.with(|registered| {
         registered.get().unwrap_or_else(|| {
-            // SAFETY: registers a handler in this process's timeout table, as modules do; it raises only
-            // when all of USER_TIMEOUT's ten slots are taken, which is an ERROR like any other.
+            // SAFETY: registers a handler in this process's timeout table, as modules do. It raises FATAL
+            // when all of USER_TIMEOUT's ten slots are taken; the worker registers it when it starts
+            // (`register_hard_deadline`), not in the middle of a row.
             let id = unsafe { RegisterTimeout(USER_TIMEOUT_ID, Some(passed)) };
             registered.set(Some(id));
             id
@@ -99,6 +105,7 @@ impl RestrictedIdentity {
         }
         let timeout_armed = timeout_ms > 0;
         if timeout_armed {
+            crate::pg::user_code_running(true);
             let hard_deadline = hard_deadline_timeout();
             // SAFETY: the STATEMENT_TIMEOUT reason is registered by InitPostgres in every backend and
             // background worker; arming it is what postgres.c does at the start of each statement. The hard
@@ -127,6 +134,7 @@ impl Drop for RestrictedIdentity {
                 disable_timeout(STATEMENT_TIMEOUT_ID, false);
                 disable_timeout(hard_deadline_timeout(), false);
             }
+            crate::pg::user_code_running(false);
         }
         if std::thread::panicking() {
             // An ERROR is on its way to the abort that restores everything (see the type's comment); calling

@@ -183,6 +183,7 @@ fn build_context(
     question: &str,
     k: i32,
     max_distance: Option<f64>,
+    ledgered: bool,
 ) -> Result<Context, RagError> {
     if !(limits::SEARCH_K_MIN..=limits::SEARCH_K_MAX).contains(&k) {
         return Err(RagError::invalid(
@@ -215,7 +216,7 @@ fn build_context(
     let retrieved = loop {
         tries += 1;
         let started = Instant::now();
-        let embedding = embed_in_space(&space, question)?;
+        let embedding = embed_in_space(&space, question, ledgered)?;
         embed_ms += started.elapsed().as_secs_f64() * 1000.0;
         embed_tokens = add(embed_tokens, embedding.prompt_tokens);
         let searched = Instant::now();
@@ -348,7 +349,7 @@ pub fn rag_prompt(
     let prompted = require_question(question)
         .and_then(|()| load_collection(collection))
         .and_then(|collection| {
-            let context = build_context(&collection, question, k, max_distance)?;
+            let context = build_context(&collection, question, k, max_distance, false)?;
             let prompt = if context.sources.is_empty() {
                 None
             } else {
@@ -890,7 +891,7 @@ fn ask(
     };
     let rewritten = (rewrite.question != question).then(|| rewrite.question.clone());
 
-    let context = build_context(&collection, &rewrite.question, k, max_distance)?;
+    let context = build_context(&collection, &rewrite.question, k, max_distance, true)?;
     let model_label = collection
         .chat_model
         .clone()

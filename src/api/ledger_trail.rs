@@ -92,11 +92,16 @@ pub fn call_sent(what: &str, collection_id: i32, provider: &str, model: &str) {
 }
 
 /// A ledger row was written, in the line a standby would log for it (None: the line went to the server log
-/// at once, a standby's or a read-only transaction's way): the calls held so far are accounted for by it.
+/// at once, a standby's or a read-only transaction's way): the calls held since the current subtransaction
+/// began are accounted for by it (a call held at an enclosing level belongs to that level's own call).
 fn row_written(line: Option<String>) {
+    // SAFETY: reads the current subtransaction's id; never raises.
+    let current = unsafe { pg_sys::GetCurrentSubTransactionId() };
     TRAIL.with(|trail| {
         if let Ok(mut trail) = trail.try_borrow_mut() {
-            trail.held.retain(|held| !held.call);
+            trail
+                .held
+                .retain(|held| !(held.call && held.subtransaction >= current));
         }
     });
     if let Some(line) = line {

@@ -71,11 +71,17 @@ pub fn query_space(collection_id: i32) -> Result<QuerySpace, RagError> {
 }
 
 pub fn embed_question(collection_id: i32, question: &str) -> Result<QueryEmbedding, RagError> {
-    embed_in_space(&query_space(collection_id)?, question)
+    embed_in_space(&query_space(collection_id)?, question, true)
 }
 
-/// The question's embedding in `space`, whatever the collection's row says by now.
-pub fn embed_in_space(space: &QuerySpace, question: &str) -> Result<QueryEmbedding, RagError> {
+/// The question's embedding in `space`, whatever the collection's row says by now. `ledgered`: the call is
+/// one a ledger row will account for (rag_query, rag_ask), so a rollback before it is written logs it
+/// (`super::ledger_trail`); rag_prompt writes none.
+pub fn embed_in_space(
+    space: &QuerySpace,
+    question: &str,
+    ledgered: bool,
+) -> Result<QueryEmbedding, RagError> {
     let QuerySpace {
         collection_id,
         provider: provider_row,
@@ -101,7 +107,7 @@ pub fn embed_in_space(space: &QuerySpace, question: &str) -> Result<QueryEmbeddi
             hint: "Check the provider with rag_models().".to_string(),
         })?;
     let inputs = vec![input];
-    if provider_row.kind != crate::provider::Kind::Local {
+    if ledgered && provider_row.kind != crate::provider::Kind::Local {
         super::ledger_trail::call_sent(
             "embedding the question",
             collection_id,
@@ -293,7 +299,7 @@ pub mod rag {
             prefix: prefix.to_string(),
             dimensions,
         };
-        let embedding = embed_in_space(&space, question).unwrap_or_raise();
+        let embedding = embed_in_space(&space, question, true).unwrap_or_raise();
         TableIterator::once((embedding.literal, embedding.prompt_tokens))
     }
 }

@@ -115,8 +115,14 @@ pub mod rag {
         let built = Spi::connect(|client| {
             client
                 .select(
-                    "SELECT pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
-                                              rag._qualified_name(w.source), rag._key_condition(w)) \
+                    // A key no unique index covers (a watch made by an older version, or one whose index was
+                    // dropped with CONCURRENTLY, which no event trigger can refuse) could find another row with
+                    // the same key than the one indexed: such a watch's documents are shown to nobody the
+                    // check is asked for (fail closed).
+                    "SELECT CASE WHEN rag._key_is_unique(w.source, w.key_columns) \
+                                 THEN pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
+                                                        rag._qualified_name(w.source), rag._key_condition(w)) \
+                                 ELSE 'SELECT pg_catalog.to_jsonb(true) WHERE false' END \
                        FROM rag.watches w WHERE w.id = $1",
                     Some(1),
                     &[watch_id.into()],

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 /// meanwhile waits one slice, not the whole document.
 const SLICE: Duration = Duration::from_secs(1);
 
+/// How long a document whose store waited out its lock waits before it is tried again.
+const LOCK_RETRY: Duration = Duration::from_secs(2);
+
 thread_local! {
     /// Collections this process served, least recently first: the claim lets the others go first, so
     /// collections take turns.
@@ -428,6 +431,11 @@ fn embed_whole<'a>(
                 }
             }
         }
+        Err(RagError::LockBusy(_)) => {
+            for item in &items {
+                wait_for_lock(steps, item);
+            }
+        }
         Err(error) => {
             pgrx::log!(
                 "rag worker: storing {} new documents together failed ({error}); taking them one by one",
@@ -557,6 +565,7 @@ fn embed_batch(
             match store_batch(steps, item, ids, output) {
                 Ok(None) => Batch::Stored,
                 Ok(Some(reason)) => Batch::Done(fail(steps, item, reason)),
+                Err(RagError::LockBusy(_)) => Batch::Done(wait_for_lock(steps, item)),
                 Err(error) => Batch::Done(fail(
                     steps,
                     item,
@@ -670,6 +679,28 @@ fn back_off(
             ),
         ),
     }
+}
+
+/// Another transaction holds a lock the store needs (a writer's uncommitted delete of the document, an
+/// admin's uncommitted model change): the document waits a little, its attempts uncounted, and the worker goes
+/// on with other work.
+fn wait_for_lock(steps: &impl Steps, item: &WorkItem) -> Step {
+    let note = "waiting for a lock another transaction holds on the document or its collection"
+        .to_string();
+    if let Err(error) = steps.run(|| {
+        store::defer(
+            item.queue_id,
+            LOCK_RETRY.as_millis() as i64,
+            Some(note.clone()),
+            false,
+        )
+    }) {
+        pgrx::log!(
+            "rag worker: could not put document {} back: {error}",
+            item.document_id
+        );
+    }
+    Step::Worked
 }
 
 /// Marks the document failed with its reason.

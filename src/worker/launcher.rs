@@ -132,9 +132,10 @@ impl Launcher {
                     "rag launcher: could not list databases, using the last list: {error}"
                 )
             }
-            Err(message) => {
+            Err(failure) => {
                 pgrx::warning!(
-                    "rag launcher: could not list databases, using the last list: {message}"
+                    "rag launcher: could not list databases, using the last list: {}",
+                    failure.message
                 )
             }
         }

@@ -202,6 +202,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let slot = slot as usize;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     crate::pg::terminate_on_sigterm();
+    crate::security::register_hard_deadline();
     let database = registry::slot_database(slot);
     crate::pg::mark_rag_worker();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);

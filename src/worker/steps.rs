@@ -24,7 +24,10 @@ impl Steps for WorkerTransactions {
         body: impl FnOnce() -> Result<R, E> + UnwindSafe + RefUnwindSafe,
     ) -> Result<R, RagError> {
         transaction::run(body)
-            .map_err(RagError::Aborted)
+            .map_err(|failure| match failure.lock_busy {
+                true => RagError::LockBusy(failure.message),
+                false => RagError::Aborted(failure.message),
+            })
             .and_then(|result| result.map_err(Into::into))
     }
     fn interrupted(&self) -> bool {

@@ -2,10 +2,17 @@
 //! lets an ERROR escape, which ends the worker; a worker that serves many documents has to roll back the one
 //! that failed and carry on with the next.
 use pgrx::pg_sys;
-use pgrx::PgTryBuilder;
+use pgrx::{PgSqlErrorCode, PgTryBuilder};
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
-pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, String> {
+/// Why a step was rolled back: PostgreSQL's message, and whether it was a lock wait given up
+/// (`lock_not_available`: the step can simply be done again a little later).
+pub struct StepFailure {
+    pub message: String,
+    pub lock_busy: bool,
+}
+
+pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, StepFailure> {
     // SAFETY: called from a background worker's main loop between transactions, the state in which
     // PostgreSQL's own workers start one; the snapshot pushed here is popped or released by abort below.
     unsafe {
@@ -14,7 +21,12 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
     let outcome = PgTryBuilder::new(|| Ok(body()))
-        .catch_others(|caught| Err(describe(&caught)))
+        .catch_others(|caught| {
+            Err(StepFailure {
+                lock_busy: sqlstate(&caught) == Some(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE),
+                message: describe(&caught),
+            })
+        })
         .execute();
     match outcome {
         Ok(value) => {
@@ -32,6 +44,16 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
             unsafe { pg_sys::AbortCurrentTransaction() };
             Err(message)
         }
+    }
+}
+
+fn sqlstate(caught: &pg_sys::panic::CaughtError) -> Option<PgSqlErrorCode> {
+    use pg_sys::panic::CaughtError;
+    match caught {
+        CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => {
+            Some(report.sql_error_code())
+        }
+        CaughtError::RustPanic { .. } => None,
     }
 }
 

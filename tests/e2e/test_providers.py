@@ -202,11 +202,18 @@ class Providers(unittest.TestCase):
              db="postgres")
         try:
             self.assertTrue(wait_until("SELECT current_setting('rag.provider_hosts') <> ''", db=DB, seconds=10))
-            # A non-superuser cannot change the list, for a session, a role or a database.
-            for attempt in ("SET rag.provider_hosts = ''", "ALTER ROLE hosts_admin SET rag.provider_hosts = ''",
-                            f"ALTER DATABASE {DB} SET rag.provider_hosts = ''"):
-                code, _, stderr = psql(f"SET ROLE hosts_admin; {attempt}", db=DB, check=False)
-                self.assertNotEqual(code, 0, attempt)
+            # A non-superuser cannot change the list, for a session, their own role or a database they own; nor
+            # the provider deadline, which a database owner's default carried into the worker.
+            psql(f"ALTER DATABASE {DB} OWNER TO hosts_admin", db="postgres")
+            try:
+                for attempt in ("SET rag.provider_hosts = ''", "ALTER ROLE hosts_admin SET rag.provider_hosts = ''",
+                                f"ALTER DATABASE {DB} SET rag.provider_hosts = ''",
+                                "SET rag.http_timeout = '1h'", f"ALTER DATABASE {DB} SET rag.http_timeout = '1h'"):
+                    code, _, stderr = psql(f"SET ROLE hosts_admin; {attempt}", db=DB, check=False)
+                    self.assertNotEqual(code, 0, attempt)
+                    self.assertRegex(stderr, r"permission denied to set parameter|cannot be changed now", attempt)
+            finally:
+                psql(f"ALTER DATABASE {DB} OWNER TO postgres", db="postgres")
             # An address the list does not hold is refused when the provider is made, with the way out.
             code, _, stderr = psql(f"SET ROLE hosts_admin; SELECT rag_create_provider('probe', 'ollama', "
                                    f"'http://127.0.0.1:{provider_port}')", db=DB, check=False)

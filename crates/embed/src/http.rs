@@ -43,6 +43,17 @@ pub fn abandoned_requests() -> usize {
     ABANDONED.load(Ordering::Acquire)
 }
 
+/// Marks the request's thread finished, giving back its slot if the caller had given up on it.
+struct FinishOnDrop(Arc<AtomicU8>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if self.0.swap(FINISHED, Ordering::AcqRel) == GIVEN_UP {
+            ABANDONED.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// Counts the request as given up on if the caller leaves without its reply (by returning, or by the interrupt
 /// hook unwinding with a Postgres error) while its thread still runs.
 struct GiveUpOnDrop {
@@ -190,10 +201,10 @@ pub(crate) fn exchange(
     let spawned = rag_threads::spawn(
         thread::Builder::new().name("rag-provider-http".to_string()),
         move || {
+            // Released when the thread ends, a panic included: a slot held for ever would stop this process
+            // from calling any provider once four were.
+            let _finished = FinishOnDrop(thread_state);
             let outcome = perform(&worker_client, outgoing);
-            if thread_state.swap(FINISHED, Ordering::AcqRel) == GIVEN_UP {
-                ABANDONED.fetch_sub(1, Ordering::AcqRel);
-            }
             // The caller may have given up and dropped the receiver; nobody is left to tell.
             let _ = sender.send(outcome);
         },
@@ -250,7 +261,7 @@ fn without_quoted_values(problem: &str) -> String {
         "integer ",
         "boolean ",
         "floating point ",
-        "char ",
+        "character ",
         "unknown variant ",
         "unknown field ",
     ];
@@ -647,6 +658,10 @@ mod tests {
             (
                 "unknown variant `internal_secret`, expected `a` or `b`",
                 "unknown variant `…`, expected `a` or `b`",
+            ),
+            (
+                "invalid type: character `k`, expected a number",
+                "invalid type: character `…`, expected a number",
             ),
             ("missing field `data`", "missing field `data`"),
         ] {

@@ -1368,13 +1368,38 @@ CREATE TABLE sec_attacker.pages (tenant text, slug text, body text, PRIMARY KEY 
 SELECT rag_watch('sec_attacker.pages', 'attacker-notes', content => 'body', key => ARRAY['slug']);
 -- The whole primary key, or any columns a unique index covers, in any order.
 SELECT rag_watch('sec_attacker.pages', 'attacker-notes', content => 'body', key => ARRAY['slug', 'tenant']) > 0 AS watching;
--- Nor can the uniqueness go later.
+INSERT INTO sec_attacker.pages VALUES ('a', 'welcome', 'Welcome to tenant a.');
+GRANT USAGE ON SCHEMA sec_attacker TO sec_reader;
+GRANT SELECT ON sec_attacker.pages TO sec_reader;
+ALTER TABLE sec_attacker.pages ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_a ON sec_attacker.pages FOR SELECT TO sec_reader USING (tenant = 'a');
+SELECT rag_grant('attacker-notes', 'sec_reader', 'read');
+SELECT rag_wait('attacker-notes', '60 seconds') AS indexed;
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT count(*) AS found_with_a_unique_key
+  FROM rag_query('attacker-notes', 'Welcome to tenant a.', max_distance => 2) WHERE content LIKE 'Welcome%';
+RESET ROLE;
+SET ROLE sec_attacker;
+-- Dropping the unique index later (someone else's DROP elsewhere must not fail for it, so it is not refused)
+-- leaves the watch's documents to roles that may read the whole table: the row check fails closed.
 ALTER TABLE sec_attacker.pages DROP CONSTRAINT pages_pkey;
+SELECT last_error FROM rag.watch_status WHERE source = 'sec_attacker.pages';
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT count(*) AS found_without_a_unique_key
+  FROM rag_query('attacker-notes', 'Welcome to tenant a.', max_distance => 2) WHERE content LIKE 'Welcome%';
+RESET ROLE;
+SET ROLE sec_attacker;
 CREATE UNIQUE INDEX pages_slug_tenant ON sec_attacker.pages (slug, tenant);
-ALTER TABLE sec_attacker.pages DROP CONSTRAINT pages_pkey;
-DROP INDEX sec_attacker.pages_slug_tenant;
-CREATE UNIQUE INDEX pages_some ON sec_attacker.pages (slug, tenant) WHERE tenant <> 'x';
-DROP INDEX sec_attacker.pages_slug_tenant;
+SELECT last_error IS NULL AS unique_again FROM rag.watch_status WHERE source = 'sec_attacker.pages';
+RESET ROLE;
+SET ROLE sec_reader;
+SELECT count(*) AS found_with_a_unique_key_again
+  FROM rag_query('attacker-notes', 'Welcome to tenant a.', max_distance => 2) WHERE content LIKE 'Welcome%';
+RESET ROLE;
+SET ROLE sec_attacker;
+SELECT rag_revoke('attacker-notes', 'sec_reader');
 SELECT rag_unwatch('sec_attacker.pages');
 DROP TABLE sec_attacker.pages;
 RESET ROLE;

@@ -1,0 +1,43 @@
+"""A transaction left open on one of rag's rows (a writer's uncommitted delete of a document the worker is
+embedding) does not hold the worker, or with it the database's other collections, until it ends."""
+import time
+
+from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
+
+DB = "rag_e2e_open_transactions"
+
+
+class OpenTransactions(InItsOwnDatabase):
+    DB = DB
+
+    def test_an_uncommitted_delete_does_not_hold_the_other_collections(self):
+        psql("""
+            SELECT rag_create_collection('ot_slow', embedding_model => 'hash-384@slow3000');
+            SELECT rag_create_collection('ot_other', embedding_model => 'hash-384');
+            SELECT rag_ingest('ot_slow', 'Slow', 'A document whose provider takes three seconds to answer.');
+        """, db=DB)
+        # The worker is at the provider with the slow document; a writer deletes it and leaves the transaction
+        # open, holding the document's row, which the worker's store must lock.
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{DB}' AND query LIKE 'rag worker: embedding%ot_slow%' "
+                                   "OR query LIKE 'rag worker: embedding % of collection %')", db=DB, seconds=30))
+        time.sleep(0.5)
+        holder = background_psql("BEGIN; SELECT rag_delete_document(d.id) FROM rag.documents d "
+                                 "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'ot_slow';", db=DB)
+        try:
+            time.sleep(4)  # the provider has answered; the store now waits for the lock
+            started = time.time()
+            psql("SELECT rag_ingest('ot_other', 'Other', 'A document of another collection.')", db=DB)
+            self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Other'", db=DB,
+                                       seconds=20),
+                            f"another collection's document waited for the open transaction "
+                            f"({time.time() - started:.1f} s): "
+                            + repr(psql("SELECT wait_event_type, wait_event, left(query, 300) FROM pg_stat_activity "
+                                        f"WHERE backend_type = 'rag worker' AND datname = '{DB}'", db=DB)))
+            # The slow document waits, uncounted, with the reason.
+            self.assertEqual(scalar("SELECT q.attempts FROM rag.queue q JOIN rag.documents d ON d.id = q.document_id "
+                                    "WHERE d.title = 'Slow'", db=DB), "0")
+        finally:
+            holder.communicate(input="ROLLBACK;\n", timeout=30)
+        # Once the writer rolls back, the document is embedded and ready.
+        self.assertEqual(scalar("SELECT rag_wait('ot_slow', '60 seconds')", db=DB), "t")
