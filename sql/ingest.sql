@@ -623,7 +623,7 @@ END $$;
 -- (rag._accept_dimensions) and two stores sharing the row could not both upgrade their lock without a deadlock.
 -- A dimension found set before the lock and gone after it (a model change switched to the same model before any
 -- vector of it was stored) is the one case left to an upgrade. All NULL when the document is gone.
--- The locks are waited for at most rag._limit('store_lock_wait_ms'): a writer's transaction left open on the
+-- The locks are waited for at most 2 s (as in the stores that call it): a writer's transaction left open on the
 -- document (an uncommitted rag_delete_document) or an admin's on the collection (rag_set_embedding_model) kept
 -- the worker waiting as long as it stayed open, and the database's other collections with it. Past that the
 -- step fails with lock_not_available, and the worker puts the document back for a little while without counting
@@ -698,7 +698,8 @@ CREATE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint
                                      p_vectors real[], p_dimensions integer, p_model text,
                                      p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
-LANGUAGE plpgsql AS $$
+-- Every lock it takes (the group's other documents too) is waited for at most 2 s, as in rag._lock_for_store.
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     v_refusal text;
@@ -840,7 +841,8 @@ CREATE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p
                                       p_vectors real[], p_dimensions integer, p_tokens bigint, p_model text,
                                       p_shadow boolean)
 RETURNS text
-LANGUAGE plpgsql AS $$
+-- Every lock it takes is waited for at most 2 s, as in rag._lock_for_store (which says why).
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     m rag.migrations;

@@ -2261,7 +2261,8 @@ CREATE OR REPLACE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document
                                      p_vectors real[], p_dimensions integer, p_model text,
                                      p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
-LANGUAGE plpgsql AS $$
+-- Every lock it takes (the group's other documents too) is waited for at most 2 s, as in rag._lock_for_store.
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     v_refusal text;
@@ -2384,7 +2385,8 @@ CREATE OR REPLACE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_i
                                       p_vectors real[], p_dimensions integer, p_tokens bigint, p_model text,
                                       p_shadow boolean)
 RETURNS text
-LANGUAGE plpgsql AS $$
+-- Every lock it takes is waited for at most 2 s, as in rag._lock_for_store (which says why).
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     c rag.collections;
     m rag.migrations;
@@ -4150,8 +4152,10 @@ BEGIN
     -- refused: the drop may be someone else's command on another table, while this watch's key was left
     -- without an index earlier (DROP INDEX CONCURRENTLY, or a watch made by an older version).
     IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o WHERE o.object_type IN ('index', 'table constraint')) THEN
-        FOR w IN SELECT wa.* FROM rag.watches wa
-                  WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class t WHERE t.oid = wa.source)
+        -- Told to the tables' owners only (the login role: this function runs as rag's owner): another role's
+        -- drop elsewhere learns nothing of their tables.
+        FOR w IN SELECT wa.* FROM rag.watches wa JOIN pg_catalog.pg_class t ON t.oid = wa.source
+                  WHERE pg_catalog.pg_has_role(session_user, t.relowner, 'USAGE')
                     AND NOT rag._key_is_unique(wa.source, wa.key_columns) LOOP
             RAISE WARNING 'the key (%) of watched table % no longer names one row: its documents are shown only to roles that may read the whole table',
                           array_to_string(w.key_columns, ', '), w.source_name

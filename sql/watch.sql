@@ -998,8 +998,10 @@ BEGIN
     -- refused: the drop may be someone else's command on another table, while this watch's key was left
     -- without an index earlier (DROP INDEX CONCURRENTLY, or a watch made by an older version).
     IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o WHERE o.object_type IN ('index', 'table constraint')) THEN
-        FOR w IN SELECT wa.* FROM rag.watches wa
-                  WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class t WHERE t.oid = wa.source)
+        -- Told to the tables' owners only (the login role: this function runs as rag's owner): another role's
+        -- drop elsewhere learns nothing of their tables.
+        FOR w IN SELECT wa.* FROM rag.watches wa JOIN pg_catalog.pg_class t ON t.oid = wa.source
+                  WHERE pg_catalog.pg_has_role(session_user, t.relowner, 'USAGE')
                     AND NOT rag._key_is_unique(wa.source, wa.key_columns) LOOP
             RAISE WARNING 'the key (%) of watched table % no longer names one row: its documents are shown only to roles that may read the whole table',
                           array_to_string(w.key_columns, ', '), w.source_name

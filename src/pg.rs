@@ -30,6 +30,8 @@ static USER_CODE_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 /// its first interrupt check.
 pub fn user_code_running(running: bool) {
     USER_CODE_RUNNING.store(running, std::sync::atomic::Ordering::SeqCst);
+    // The flag the handler reads is stored before the handler's own flag is read back (same thread).
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
     if running && shutdown_requested() {
         terminate_self();
     }

@@ -349,7 +349,9 @@ pub fn rag_prompt(
     let prompted = require_question(question)
         .and_then(|()| load_collection(collection))
         .and_then(|collection| {
-            let context = build_context(&collection, question, k, max_distance, false)?;
+            let context = super::ledger_trail::not_ledgered(|| {
+                build_context(&collection, question, k, max_distance, false)
+            })?;
             let prompt = if context.sources.is_empty() {
                 None
             } else {

@@ -65,9 +65,29 @@ fn hold(call: bool, line: String) {
     });
 }
 
+thread_local! {
+    /// Set while a call no ledger row will account for runs (rag_prompt): its provider calls are not held.
+    static NOT_LEDGERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `body` with its provider calls not held (see `NOT_LEDGERED`); reset on the way out, an ERROR included.
+pub fn not_ledgered<R>(body: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NOT_LEDGERED.set(self.0);
+        }
+    }
+    let _reset = Reset(NOT_LEDGERED.replace(true));
+    body()
+}
+
 /// A provider call of a user's rag_query or rag_ask is about to be sent (a server's: a local model spends no
 /// key). Until the call's ledger row is written ([`row_written`]), a rollback logs it.
 pub fn call_sent(what: &str, collection_id: i32, provider: &str, model: &str) {
+    if NOT_LEDGERED.get() {
+        return;
+    }
     // The role the ledger row would name, asked as the row's own writer asks (the frames need a call through
     // the function manager to tell who is calling).
     // Read-only SPI: a hot standby answers rag_ask too.

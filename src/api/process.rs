@@ -27,7 +27,18 @@ impl Steps for Subtransactions {
             pg_sys::BeginInternalSubTransaction(std::ptr::null());
             pg_sys::MemoryContextSwitchTo(context);
             let outcome = PgTryBuilder::new(|| Ok(body()))
-                .catch_others(|caught| Err(crate::worker::transaction::describe(&caught)))
+                .catch_others(|caught| {
+                    let message = crate::worker::transaction::describe(&caught);
+                    // A lock wait given up (a store's 2 s bound) puts the document back, as in the worker.
+                    Err(
+                        match crate::worker::transaction::sqlstate(&caught)
+                            == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE)
+                        {
+                            true => RagError::LockBusy(message),
+                            false => RagError::Aborted(message),
+                        },
+                    )
+                })
                 .execute();
             match outcome {
                 Ok(result) => {
@@ -36,11 +47,11 @@ impl Steps for Subtransactions {
                     pg_sys::CurrentResourceOwner = owner;
                     result.map_err(Into::into)
                 }
-                Err(message) => {
+                Err(error) => {
                     pg_sys::RollbackAndReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    Err(RagError::Aborted(message))
+                    Err(error)
                 }
             }
         }

@@ -47,7 +47,7 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
     }
 }
 
-fn sqlstate(caught: &pg_sys::panic::CaughtError) -> Option<PgSqlErrorCode> {
+pub(crate) fn sqlstate(caught: &pg_sys::panic::CaughtError) -> Option<PgSqlErrorCode> {
     use pg_sys::panic::CaughtError;
     match caught {
         CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => {
