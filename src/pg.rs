@@ -22,6 +22,15 @@ pub fn shutdown_requested() -> bool {
     unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
+/// Releases the session-level advisory locks this worker holds. rag itself takes only transaction-level ones;
+/// a session-level one is a table owner's code's (a watch expression's `pg_advisory_lock`), which would
+/// otherwise outlive it in the worker for as long as the worker runs, as a setting did.
+pub fn release_session_advisory_locks() {
+    // SAFETY: what pg_advisory_unlock_all() and DISCARD ALL call; called between the worker's transactions,
+    // where no lock of rag's own is held at session level.
+    unsafe { pg_sys::LockReleaseSession(pg_sys::USER_LOCKMETHOD as pg_sys::LOCKMETHODID) };
+}
+
 /// Whether the worker is running a table owner's code (a watch's expressions), set by
 /// `crate::security::RestrictedIdentity`: a SIGTERM then ends that code at once.
 static USER_CODE_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

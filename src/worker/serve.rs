@@ -239,8 +239,9 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             providers.forget_client();
         }
         // Again before every step: nothing a step ran (a watch's expression is its owner's code) may leave a
-        // setting of this superuser session changed for the next.
+        // setting of this superuser session changed, or a session-level advisory lock held, for the next.
         crate::pg::settle_worker_session();
+        crate::pg::release_session_advisory_locks();
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
         let outcome = if steps.run(store::work_waiting).unwrap_or(true) {

@@ -68,6 +68,7 @@ class HostileWatch(InItsOwnDatabase):
                 PERFORM pg_catalog.set_config('search_path', 'hw, pg_catalog', false);
                 PERFORM pg_catalog.set_config('application_name', 'hw was here', false);
                 PERFORM pg_catalog.set_config('lock_timeout', '1ms', false);
+                PERFORM pg_catalog.pg_advisory_lock(4242, 4242);
                 RETURN t;
             END $$;
             SELECT rag_create_collection('hw_notes', embedding_model => 'hash-384');
@@ -83,6 +84,9 @@ class HostileWatch(InItsOwnDatabase):
         self.assertEqual(scalar("SELECT count(*) FROM hw.log", db=DB), "0")
         self.assertEqual(scalar(f"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'hw was here'",
                                 db=DB), "0")
+        # Nor a session-level advisory lock it took (the worker would hold it for as long as it runs).
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                                   "AND classid = 4242 AND objid = 4242)", db=DB, seconds=10))
 
     def test_b_an_expression_that_catches_its_cancel_does_not_hold_the_worker(self):
         psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf()", db="postgres")
