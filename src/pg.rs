@@ -77,12 +77,9 @@ pub fn terminate_on_sigterm() {
 /// Makes this process end at its next interrupt check, with the FATAL of a terminated worker: what SIGTERM
 /// does ([`terminate_on_sigterm`]), for a deadline the worker set itself.
 pub fn terminate_self() {
-    // SAFETY: the flags PostgreSQL's `die` sets, set from this process's only thread; the latch is its own.
-    unsafe {
-        (&raw mut pg_sys::ProcDiePending).write_volatile(1);
-        (&raw mut pg_sys::InterruptPending).write_volatile(1);
-        pg_sys::SetLatch(pg_sys::MyLatch);
-    }
+    // SAFETY: `die` only sets PostgreSQL's interrupt flags and this process's latch (saving errno), which is
+    // safe from the main thread and from a timeout handler alike.
+    unsafe { pg_sys::die(pg_sys::SIGTERM as std::ffi::c_int) };
 }
 
 /// Answers the cluster-wide barriers other backends wait on (DROP DATABASE, ALTER DATABASE SET TABLESPACE, DROP

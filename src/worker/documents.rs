@@ -47,6 +47,11 @@ thread_local! {
     static LAST_STEP_SYNCED_A_ROW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether this worker's last step synced a watched row (ran a table owner's code).
+pub fn last_step_synced_a_row() -> bool {
+    LAST_STEP_SYNCED_A_ROW.get()
+}
+
 /// Syncs the next due watched row, if any; true when there was one.
 fn sync_next_row(steps: &impl Steps, pid: i32) -> Result<bool, RagError> {
     let Some(row) = steps.run(|| store::claim_row(pid))? else {

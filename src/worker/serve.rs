@@ -238,10 +238,6 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             apply_commit_mode(&steps);
             providers.forget_client();
         }
-        // Again before every step: nothing a step ran (a watch's expression is its owner's code) may leave a
-        // setting of this superuser session changed, or a session-level advisory lock held, for the next.
-        crate::pg::settle_worker_session();
-        crate::pg::release_session_advisory_locks();
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
         let outcome = if steps.run(store::work_waiting).unwrap_or(true) {
@@ -254,6 +250,14 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         } else {
             Ok(Step::Idle(providers.next_close()))
         };
+        // A watched row's sync is the one step that runs a table owner's code (its watch's expressions): nothing
+        // it did may leave a setting of this superuser session changed, or a session-level advisory lock held,
+        // for the next step. (RestrictedIdentity undoes settings already; this also covers an ERROR's path.)
+        if matches!(outcome, Ok(Step::Worked)) && crate::worker::documents::last_step_synced_a_row()
+        {
+            crate::pg::settle_worker_session();
+            crate::pg::release_session_advisory_locks();
+        }
         match outcome {
             Ok(Step::Worked) => {
                 if gives_way(slot) {

@@ -43,6 +43,21 @@ class HostileWatch(InItsOwnDatabase):
         super().tearDownClass()
         psql("DROP ROLE IF EXISTS hw_owner", db="postgres")
 
+    def watch_with(self, table, expression, rows):
+        """As hw_owner: a table hw.<table>, watched into a collection of its name with `expression` as content,
+        and `rows` (SQL VALUES) inserted."""
+        psql(f"""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.{table} (id int PRIMARY KEY, body text);
+            SELECT rag_create_collection('hw_{table}', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.{table}', 'hw_{table}', content => '{expression}');
+            INSERT INTO hw.{table} VALUES {rows};
+        """, db=DB)
+
+    def worker_sleeps_in_owner_code(self):
+        return wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                          f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30)
+
     def other_collection_serves(self, title, seconds):
         psql(f"SELECT rag_ingest('hw_other', '{title}', 'A document of another collection: {title}.')", db=DB)
         return wait_until(f"SELECT status = 'ready' FROM rag.documents WHERE title = '{title}'", db=DB, seconds=seconds)
@@ -91,15 +106,8 @@ class HostileWatch(InItsOwnDatabase):
     def test_b_an_expression_that_catches_its_cancel_does_not_hold_the_worker(self):
         psql("ALTER SYSTEM SET rag.expression_timeout = '1s'; SELECT pg_reload_conf()", db="postgres")
         time.sleep(0.5)
-        psql("""
-            SET ROLE hw_owner;
-            CREATE TABLE hw.stuck (id int PRIMARY KEY, body text);
-            SELECT rag_create_collection('hw_stuck', embedding_model => 'hash-384');
-            SELECT rag_watch('hw.stuck', 'hw_stuck', content => 'hw.stall(body)');
-            INSERT INTO hw.stuck VALUES (1, 'stall');
-        """, db=DB)
-        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
-                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        self.watch_with("stuck", "hw.stall(body)", "(1, 'stall')")
+        self.assertTrue(self.worker_sleeps_in_owner_code())
         # Past twice the timeout (at least 5 s more) the worker ends itself; another one serves the database.
         self.assertTrue(self.other_collection_serves("after the stall", 60))
         # Each worker that takes the row again ends the same way; from the second end on the row backs off,
@@ -113,15 +121,8 @@ class HostileWatch(InItsOwnDatabase):
 
     def test_c_a_terminate_request_ends_the_worker_in_the_owners_code(self):
         # With the default timeout (30 s; the hard deadline a minute), only the terminate request ends it.
-        psql("""
-            SET ROLE hw_owner;
-            CREATE TABLE hw.held (id int PRIMARY KEY, body text);
-            SELECT rag_create_collection('hw_held', embedding_model => 'hash-384');
-            SELECT rag_watch('hw.held', 'hw_held', content => 'hw.stall(body)');
-            INSERT INTO hw.held VALUES (1, 'hold');
-        """, db=DB)
-        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
-                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        self.watch_with("held", "hw.stall(body)", "(1, 'hold')")
+        self.assertTrue(self.worker_sleeps_in_owner_code())
         held = scalar(WORKER + " AND wait_event = 'PgSleep'", db=DB)
         self.assertEqual(scalar(f"SELECT pg_terminate_backend({held})", db=DB), "t")
         self.assertTrue(wait_until(f"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {held})", db=DB,
@@ -131,15 +132,12 @@ class HostileWatch(InItsOwnDatabase):
     def test_d_watched_rows_and_documents_take_turns(self):
         psql("""
             SET ROLE hw_owner;
-            CREATE TABLE hw.slow (id int PRIMARY KEY, body text);
             CREATE FUNCTION hw.slowly(t text) RETURNS text LANGUAGE plpgsql AS $$
             BEGIN PERFORM pg_sleep(1); RETURN t; END $$;
-            SELECT rag_create_collection('hw_slow', embedding_model => 'hash-384');
-            SELECT rag_watch('hw.slow', 'hw_slow', content => 'hw.slowly(body)');
-            INSERT INTO hw.slow SELECT g, 'slow row ' || g FROM generate_series(1, 20) g;
         """, db=DB)
-        self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
-                                   f"AND datname = '{DB}' AND wait_event = 'PgSleep')", db=DB, seconds=30))
+        self.watch_with("slow", "hw.slowly(body)",
+                        ", ".join(f"({g}, 'slow row {g}')" for g in range(1, 21)))
+        self.assertTrue(self.worker_sleeps_in_owner_code())
         started = time.time()
         self.assertTrue(self.other_collection_serves("between the slow rows", 30))
         waited = time.time() - started

@@ -7,6 +7,11 @@ from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
 DB = "rag_e2e_open_transactions"
 
 
+def worker_at_the_provider():
+    return wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                      f"AND datname = '{DB}' AND query LIKE 'rag worker: embedding %')", db=DB, seconds=30)
+
+
 class OpenTransactions(InItsOwnDatabase):
     DB = DB
 
@@ -18,9 +23,7 @@ class OpenTransactions(InItsOwnDatabase):
         """, db=DB)
         # The worker is at the provider with the slow document; a writer deletes it and leaves the transaction
         # open, holding the document's row, which the worker's store must lock.
-        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
-                                   f"AND datname = '{DB}' AND query LIKE 'rag worker: embedding %')", db=DB,
-                                   seconds=30))
+        self.assertTrue(worker_at_the_provider())
         time.sleep(0.5)
         holder = background_psql("BEGIN; SELECT rag_delete_document(d.id) FROM rag.documents d "
                                  "JOIN rag.collections c ON c.id = d.collection_id WHERE c.name = 'ot_slow';", db=DB)
@@ -53,9 +56,7 @@ class OpenTransactions(InItsOwnDatabase):
             SELECT rag_ingest('ot_group', 'Second', 'The second of two documents stored together.');
             COMMIT;
         """, db=DB)
-        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
-                                   f"AND datname = '{DB}' AND query LIKE 'rag worker: embedding %')", db=DB,
-                                   seconds=30))
+        self.assertTrue(worker_at_the_provider())
         time.sleep(0.5)
         holder = background_psql("BEGIN; SELECT rag_delete_document(d.id) FROM rag.documents d "
                                  "WHERE d.title = 'Second';", db=DB)
