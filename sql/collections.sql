@@ -636,8 +636,12 @@ BEGIN
     BEGIN
         PERFORM set_config('lock_timeout', '1s', true);
         PERFORM rag._ensure_index(c.id);
-        -- A load has ended: the idle worker measures the collection's lexemes again without waiting.
-        DELETE FROM rag.lexeme_measures WHERE collection_id = c.id;
+        -- A load has ended: the idle worker measures the collection's lexemes again without waiting. Unless it
+        -- is measuring them right now (it holds the row, rag._measure_lexemes): waiting for that would cost the
+        -- index just built its lock_timeout; that measure then stands until the next is due.
+        DELETE FROM rag.lexeme_measures m
+         WHERE m.collection_id = (SELECT l.collection_id FROM rag.lexeme_measures l
+                                   WHERE l.collection_id = c.id FOR UPDATE SKIP LOCKED);
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     EXCEPTION WHEN lock_not_available THEN
         -- The subtransaction's rollback restored lock_timeout as well.
@@ -914,6 +918,11 @@ BEGIN
         END IF;
         RETURN rag_definer.rag_reindex(collection);
     END IF;
+    -- The documents before their chunks, in id order: the order rag_delete_document and the worker's deletes take
+    -- them (the document, then its chunks). Clearing the chunks first deadlocked with a concurrent delete, and a
+    -- document deleted after this statement's snapshot failed the queue's foreign key below. KEY SHARE holds off
+    -- deletes only; the worker's updates of the documents go on.
+    PERFORM 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.status <> 'failed' ORDER BY d.id FOR KEY SHARE;
     -- The collection keeps being searched with its model while every chunk is embedded into the other column;
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
     PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
@@ -921,9 +930,11 @@ BEGIN
                                 query_prefix, max_distance)
     VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
             v_document_prefix, v_query_prefix, v_max_distance);
+    -- Locked again: a document committed since the lock above is held here too, or skipped if deleted meanwhile.
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT d.id, d.collection_id FROM rag.documents d
      WHERE d.collection_id = c.id AND d.status <> 'failed'
+     ORDER BY d.id FOR KEY SHARE
     ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
                                             last_error = NULL;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -695,7 +695,7 @@ END $$;
 CREATE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
                                      p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
                                      p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
-                                     p_vectors real[], p_dimensions integer, p_model text,
+                                     p_vectors real[], p_dimensions integer, p_model text, p_provider text,
                                      p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
 -- Every lock it takes (the group's other documents too) is waited for at most 2 s, as in rag._lock_for_store.
@@ -722,11 +722,11 @@ BEGIN
     IF cardinality(p_vectors) IS DISTINCT FROM v_chunks::bigint * p_dimensions THEN
         v_refusal := format('%s numbers for %s chunks of %s dimensions', coalesce(cardinality(p_vectors), 0), v_chunks,
                             p_dimensions);
-    ELSIF c.id IS NOT NULL AND c.embedding_model = p_model THEN
+    ELSIF c.id IS NOT NULL AND c.embedding_model = p_model AND c.embedding_provider = p_provider THEN
         v_refusal := rag._accept_dimensions(c, p_dimensions);
     END IF;
-    -- Deleted, or the model changed: nothing is stored, and the regular path takes each document.
-    IF c.id IS NOT NULL AND c.embedding_model = p_model AND v_refusal IS NULL THEN
+    -- Deleted, or the model or its provider changed: nothing is stored, and the regular path takes each document.
+    IF c.id IS NOT NULL AND c.embedding_model = p_model AND c.embedding_provider = p_provider AND v_refusal IS NULL THEN
         -- The others in id order (the order any other multi-document writer takes): those still in this
         -- collection and not chunked meanwhile are this call's.
         SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO v_ready
@@ -834,12 +834,13 @@ END $$;
 -- on success, or the reason the document must fail (a vector of another dimension than the collection's).
 -- Counters are recomputed from the table, never incremented, so a batch written twice or a worker killed
 -- half-way leaves them exact.
--- p_model is the model that made the vectors and p_shadow the space they were made for: a batch made for a
+-- p_model and p_provider made the vectors and p_shadow is the space they were made for: a batch made for a
 -- space that has changed model meanwhile (a model change switched, was cancelled or replaced) is dropped, and its
--- chunks are embedded again with the model now in force.
+-- chunks are embedded again with the model now in force. The provider counts as much as the name: two servers
+-- may serve different weights under one name (a quantized copy), and vectors of both never share a space.
 CREATE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
                                       p_vectors real[], p_dimensions integer, p_tokens bigint, p_model text,
-                                      p_shadow boolean)
+                                      p_provider text, p_shadow boolean)
 RETURNS text
 -- Every lock it takes is waited for at most 2 s, as in rag._lock_for_store (which says why).
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
@@ -865,7 +866,7 @@ BEGIN
         ELSE
             SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR SHARE;
         END IF;
-        IF NOT FOUND OR m.embedding_model <> p_model THEN
+        IF NOT FOUND OR m.embedding_model <> p_model OR m.embedding_provider <> p_provider THEN
             RETURN NULL;
         END IF;
         IF m.dimensions IS NULL THEN
@@ -874,7 +875,7 @@ BEGIN
             RETURN format('model "%s" returned %s-dimensional vectors but the change of collection "%s" to it expects %s; vectors of different sizes are never mixed',
                           m.embedding_model, p_dimensions, c.name, m.dimensions);
         END IF;
-    ELSIF c.embedding_model <> p_model THEN
+    ELSIF c.embedding_model <> p_model OR c.embedding_provider <> p_provider THEN
         RETURN NULL;
     ELSE
         v_refusal := rag._accept_dimensions(c, p_dimensions);

@@ -1297,8 +1297,12 @@ BEGIN
     BEGIN
         PERFORM set_config('lock_timeout', '1s', true);
         PERFORM rag._ensure_index(c.id);
-        -- A load has ended: the idle worker measures the collection's lexemes again without waiting.
-        DELETE FROM rag.lexeme_measures WHERE collection_id = c.id;
+        -- A load has ended: the idle worker measures the collection's lexemes again without waiting. Unless it
+        -- is measuring them right now (it holds the row, rag._measure_lexemes): waiting for that would cost the
+        -- index just built its lock_timeout; that measure then stands until the next is due.
+        DELETE FROM rag.lexeme_measures m
+         WHERE m.collection_id = (SELECT l.collection_id FROM rag.lexeme_measures l
+                                   WHERE l.collection_id = c.id FOR UPDATE SKIP LOCKED);
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
     EXCEPTION WHEN lock_not_available THEN
         -- The subtransaction's rollback restored lock_timeout as well.
@@ -1541,6 +1545,11 @@ BEGIN
         END IF;
         RETURN rag_definer.rag_reindex(collection);
     END IF;
+    -- The documents before their chunks, in id order: the order rag_delete_document and the worker's deletes take
+    -- them (the document, then its chunks). Clearing the chunks first deadlocked with a concurrent delete, and a
+    -- document deleted after this statement's snapshot failed the queue's foreign key below. KEY SHARE holds off
+    -- deletes only; the worker's updates of the documents go on.
+    PERFORM 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.status <> 'failed' ORDER BY d.id FOR KEY SHARE;
     -- The collection keeps being searched with its model while every chunk is embedded into the other column;
     -- rag._advance_migrations switches when they are all there (rag.status shows the progress).
     PERFORM rag._clear_space(c.id, rag._target_column(c.vector_column, true), NULL);
@@ -1548,9 +1557,11 @@ BEGIN
                                 query_prefix, max_distance)
     VALUES (c.id, v_provider, rag_set_embedding_model.embedding_model, rag_set_embedding_model.dimensions,
             v_document_prefix, v_query_prefix, v_max_distance);
+    -- Locked again: a document committed since the lock above is held here too, or skipped if deleted meanwhile.
     INSERT INTO rag.queue (document_id, collection_id)
     SELECT d.id, d.collection_id FROM rag.documents d
      WHERE d.collection_id = c.id AND d.status <> 'failed'
+     ORDER BY d.id FOR KEY SHARE
     ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
                                             last_error = NULL;
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -2258,7 +2269,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._store_documents(p_queue_ids bigint[], p_document_ids bigint[], p_embed_tokens bigint[],
                                      p_chunk_documents bigint[], p_ordinals integer[], p_contents text[],
                                      p_starts integer[], p_ends integer[], p_tokens integer[], p_pages integer[],
-                                     p_vectors real[], p_dimensions integer, p_model text,
+                                     p_vectors real[], p_dimensions integer, p_model text, p_provider text,
                                      p_headers text[] DEFAULT NULL)
 RETURNS TABLE (document_id bigint, stored boolean, refusal text)
 -- Every lock it takes (the group's other documents too) is waited for at most 2 s, as in rag._lock_for_store.
@@ -2285,11 +2296,11 @@ BEGIN
     IF cardinality(p_vectors) IS DISTINCT FROM v_chunks::bigint * p_dimensions THEN
         v_refusal := format('%s numbers for %s chunks of %s dimensions', coalesce(cardinality(p_vectors), 0), v_chunks,
                             p_dimensions);
-    ELSIF c.id IS NOT NULL AND c.embedding_model = p_model THEN
+    ELSIF c.id IS NOT NULL AND c.embedding_model = p_model AND c.embedding_provider = p_provider THEN
         v_refusal := rag._accept_dimensions(c, p_dimensions);
     END IF;
-    -- Deleted, or the model changed: nothing is stored, and the regular path takes each document.
-    IF c.id IS NOT NULL AND c.embedding_model = p_model AND v_refusal IS NULL THEN
+    -- Deleted, or the model or its provider changed: nothing is stored, and the regular path takes each document.
+    IF c.id IS NOT NULL AND c.embedding_model = p_model AND c.embedding_provider = p_provider AND v_refusal IS NULL THEN
         -- The others in id order (the order any other multi-document writer takes): those still in this
         -- collection and not chunked meanwhile are this call's.
         SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO v_ready
@@ -2383,7 +2394,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._store_embeddings(p_queue_id bigint, p_document_id bigint, p_chunk_ids bigint[],
                                       p_vectors real[], p_dimensions integer, p_tokens bigint, p_model text,
-                                      p_shadow boolean)
+                                      p_provider text, p_shadow boolean)
 RETURNS text
 -- Every lock it takes is waited for at most 2 s, as in rag._lock_for_store (which says why).
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
@@ -2409,7 +2420,7 @@ BEGIN
         ELSE
             SELECT * INTO m FROM rag.migrations WHERE collection_id = c.id AND state = 'embedding' FOR SHARE;
         END IF;
-        IF NOT FOUND OR m.embedding_model <> p_model THEN
+        IF NOT FOUND OR m.embedding_model <> p_model OR m.embedding_provider <> p_provider THEN
             RETURN NULL;
         END IF;
         IF m.dimensions IS NULL THEN
@@ -2418,7 +2429,7 @@ BEGIN
             RETURN format('model "%s" returned %s-dimensional vectors but the change of collection "%s" to it expects %s; vectors of different sizes are never mixed',
                           m.embedding_model, p_dimensions, c.name, m.dimensions);
         END IF;
-    ELSIF c.embedding_model <> p_model THEN
+    ELSIF c.embedding_model <> p_model OR c.embedding_provider <> p_provider THEN
         RETURN NULL;
     ELSE
         v_refusal := rag._accept_dimensions(c, p_dimensions);
@@ -2608,12 +2619,9 @@ DECLARE
 BEGIN
     IF v_id IS NULL THEN
         v_id := rag._lexemes_due();
-        -- Another worker of the database measuring the same collection has it: this one does something else.
-        IF v_id IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id) THEN
+        IF v_id IS NULL THEN
             RETURN NULL;
         END IF;
-    ELSE
-        PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
     END IF;
     -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
     -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
@@ -2622,6 +2630,24 @@ BEGIN
     PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- Whoever measures a collection holds its rag.lexeme_measures row (made first if it has none: '-infinity' is
+    -- as due as no row), so that two workers do not measure it at once. Not an advisory lock: any role may take
+    -- pg_advisory_lock on any key, and one that held this one kept every collection from being measured (the
+    -- oldest due was always the one locked); locking these rows takes UPDATE on the table, which no role but
+    -- rag's owner has. The idle worker skips a collection being measured; a caller naming one waits for it.
+    -- Only when there is none: the insert would wait for a measure under way that has written its row.
+    IF NOT EXISTS (SELECT 1 FROM rag.lexeme_measures WHERE collection_id = v_id) THEN
+        INSERT INTO rag.lexeme_measures (collection_id, chunks, measured_at) VALUES (v_id, 0, '-infinity')
+            ON CONFLICT (collection_id) DO NOTHING;
+    END IF;
+    IF p_collection_id IS NULL THEN
+        PERFORM 1 FROM rag.lexeme_measures WHERE collection_id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    ELSE
+        PERFORM 1 FROM rag.lexeme_measures WHERE collection_id = v_id FOR UPDATE;
     END IF;
     SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
     IF p_collection_id IS NULL AND EXISTS (

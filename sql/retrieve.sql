@@ -250,12 +250,9 @@ DECLARE
 BEGIN
     IF v_id IS NULL THEN
         v_id := rag._lexemes_due();
-        -- Another worker of the database measuring the same collection has it: this one does something else.
-        IF v_id IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id) THEN
+        IF v_id IS NULL THEN
             RETURN NULL;
         END IF;
-    ELSE
-        PERFORM pg_advisory_xact_lock(hashtext('rag._measure_lexemes'), v_id);
     END IF;
     -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
     -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
@@ -264,6 +261,24 @@ BEGIN
     PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- Whoever measures a collection holds its rag.lexeme_measures row (made first if it has none: '-infinity' is
+    -- as due as no row), so that two workers do not measure it at once. Not an advisory lock: any role may take
+    -- pg_advisory_lock on any key, and one that held this one kept every collection from being measured (the
+    -- oldest due was always the one locked); locking these rows takes UPDATE on the table, which no role but
+    -- rag's owner has. The idle worker skips a collection being measured; a caller naming one waits for it.
+    -- Only when there is none: the insert would wait for a measure under way that has written its row.
+    IF NOT EXISTS (SELECT 1 FROM rag.lexeme_measures WHERE collection_id = v_id) THEN
+        INSERT INTO rag.lexeme_measures (collection_id, chunks, measured_at) VALUES (v_id, 0, '-infinity')
+            ON CONFLICT (collection_id) DO NOTHING;
+    END IF;
+    IF p_collection_id IS NULL THEN
+        PERFORM 1 FROM rag.lexeme_measures WHERE collection_id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    ELSE
+        PERFORM 1 FROM rag.lexeme_measures WHERE collection_id = v_id FOR UPDATE;
     END IF;
     SELECT coalesce(sum(d.chunks_total), 0) INTO v_chunks FROM rag.documents d WHERE d.collection_id = v_id;
     IF p_collection_id IS NULL AND EXISTS (

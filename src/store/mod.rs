@@ -462,11 +462,12 @@ pub enum StoredDocument {
 }
 
 /// Stores the documents of one provider call in one statement; the outcomes come back in the documents' order.
-/// `model` made the vectors, which all have `dimensions` numbers.
+/// `model` of `provider` made the vectors, which all have `dimensions` numbers.
 pub fn store_documents(
     documents: Vec<WholeDocument>,
     dimensions: i32,
     model: &str,
+    provider: &str,
 ) -> Result<Vec<StoredDocument>, SpiError> {
     let chunk_count: usize = documents.iter().map(|d| d.chunks.len()).sum();
     let mut queue_ids = Vec::with_capacity(documents.len());
@@ -504,7 +505,7 @@ pub fn store_documents(
     Spi::connect_mut(|client| {
         let rows = client.update(
             "SELECT stored, refusal \
-               FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+               FROM rag._store_documents($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             None,
             &[
                 queue_ids.into(),
@@ -520,6 +521,7 @@ pub fn store_documents(
                 vectors.into(),
                 dimensions.into(),
                 model.into(),
+                provider.into(),
                 headers.into(),
             ],
         )?;
@@ -544,8 +546,9 @@ pub struct Embedded {
     pub vectors: Vec<f32>,
     pub dimensions: i32,
     pub tokens: Option<i64>,
-    /// The model that made them: a batch whose space changed model meanwhile is not stored.
+    /// The model that made them and its provider: a batch whose space changed either meanwhile is not stored.
     pub model: String,
+    pub provider: String,
     pub shadow: bool,
 }
 
@@ -580,7 +583,7 @@ pub fn store_embeddings(
 ) -> Result<Option<String>, SpiError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT rag._store_embeddings($1, $2, $3, $4, $5, $6, $7, $8)",
+            "SELECT rag._store_embeddings($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             Some(1),
             &[
                 queue_id.into(),
@@ -590,6 +593,7 @@ pub fn store_embeddings(
                 batch.dimensions.into(),
                 batch.tokens.into(),
                 batch.model.into(),
+                batch.provider.into(),
                 batch.shadow.into(),
             ],
         )?;

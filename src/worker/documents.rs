@@ -412,8 +412,9 @@ fn embed_whole<'a>(
     }
     let collection_id = first.collection_id;
     let model = first.model.clone();
+    let provider = first.provider.name.clone();
     let stored = steps.run(move || {
-        let outcomes = store::store_documents(documents, dimensions, &model)?;
+        let outcomes = store::store_documents(documents, dimensions, &model, &provider)?;
         store::fit_index_to_load(collection_id)?;
         Ok::<_, RagError>(outcomes)
     });
@@ -634,6 +635,7 @@ fn store_batch(
                 dimensions,
                 tokens: output.prompt_tokens,
                 model: item.model.clone(),
+                provider: item.provider.name.clone(),
                 shadow: item.shadow,
             },
         )

@@ -140,6 +140,52 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(scalar(f"SELECT rag._measure_lexemes({collection}) = {collection}"), "t")
         self.assertEqual(scalar("SELECT rag_drop_collection('dropped-soon')"), "t")
 
+    def test_ca_no_role_can_hold_off_the_lexeme_measure(self):
+        # Measures were kept apart by an advisory lock on a key anyone can compute: an ordinary role holding it
+        # kept the due collection (always the oldest, so every collection behind it too) from ever being measured,
+        # and made a measure of that collection wait for ever. They are kept apart by the collection's
+        # rag.lexeme_measures row now, which no role but rag's owner may lock.
+        psql("DO $$ BEGIN CREATE ROLE lexeme_squatter LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        psql("SELECT rag_create_collection('measured', embedding_model => 'hash-384')")
+        psql("SELECT rag_ingest('measured', 'Note ' || g, 'Note ' || g || ' about lexemes and squatters.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('measured', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'measured'")
+        squatter = background_psql(
+            "SET ROLE lexeme_squatter; "
+            f"SELECT 'held' FROM pg_advisory_lock(hashtext('rag._measure_lexemes'), {collection});")
+        try:
+            self.assertEqual(squatter.stdout.readline().strip(), "held")
+            psql(f"DELETE FROM rag.lexeme_measures WHERE collection_id = {collection}")
+            self.assertEqual(scalar(f"SET statement_timeout = '10s'; SELECT rag._measure_lexemes({collection})"),
+                             collection)
+            psql(f"UPDATE rag.lexeme_measures SET measured_at = '-infinity' WHERE collection_id = {collection}")
+            # The idle worker's call measures what is due, the squatted collection included.
+            self.assertTrue(wait_until(f"SELECT measured_at > now() - interval '1 minute' FROM rag.lexeme_measures "
+                                       f"WHERE collection_id = {collection}", seconds=30))
+            # The role cannot take the lock that does keep two measures apart.
+            status, _, err = psql(f"SET ROLE lexeme_squatter; SELECT 1 FROM rag.lexeme_measures "
+                                  f"WHERE collection_id = {collection} FOR UPDATE", check=False)
+            self.assertNotEqual(status, 0)
+            self.assertIn("permission denied", err)
+        finally:
+            _, err = squatter.communicate(input="SELECT pg_advisory_unlock_all();\n", timeout=60)
+        self.assertEqual(squatter.returncode, 0, err)
+        # A measure under way (held open here) makes the idle path step aside instead of measuring it twice.
+        measuring = background_psql(
+            f"UPDATE rag.lexeme_measures SET measured_at = '-infinity' WHERE collection_id = {collection}; "
+            f"BEGIN; SELECT 'measuring', rag._measure_lexemes({collection});")
+        try:
+            self.assertEqual(measuring.stdout.readline().strip(), f"measuring|{collection}")
+            # Still the one due (its new measure is not committed), and taken: the idle path leaves it.
+            self.assertEqual(scalar("SELECT rag._lexemes_due()"), collection)
+            self.assertEqual(scalar("SET statement_timeout = '10s'; "
+                                    f"SELECT rag._measure_lexemes() IS DISTINCT FROM {collection}"), "t")
+        finally:
+            _, err = measuring.communicate(input="COMMIT;\n", timeout=60)
+        self.assertEqual(measuring.returncode, 0, err)
+        self.assertEqual(scalar("SELECT rag_drop_collection('measured')"), "t")
+
     def test_d_a_drop_waits_for_a_query_under_way_without_a_deadlock(self):
         # rag_query searches (rag.chunks and its indexes), reranks, then writes its ledger row. A drop that came
         # in between locked the collection's row and waited for the query to leave rag.chunks, while the ledger
@@ -207,7 +253,7 @@ class ConcurrentStores(InItsOwnDatabase):
         stored, out = self.race(
             f"BEGIN; SELECT 'locked' FROM rag._lock_for_store({first});", statement, waiter,
             f"SELECT count(*) FROM rag._store_documents(ARRAY[0, 0]::bigint[], ARRAY[{first}, {second}]::bigint[], "
-            "ARRAY[0, 0]::bigint[], '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'::real[], 384, 'hash-384'); COMMIT;")
+            "ARRAY[0, 0]::bigint[], '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}'::real[], 384, 'hash-384', 'ollama'); COMMIT;")
         self.assertEqual(stored, "2")
         return out
 
@@ -268,6 +314,25 @@ class ConcurrentStores(InItsOwnDatabase):
         self.assertEqual(scalar("SELECT rag_wait('abandoned', '60 seconds')"), "t")
         self.assertEqual(psql(f"SELECT status, chunks_total > 0 FROM rag.documents WHERE id = {document}"),
                          [["ready", "t"]])
+
+    def test_g2_a_model_change_beside_an_uncommitted_delete(self):
+        # rag_set_embedding_model queued the collection's documents from its statement's snapshot: a document
+        # whose delete was under way was read, and its queue row's foreign key check waited for the deleter and
+        # then failed ("violates foreign key constraint") when the delete committed. The documents are locked
+        # first now (before their chunks, as a delete takes them), and one deleted meanwhile is passed over.
+        psql("SELECT rag_create_collection('switched', embedding_model => 'hash-384', dimensions => 384)")
+        kept = scalar("SELECT rag_ingest('switched', 'Kept', 'A note that stays through the model change.')")
+        deleted = scalar("SELECT rag_ingest('switched', 'Deleted', 'A note deleted while the model changes.')")
+        self.assertEqual(scalar("SELECT rag_wait('switched', '60 seconds')"), "t")
+        _, out = self.race(f"BEGIN; SELECT 'locked' FROM rag_delete_document({deleted});",
+                           "SELECT rag_set_embedding_model('switched', 'hash-384:latest');",
+                           "rag_set_embedding_model(''switched''", "COMMIT;")
+        self.assertEqual(out, "1", "the kept document alone is queued for the new model")
+        self.assertTrue(wait_until("SELECT embedding_model = 'hash-384:latest' FROM rag.collections WHERE name = 'switched'",
+                                   seconds=60), "the model change did not complete")
+        self.assertEqual(psql("SELECT d.id, d.status FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                              "WHERE c.name = 'switched'"), [[kept, "ready"]])
+        self.assertEqual(scalar("SELECT rag_drop_collection('switched')"), "t")
 
     def test_h_a_bulk_load_brings_a_second_worker_that_leaves_with_it(self):
         # rag.workers_per_database is 1 and rag.bulk_load_workers 2 (the defaults): a worker that finds a bulk

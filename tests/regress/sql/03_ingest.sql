@@ -172,7 +172,7 @@ SELECT d.title, d.id AS document_id, q.id AS queue_id
   FROM rag.documents d JOIN rag.queue q ON q.document_id = d.id JOIN rag.collections c ON c.id = d.collection_id
  WHERE c.name = 'storecheck';
 -- Doc 1 has two chunks, the others one each; chunk n's vector is [n, 1, 0].
-CREATE FUNCTION pg_temp.store(p_model text, p_vectors real[] DEFAULT NULL)
+CREATE FUNCTION pg_temp.store(p_model text, p_vectors real[] DEFAULT NULL, p_provider text DEFAULT 'ollama')
 RETURNS TABLE (title text, stored boolean, refusal text) LANGUAGE sql AS $$
     WITH chunks AS (
         SELECT s.document_id, g - 1 AS ordinal, s.title || ', part ' || g AS content,
@@ -192,7 +192,7 @@ RETURNS TABLE (title text, stored boolean, refusal text) LANGUAGE sql AS $$
                (SELECT array_agg(NULL::integer ORDER BY n) FROM chunks),
                coalesce(p_vectors, (SELECT array_agg(x.v ORDER BY c.n, x.k)
                                       FROM chunks c, LATERAL (VALUES (1, c.n::real), (2, 1::real), (3, 0::real)) x(k, v))),
-               3, p_model) r
+               3, p_model, p_provider) r
       JOIN storecheck s ON s.document_id = r.document_id
      ORDER BY s.title
 $$;
@@ -202,6 +202,8 @@ SELECT d.id, d.collection_id, 0, d.body, 4, 0, char_length(d.body) FROM rag.docu
   JOIN storecheck s ON s.document_id = d.id WHERE s.title = 'Doc 3';
 SELECT rag_delete_document(document_id) AS deleted FROM storecheck WHERE title = 'Doc 4';
 SELECT * FROM pg_temp.store('another-model');
+-- The same model's name from another provider (another server's weights, perhaps): not stored either.
+SELECT * FROM pg_temp.store('hash-384', NULL, 'local');
 SELECT * FROM pg_temp.store('hash-384', '{1, 2}');
 SELECT dimensions IS NULL AS no_dimension_yet FROM rag.collections WHERE name = 'storecheck';
 SELECT * FROM pg_temp.store('hash-384');
