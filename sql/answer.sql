@@ -1,10 +1,13 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Answering and its ledger. Every rag_query and rag_ask leaves one row in rag.queries, answered, refused or
 -- failed, with the provider's own token counts and the price in force when it ran. The tables are in
 -- schema.sql with all the others.
 
 -- Prices are the database's, not a collection's: every collection's ledger costs, past ones included (a
 -- backdated price), are computed from them, so a superuser sets them, as a superuser decides where keys go.
-CREATE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+CREATE FUNCTION @extschema@.rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -185,7 +188,7 @@ BEGIN
               HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
 END $$;
 
-CREATE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+CREATE FUNCTION @extschema@.rag_conversation_start(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint;
@@ -218,7 +221,7 @@ BEGIN
     RETURN v;
 END $$;
 
-CREATE FUNCTION rag_conversation(conversation bigint)
+CREATE FUNCTION @extschema@.rag_conversation(conversation bigint)
 RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -229,7 +232,7 @@ BEGIN
       FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
 END $$;
 
-CREATE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_conversation_delete(conversation bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint := (rag._conversation_of_caller(conversation)).id;
@@ -260,3 +263,6 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

@@ -1,3 +1,6 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Collections: creating, granting, dropping, reindexing and changing a collection's model, and the
 -- per-collection HNSW index. Documents and the queue are in ingest.sql, watched tables in watch.sql.
 
@@ -58,7 +61,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION rag_create_collection(
+CREATE FUNCTION @extschema@.rag_create_collection(
     name               text,
     embedding_provider text DEFAULT 'ollama',
     embedding_model    text DEFAULT NULL,
@@ -239,7 +242,7 @@ $$;
 
 -- Lets `grantee` (a role name, or 'public') read, write or administer a collection. Owners, superusers and
 -- admins of the collection may grant; granting again replaces the level.
-CREATE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
+CREATE FUNCTION @extschema@.rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -263,7 +266,7 @@ BEGIN
 END $$;
 
 -- Takes a grant back; returns whether there was one.
-CREATE FUNCTION rag_revoke(collection text, grantee text) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_revoke(collection text, grantee text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -361,7 +364,7 @@ BEGIN
     UPDATE rag.queries q SET role_id = NULL WHERE q.role_id::oid = ANY (p_roles);
 END $$;
 
-CREATE FUNCTION rag_drop_collection(name text) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
@@ -729,7 +732,7 @@ END $$;
 
 -- Chunks and embeds every document of a collection again: after its chunk settings changed, or after
 -- rag_set_embedding_model. Watched rows are read again from their tables.
-CREATE FUNCTION rag_reindex(collection text) RETURNS bigint
+CREATE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -773,7 +776,7 @@ END $$;
 -- keeps a value as it is. New build parameters drop the collection's index (waiting at most a second for the
 -- lock: searches of the collection hold its partition) and the worker builds it again with them when idle;
 -- meanwhile the collection is searched exactly (rag_explain says so).
-CREATE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
+CREATE FUNCTION @extschema@.rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
                                m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -783,7 +786,9 @@ DECLARE
     v_ef_construction integer;
     v_lock_timeout text;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
             USING ERRCODE = 'invalid_parameter_value',
@@ -832,7 +837,7 @@ END $$;
 -- its model's distance ceilings (rag._close_enough; 0: never) and where it runs
 -- ('local', or an OpenAI-compatible provider with /rerank); all but the reranker keep their current values
 -- when NULL.
-CREATE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
+CREATE FUNCTION @extschema@.rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
                                  min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL,
                                  min_lead real DEFAULT NULL)
 RETURNS void
@@ -840,7 +845,9 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
     min_relevance := coalesce(min_relevance, c.min_relevance);
     min_lead := coalesce(min_lead, c.min_lead);
@@ -864,7 +871,7 @@ END $$;
 -- models are never mixed in a search. A collection with nothing embedded yet just takes the new model. Returns
 -- the documents queued. Prefixes become the new model's own (or the settings', when set), and so does the
 -- distance ceiling when it was the old model's default.
-CREATE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
+CREATE FUNCTION @extschema@.rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
                                         embedding_provider text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -875,7 +882,9 @@ DECLARE
     v_max_distance double precision;
     v_count bigint;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     IF embedding_model IS NULL OR embedding_model = '' THEN
         RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'rag_models() lists what the provider serves.';
@@ -944,7 +953,7 @@ END $$;
 
 -- Stops a model change: the collection stays on its model, and the vectors made for the new one are cleared by
 -- the worker. Returns whether a change was going.
-CREATE FUNCTION rag_cancel_embedding_model(collection text) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_cancel_embedding_model(collection text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -1055,3 +1064,6 @@ BEGIN
     END LOOP;
     RETURN v_steps;
 END $$;
+
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

@@ -1,8 +1,11 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Providers, ingestion and the worker's side of the store. Everything here runs in SQL so that a document,
 -- its text and its queue row are written in the caller's transaction: ingest returns at once, and a rollback
 -- leaves nothing behind.
 
-CREATE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
+CREATE FUNCTION @extschema@.rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -70,7 +73,7 @@ BEGIN
 END $$;
 
 -- A superuser allows a key setting to be sent to one base URL; rag_admins may then create providers using it.
-CREATE FUNCTION rag_allow_key(api_key_setting text, base_url text) RETURNS void
+CREATE FUNCTION @extschema@.rag_allow_key(api_key_setting text, base_url text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._require_superuser_for_keys();
@@ -93,7 +96,7 @@ BEGIN
 END $$;
 
 -- Withdraws the permission; providers that non-superusers made with it lose the key at once.
-CREATE FUNCTION rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._require_superuser_for_keys();
@@ -120,7 +123,7 @@ LANGUAGE sql STABLE AS $$
             AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by_id::oid, 'USAGE'))
 $$;
 
-CREATE FUNCTION rag_drop_provider(name text) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
@@ -149,7 +152,13 @@ END $$;
 -- model defaults to the local provider's default model. A provider that sends an API key bills every call to
 -- that key, and here the caller chooses the text and the model: only its creator (or a role with its
 -- privileges) or a superuser may call it directly. Collections use it through rag_query and rag_ask, which record every call.
-CREATE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
+-- Made with pgvector's schema in the search_path, for its result type (schema.sql, rag.chunks, says why that
+-- is safe for a statement that resolves nothing else).
+SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
+       AS path_for_rag_embed
+  FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'vector';
+CREATE FUNCTION @extschema@.rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
@@ -168,8 +177,9 @@ BEGIN
     -- text forms where no cast applies, so pgvector's type need not be named (it is off rag's search_path).
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_embed;
 
-CREATE FUNCTION rag_ingest(
+CREATE FUNCTION @extschema@.rag_ingest(
     collection text,
     title      text,
     body       text,
@@ -273,7 +283,7 @@ LANGUAGE sql AS $$
     UPDATE rag.documents SET page_labels = p_labels WHERE id = p_document_id AND page_labels IS DISTINCT FROM p_labels
 $$;
 
-CREATE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_delete_document(document_id bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer;
@@ -334,7 +344,7 @@ END $$;
 -- Polls until every document of the collection has left 'processing' and no row of a table it watches waits
 -- to be indexed, or the timeout passes. For scripts and tests that must wait for the worker; each check sees
 -- the latest committed state (and the caller's own writes, which the worker cannot see before the commit).
-CREATE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
+CREATE FUNCTION @extschema@.rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection);
@@ -957,3 +967,6 @@ LANGUAGE sql AS $$
        AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
     DELETE FROM rag.queue WHERE id = p_queue_id;
 $$;
+
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

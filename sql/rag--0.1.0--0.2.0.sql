@@ -11,6 +11,12 @@
 -- of a fresh 0.2.0 install (functions with signatures, security and settings, tables, columns, indexes,
 -- constraints, triggers, policies, grants) and keeps every row.
 
+-- The whole script runs with pg_catalog first, then rag, and nothing else (sql/schema.sql says why: the
+-- extension's schema, where PostgreSQL points the search_path, is open to the database's owner, whose
+-- overloads of built-ins ran as the superuser updating rag and stayed bound in its constraints, policies and
+-- views). The extension's own public functions are named with @extschema@, pgvector's type through its schema.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 ------------------------------------------------------------------------------------------------------------
 -- 1. Data migrations.
 
@@ -133,7 +139,12 @@ ALTER TABLE rag.queries DROP CONSTRAINT queries_collection_id_fkey;
 
 -- Model changes without downtime: each chunk gets a second vector column, each collection says which of the two
 -- it searches (the existing vectors stay where they are, in 'embedding'), and a table holds the changes going.
+SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
+       AS path_for_embedding_alt
+  FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'vector';
 ALTER TABLE rag.chunks ADD COLUMN embedding_alt vector;
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_embedding_alt;
 -- Chunks stay whole in the heap up to a page (schema.sql says why); rows written before keep their layout (an
 -- UPDATE keeps an already toasted vector where it is; VACUUM FULL rewrites it inline: README, Upgrades).
 ALTER TABLE rag.chunks SET (toast_tuple_target = 8160);
@@ -163,6 +174,10 @@ CREATE TABLE rag.migrations (
 ALTER EXTENSION rag DROP TABLE rag.chunks;
 ALTER TABLE rag.chunks RENAME TO chunks_0_1_0;
 ALTER SEQUENCE rag.chunks_id_seq RENAME TO chunks_0_1_0_id_seq;
+SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
+       AS path_for_rag_chunks
+  FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'vector';
 CREATE TABLE rag.chunks (
     id             bigint GENERATED ALWAYS AS IDENTITY,
     -- Its document's chunks go with it (rag._documents_deleted; no foreign key: rag._ensure_partition).
@@ -189,6 +204,7 @@ CREATE TABLE rag.chunks (
     -- search (the GIN index on each collection's partition).
     tsv            tsvector
 ) PARTITION BY LIST (collection_id);
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_chunks;
 
 -- The answering limits' defaults come from rag_create_collection (src/limits.rs through rag._limit), not from
 -- the table; its checks are re-made on rag._limit in part 3.
@@ -208,12 +224,12 @@ DROP FUNCTION rag._record_query(integer, text, text, text, bigint, text, text, t
 -- and text-search configuration.
 DROP FUNCTION rag._retrieve_context(integer, text, integer, double precision);
 DROP FUNCTION rag._search_sql(rag.collections, boolean);
-DROP FUNCTION rag_query(text, text, integer, double precision, jsonb);
-DROP FUNCTION rag_explain(text, text, integer);
-DROP FUNCTION rag_create_collection(text, text, text, integer, text, text, integer, integer, text, double precision,
+DROP FUNCTION @extschema@.rag_query(text, text, integer, double precision, jsonb);
+DROP FUNCTION @extschema@.rag_explain(text, text, integer);
+DROP FUNCTION @extschema@.rag_create_collection(text, text, text, integer, text, text, integer, integer, text, double precision,
                                     interval, text, text, text, integer, integer);
 -- rag_ask returns the reranker's best relevance too.
-DROP FUNCTION rag_ask(text, text, integer, bigint, double precision);
+DROP FUNCTION @extschema@.rag_ask(text, text, integer, bigint, double precision);
 -- The worker's steps name the vector space they fill (a model change's, or the searched one).
 DROP FUNCTION rag._store_embeddings(bigint, bigint, bigint[], text[], integer, bigint);
 DROP FUNCTION rag._fail(bigint, bigint, text);
@@ -397,7 +413,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._load_library(internal) RETURNS internal
     LANGUAGE c STRICT AS 'MODULE_PATHNAME', 'rag_load_library';
 
-CREATE OR REPLACE FUNCTION "rag_ask"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_ask"(
 	"collection" TEXT, /* & str */
 	"question" TEXT, /* & str */
 	"k" INT DEFAULT 5, /* i32 */
@@ -422,7 +438,7 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_ask_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_chunk"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_chunk"(
 	"text" TEXT, /* & str */
 	"size" INT DEFAULT 1000, /* i32 */
 	"overlap" INT DEFAULT 150 /* i32 */
@@ -431,7 +447,7 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_chunk_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_extract_sections"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_extract_sections"(
 	"data" bytea, /* & [u8] */
 	"filename" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS TABLE (
@@ -443,7 +459,7 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_extract_sections_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_extract_text"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_extract_text"(
 	"data" bytea, /* & [u8] */
 	"filename" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS TEXT /* String */
@@ -451,7 +467,7 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_extract_text_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_extraction_slots"() RETURNS TABLE (
+CREATE OR REPLACE FUNCTION @extschema@."rag_extraction_slots"() RETURNS TABLE (
 	"pid" INT,  /* i32 */
 	"role" TEXT  /* Option < String > */
 )
@@ -459,14 +475,14 @@ STRICT VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'extraction_slots_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_html_to_text"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_html_to_text"(
 	"html" TEXT /* & str */
 ) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_html_to_text_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_ingest_file"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_ingest_file"(
 	"collection" TEXT, /* & str */
 	"filename" TEXT, /* & str */
 	"data" bytea, /* & [u8] */
@@ -477,7 +493,7 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_ingest_file_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_known_models"() RETURNS TABLE (
+CREATE OR REPLACE FUNCTION @extschema@."rag_known_models"() RETURNS TABLE (
 	"model" TEXT,  /* String */
 	"document_prefix" TEXT,  /* String */
 	"query_prefix" TEXT,  /* String */
@@ -489,14 +505,14 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_known_models_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_markdown_to_text"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_markdown_to_text"(
 	"markdown" TEXT /* & str */
 ) RETURNS TEXT /* String */
 IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_markdown_to_text_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_models"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_models"(
 	"provider" TEXT DEFAULT 'ollama' /* & str */
 ) RETURNS TABLE (
 	"name" TEXT,  /* String */
@@ -508,14 +524,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_models_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_process_queue"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_process_queue"(
 	"max_items" INT DEFAULT 100 /* i32 */
 ) RETURNS INT /* i32 */
 STRICT VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_process_queue_wrapper';
 
-CREATE OR REPLACE FUNCTION "rag_prompt"(
+CREATE OR REPLACE FUNCTION @extschema@."rag_prompt"(
 	"collection" TEXT, /* & str */
 	"question" TEXT, /* & str */
 	"k" INT DEFAULT 5, /* i32 */
@@ -795,7 +811,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_create_collection(
+CREATE OR REPLACE FUNCTION @extschema@.rag_create_collection(
     name               text,
     embedding_provider text DEFAULT 'ollama',
     embedding_model    text DEFAULT NULL,
@@ -972,7 +988,7 @@ LANGUAGE sql STABLE AS $$
                     CASE WHEN pg_catalog.lower(p_grantee) = 'public' THEN 0::oid END)
 $$;
 
-CREATE OR REPLACE FUNCTION rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
+CREATE OR REPLACE FUNCTION @extschema@.rag_grant(collection text, grantee text, privilege text DEFAULT 'read') RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -995,7 +1011,7 @@ BEGIN
        SET privilege = EXCLUDED.privilege, granted_by = EXCLUDED.granted_by, granted_at = now();
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_revoke(collection text, grantee text) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_revoke(collection text, grantee text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -1079,7 +1095,7 @@ BEGIN
     UPDATE rag.queries q SET role_id = NULL WHERE q.role_id::oid = ANY (p_roles);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_drop_collection(name text) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
@@ -1372,7 +1388,7 @@ BEGIN
     RETURN c.id;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_reindex(collection text) RETURNS bigint
+CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -1411,7 +1427,7 @@ BEGIN
     RETURN v_count;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
+CREATE OR REPLACE FUNCTION @extschema@.rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
                                m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -1421,7 +1437,9 @@ DECLARE
     v_ef_construction integer;
     v_lock_timeout text;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     IF search_mode IS NOT NULL AND search_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search_mode must be hybrid, vector or keyword, not %', quote_literal(search_mode)
             USING ERRCODE = 'invalid_parameter_value',
@@ -1465,7 +1483,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
+CREATE OR REPLACE FUNCTION @extschema@.rag_set_reranker(collection text, reranker text, rerank_candidates integer DEFAULT NULL,
                                  min_relevance real DEFAULT NULL, reranker_provider text DEFAULT NULL,
                                  min_lead real DEFAULT NULL)
 RETURNS void
@@ -1473,7 +1491,9 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     rerank_candidates := coalesce(rerank_candidates, c.rerank_candidates);
     min_relevance := coalesce(min_relevance, c.min_relevance);
     min_lead := coalesce(min_lead, c.min_lead);
@@ -1491,7 +1511,7 @@ BEGIN
      WHERE u.id = c.id;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
+CREATE OR REPLACE FUNCTION @extschema@.rag_set_embedding_model(collection text, embedding_model text, dimensions integer DEFAULT NULL,
                                         embedding_provider text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -1502,7 +1522,9 @@ DECLARE
     v_max_distance double precision;
     v_count bigint;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR UPDATE;
+    -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
+    -- while the change is uncommitted; stores (SHARE) wait for it.
+    SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
     IF embedding_model IS NULL OR embedding_model = '' THEN
         RAISE EXCEPTION 'embedding_model is required' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'rag_models() lists what the provider serves.';
@@ -1569,7 +1591,7 @@ BEGIN
     RETURN v_count;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_cancel_embedding_model(collection text) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_cancel_embedding_model(collection text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
@@ -1671,7 +1693,7 @@ BEGIN
     RETURN v_steps;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
+CREATE OR REPLACE FUNCTION @extschema@.rag_create_provider(name text, kind text, base_url text DEFAULT NULL,
                                     api_key_setting text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -1737,7 +1759,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_allow_key(api_key_setting text, base_url text) RETURNS void
+CREATE OR REPLACE FUNCTION @extschema@.rag_allow_key(api_key_setting text, base_url text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._require_superuser_for_keys();
@@ -1759,7 +1781,7 @@ BEGIN
     ON CONFLICT ON CONSTRAINT key_grants_pkey DO NOTHING;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM rag._require_superuser_for_keys();
@@ -1781,7 +1803,7 @@ LANGUAGE sql STABLE AS $$
             AND pg_catalog.pg_has_role(rag._calling_role(), p.created_by_id::oid, 'USAGE'))
 $$;
 
-CREATE OR REPLACE FUNCTION rag_drop_provider(name text) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_drop_provider(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
@@ -1806,7 +1828,12 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
+SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
+       AS path_for_rag_embed
+  FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'vector';
+
+CREATE OR REPLACE FUNCTION @extschema@.rag_embed(input text, model text DEFAULT NULL, provider text DEFAULT 'local')
 RETURNS vector
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
@@ -1826,7 +1853,9 @@ BEGIN
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_ingest(
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_embed;
+
+CREATE OR REPLACE FUNCTION @extschema@.rag_ingest(
     collection text,
     title      text,
     body       text,
@@ -1929,7 +1958,7 @@ LANGUAGE sql AS $$
     UPDATE rag.documents SET page_labels = p_labels WHERE id = p_document_id AND page_labels IS DISTINCT FROM p_labels
 $$;
 
-CREATE OR REPLACE FUNCTION rag_delete_document(document_id bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_delete_document(document_id bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer;
@@ -1973,7 +2002,7 @@ BEGIN
                     WHERE w.collection_id = p_collection AND (q.attempts = 0 OR q.claimed_by IS NOT NULL));
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection);
@@ -2828,7 +2857,7 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;
 
-CREATE OR REPLACE FUNCTION rag_query(
+CREATE OR REPLACE FUNCTION @extschema@.rag_query(
     collection   text,
     query        text,
     k            integer DEFAULT 5,
@@ -2919,7 +2948,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
+CREATE OR REPLACE FUNCTION @extschema@.rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
                             mode text DEFAULT NULL)
 RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -2982,7 +3011,7 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
+CREATE OR REPLACE FUNCTION @extschema@.rag_set_price(model text, input_usd_per_million numeric, output_usd_per_million numeric DEFAULT 0,
                               valid_from timestamptz DEFAULT now())
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -3148,7 +3177,7 @@ BEGIN
               HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_conversation_start(collection text) RETURNS bigint
+CREATE OR REPLACE FUNCTION @extschema@.rag_conversation_start(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint;
@@ -3181,7 +3210,7 @@ BEGIN
     RETURN v;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_conversation(conversation bigint)
+CREATE OR REPLACE FUNCTION @extschema@.rag_conversation(conversation bigint)
 RETURNS TABLE (role text, content text, rewritten_question text, query_id bigint, created_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -3192,7 +3221,7 @@ BEGIN
       FROM rag.messages m WHERE m.conversation_id = v_id ORDER BY m.id;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_conversation_delete(conversation bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_conversation_delete(conversation bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint := (rag._conversation_of_caller(conversation)).id;
@@ -3963,7 +3992,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_watch(
+CREATE OR REPLACE FUNCTION @extschema@.rag_watch(
     source     regclass,
     collection text,
     content    text,
@@ -4108,7 +4137,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_reindex(source regclass) RETURNS bigint
+CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(source regclass) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
@@ -4122,7 +4151,7 @@ BEGIN
     RETURN rag._reindex_watch(v_id);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
+CREATE OR REPLACE FUNCTION @extschema@.rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
@@ -4589,7 +4618,7 @@ SELECT w.source_name AS source,
                           ORDER BY d.updated_at DESC LIMIT 1)) AS reason) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
-CREATE OR REPLACE FUNCTION rag_watch_status()
+CREATE OR REPLACE FUNCTION @extschema@.rag_watch_status()
 RETURNS TABLE (source text, collection text, rows_watched bigint, rows_indexed bigint, rows_ready bigint,
                rows_failed bigint, chunks bigint, pending bigint, last_error text)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -5096,5 +5125,49 @@ BEGIN
                 USING HINT = 'Create a unique index on the key''s columns (or a subset of them); until then its '
                              'documents are shown only to roles that may read the whole table.';
         END IF;
+    END LOOP;
+END $$;
+
+-- 0.1.0's install script ran with the extension's schema on its search_path, so a closer overload of a
+-- built-in planted there before it ran (by the database's owner, or anyone with CREATE on it) ran as the
+-- installing superuser and stayed bound in rag's constraints; the update cannot undo what such code did then.
+-- Each object of rag still bound to a function or operator of another schema than pg_catalog, rag's own or
+-- pgvector's is named.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT pg_describe_object(d.classid, d.objid, d.objsubid) AS bound,
+                        pg_describe_object(d.refclassid, d.refobjid, 0) AS target
+          FROM pg_depend d
+          LEFT JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
+          LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
+         WHERE d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass)
+           AND coalesce(p.pronamespace, o.oprnamespace) NOT IN ('pg_catalog'::regnamespace, 'rag'::regnamespace,
+                                                                'rag_definer'::regnamespace)
+           AND NOT EXISTS (SELECT 1 FROM pg_depend m JOIN pg_extension e ON e.oid = m.refobjid
+                            WHERE m.classid = d.refclassid AND m.objid = d.refobjid AND m.deptype = 'e'
+                              AND e.extname IN ('rag', 'vector'))
+           AND (d.classid, d.objid) IN (
+                   SELECT c.classid, c.objid FROM pg_depend c
+                    WHERE c.deptype = 'e' AND c.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
+                   UNION ALL
+                   SELECT 'pg_constraint'::regclass, k.oid FROM pg_constraint k
+                    WHERE k.connamespace = 'rag'::regnamespace
+                   UNION ALL
+                   SELECT 'pg_policy'::regclass, pol.oid FROM pg_policy pol JOIN pg_class t ON t.oid = pol.polrelid
+                    WHERE t.relnamespace = 'rag'::regnamespace
+                   UNION ALL
+                   SELECT 'pg_rewrite'::regclass, rw.oid FROM pg_rewrite rw JOIN pg_class t ON t.oid = rw.ev_class
+                    WHERE t.relnamespace = 'rag'::regnamespace
+                   UNION ALL
+                   SELECT 'pg_attrdef'::regclass, ad.oid FROM pg_attrdef ad JOIN pg_class t ON t.oid = ad.adrelid
+                    WHERE t.relnamespace = 'rag'::regnamespace)
+    LOOP
+        RAISE WARNING '% is bound to % of another schema', r.bound, r.target
+            USING HINT = 'It was bound when release 0.1.0 was installed with that object already in the extension''s '
+                         'schema, and its code then ran as the superuser installing rag: treat the database as '
+                         'compromised (README, Security, "Search path").';
     END LOOP;
 END $$;

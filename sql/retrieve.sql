@@ -1,3 +1,6 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Retrieval. The question is embedded in Rust (rag._embed_query); the search itself is SQL, built with the
 -- collection's id and dimension as literals so the planner can match the collection's partial HNSW index.
 
@@ -486,7 +489,7 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE p_distance <= coalesce(p_max_distance, c.max_distance) END
 $$;
 
-CREATE FUNCTION rag_query(
+CREATE FUNCTION @extschema@.rag_query(
     collection   text,
     query        text,
     k            integer DEFAULT 5,
@@ -584,7 +587,7 @@ END $$;
 -- HNSW and GIN indexes are used.
 -- SECURITY DEFINER as rag_query is, so that the plan shown is the one the search runs: as the extension's
 -- owner, without the row-level security a reader's own query of rag.chunks would add.
-CREATE FUNCTION rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
+CREATE FUNCTION @extschema@.rag_explain(collection text, query text DEFAULT 'explain', k integer DEFAULT 5,
                             mode text DEFAULT NULL)
 RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -646,3 +649,6 @@ BEGIN
         RETURN NEXT regexp_replace(v_line, '''\[[^]]*\]''::vector', '$1::vector', 'g');
     END LOOP;
 END $$;
+
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

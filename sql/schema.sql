@@ -1,3 +1,15 @@
+-- Every statement of rag's own SQL runs with pg_catalog first, then rag, and nothing else. PostgreSQL runs an
+-- extension's script with search_path set to the extension's schema (public, usually), which the database's
+-- owner may create objects in (before PostgreSQL 15, everyone): pg_catalog first keeps out a function or operator
+-- of the same signature as a built-in, but not one matching a call more closely (`format(text, text)` against
+-- the built-in `format(text, VARIADIC "any")`, `>=(real, integer)` where pg_catalog converts the integer). Such an
+-- object ran as the superuser installing or updating rag, inside the script's DO blocks, and CHECK constraints,
+-- policies and views made here stayed bound to it. So public objects are named with @extschema@ (PostgreSQL
+-- puts the extension's schema there) and pgvector's through its schema looked up in pg_extension, and each
+-- file ends by giving back the extension's schema as the place where the Rust functions pgrx declares between
+-- these files are created. Nothing made here may land in pg_catalog (tests/upgrade checks).
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- The store: every table the extension owns lives in schema rag. User-facing functions are created in the
 -- extension's schema (public by default) so they can be called unqualified; helpers start with an
 -- underscore and live in rag.
@@ -226,7 +238,12 @@ ALTER TABLE rag.documents ALTER COLUMN body SET STORAGE EXTENDED;
 
 -- Partitioned by collection: each collection's chunks and indexes are a table of their own
 -- (rag._ensure_partition says what each holds and why), and a search with its collection's id is planned over
--- that table alone.
+-- that table alone. Made with pgvector's schema in the search_path, for its type: the statement has no
+-- expression to resolve, and the schema's `vector` can only be pgvector's (one type of a name per schema).
+SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
+       AS path_for_rag_chunks
+  FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'vector';
 CREATE TABLE rag.chunks (
     id             bigint GENERATED ALWAYS AS IDENTITY,
     -- Its document's chunks go with it (rag._documents_deleted; no foreign key: rag._ensure_partition).
@@ -253,6 +270,7 @@ CREATE TABLE rag.chunks (
     -- search (the GIN index on each collection's partition).
     tsv            tsvector
 ) PARTITION BY LIST (collection_id);
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_chunks;
 -- A chunk's row stays whole in the heap up to a full page rather than the default quarter: a 384-d vector
 -- (1.5 kB) with a 1,000-character chunk and its lexemes passes the default target, and PostgreSQL then
 -- compressed the text and lexemes and moved every vector into the TOAST table, so that each store wrote two
@@ -578,3 +596,5 @@ BEGIN
               FROM rag.chunks ch WHERE ch.collection_id = p_collection_id);
 END $$;
 
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

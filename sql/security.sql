@@ -1,3 +1,6 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Roles, privileges and search_path for everything the extension created. This runs last, so it sees every
 -- function: Rust ones, SQL ones, user-facing and internal.
 

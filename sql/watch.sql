@@ -1,3 +1,6 @@
+-- Run with pg_catalog first, then rag, and nothing else: schema.sql says why.
+SET LOCAL search_path = pg_catalog, rag, pg_temp;
+
 -- Content tables that stay indexed by themselves. rag_watch puts triggers on a table that queue only the keys
 -- of rows whose indexed content changed, in the writer's transaction, one queue row per statement where it can
 -- (rag._watch_trigger_mode says how: a row trigger in Rust gathering keys, transition tables, or PL/pgSQL row
@@ -777,7 +780,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION rag_watch(
+CREATE FUNCTION @extschema@.rag_watch(
     source     regclass,
     collection text,
     content    text,
@@ -924,7 +927,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION rag_reindex(source regclass) RETURNS bigint
+CREATE FUNCTION @extschema@.rag_reindex(source regclass) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
@@ -938,7 +941,7 @@ BEGIN
     RETURN rag._reindex_watch(v_id);
 END $$;
 
-CREATE FUNCTION rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
+CREATE FUNCTION @extschema@.rag_unwatch(source regclass, drop_documents boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
@@ -1443,7 +1446,7 @@ SELECT w.source_name AS source,
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
 -- rows_watched needs a count over the user's table, so it is a function, not a column of the view.
-CREATE FUNCTION rag_watch_status()
+CREATE FUNCTION @extschema@.rag_watch_status()
 RETURNS TABLE (source text, collection text, rows_watched bigint, rows_indexed bigint, rows_ready bigint,
                rows_failed bigint, chunks bigint, pending bigint, last_error text)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -1533,3 +1536,6 @@ SELECT c.name AS collection,
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
+
+-- The extension's schema again, where pgrx creates the Rust functions declared after this file.
+SET LOCAL search_path = @extschema@, pg_temp;

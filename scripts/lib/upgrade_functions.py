@@ -80,12 +80,33 @@ SKIP = (r"CREATE\s+TABLE", r"CREATE\s+(UNIQUE\s+)?INDEX", r"CREATE\s+SCHEMA", r"
         r"INSERT\s+INTO", r"CREATE\s+SEQUENCE", r"CREATE\s+TYPE", r"ALTER\s+TABLE")
 
 
+# rag's SQL files run with search_path pinned to pg_catalog, rag, pg_temp (sql/schema.sql says why); an upgrade
+# script pins it once at its top, so the files' own switches are left out. A statement naming pgvector's type sits
+# between two named set_config calls (`AS path_for_X`, `AS path_after_X`) that put pgvector's schema in the path
+# for it alone: they are kept with it, and left out with it when it is a table (a data migration's).
+PINNING = r"SET\s+LOCAL\s+search_path"
+PATH_SWITCH = r"SELECT\s+pg_catalog\.set_config\('search_path'"
+# A function of the extension's schema (pgrx names it without one, rag's SQL with @extschema@): the upgrade
+# script's search_path does not lead there, so it is named.
+UNQUALIFIED_FUNCTION = r"^(CREATE OR REPLACE FUNCTION )(\"?[A-Za-z_][A-Za-z0-9_]*\"?\()"
+
+
 def generate(sql, new_policies):
     out = []
     print = out.append  # noqa: A001 (the rules below read as printing the script)
-    for statement in statements(sql):
-        code = code_of(statement)
-        if not code:
+    codes = [code for code in (code_of(s) for s in statements(sql)) if code]
+    skip_switch = False
+    for index, code in enumerate(codes):
+        if re.match(PINNING, code, re.I):
+            continue
+        if re.match(PATH_SWITCH, code, re.I):
+            if " AS path_for_" in code:
+                following = codes[index + 1] if index + 1 < len(codes) else ""
+                skip_switch = any(re.match(p, following, re.I) for p in SKIP)
+            if not skip_switch:
+                print(code + "\n")
+            if " AS path_after_" in code:
+                skip_switch = False
             continue
         if any(re.match(p, code, re.I) for p in POLICY):
             if new_policies:
@@ -99,6 +120,7 @@ def generate(sql, new_policies):
         if any(re.match(p, code, re.I) for p in KEEP):
             code = re.sub(r"^CREATE\s+FUNCTION", "CREATE OR REPLACE FUNCTION", code, flags=re.I)
             code = re.sub(r"^CREATE\s+VIEW", "CREATE OR REPLACE VIEW", code, flags=re.I)
+            code = re.sub(UNQUALIFIED_FUNCTION, r"\1@extschema@.\2", code)
             print(code + "\n")
         elif any(re.match(p, code, re.I) for p in SKIP):
             continue

@@ -17,8 +17,47 @@ use std::time::{Duration, Instant};
 /// meanwhile waits one slice, not the whole document.
 const SLICE: Duration = Duration::from_secs(1);
 
-/// How long a document whose store waited out its lock waits before it is tried again.
+/// How long a document whose store waited out its lock waits before it is tried again, the first time.
 const LOCK_RETRY: Duration = Duration::from_secs(2);
+/// The longest it waits when that keeps happening.
+const LOCK_RETRY_MAX: Duration = Duration::from_secs(60);
+
+thread_local! {
+    /// Documents whose store found a lock held, by how many times in a row (forgotten when one is stored).
+    static LOCK_WAITS: std::cell::RefCell<std::collections::HashMap<i64, u32>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// How long a document waits after its store found a lock held `times_in_a_row` times: 2 s, doubling up to a
+/// minute. Its chunks were embedded every time (a billed call on a paid provider) and are embedded again at the
+/// next try, so a transaction left open on its collection (an admin's uncommitted `rag_set_search`) must not
+/// cost a provider call every few seconds for as long as it stays open.
+fn lock_retry_after(times_in_a_row: u32) -> Duration {
+    // The retry policy's doubling without its jitter (nothing to spread: one document, one lock).
+    RetryPolicy {
+        base: LOCK_RETRY,
+        cap: LOCK_RETRY_MAX,
+        deadline: Duration::MAX,
+    }
+    .ceiling(times_in_a_row)
+}
+
+/// Counts one more lock found held for the document; returns how many times in a row.
+fn count_lock_wait(document_id: i64) -> u32 {
+    LOCK_WAITS.with_borrow_mut(|waits| {
+        // Documents deleted while waiting are never stored: the count of a long-lived worker stays bounded.
+        if waits.len() >= 10_000 && !waits.contains_key(&document_id) {
+            waits.clear();
+        }
+        let times = waits.entry(document_id).or_insert(0);
+        *times = times.saturating_add(1);
+        *times
+    })
+}
+
+fn forget_lock_waits(document_id: i64) {
+    LOCK_WAITS.with_borrow_mut(|waits| waits.remove(&document_id));
+}
 
 thread_local! {
     /// Collections this process served, least recently first: the claim lets the others go first, so
@@ -423,7 +462,7 @@ fn embed_whole<'a>(
             let mut elsewhere = Vec::new();
             for (item, outcome) in items.iter().zip(outcomes) {
                 match outcome {
-                    store::StoredDocument::Ready => {}
+                    store::StoredDocument::Ready => forget_lock_waits(item.document_id),
                     // Taken on at once rather than released: released, it would come back to this path.
                     store::StoredDocument::NotApplicable => elsewhere.push((*item).clone()),
                     store::StoredDocument::Refused(reason) => {
@@ -535,7 +574,7 @@ fn work_on(
             return Step::Worked;
         }
         match embed_batch(steps, providers, rng, item, &client, batch) {
-            Batch::Stored => {}
+            Batch::Stored => forget_lock_waits(item.document_id),
             Batch::Done(step) => return step,
         }
     }
@@ -689,15 +728,16 @@ fn back_off(
 }
 
 /// Another transaction holds a lock the store needs (a writer's uncommitted delete of the document, an
-/// admin's uncommitted model change): the document waits a little, its attempts uncounted, and the worker goes
-/// on with other work.
+/// admin's uncommitted model change): the document waits a little (longer each time in a row,
+/// `lock_retry_after`), its attempts uncounted, and the worker goes on with other work.
 fn wait_for_lock(steps: &impl Steps, item: &WorkItem) -> Step {
     let note = "waiting for a lock another transaction holds on the document or its collection"
         .to_string();
+    let wait = lock_retry_after(count_lock_wait(item.document_id));
     if let Err(error) = steps.run(|| {
         store::defer(
             item.queue_id,
-            LOCK_RETRY.as_millis() as i64,
+            wait.as_millis() as i64,
             Some(note.clone()),
             false,
         )
@@ -744,3 +784,4 @@ fn release_all(steps: &impl Steps, items: &[WorkItem]) {
         pgrx::log!("rag worker: could not release documents {documents:?}: {error}");
     }
 }
+

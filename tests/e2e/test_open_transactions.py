@@ -68,3 +68,23 @@ class OpenTransactions(InItsOwnDatabase):
         finally:
             holder.communicate(input="ROLLBACK;\n", timeout=30)
         self.assertEqual(scalar("SELECT rag_wait('ot_group', '60 seconds')", db=DB), "t")
+
+    def test_a_collection_held_open_costs_fewer_and_fewer_provider_calls(self):
+        # An admin's uncommitted change holds the collection's row; each try embeds the document (a billed call
+        # on a paid provider) and then finds the row held. The wait after each such try doubles (2 s up to a
+        # minute) instead of a fixed 2 s that had cost a provider call every ~4 s while the transaction stayed open.
+        psql("SELECT rag_create_collection('ot_held', embedding_model => 'hash-384', dimensions => 384)", db=DB)
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag_set_search('ot_held', ef_search => 64);", db=DB)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            document = scalar("SELECT rag_ingest('ot_held', 'Held', 'A document of a collection held open.')", db=DB)
+            # The third wait in a row is 8 s: reached only if the waits grow.
+            self.assertTrue(wait_until(f"SELECT not_before > now() + interval '6 seconds' FROM rag.queue "
+                                       f"WHERE document_id = {document}", db=DB, seconds=60),
+                            "the waits for the held collection did not grow: "
+                            + repr(psql(f"SELECT not_before - now(), attempts, last_error FROM rag.queue "
+                                        f"WHERE document_id = {document}", db=DB)))
+            self.assertEqual(scalar(f"SELECT attempts FROM rag.queue WHERE document_id = {document}", db=DB), "0")
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)
+        self.assertEqual(scalar("SELECT rag_wait('ot_held', '90 seconds')", db=DB), "t")

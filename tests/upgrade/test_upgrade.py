@@ -113,6 +113,27 @@ def fill():
                    "version": scalar("SELECT extversion FROM pg_extension WHERE extname = 'rag'", db=DB)}, f)
 
 
+SQUATTER = "rag_upgrade_squatter"
+
+
+def plant_overloads(db):
+    psql(f"SELECT 'CREATE ROLE {SQUATTER}' WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{SQUATTER}') "
+         f"\\gexec\nGRANT CREATE ON SCHEMA public TO {SQUATTER};", db=db)
+    with open(os.path.join(HERE, "hostile_overloads.sql")) as f:
+        psql(f"SET ROLE {SQUATTER};\n" + f.read(), db=db)
+
+
+def overloads_used(db):
+    """What the planted overloads recorded and what is bound to them (hostile_bindings.sql); then they go, so
+    that the checks after this one run among the built-ins alone."""
+    with open(os.path.join(HERE, "hostile_bindings.sql")) as f:
+        found = [row[0] for row in psql(f"\\set planter {SQUATTER}\n" + f.read(), db=db)]
+    code, _, err = psql(f"DROP OWNED BY {SQUATTER}", db=db, check=False)
+    if code != 0:
+        found.append(f"the planted objects could not be dropped: {err.strip()}")
+    return found
+
+
 class Upgrade(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -133,13 +154,21 @@ class Upgrade(unittest.TestCase):
         # By another superuser than the one who created the extension: the functions the update adds would be
         # that role's, and rag tells its own frames from a caller's by their identity (the catalog comparison
         # below checks every function's owner).
+        # Just before, a role that may create objects in public, as the database's owner may, plants overloads of
+        # built-ins there (hostile_overloads.sql): the update must neither run nor bind any of them.
+        plant_overloads(DB)
         code, _, cls.update_messages = psql(
             "SELECT 'CREATE ROLE rag_upgrader SUPERUSER' WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
             "'rag_upgrader') \\gexec\nSET ROLE rag_upgrader;\nALTER EXTENSION rag UPDATE;", db=DB, check=False)
         assert code == 0, cls.update_messages
+        cls.overloads_after_update = overloads_used(DB)
         psql(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)", db="postgres")
         psql(f"CREATE DATABASE {FRESH}", db="postgres")
-        psql("CREATE EXTENSION rag CASCADE", db=FRESH)
+        # The same before a fresh install (pgvector first: its own script is not rag's to answer for).
+        psql("CREATE EXTENSION vector", db=FRESH)
+        plant_overloads(FRESH)
+        psql("CREATE EXTENSION rag", db=FRESH)
+        cls.overloads_after_install = overloads_used(FRESH)
         # The update moved the chunks into each collection's partition and left the HNSW indexes to the worker
         # (searches are exact meanwhile); it builds them under the names they had.
         cls.indexes_rebuilt = wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.collections WHERE dimensions IS NOT NULL "
@@ -171,6 +200,13 @@ class Upgrade(unittest.TestCase):
         code, _, err = self.ask_before_update
         self.assertNotEqual(code, 0)
         self.assertIn("does not exist", err)
+
+    def test_no_overload_planted_in_public_ran_or_stayed_bound(self):
+        # The update and the install run with search_path pinned to pg_catalog, rag (sql/schema.sql): before,
+        # the database owner's format(text, text) ran as the superuser in the scripts' DO blocks (it made its
+        # owner a superuser), and CHECK constraints, policies and views stayed bound to such operators.
+        self.assertEqual(self.overloads_after_update, [], "ALTER EXTENSION rag UPDATE used planted overloads")
+        self.assertEqual(self.overloads_after_install, [], "CREATE EXTENSION rag used planted overloads")
 
     def test_catalog_equals_a_fresh_install(self):
         upgraded, fresh = catalog(DB), catalog(FRESH)
