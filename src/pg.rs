@@ -157,6 +157,19 @@ pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
 /// Session-level settings, as SET would make: they outrank the database's and role's defaults, and a
 /// function's SET clause (also session-level) still replaces them while that function runs.
 pub fn settle_worker_session() {
+    // A database's owner may `ALTER DATABASE … SET session_authorization` (any role may set it, the check is
+    // whether the session may become that role, which a superuser may): the worker then ran as that role, and
+    // every step was refused at rag's schema. It is given back the identity it connected with, before `role`
+    // below resolves "none" to the session's user.
+    // SAFETY: plain reads of the session's identities, and the assignment PostgreSQL's own
+    // `SET SESSION AUTHORIZATION DEFAULT` makes, with no catalog access (this may run between transactions).
+    // The launcher and the workers connect without a user name, as the bootstrap superuser: a superuser.
+    unsafe {
+        let connected_as = pg_sys::GetAuthenticatedUserId();
+        if pg_sys::GetSessionUserId() != connected_as {
+            pg_sys::SetSessionAuthorization(connected_as, true);
+        }
+    }
     let settings: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
         (c"search_path", c"pg_catalog, pg_temp"),
         (c"role", c"none"),

@@ -228,10 +228,14 @@ class DatabaseCommands(unittest.TestCase):
         make_database("rag_e2e_defaults")
         try:
             psql("DROP ROLE IF EXISTS rag_e2e_nobody; CREATE ROLE rag_e2e_nobody", db="postgres")
+            # session_authorization too (a database's owner may set it; red team 13 F2): the worker had run as
+            # that role from then on, refused at rag's schema every time.
             psql("ALTER DATABASE rag_e2e_defaults SET role = 'rag_e2e_nobody';"
+                 "ALTER DATABASE rag_e2e_defaults SET session_authorization = 'rag_e2e_nobody';"
                  "ALTER DATABASE rag_e2e_defaults SET default_transaction_read_only = on;"
                  "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';", db="postgres")
-            session = "SET ROLE NONE; SET default_transaction_read_only = off; SET statement_timeout = 0;\n"
+            session = ("SET SESSION AUTHORIZATION DEFAULT; SET ROLE NONE; SET default_transaction_read_only = off; "
+                       "SET statement_timeout = 0;\n")
             if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
                 # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too. This test's
                 # own sessions set it at connection, before their first transaction could time out.
