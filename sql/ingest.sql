@@ -398,6 +398,8 @@ DECLARE
     v_found boolean;
     v_shadow boolean;
     v_passed bigint[] := '{}';
+    -- rag_process_queue run by a role that is not a superuser: only the collections it may process.
+    v_scope integer[] := rag._claim_scope();
 BEGIN
     LOOP
         v_found := false;
@@ -418,7 +420,8 @@ BEGIN
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
-             WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
+             WHERE (cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers)))
+               AND (v_scope IS NULL OR c.id = ANY (v_scope))
              ORDER BY array_position(p_recent, c.id) NULLS FIRST, h.not_before, h.id
         LOOP
             SELECT * INTO q FROM rag.queue qu

@@ -17,6 +17,28 @@
 -- views). The extension's own public functions are named with @extschema@, pgvector's type through its schema.
 SET LOCAL search_path = pg_catalog, rag, pg_temp;
 
+-- 0.1.0's functions stay in place until part 2 replaces them, and some run before that: its sql_drop event trigger
+-- fires on every DROP below, as rag's owner, with 0.1.0's search_path, which puts the extension's schema ahead of
+-- pg_catalog (a pg_event_trigger_dropped_objects() of the database's owner there ran as the superuser updating,
+-- and made its owner a superuser). First of all, each function of rag gets this script's path (ALTER FUNCTION
+-- fires no sql_drop; the script's end sets every function's settings as 0.2.0 has them).
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    FOR v_function IN
+        SELECT p.oid::regprocedure
+          FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
+         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid OPERATOR(pg_catalog.=) (SELECT e.oid FROM pg_catalog.pg_extension e
+                                                   WHERE e.extname OPERATOR(pg_catalog.=) 'rag')
+           AND d.deptype OPERATOR(pg_catalog.=) 'e'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, rag, pg_temp', v_function);
+    END LOOP;
+END $$;
+
 ------------------------------------------------------------------------------------------------------------
 -- 1. Data migrations.
 
@@ -650,6 +672,11 @@ CREATE OR REPLACE FUNCTION rag."_embed_query_usage"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'embed_query_usage_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_claim_scope"() RETURNS INT[] /* :: std :: option :: Option < Vec < i32 > > */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_scope_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_model_max_distance"(
 	"model" TEXT /* & str */
@@ -2043,6 +2070,8 @@ DECLARE
     v_found boolean;
     v_shadow boolean;
     v_passed bigint[] := '{}';
+    -- rag_process_queue run by a role that is not a superuser: only the collections it may process.
+    v_scope integer[] := rag._claim_scope();
 BEGIN
     LOOP
         v_found := false;
@@ -2063,7 +2092,8 @@ BEGIN
                     ORDER BY qu.collection_id, qu.not_before, qu.id LIMIT 3) h
              -- Models this worker found failing ('provider/model') wait out their cool-down; the others' documents
              -- go ahead, those of a collection whose model change to a failing model is stuck included.
-             WHERE cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers))
+             WHERE (cardinality(p_skip_providers) = 0 OR NOT (rag._embedding_key(h.id) = ANY (p_skip_providers)))
+               AND (v_scope IS NULL OR c.id = ANY (v_scope))
              ORDER BY array_position(p_recent, c.id) NULLS FIRST, h.not_before, h.id
         LOOP
             SELECT * INTO q FROM rag.queue qu
@@ -4385,6 +4415,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
     v_watch integer;
+    -- rag_process_queue run by a role that is not a superuser: only the watches of the collections it may
+    -- process (rag._claim_scope).
+    v_scope integer[] := rag._claim_scope();
 BEGIN
     -- Watches take turns: the first due row of each watch with queued rows, starting after the watch this
     -- worker served last (p_after_watch). One queue in due order let a watch with a million queued keys (a large
@@ -4397,7 +4430,10 @@ BEGIN
             UNION ALL
             SELECT (SELECT rq.watch_id FROM rag.row_queue rq WHERE rq.watch_id > queued.id ORDER BY rq.watch_id LIMIT 1)
               FROM queued WHERE queued.id IS NOT NULL)
-        SELECT queued.id FROM queued WHERE queued.id IS NOT NULL
+        SELECT queued.id FROM queued
+         WHERE queued.id IS NOT NULL
+           AND (v_scope IS NULL OR EXISTS (SELECT 1 FROM rag.watches w
+                                            WHERE w.id = queued.id AND w.collection_id = ANY (v_scope)))
          ORDER BY queued.id <= coalesce(p_after_watch, 0), queued.id
     LOOP
         SELECT * INTO q FROM rag.row_queue rq
@@ -4891,7 +4927,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -4906,7 +4942,16 @@ BEGIN
     LOOP
         -- One owner for every function: rag tells its own frames from a caller's by their owner
         -- (src/frames.rs), and an upgrade run by another superuser than the one who created the extension
-        -- makes the functions it adds that superuser's.
+        -- makes the functions it adds that superuser's. Only a superuser's: anything created while this script
+        -- runs becomes a member of rag, so a function a table owner's code made then (an update checks watch
+        -- expressions as their owners) was handed to rag's owner here, SECURITY DEFINER and granted as one of
+        -- rag's (review of red team 13: its owner became a superuser through it).
+        IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
+            RAISE EXCEPTION 'function % is a member of extension rag but owned by %, who is not a superuser',
+                            f.signature, pg_catalog.pg_get_userbyid(f.proowner)
+                USING HINT = 'Code of that role ran while rag''s script ran and created it: drop it (ALTER EXTENSION rag '
+                             'DROP FUNCTION …, then DROP FUNCTION …) and run the command again.';
+        END IF;
         IF f.proowner <> v_owner THEN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
         END IF;
@@ -4926,6 +4971,19 @@ BEGIN
             -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose
             -- callers it could then not tell apart.
             EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        END IF;
+        IF f.prosecdef THEN
+            -- Code running as rag's owner must not be shown to its caller: debug_print_plan (which any role may
+            -- set) printed every query such a function ran, with the values bound to it, to a client that
+            -- had set client_min_messages = log: other collections' documents and other owners' rows, in
+            -- rag_process_queue (red team 12).
+            EXECUTE format('ALTER FUNCTION %s SET debug_print_parse = off SET debug_print_rewritten = off '
+                           'SET debug_print_plan = off', f.signature);
+        END IF;
+        IF f.proname = 'rag_process_queue' THEN
+            -- The worker's steps in a caller's session: row_security = off made a watched table with FORCE ROW
+            -- LEVEL SECURITY fail its rows (read as its owner) for the worker too.
+            EXECUTE format('ALTER FUNCTION %s SET row_security = on', f.signature);
         END IF;
         IF f.lanname IN ('sql', 'plpgsql') THEN
             -- Our SQL is written for standard strings ('\m' is two characters); a session that turned them off
@@ -5095,12 +5153,10 @@ BEGIN
     FOR w IN SELECT * FROM rag.watches ORDER BY id LOOP
         SELECT * INTO e FROM rag._watch_exprs(w);
         BEGIN
-            -- The table with its schema: this script's search_path is not the one the expressions run with.
-            PERFORM rag._query_as(rag._watch_owner(w),
-                                  format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %I.%I AS r LIMIT 0',
-                                         e.content, e.title, e.filter, n.nspname, c.relname))
-              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.oid = w.source;
+            -- Analysed as the table's owner (rag._expression_columns), not planned: planning runs the owner's
+            -- code (an immutable function folded, a forced policy), and whatever that created while this
+            -- script runs would become a member of rag (security.sql refuses such members at the end).
+            PERFORM rag._expression_columns(w.source, ARRAY[e.content, e.title, e.filter]);
         EXCEPTION WHEN OTHERS THEN
             RAISE WARNING 'the watch of % no longer evaluates its expressions: %', w.source_name, SQLERRM
                 USING HINT = 'rag evaluates them with search_path pg_catalog, rag, pg_temp from 0.2.0: name functions, '

@@ -171,7 +171,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -186,7 +186,16 @@ BEGIN
     LOOP
         -- One owner for every function: rag tells its own frames from a caller's by their owner
         -- (src/frames.rs), and an upgrade run by another superuser than the one who created the extension
-        -- makes the functions it adds that superuser's.
+        -- makes the functions it adds that superuser's. Only a superuser's: anything created while this script
+        -- runs becomes a member of rag, so a function a table owner's code made then (an update checks watch
+        -- expressions as their owners) was handed to rag's owner here, SECURITY DEFINER and granted as one of
+        -- rag's (review of red team 13: its owner became a superuser through it).
+        IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
+            RAISE EXCEPTION 'function % is a member of extension rag but owned by %, who is not a superuser',
+                            f.signature, pg_catalog.pg_get_userbyid(f.proowner)
+                USING HINT = 'Code of that role ran while rag''s script ran and created it: drop it (ALTER EXTENSION rag '
+                             'DROP FUNCTION …, then DROP FUNCTION …) and run the command again.';
+        END IF;
         IF f.proowner <> v_owner THEN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
         END IF;
@@ -206,6 +215,19 @@ BEGIN
             -- shared_preload_libraries it would otherwise load inside rag's own definer functions, whose
             -- callers it could then not tell apart.
             EXECUTE format('ALTER FUNCTION %s SUPPORT rag._load_library', f.signature);
+        END IF;
+        IF f.prosecdef THEN
+            -- Code running as rag's owner must not be shown to its caller: debug_print_plan (which any role may
+            -- set) printed every query such a function ran, with the values bound to it, to a client that
+            -- had set client_min_messages = log: other collections' documents and other owners' rows, in
+            -- rag_process_queue (red team 12).
+            EXECUTE format('ALTER FUNCTION %s SET debug_print_parse = off SET debug_print_rewritten = off '
+                           'SET debug_print_plan = off', f.signature);
+        END IF;
+        IF f.proname = 'rag_process_queue' THEN
+            -- The worker's steps in a caller's session: row_security = off made a watched table with FORCE ROW
+            -- LEVEL SECURITY fail its rows (read as its owner) for the worker too.
+            EXECUTE format('ALTER FUNCTION %s SET row_security = on', f.signature);
         END IF;
         IF f.lanname IN ('sql', 'plpgsql') THEN
             -- Our SQL is written for standard strings ('\m' is two characters); a session that turned them off

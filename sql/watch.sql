@@ -1205,6 +1205,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
     v_watch integer;
+    -- rag_process_queue run by a role that is not a superuser: only the watches of the collections it may
+    -- process (rag._claim_scope).
+    v_scope integer[] := rag._claim_scope();
 BEGIN
     -- Watches take turns: the first due row of each watch with queued rows, starting after the watch this
     -- worker served last (p_after_watch). One queue in due order let a watch with a million queued keys (a large
@@ -1217,7 +1220,10 @@ BEGIN
             UNION ALL
             SELECT (SELECT rq.watch_id FROM rag.row_queue rq WHERE rq.watch_id > queued.id ORDER BY rq.watch_id LIMIT 1)
               FROM queued WHERE queued.id IS NOT NULL)
-        SELECT queued.id FROM queued WHERE queued.id IS NOT NULL
+        SELECT queued.id FROM queued
+         WHERE queued.id IS NOT NULL
+           AND (v_scope IS NULL OR EXISTS (SELECT 1 FROM rag.watches w
+                                            WHERE w.id = queued.id AND w.collection_id = ANY (v_scope)))
          ORDER BY queued.id <= coalesce(p_after_watch, 0), queued.id
     LOOP
         SELECT * INTO q FROM rag.row_queue rq

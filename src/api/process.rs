@@ -1,7 +1,16 @@
 //! `rag_process_queue()`: the worker's job done in the caller's session, for servers where the library is
 //! not in shared_preload_libraries. Each step runs in a subtransaction, so one bad document is recorded as
 //! failed and the others still go through. Provider calls happen inside the caller's transaction here,
-//! which is the price of having no worker; they still honour cancellation and statement_timeout.
+//! which is the price of having no worker; a cancel or statement_timeout ends the whole call (nothing of the
+//! step it lands in is recorded), and every server call is held by the ledger trail, so that a rollback of
+//! the caller's transaction leaves a `rag ledger:` line for it in the server log.
+//!
+//! It runs as rag's owner with the caller's session, so what a caller may make it do is bounded: a role that
+//! is not a superuser has only the work of the collections it administers *and* may read whole (every row of
+//! every table they watch) processed (red team 12: any rag_admin had every collection's documents and every
+//! owner's watched rows read in its session, where `debug_print_plan` showed them, and spent their keys).
+//! The settings that would let the session see or change the steps (`debug_print_*`, `row_security`) are
+//! pinned on the function itself (sql/security.sql).
 use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use crate::worker::breaker::Providers;
 use crate::worker::documents::process_next;
@@ -9,7 +18,105 @@ use crate::worker::steps::{Step, Steps};
 use pgrx::prelude::*;
 use pgrx::PgTryBuilder;
 use rag_embed::SplitMix64;
+use std::cell::RefCell;
 use std::panic::{RefUnwindSafe, UnwindSafe};
+
+/// What a `rag_process_queue` call running in this backend may process: None outside one (the worker) or
+/// for a superuser, else the ids of the collections it may.
+#[derive(Clone)]
+enum Session {
+    Idle,
+    Running(Option<Vec<i32>>),
+}
+
+thread_local! {
+    static SESSION: RefCell<Session> = const { RefCell::new(Session::Idle) };
+}
+
+/// Ends a call's session run, an ERROR's unwinding included.
+struct SessionRun;
+
+impl SessionRun {
+    fn start(scope: Option<Vec<i32>>) -> SessionRun {
+        SESSION.replace(Session::Running(scope));
+        SessionRun
+    }
+}
+
+impl Drop for SessionRun {
+    fn drop(&mut self) {
+        SESSION.replace(Session::Idle);
+    }
+}
+
+/// A provider call of the worker's steps is about to be sent: inside `rag_process_queue`, the caller's
+/// transaction may still roll it back with the documents' call counters, so the ledger trail holds it (a
+/// local model spends no key and is not held). The worker's own calls are counted on the documents in
+/// transactions of its own.
+pub fn embedding_call_sent(item: &crate::store::WorkItem) {
+    if !matches!(SESSION.with_borrow(Session::clone), Session::Running(_)) {
+        return;
+    }
+    if matches!(item.provider.kind, crate::provider::Kind::Server(_)) {
+        crate::api::ledger_trail::call_sent(
+            "embedding documents",
+            item.collection_id,
+            &item.provider.name,
+            &item.model,
+        );
+    }
+}
+
+#[pg_schema]
+mod rag {
+    use pgrx::prelude::*;
+
+    /// The collections a `rag_process_queue` call running in this backend may process; NULL for the worker
+    /// and a superuser's call (everything). rag._claim_next and rag._claim_row read it.
+    #[pg_extern(stable, parallel_restricted, name = "_claim_scope")]
+    pub fn claim_scope() -> Option<Vec<i32>> {
+        match super::SESSION.with_borrow(super::Session::clone) {
+            super::Session::Running(scope) => scope,
+            super::Session::Idle => None,
+        }
+    }
+}
+
+/// The collections a caller who is not a superuser has processed: those it administers and may read whole.
+fn scope_of_caller() -> Option<Vec<i32>> {
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT CASE WHEN r.rolsuper THEN NULL ELSE \
+                        ARRAY(SELECT unnest(rag._collections_with(r.rolname, 'admin')) \
+                              INTERSECT SELECT unnest(rag._collections_held_whole(r.rolname)) ORDER BY 1) END \
+                   FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()",
+                Some(1),
+                &[],
+            )?
+            .first()
+            .get_one::<Vec<i32>>()
+    })
+    .doing(|| "finding the collections the caller may process".to_string())
+    .unwrap_or_raise()
+}
+
+/// An ERROR that ends the whole call rather than one step: a cancel (the caller's `pg_cancel_backend` or
+/// statement_timeout) or an administrator's shutdown. The worker records such things as a step's failure; a
+/// session asked to stop, and recording them failed other owners' documents ("storing vectors failed:
+/// canceling statement due to statement timeout").
+fn ends_the_call(caught: &pg_sys::panic::CaughtError) -> bool {
+    use pgrx::PgSqlErrorCode::*;
+    matches!(
+        crate::worker::transaction::sqlstate(caught),
+        Some(ERRCODE_QUERY_CANCELED | ERRCODE_ADMIN_SHUTDOWN | ERRCODE_OPERATOR_INTERVENTION)
+    )
+}
+
+enum Caught {
+    Failed(RagError),
+    EndsTheCall(pg_sys::panic::CaughtError),
+}
 
 struct Subtransactions;
 
@@ -28,16 +135,19 @@ impl Steps for Subtransactions {
             pg_sys::MemoryContextSwitchTo(context);
             let outcome = PgTryBuilder::new(|| Ok(body()))
                 .catch_others(|caught| {
+                    if ends_the_call(&caught) {
+                        return Err(Caught::EndsTheCall(caught));
+                    }
                     let message = crate::worker::transaction::describe(&caught);
                     // A lock wait given up (a store's 2 s bound) puts the document back, as in the worker.
-                    Err(
+                    Err(Caught::Failed(
                         match crate::worker::transaction::sqlstate(&caught)
                             == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE)
                         {
                             true => RagError::LockBusy(message),
                             false => RagError::Aborted(message),
                         },
-                    )
+                    ))
                 })
                 .execute();
             match outcome {
@@ -47,11 +157,16 @@ impl Steps for Subtransactions {
                     pg_sys::CurrentResourceOwner = owner;
                     result.map_err(Into::into)
                 }
-                Err(error) => {
+                Err(caught) => {
                     pg_sys::RollbackAndReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    Err(error)
+                    match caught {
+                        Caught::Failed(error) => Err(error),
+                        // Raised again once the step's subtransaction is gone: the caller's statement ends
+                        // with PostgreSQL's own error, and nothing of the step is left.
+                        Caught::EndsTheCall(caught) => caught.rethrow(),
+                    }
                 }
             }
         }
@@ -81,6 +196,7 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
         .doing(|| "checking for a standby".to_string())
         .unwrap_or_raise();
     }
+    let _run = SessionRun::start(scope_of_caller());
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;

@@ -643,6 +643,7 @@ fn embed_timed(
     dimensions: Option<u32>,
     interrupt: &mut dyn FnMut() -> bool,
 ) -> Result<EmbedOutput, ProviderError> {
+    crate::api::process::embedding_call_sent(item);
     let started = Instant::now();
     let embedded = client.embed(&item.model, texts, dimensions, interrupt);
     if embedded.is_ok() {

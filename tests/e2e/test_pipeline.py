@@ -6,6 +6,7 @@ import subprocess
 import threading
 import time
 import unittest
+from functools import partial
 
 from support import (background_psql, drop_database, fresh_database, provider_calls, psql, scalar,
                      wait_for_server, wait_until)
@@ -535,6 +536,62 @@ class WithoutPreload(unittest.TestCase):
                                 "WHERE name = 'manual-bulk'", db="postgres", port=port), "t",
                          "the load's index was not built after its last document")
 
+
+    def test_process_queue_of_another_role(self):
+        # rag_process_queue runs the worker's steps as rag's owner in the caller's session. Red team 12: any
+        # rag_admin had every collection's queued documents and every owner's watched rows read in its session,
+        # where debug_print_plan (which any role may set) printed them with the values bound to each query;
+        # spent their providers' keys with nothing recorded once it rolled back; and its statement_timeout,
+        # caught by the step, failed the owner's documents.
+        port = self.port
+        run = partial(psql, db="postgres", port=port)
+        run("DROP ROLE IF EXISTS pq_owner; DROP ROLE IF EXISTS pq_other; "
+            "CREATE ROLE pq_owner LOGIN IN ROLE rag_admin; CREATE ROLE pq_other LOGIN IN ROLE rag_admin; "
+            "GRANT CREATE ON SCHEMA public TO pq_owner")
+        run("SELECT rag_create_collection('pq-private', embedding_model => 'hash-384'); "
+            "SELECT rag_ingest('pq-private', 'Memo', 'ZEBRA-CODEWORD payroll figures for the fourth quarter.'); "
+            "CREATE TABLE pq_rows (id int PRIMARY KEY, body text); "
+            "INSERT INTO pq_rows VALUES (1, 'ZEBRA-ROW severance terms of the department.'); "
+            "SELECT rag_watch('pq_rows', 'pq-private', content => 'body')", user="pq_owner")
+        status, rows, err = psql("SET client_min_messages = log; SET debug_print_plan = on; "
+                                 "SET debug_print_parse = on; SET row_security = off; SELECT rag_process_queue()",
+                                 db="postgres", port=port, user="pq_other", check=False)
+        self.assertEqual((status, rows), (0, [["0"]]), err)
+        self.assertNotIn("ZEBRA", err)
+        # The caller's own statement and the wrapper's are printed (they run as the caller); no query of rag's,
+        # each of which reads a table (a relation's range table entry, rtekind 0).
+        self.assertIn("plan:", err)
+        self.assertNotIn(":rtekind 0 ", err)
+        self.assertEqual(run("SELECT status FROM rag.documents WHERE title = 'Memo'"), [["processing"]])
+        self.assertEqual(run("SELECT count(*) FROM rag.row_queue"), [["1"]])
+        # Its owner's call is cut short by its own statement_timeout while another transaction holds the
+        # document: the call ends with PostgreSQL's error, and the document stays queued, untried.
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag.documents WHERE title = 'Memo' FOR UPDATE;",
+                                 db="postgres", port=port)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            started = time.time()
+            status, _, err = psql("SET statement_timeout = '500ms'; SELECT rag_process_queue()",
+                                  db="postgres", port=port, user="pq_owner", check=False)
+            self.assertNotEqual(status, 0)
+            self.assertIn("canceling statement due to statement timeout", err)
+            self.assertLess(time.time() - started, 10, "the timeout was caught by a step")
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=60)
+        self.assertEqual(run("SELECT d.status, q.attempts FROM rag.documents d JOIN rag.queue q ON q.document_id = d.id "
+                             "WHERE d.title = 'Memo'"), [["processing", "0"]])
+        # A call rolled back leaves each provider call it made in the server log.
+        with open(f"{self.data}/server.log") as f:
+            f.seek(0, 2)
+            run("BEGIN; SELECT rag_process_queue(); ROLLBACK;", user="pq_owner")
+            logged = f.read()
+        self.assertIn('"provider_call":"embedding documents"', logged)
+        self.assertIn('"rolled_back":true', logged)
+        self.assertIn('"role":"pq_owner"', logged)
+        # Its owner processes it.
+        self.assertEqual(run("SELECT rag_process_queue() >= 2", user="pq_owner"), [["t"]])
+        self.assertEqual(run("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
+                             "WHERE c.name = 'pq-private' AND d.status = 'ready'"), [["2"]])
 
 if __name__ == "__main__":
     unittest.main()

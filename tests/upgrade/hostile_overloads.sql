@@ -76,4 +76,48 @@ BEGIN
                                       v_name, v_left);
         END LOOP;
     END LOOP;
+    -- Shadows of the same signature as a built-in: they lose wherever pg_catalog is searched first (rag 0.2.0's
+    -- scripts and functions), and won in 0.1.0's functions, whose search_path put the extension's schema ahead
+    -- of pg_catalog: its sql_drop event trigger, which the update's DROPs fire before it is replaced.
+    FOR v_name, v_signature IN
+        SELECT p.proname, pg_catalog.pg_get_function_arguments(p.oid)
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::regnamespace
+           AND p.prokind OPERATOR(pg_catalog.=) 'f'
+           AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['pg_event_trigger_dropped_objects', 'now', 'format',
+                                                           'current_setting', 'set_config', 'lower', 'length',
+                                                           'btrim', 'array_length', 'cardinality', 'quote_ident',
+                                                           'pg_get_userbyid', 'to_regclass', 'jsonb_build_object',
+                                                           'concat_ws', 'string_agg_transfn', 'has_table_privilege',
+                                                           'pg_has_role', 'current_database', 'clock_timestamp'])
+           AND NOT p.proname OPERATOR(pg_catalog.=) 'string_agg_transfn'
+    LOOP
+        BEGIN
+            EXECUTE pg_catalog.format(
+                'CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L', v_name, v_signature,
+                (SELECT pg_catalog.pg_get_function_result(p.oid) FROM pg_catalog.pg_proc p
+                  WHERE p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::regnamespace
+                    AND p.proname OPERATOR(pg_catalog.=) v_name
+                    AND pg_catalog.pg_get_function_arguments(p.oid) OPERATOR(pg_catalog.=) v_signature LIMIT 1),
+                pg_catalog.replace(pg_catalog.format(v_body, 'same signature: ' || v_name || '(' || v_signature || ')'),
+                                   'RETURN NULL;', CASE WHEN EXISTS (
+                                       SELECT FROM pg_catalog.pg_proc p
+                                        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::regnamespace
+                                          AND p.proname OPERATOR(pg_catalog.=) v_name AND p.proretset)
+                                   THEN 'RETURN;' ELSE 'RETURN NULL;' END));
+        EXCEPTION WHEN OTHERS THEN
+            NULL;  -- a signature plpgsql cannot take (internal, any): not one rag's SQL calls
+        END;
+    END LOOP;
+    FOREACH v_left IN ARRAY ARRAY['text', 'integer', 'bigint', 'oid', 'name', 'regclass', 'boolean'] LOOP
+        FOREACH v_name IN ARRAY ARRAY['=', '<>'] LOOP
+            CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_operator o
+                                   WHERE o.oprnamespace OPERATOR(pg_catalog.=) 'public'::regnamespace
+                                     AND o.oprname OPERATOR(pg_catalog.=) v_name
+                                     AND o.oprleft OPERATOR(pg_catalog.=) v_left::regtype
+                                     AND o.oprright OPERATOR(pg_catalog.=) v_left::regtype);
+            EXECUTE pg_catalog.format('CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = public.hostile_test)',
+                                      v_name, v_left, v_left);
+        END LOOP;
+    END LOOP;
 END $plant$;

@@ -90,10 +90,19 @@ def fill():
         CREATE TABLE shifts_day PARTITION OF shifts FOR VALUES FROM (0) TO (100);
         INSERT INTO shifts_day VALUES (1, 'Parking permits are renewed in January.');
         SELECT rag_watch('shifts_day', 'kb', content => 'body');
+        -- An index calling its owner's immutable function, which PostgreSQL folds whenever it plans a query on
+        -- the table: the update once planned one as the owner to check the watch, and what that code created
+        -- then became a member of rag (review of red team 13, F2).
+        CREATE FUNCTION planned_check() RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+            BEGIN RAISE WARNING 'planned_check ran as %', current_user; RETURN true; END $f$;
+        CREATE TABLE planned (id int PRIMARY KEY, body text);
+        CREATE INDEX planned_folded ON planned ((id > 0 AND public.planned_check()));
+        INSERT INTO planned VALUES (1, 'A row of a table whose index calls its owner''s function.');
+        SELECT rag_watch('planned', 'kb', content => 'body');
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                      "AND (SELECT count(*) FROM rag.documents) = 6 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                      "AND (SELECT count(*) FROM rag.documents) = 7 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
                       "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", DB), \
         "the previous release did not embed the documents"
     psql("""
@@ -208,6 +217,12 @@ class Upgrade(unittest.TestCase):
         self.assertEqual(self.overloads_after_update, [], "ALTER EXTENSION rag UPDATE used planted overloads")
         self.assertEqual(self.overloads_after_install, [], "CREATE EXTENSION rag used planted overloads")
 
+    def test_no_code_of_a_watched_tables_owner_ran_in_the_update(self):
+        # The update checks each watch's expressions by analysing them as the table's owner; planning a query
+        # on the table (as it did) folded the owner's functions in the table's index expressions, and anything
+        # they created while the script ran became a member of rag, handed to rag's owner by security.sql.
+        self.assertNotIn("planned_check ran", self.update_messages)
+
     def test_catalog_equals_a_fresh_install(self):
         upgraded, fresh = catalog(DB), catalog(FRESH)
         missing = sorted(set(fresh) - set(upgraded))
@@ -280,7 +295,7 @@ class Upgrade(unittest.TestCase):
         self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched ORDER BY 1",
                               db=DB),
                          # The partitioned table's rows live in its partition, which the watch never reads.
-                         [["events", "0"], ["notices", "1"], ["pages", "2"], ["shifts_day", "1"]])
+                         [["events", "0"], ["notices", "1"], ["pages", "2"], ["planned", "1"], ["shifts_day", "1"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for
