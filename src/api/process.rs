@@ -115,7 +115,7 @@ fn ends_the_call(caught: &pg_sys::panic::CaughtError) -> bool {
 
 enum Caught {
     Failed(RagError),
-    EndsTheCall(pg_sys::panic::CaughtError),
+    EndsTheCall(Box<pg_sys::panic::CaughtError>),
 }
 
 struct Subtransactions;
@@ -136,7 +136,7 @@ impl Steps for Subtransactions {
             let outcome = PgTryBuilder::new(|| Ok(body()))
                 .catch_others(|caught| {
                     if ends_the_call(&caught) {
-                        return Err(Caught::EndsTheCall(caught));
+                        return Err(Caught::EndsTheCall(Box::new(caught)));
                     }
                     let message = crate::worker::transaction::describe(&caught);
                     // A lock wait given up (a store's 2 s bound) puts the document back, as in the worker.
