@@ -8,6 +8,7 @@ The second phase compares the upgraded catalog with a fresh install of this rele
 and checks that every row made before the upgrade is still there and still works."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -216,6 +217,26 @@ class Upgrade(unittest.TestCase):
         # owner a superuser), and CHECK constraints, policies and views stayed bound to such operators.
         self.assertEqual(self.overloads_after_update, [], "ALTER EXTENSION rag UPDATE used planted overloads")
         self.assertEqual(self.overloads_after_install, [], "CREATE EXTENSION rag used planted overloads")
+
+    def test_every_sql_file_of_the_install_script_pins_the_search_path(self):
+        # The planted overloads above catch an unpinned statement only if it calls one of them; this catches a
+        # SQL file added to the install script without the pin (src/lib.rs lists them), or one that forgets to
+        # give the extension's schema back to the Rust functions pgrx declares after it.
+        root = os.path.join(HERE, "..", "..")
+        with open(os.path.join(root, "src", "lib.rs")) as f:
+            files = re.findall(r'extension_sql_file!\(\s*"\.\./(sql/[a-z_]+\.sql)"', f.read())
+        self.assertGreaterEqual(len(files), 7, files)
+        pin = "SET LOCAL search_path = pg_catalog, rag, pg_temp;"
+        for name in files:
+            with open(os.path.join(root, name)) as f:
+                statements = [line for line in f.read().splitlines() if line and not line.startswith("--")]
+            self.assertEqual(statements[0], pin, f"{name} does not start by pinning the search_path")
+            if not name.endswith("security.sql"):  # the last file: nothing of pgrx's comes after it
+                self.assertEqual(statements[-1], "SET LOCAL search_path = @extschema@, pg_temp;",
+                                 f"{name} does not give the extension's schema back at its end")
+        with open(os.path.join(root, "sql", "rag--0.1.0--0.2.0.sql")) as f:
+            statements = [line for line in f.read().splitlines() if line and not line.startswith("--")]
+        self.assertEqual(statements[0], pin, "the upgrade script does not start by pinning the search_path")
 
     def test_no_code_of_a_watched_tables_owner_ran_in_the_update(self):
         # The update checks each watch's expressions by analysing them as the table's owner; planning a query
