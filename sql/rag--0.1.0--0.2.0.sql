@@ -4614,6 +4614,14 @@ LANGUAGE sql AS $$
      WHERE id = p_row_queue_id;
 $$;
 
+CREATE OR REPLACE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
+           not_before = 'infinity'
+     WHERE id = p_row_queue_id AND version = p_version;
+    UPDATE rag.row_queue SET claimed_by = NULL WHERE id = p_row_queue_id AND version <> p_version;
+$$;
+
 CREATE OR REPLACE VIEW rag.watch_status WITH (security_barrier) AS
 SELECT w.source_name AS source,
        c.name AS collection,
@@ -4623,12 +4631,14 @@ SELECT w.source_name AS source,
        CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready')
        END AS rows_ready,
        CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed')
+                              + (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id
+                                                                         AND q.not_before = 'infinity')
        END AS rows_failed,
        -- The documents' counts, not a look into rag.chunks, which a view would plan over every partition.
        CASE WHEN v.whole THEN (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint
        END AS chunks,
        CASE WHEN v.whole THEN
-       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
+       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id AND q.not_before < 'infinity')
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') END AS pending,

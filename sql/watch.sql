@@ -1409,6 +1409,18 @@ LANGUAGE sql AS $$
      WHERE id = p_row_queue_id;
 $$;
 
+-- A row refused over a limit (its text or title too large, its markup too deep: the worker's step raised an
+-- error of class 54): reading it again gives the same answer until it changes, so it is not tried again until
+-- it is written to (the watch's triggers queue it with a new version and a due time) or rag_reindex(table);
+-- rag.watch_status counts it as failed, not pending. Unless a write queued a newer version meanwhile.
+CREATE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
+           not_before = 'infinity'
+     WHERE id = p_row_queue_id AND version = p_version;
+    UPDATE rag.row_queue SET claimed_by = NULL WHERE id = p_row_queue_id AND version <> p_version;
+$$;
+
 -- Per watched table: rows indexed, chunks, pending and failed, last error (Drupal's status page by type).
 -- A security barrier, as rag.status is.
 CREATE VIEW rag.watch_status WITH (security_barrier) AS
@@ -1420,12 +1432,14 @@ SELECT w.source_name AS source,
        CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'ready')
        END AS rows_ready,
        CASE WHEN v.whole THEN (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'failed')
+                              + (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id
+                                                                         AND q.not_before = 'infinity')
        END AS rows_failed,
        -- The documents' counts, not a look into rag.chunks, which a view would plan over every partition.
        CASE WHEN v.whole THEN (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d WHERE d.watch_id = w.id)::bigint
        END AS chunks,
        CASE WHEN v.whole THEN
-       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id)
+       (SELECT count(*) FROM rag.row_queue q WHERE q.watch_id = w.id AND q.not_before < 'infinity')
          + (SELECT coalesce(sum(coalesce(jsonb_array_length(b.keys), cardinality(b.key_values::text[]))), 0)
               FROM rag.row_batches b WHERE b.watch_id = w.id)
          + (SELECT count(*) FROM rag.documents d WHERE d.watch_id = w.id AND d.status = 'processing') END AS pending,

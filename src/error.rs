@@ -52,6 +52,10 @@ pub enum RagError {
     /// A step gave up waiting for a lock another transaction holds (55P03): done again a little later, not a
     /// failure of the document.
     LockBusy(String),
+    /// A step refused what it was given as over one of PostgreSQL's or rag's limits (class 54: a watched row's
+    /// text or title too large, markup nested too deep): doing it again gives the same answer until the input
+    /// changes.
+    LimitExceeded(String),
     /// Something the extension's own invariants rule out, e.g. NULL in a NOT NULL column (XX000).
     Internal(String),
 }
@@ -105,6 +109,7 @@ impl RagError {
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
             }
             RagError::LockBusy(_) => PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+            RagError::LimitExceeded(_) => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
             RagError::Extraction { error, .. } => match error {
                 rag_extract::ExtractError::TooLarge { .. }
                 | rag_extract::ExtractError::TooDeep { .. } => {
@@ -147,6 +152,7 @@ impl RagError {
             RagError::Spi { .. }
             | RagError::Aborted(_)
             | RagError::LockBusy(_)
+            | RagError::LimitExceeded(_)
             | RagError::Internal(_) => String::new(),
         }
     }
@@ -191,6 +197,7 @@ impl fmt::Display for RagError {
             RagError::Spi { doing, error } => write!(f, "{doing}: {error}"),
             RagError::Aborted(message)
             | RagError::LockBusy(message)
+            | RagError::LimitExceeded(message)
             | RagError::Internal(message) => f.write_str(message),
         }
     }

@@ -138,15 +138,16 @@ impl Steps for Subtransactions {
                     if ends_the_call(&caught) {
                         return Err(Caught::EndsTheCall(Box::new(caught)));
                     }
-                    let message = crate::worker::transaction::describe(&caught);
-                    // A lock wait given up (a store's 2 s bound) puts the document back, as in the worker.
+                    // As the worker's steps fail: a lock wait given up (a store's 2 s bound) puts the document
+                    // back, a limit fails a watched row until it is written again.
                     Err(Caught::Failed(
-                        match crate::worker::transaction::sqlstate(&caught)
-                            == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE)
-                        {
-                            true => RagError::LockBusy(message),
-                            false => RagError::Aborted(message),
-                        },
+                        crate::worker::transaction::StepFailure {
+                            lock_busy: crate::worker::transaction::sqlstate(&caught)
+                                == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE),
+                            limit_exceeded: crate::worker::transaction::limit_exceeded(&caught),
+                            message: crate::worker::transaction::describe(&caught),
+                        }
+                        .into_error(),
                     ))
                 })
                 .execute();

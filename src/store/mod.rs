@@ -184,10 +184,12 @@ pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._advance_migrations()")
 }
 
-/// True when this database has no queued document, row key or batch at all, due or not.
+/// True when this database has no queued document, row key or batch at all, due or not (a row refused over a
+/// limit, which waits to be written again, does not count: `rag._row_refused`).
 pub fn nothing_queued() -> Result<bool, SpiError> {
     Ok(idle_read::<bool>(
-        "SELECT NOT EXISTS (SELECT 1 FROM rag.queue) AND NOT EXISTS (SELECT 1 FROM rag.row_queue)
+        "SELECT NOT EXISTS (SELECT 1 FROM rag.queue)
+            AND NOT EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before < 'infinity')
             AND NOT EXISTS (SELECT 1 FROM rag.row_batches)",
     )?
     .unwrap_or(false))
@@ -769,6 +771,18 @@ pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), Spi
             ],
         )?;
         rows.first().get_one::<i32>()?;
+        Ok(())
+    })
+}
+
+/// The row was refused over a limit (`rag._row_refused`): it waits until it is written again.
+pub fn row_refused(row_queue_id: i64, version: i64, error: &str) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._row_refused($1, $2, $3)",
+            None,
+            &[row_queue_id.into(), version.into(), error.into()],
+        )?;
         Ok(())
     })
 }

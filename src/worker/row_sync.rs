@@ -38,12 +38,19 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
         store::row_done(row.id, row.version, None)?;
         Ok(None)
     });
-    let error = match synced {
+    let (error, for_good) = match synced {
         Ok(None) => return,
-        Ok(Some(reason)) => reason,
-        Err(error) => error.to_string(),
+        Ok(Some(reason)) => (reason, false),
+        // Over a limit (a title or text too large, markup too deep): the same row gives the same answer, so it
+        // waits to be written again (or rag_reindex) instead of being read again at every back-off.
+        Err(RagError::LimitExceeded(message)) => (message, true),
+        Err(error) => (error.to_string(), false),
     };
-    if let Err(again) = steps.run(|| store::row_done(row.id, row.version, Some(error.clone()))) {
+    let recorded = steps.run(|| match for_good {
+        true => store::row_refused(row.id, row.version, &error),
+        false => store::row_done(row.id, row.version, Some(error.clone())),
+    });
+    if let Err(again) = recorded {
         pgrx::log!(
             "rag worker: could not record the failure of watched row {}: {again} (after: {error})",
             row.id

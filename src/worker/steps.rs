@@ -24,10 +24,7 @@ impl Steps for WorkerTransactions {
         body: impl FnOnce() -> Result<R, E> + UnwindSafe + RefUnwindSafe,
     ) -> Result<R, RagError> {
         transaction::run(body)
-            .map_err(|failure| match failure.lock_busy {
-                true => RagError::LockBusy(failure.message),
-                false => RagError::Aborted(failure.message),
-            })
+            .map_err(transaction::StepFailure::into_error)
             .and_then(|result| result.map_err(Into::into))
     }
     fn interrupted(&self) -> bool {

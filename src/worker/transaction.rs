@@ -6,10 +6,36 @@ use pgrx::{PgSqlErrorCode, PgTryBuilder};
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 /// Why a step was rolled back: PostgreSQL's message, and whether it was a lock wait given up
-/// (`lock_not_available`: the step can simply be done again a little later).
+/// (`lock_not_available`: the step can simply be done again a little later) or a limit (class 54: again
+/// only once what it was given changes).
 pub struct StepFailure {
     pub message: String,
     pub lock_busy: bool,
+    pub limit_exceeded: bool,
+}
+
+impl StepFailure {
+    pub fn into_error(self) -> crate::error::RagError {
+        use crate::error::RagError;
+        match (self.lock_busy, self.limit_exceeded) {
+            (true, _) => RagError::LockBusy(self.message),
+            (false, true) => RagError::LimitExceeded(self.message),
+            (false, false) => RagError::Aborted(self.message),
+        }
+    }
+}
+
+/// Whether a caught ERROR is one of class 54, "program limit exceeded".
+pub(crate) fn limit_exceeded(caught: &pg_sys::panic::CaughtError) -> bool {
+    matches!(
+        sqlstate(caught),
+        Some(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
+                | PgSqlErrorCode::ERRCODE_STATEMENT_TOO_COMPLEX
+                | PgSqlErrorCode::ERRCODE_TOO_MANY_COLUMNS
+                | PgSqlErrorCode::ERRCODE_TOO_MANY_ARGUMENTS
+        )
+    )
 }
 
 pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, StepFailure> {
@@ -24,6 +50,7 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
         .catch_others(|caught| {
             Err(StepFailure {
                 lock_busy: sqlstate(&caught) == Some(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE),
+                limit_exceeded: limit_exceeded(&caught),
                 message: describe(&caught),
             })
         })

@@ -226,5 +226,24 @@ class Watch(unittest.TestCase):
                                    "WHERE source = 'held' AND source_key = '{\"id\": 1}'", db=DB, seconds=60))
 
 
+    def test_a_row_over_a_limit_fails_until_it_is_written_again(self):
+        # A row refused over a limit (here a title above the 4 kB a document's title may be; red team 12 had a
+        # 72 MB HTML row) gives the same answer every time it is read: it counted as pending for ever and was
+        # read again at every back-off. It is failed now, and tried again when it is written to.
+        psql("SELECT rag_create_collection('limits', embedding_model => 'hash-384'); "
+             "CREATE TABLE limited (id int PRIMARY KEY, title text, body text); "
+             "INSERT INTO limited VALUES (1, repeat('t', 5000), 'A row whose title is far too long.'); "
+             "SELECT rag_watch('limited', 'limits', content => 'body', title => 'title')", db=DB)
+        status = "SELECT rows_failed, pending, last_error FROM rag_watch_status() WHERE source = 'limited'"
+        self.assertTrue(wait_until("SELECT rows_failed = 1 AND pending = 0 FROM rag_watch_status() "
+                                   "WHERE source = 'limited'", db=DB, seconds=30), repr(psql(status, db=DB)))
+        self.assertIn("title", psql(status, db=DB)[0][2])
+        self.assertEqual(scalar("SELECT not_before = 'infinity' FROM rag.row_queue q JOIN rag.watches w "
+                                "ON w.id = q.watch_id WHERE w.source_name = 'limited'", db=DB), "t")
+        self.assertEqual(scalar("SELECT rag_wait('limits', '5 seconds')", db=DB), "t")
+        psql("UPDATE limited SET title = 'A short title' WHERE id = 1", db=DB)
+        self.assertTrue(wait_until("SELECT rows_failed = 0 AND rows_ready = 1 AND pending = 0 FROM rag_watch_status() "
+                                   "WHERE source = 'limited'", db=DB, seconds=30), repr(psql(status, db=DB)))
+
 if __name__ == "__main__":
     unittest.main()
