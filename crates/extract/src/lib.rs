@@ -184,9 +184,10 @@ pub enum ExtractError {
         /// What is wrong with the bytes.
         detail: String,
     },
-    /// XML nested deeper than [`Limits::max_xml_depth`].
+    /// XML nested deeper than [`Limits::max_xml_depth`], or a PDF content stream's dictionaries and arrays
+    /// nested deeper than the PDF reader takes.
     TooDeep {
-        /// The format whose XML was too deep.
+        /// The format whose XML (or PDF content) was too deep.
         format: Format,
         /// The depth limit.
         limit: usize,
@@ -254,6 +255,13 @@ impl fmt::Display for ExtractError {
             ExtractError::Encoding { detail } => {
                 write!(f, "text file has an unsupported encoding: {detail}")
             }
+            ExtractError::TooDeep {
+                format: Format::Pdf,
+                limit,
+            } => write!(
+                f,
+                "pdf document nests dictionaries and arrays in a page's content deeper than {limit} levels"
+            ),
             ExtractError::TooDeep { format, limit } => {
                 write!(f, "{format} document nests XML deeper than {limit} levels")
             }

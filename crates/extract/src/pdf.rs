@@ -107,6 +107,10 @@ fn extract_pages(data: &[u8], limits: &Limits) -> Result<Vec<Section>, ExtractEr
                 what: "tokens in one pdf content stream".into(),
                 limit: MAX_CONTENT_TOKENS,
             },
+            PageError::Nesting => ExtractError::TooDeep {
+                format: Format::Pdf,
+                limit: MAX_CONTENT_NESTING,
+            },
         })?;
         sections.push(Section {
             locator: Some(format!("p. {}", index + 1)),
@@ -165,6 +169,55 @@ enum PageError {
     Budget,
     /// A content stream with more tokens than [`MAX_CONTENT_TOKENS`].
     Tokens,
+    /// A content stream nesting dictionaries and arrays deeper than [`MAX_CONTENT_NESTING`].
+    Nesting,
+}
+
+/// The deepest a content stream may nest `<< >>` and `[ ]` to be decoded. Operands are flat but for an inline
+/// image's dictionary, a marked-content property list and a TJ array, a level or two each; lopdf's decoder
+/// gives up on deep nesting without saying why, and the page then read as having no text, which sent the user
+/// to OCR (red team 12: 100,000 levels before a `Tj`).
+const MAX_CONTENT_NESTING: usize = 64;
+
+/// How deep a content stream nests `<<`/`[`, strings and comments skipped roughly (an unbalanced string only
+/// errs towards a deeper count).
+fn content_nesting(content: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut in_comment) = (0usize, 0usize, 0usize, false);
+    let mut bytes = content.iter().peekable();
+    while let Some(&byte) = bytes.next() {
+        if in_comment {
+            in_comment = !matches!(byte, b'\r' | b'\n');
+            continue;
+        }
+        if in_string > 0 {
+            match byte {
+                b'\\' => {
+                    bytes.next();
+                }
+                b'(' => in_string += 1,
+                b')' => in_string -= 1,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'%' => in_comment = true,
+            b'(' => in_string = 1,
+            b'[' => depth += 1,
+            b']' => depth = depth.saturating_sub(1),
+            b'<' if bytes.peek() == Some(&&b'<') => {
+                bytes.next();
+                depth += 1;
+            }
+            b'>' if bytes.peek() == Some(&&b'>') => {
+                bytes.next();
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        deepest = deepest.max(depth);
+    }
+    deepest
 }
 
 /// The most tokens (operands and operators) one content stream may have to be decoded. lopdf's decoder builds an
@@ -517,6 +570,9 @@ impl<'a> PageExtractor<'a> {
     ) -> Result<(), PageError> {
         if content_tokens(content) > MAX_CONTENT_TOKENS {
             return Err(PageError::Tokens);
+        }
+        if content_nesting(content) > MAX_CONTENT_NESTING {
+            return Err(PageError::Nesting);
         }
         // Broken operators are skipped by lopdf's lenient decoder; a stream that fails entirely has no text.
         let Ok(content) = Content::decode(content) else {

@@ -323,10 +323,51 @@ fn deeply_nested_pdf_arrays_do_not_overflow_the_stack() {
         result.is_ok()
             || matches!(
                 result,
-                Err(ExtractError::Corrupt { .. } | ExtractError::NoTextLayer)
+                Err(ExtractError::Corrupt { .. }
+                    | ExtractError::NoTextLayer
+                    | ExtractError::TooDeep { .. })
             ),
         "{result:?}"
     );
+}
+
+fn pdf_with_content(content: &str) -> Vec<u8> {
+    pdf_from_objects(&[
+        "<< /Type /Catalog /Pages 2 0 R >>".into(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
+        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".into(),
+        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
+    ])
+}
+
+#[test]
+fn a_content_stream_nested_too_deep_says_so() {
+    // Red team 12: lopdf's decoder gave up on 100,000 nested dictionaries without saying why, the page read as
+    // having no text, and the user was told the file needed OCR.
+    let depth = 100_000;
+    let content = format!(
+        "BT /F1 12 Tf {}{} pop 72 700 Td (x) Tj ET",
+        "<<".repeat(depth),
+        ">>".repeat(depth)
+    );
+    let err = timed(|| extract(&pdf_with_content(&content), Some("deep.pdf"), &Limits::default()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ExtractError::TooDeep { format: rag_extract::Format::Pdf, limit: 64 }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("deeper than 64 levels"), "{err}");
+}
+
+#[test]
+fn a_content_stream_of_ordinary_depth_is_read() {
+    // A marked-content property list and a TJ array, the nesting real pages have; strings and comments holding
+    // brackets do not count.
+    let content = "/Span << /ActualText (a [ b << c) /Deep << /A [ [ 1 ] ] >> >> BDC BT /F1 12 Tf 72 700 Td \
+                   [(Hello) -250 (world)] TJ ET EMC % [[[[ << <<";
+    let doc = extract(&pdf_with_content(content), Some("ordinary.pdf"), &Limits::default()).unwrap();
+    assert!(doc.text().contains("Hello"), "{}", doc.text());
 }
 
 #[test]
