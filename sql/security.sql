@@ -71,7 +71,9 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 -- of users are bound to, so an update that brings this scheme to an existing database keeps them calling the
 -- wrapper. An update script that redefines an entry point (CREATE OR REPLACE over the wrapper) makes it
 -- SECURITY DEFINER again, and this block moves the new body in place of the old one.
-CREATE SCHEMA IF NOT EXISTS rag_definer;
+-- Plain CREATE: a schema of that name made beforehand (by a database owner, say) stops the install with
+-- PostgreSQL's own "already exists" instead of a puzzling "not a member of extension rag".
+CREATE SCHEMA rag_definer;
 COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';
 DO $$
 DECLARE
