@@ -219,6 +219,17 @@ BEGIN
             (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
+    -- A new collection's partition does not exist yet. One that does belongs to a collection a restore is
+    -- bringing back (pg_restore --section=pre-data makes the partitions; the collections' rows and their id
+    -- sequence come with the data section): taking its id, as any rag_admin connected in between could, gave
+    -- the new collection the restored one's chunks, documents and grants, and failed the restore's rows
+    -- (red team 14).
+    IF to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
+        RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
+                        v_id, rag._chunk_partition(v_id)
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
+    END IF;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
     -- first failed document. (A local model's window is enforced when it is chosen.)
@@ -704,8 +715,11 @@ BEGIN
     -- Put back at the end: rag_process_queue runs this inside its caller's transaction.
     v_lock_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
-    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    v_missing := rag._collections_missing_indexes(p_idle);
+    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks. Only
+    -- those of the collections rag_process_queue's caller may process (rag._claim_scope), when it is the caller:
+    -- another's index built in its transaction held that collection's stores until it ended.
+    v_missing := ARRAY(SELECT m.id FROM unnest(rag._collections_missing_indexes(p_idle)) m(id)
+                        WHERE rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()));
     FOREACH v_id IN ARRAY v_missing LOOP
         PERFORM rag._ensure_index(v_id);
     END LOOP;

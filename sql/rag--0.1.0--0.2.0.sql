@@ -996,6 +996,17 @@ BEGIN
             (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
+    -- A new collection's partition does not exist yet. One that does belongs to a collection a restore is
+    -- bringing back (pg_restore --section=pre-data makes the partitions; the collections' rows and their id
+    -- sequence come with the data section): taking its id, as any rag_admin connected in between could, gave
+    -- the new collection the restored one's chunks, documents and grants, and failed the restore's rows
+    -- (red team 14).
+    IF to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
+        RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
+                        v_id, rag._chunk_partition(v_id)
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
+    END IF;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
     -- first failed document. (A local model's window is enforced when it is chosen.)
@@ -1391,8 +1402,11 @@ BEGIN
     -- Put back at the end: rag_process_queue runs this inside its caller's transaction.
     v_lock_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
-    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks.
-    v_missing := rag._collections_missing_indexes(p_idle);
+    -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks. Only
+    -- those of the collections rag_process_queue's caller may process (rag._claim_scope), when it is the caller:
+    -- another's index built in its transaction held that collection's stores until it ended.
+    v_missing := ARRAY(SELECT m.id FROM unnest(rag._collections_missing_indexes(p_idle)) m(id)
+                        WHERE rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()));
     FOREACH v_id IN ARRAY v_missing LOOP
         PERFORM rag._ensure_index(v_id);
     END LOOP;
@@ -2665,7 +2679,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
+-- Any other lock it needs is waited for at most 2 s (the worker measures when idle; another time will do).
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     v_id integer := p_collection_id;
     v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
@@ -2685,8 +2700,10 @@ BEGIN
     -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
     -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
     -- check of rag.lexeme_measures for a drop that held the row deadlocked with it, right after a load (whose end
-    -- asks for a measure). KEY SHARE is what that check takes; a drop or another change under way is skipped.
-    PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
+    -- asks for a measure). SHARE: a drop or another change under way is skipped, an admin's uncommitted
+    -- rag_set_search included (FOR NO KEY UPDATE, which KEY SHARE passes: the measure then waited, without end,
+    -- for the index that change had dropped, and the worker with it).
+    PERFORM 1 FROM rag.collections WHERE id = v_id FOR SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -3876,6 +3893,13 @@ DECLARE
     v_count bigint;
     v_batch record;
     v_waiting integer[] := '{}';
+    -- rag_process_queue run by a role that is not a superuser spreads only the batches of the watches of the
+    -- collections it may process (rag._claim_scope): the others', held until its caller's transaction ends, kept
+    -- every other session's rows from the worker meanwhile (review of red team 12).
+    v_scope integer[] := rag._claim_scope();
+    v_outside integer[] := CASE WHEN rag._claim_scope() IS NOT NULL
+                                THEN ARRAY(SELECT w.id FROM rag.watches w
+                                            WHERE NOT w.collection_id = ANY (rag._claim_scope())) END;
 BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
@@ -3884,7 +3908,7 @@ BEGIN
         SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
           JOIN rag.watches w ON w.id = b.watch_id
-         WHERE b.key_values IS NOT NULL
+         WHERE b.key_values IS NOT NULL AND (v_scope IS NULL OR w.collection_id = ANY (v_scope))
          ORDER BY b.id LIMIT p_limit
            FOR UPDATE OF b SKIP LOCKED
     LOOP
@@ -3906,7 +3930,7 @@ BEGIN
     END LOOP;
     -- Watches whose keys another transaction held at one of this session's last rounds (below) are left out for
     -- a few seconds: each look at them costs a lock_timeout, and a worker spreads before every row it claims.
-    v_waiting := rag._spread_waiting();
+    v_waiting := rag._spread_waiting() || coalesce(v_outside, '{}');
     BEGIN
         RETURN rag._spread_batches_of(NULL, p_limit, v_waiting);
     EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded
@@ -4616,6 +4640,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
 LANGUAGE sql AS $$
+    DELETE FROM rag.documents d USING rag.row_queue q
+     WHERE q.id = p_row_queue_id AND q.version = p_version AND d.watch_id = q.watch_id AND d.source_key = q.key;
     UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
            not_before = 'infinity'
      WHERE id = p_row_queue_id AND version = p_version;
@@ -4802,6 +4828,32 @@ GRANT rag_reader TO rag_writer;
 
 GRANT rag_writer TO rag_admin;
 
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT a.rolname FROM pg_catalog.pg_roles a
+              WHERE a.rolname IN ('rag_reader', 'rag_writer', 'rag_admin')
+                AND (a.rolcanlogin OR a.rolsuper OR a.rolcreaterole OR a.rolcreatedb OR a.rolreplication
+                     OR a.rolbypassrls)
+    LOOP
+        RAISE EXCEPTION 'role % exists with attributes rag does not give it (LOGIN, SUPERUSER, CREATEROLE, CREATEDB, '
+                        'REPLICATION or BYPASSRLS)', r.rolname
+            USING HINT = 'rag''s roles are NOLOGIN groups; a superuser should look into who made the role, then ALTER '
+                         'ROLE it NOLOGIN NOCREATEROLE … (or drop it) before installing rag.';
+    END LOOP;
+    FOR r IN SELECT g.rolname AS granted, h.rolname AS holder
+               FROM pg_catalog.pg_auth_members m
+               JOIN pg_catalog.pg_roles g ON g.oid = m.roleid
+               JOIN pg_catalog.pg_roles h ON h.oid = m.member
+              WHERE g.rolname IN ('rag_reader', 'rag_writer', 'rag_admin') AND m.admin_option AND NOT h.rolsuper
+    LOOP
+        RAISE EXCEPTION 'role % may grant % to anyone (ADMIN OPTION) and is not a superuser', r.holder, r.granted
+            USING HINT = format('REVOKE ADMIN OPTION FOR %I FROM %I, after checking whom it granted the role to '
+                                '(pg_auth_members), then run the command again.', r.granted, r.holder);
+    END LOOP;
+END $$;
+
 SELECT pg_catalog.pg_extension_config_dump('rag.providers', $$WHERE name NOT IN ('ollama', 'local')$$);
 
 DO $$
@@ -4956,11 +5008,12 @@ BEGIN
         -- runs becomes a member of rag, so a function a table owner's code made then (an update checks watch
         -- expressions as their owners) was handed to rag's owner here, SECURITY DEFINER and granted as one of
         -- rag's (review of red team 13: its owner became a superuser through it).
-        IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
+        IF f.proowner <> v_owner AND NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
             RAISE EXCEPTION 'function % is a member of extension rag but owned by %, who is not a superuser',
                             f.signature, pg_catalog.pg_get_userbyid(f.proowner)
-                USING HINT = 'Code of that role ran while rag''s script ran and created it: drop it (ALTER EXTENSION rag '
-                             'DROP FUNCTION …, then DROP FUNCTION …) and run the command again.';
+                USING HINT = 'Code of that role ran while rag''s script ran and created it (rag''s own functions belong to '
+                             'the extension''s owner): detach and drop that function (ALTER EXTENSION rag DROP FUNCTION '
+                             '…, then DROP FUNCTION …) and run the command again.';
         END IF;
         IF f.proowner <> v_owner THEN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));

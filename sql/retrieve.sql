@@ -240,7 +240,8 @@ $$;
 -- rag._keyword_query to judge exactly keeps no shares. At most rag._limit('lexeme_sample_chunks') chunks are read:
 -- the chunks of every n-th document. The idle worker calls it; returns the collection measured, or NULL.
 CREATE FUNCTION rag._measure_lexemes(p_collection_id integer DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
+-- Any other lock it needs is waited for at most 2 s (the worker measures when idle; another time will do).
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     v_id integer := p_collection_id;
     v_exact_chunks integer := rag._limit('keyword_exact_chunks')::integer;
@@ -260,8 +261,10 @@ BEGIN
     -- The collection's row before rag.chunks, the order rag_drop_collection takes them (the row, then the
     -- collection's indexes, which lock rag.chunks): reading the chunks first and then waiting at the foreign key
     -- check of rag.lexeme_measures for a drop that held the row deadlocked with it, right after a load (whose end
-    -- asks for a measure). KEY SHARE is what that check takes; a drop or another change under way is skipped.
-    PERFORM 1 FROM rag.collections WHERE id = v_id FOR KEY SHARE SKIP LOCKED;
+    -- asks for a measure). SHARE: a drop or another change under way is skipped, an admin's uncommitted
+    -- rag_set_search included (FOR NO KEY UPDATE, which KEY SHARE passes: the measure then waited, without end,
+    -- for the index that change had dropped, and the worker with it).
+    PERFORM 1 FROM rag.collections WHERE id = v_id FOR SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;

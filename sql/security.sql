@@ -18,6 +18,35 @@ BEGIN
 END $$;
 GRANT rag_reader TO rag_writer;
 GRANT rag_writer TO rag_admin;
+-- Roles of these names that existed before (made by a role with CREATEROLE before rag was first installed in the
+-- cluster, which since PostgreSQL 16 keeps ADMIN OPTION on the roles it makes) would decide who may do what with
+-- rag: such a role could grant itself rag_admin, or have given the roles LOGIN and a password (red team 14). They
+-- are taken only as rag makes them: no attribute but NOLOGIN, and nobody but superusers holding ADMIN OPTION.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT a.rolname FROM pg_catalog.pg_roles a
+              WHERE a.rolname IN ('rag_reader', 'rag_writer', 'rag_admin')
+                AND (a.rolcanlogin OR a.rolsuper OR a.rolcreaterole OR a.rolcreatedb OR a.rolreplication
+                     OR a.rolbypassrls)
+    LOOP
+        RAISE EXCEPTION 'role % exists with attributes rag does not give it (LOGIN, SUPERUSER, CREATEROLE, CREATEDB, '
+                        'REPLICATION or BYPASSRLS)', r.rolname
+            USING HINT = 'rag''s roles are NOLOGIN groups; a superuser should look into who made the role, then ALTER '
+                         'ROLE it NOLOGIN NOCREATEROLE … (or drop it) before installing rag.';
+    END LOOP;
+    FOR r IN SELECT g.rolname AS granted, h.rolname AS holder
+               FROM pg_catalog.pg_auth_members m
+               JOIN pg_catalog.pg_roles g ON g.oid = m.roleid
+               JOIN pg_catalog.pg_roles h ON h.oid = m.member
+              WHERE g.rolname IN ('rag_reader', 'rag_writer', 'rag_admin') AND m.admin_option AND NOT h.rolsuper
+    LOOP
+        RAISE EXCEPTION 'role % may grant % to anyone (ADMIN OPTION) and is not a superuser', r.holder, r.granted
+            USING HINT = format('REVOKE ADMIN OPTION FOR %I FROM %I, after checking whom it granted the role to '
+                                '(pg_auth_members), then run the command again.', r.granted, r.holder);
+    END LOOP;
+END $$;
 
 -- Everything users create is dumped with their database: every table's rows (the seeded 'ollama' and 'local'
 -- providers are re-created by CREATE EXTENSION, so they are left out) and every identity sequence's position.
@@ -192,11 +221,12 @@ BEGIN
         -- runs becomes a member of rag, so a function a table owner's code made then (an update checks watch
         -- expressions as their owners) was handed to rag's owner here, SECURITY DEFINER and granted as one of
         -- rag's (review of red team 13: its owner became a superuser through it).
-        IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
+        IF f.proowner <> v_owner AND NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = f.proowner) THEN
             RAISE EXCEPTION 'function % is a member of extension rag but owned by %, who is not a superuser',
                             f.signature, pg_catalog.pg_get_userbyid(f.proowner)
-                USING HINT = 'Code of that role ran while rag''s script ran and created it: drop it (ALTER EXTENSION rag '
-                             'DROP FUNCTION …, then DROP FUNCTION …) and run the command again.';
+                USING HINT = 'Code of that role ran while rag''s script ran and created it (rag''s own functions belong to '
+                             'the extension''s owner): detach and drop that function (ALTER EXTENSION rag DROP FUNCTION '
+                             '…, then DROP FUNCTION …) and run the command again.';
         END IF;
         IF f.proowner <> v_owner THEN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));

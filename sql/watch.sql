@@ -620,6 +620,13 @@ DECLARE
     v_count bigint;
     v_batch record;
     v_waiting integer[] := '{}';
+    -- rag_process_queue run by a role that is not a superuser spreads only the batches of the watches of the
+    -- collections it may process (rag._claim_scope): the others', held until its caller's transaction ends, kept
+    -- every other session's rows from the worker meanwhile (review of red team 12).
+    v_scope integer[] := rag._claim_scope();
+    v_outside integer[] := CASE WHEN rag._claim_scope() IS NOT NULL
+                                THEN ARRAY(SELECT w.id FROM rag.watches w
+                                            WHERE NOT w.collection_id = ANY (rag._claim_scope())) END;
 BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
@@ -628,7 +635,7 @@ BEGIN
         SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
           JOIN rag.watches w ON w.id = b.watch_id
-         WHERE b.key_values IS NOT NULL
+         WHERE b.key_values IS NOT NULL AND (v_scope IS NULL OR w.collection_id = ANY (v_scope))
          ORDER BY b.id LIMIT p_limit
            FOR UPDATE OF b SKIP LOCKED
     LOOP
@@ -650,7 +657,7 @@ BEGIN
     END LOOP;
     -- Watches whose keys another transaction held at one of this session's last rounds (below) are left out for
     -- a few seconds: each look at them costs a lock_timeout, and a worker spreads before every row it claims.
-    v_waiting := rag._spread_waiting();
+    v_waiting := rag._spread_waiting() || coalesce(v_outside, '{}');
     BEGIN
         RETURN rag._spread_batches_of(NULL, p_limit, v_waiting);
     EXCEPTION WHEN data_exception OR integrity_constraint_violation OR program_limit_exceeded
@@ -1413,8 +1420,12 @@ $$;
 -- error of class 54): reading it again gives the same answer until it changes, so it is not tried again until
 -- it is written to (the watch's triggers queue it with a new version and a due time) or rag_reindex(table);
 -- rag.watch_status counts it as failed, not pending. Unless a write queued a newer version meanwhile.
+-- The row's document of an earlier version, if it had one, goes: it would go on answering with text the row no
+-- longer holds, and count as ready beside the failure.
 CREATE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version bigint, p_error text) RETURNS void
 LANGUAGE sql AS $$
+    DELETE FROM rag.documents d USING rag.row_queue q
+     WHERE q.id = p_row_queue_id AND q.version = p_version AND d.watch_id = q.watch_id AND d.source_key = q.key;
     UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
            not_before = 'infinity'
      WHERE id = p_row_queue_id AND version = p_version;

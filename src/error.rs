@@ -52,9 +52,8 @@ pub enum RagError {
     /// A step gave up waiting for a lock another transaction holds (55P03): done again a little later, not a
     /// failure of the document.
     LockBusy(String),
-    /// A step refused what it was given as over one of PostgreSQL's or rag's limits (class 54: a watched row's
-    /// text or title too large, markup nested too deep): doing it again gives the same answer until the input
-    /// changes.
+    /// A step refused what it was given as over one of rag's limits (54000: a watched row's title or markup too
+    /// large, markup nested too deep): doing it again gives the same answer until the input changes.
     LimitExceeded(String),
     /// Something the extension's own invariants rule out, e.g. NULL in a NOT NULL column (XX000).
     Internal(String),

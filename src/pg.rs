@@ -143,6 +143,62 @@ pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
     )
 }
 
+/// What `ALTER DATABASE … SET` gave this worker's session, and the value the server's configuration gives each
+/// instead (`learn_database_defaults`); `settle_worker_session` applies them.
+#[derive(Default)]
+struct DatabaseDefaults {
+    /// Every setting ever undone: once undone, its source is this session, so a reload finds it by name.
+    names: Vec<String>,
+    values: Vec<(std::ffi::CString, std::ffi::CString)>,
+}
+
+thread_local! {
+    static DATABASE_DEFAULTS: std::cell::RefCell<DatabaseDefaults> =
+        std::cell::RefCell::new(DatabaseDefaults::default());
+}
+
+/// Reads which settings this worker's session took from its database's defaults (`ALTER DATABASE … SET`, which
+/// the database's owner may run, superuser or not) and what the server's configuration (its files, else the
+/// built-in default) gives each: a database's owner must not set the session of the superuser process that
+/// serves every role of the database (`exit_on_error` made each ERROR the worker catches a FATAL, and another
+/// owner's document was given up as one that kept stopping its worker; `maintenance_work_mem` would size its
+/// index builds). rag's own settings stay as the database sets them (the database's rag defaults are its
+/// owner's to choose, and none of them is one a superuser alone may set), and so do the ones the worker
+/// settles itself. Called in a transaction at the worker's start and after a reload (the names are kept: once
+/// undone, their source is this session).
+pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
+    let known = DATABASE_DEFAULTS.with_borrow(|defaults| defaults.names.clone());
+    let rows = pgrx::Spi::connect(|client| {
+        let table = client.select(
+            "SELECT s.name, coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
+                                       WHERE pg_catalog.lower(f.name) = pg_catalog.lower(s.name) AND f.error IS NULL
+                                       ORDER BY f.seqno DESC LIMIT 1), s.boot_val)
+               FROM pg_catalog.pg_settings s
+              WHERE (s.source IN ('database', 'database user') OR s.name = ANY ($1))
+                AND s.name NOT LIKE 'rag.%'
+                AND s.name NOT IN ('role', 'session_authorization', 'synchronous_commit')",
+            None,
+            &[known.into()],
+        )?;
+        let mut rows = Vec::new();
+        for row in table {
+            if let (Some(name), Some(value)) = (row.get::<String>(1)?, row.get::<String>(2)?) {
+                rows.push((name, value));
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    })?;
+    let names = rows.iter().map(|(name, _)| name.clone()).collect();
+    let values = rows
+        .into_iter()
+        .filter_map(|(name, value)| {
+            Some((std::ffi::CString::new(name).ok()?, std::ffi::CString::new(value).ok()?))
+        })
+        .collect();
+    DATABASE_DEFAULTS.set(DatabaseDefaults { names, values });
+    Ok(())
+}
+
 /// Settles a background worker's session right after it connects, before anything runs in it. The workers run
 /// as the bootstrap superuser, and the database's and role's defaults (`ALTER DATABASE … SET`, which a
 /// database's owner may run for settings any user may set) apply to them at connection. So:
@@ -153,10 +209,31 @@ pub fn ends_transaction(event: pg_sys::XactEvent::Type) -> bool {
 ///   SERIALIZABLE, statement, idle and transaction timeouts, non-standard strings) at PostgreSQL's own
 ///   defaults: `ALTER DATABASE d SET role = x` made every worker of the database run as x and fail from then
 ///   on. (Settings of loadable modules, such as `plpgsql.extra_errors`, are not reset.)
+/// - every other setting the database's defaults gave, at the server's own value (`learn_database_defaults`),
+///   rag's own excepted.
 ///
 /// Session-level settings, as SET would make: they outrank the database's and role's defaults, and a
 /// function's SET clause (also session-level) still replaces them while that function runs.
 pub fn settle_worker_session() {
+    DATABASE_DEFAULTS.with_borrow(|defaults| {
+        for (name, value) in &defaults.values {
+            // SAFETY: NUL-terminated strings owned by the thread-local for the call. WARNING, not ERROR, for a
+            // value the server would not take (none is expected: it is the server's own): logged, and the
+            // database's value stays for that setting.
+            unsafe {
+                pg_sys::set_config_option(
+                    name.as_ptr(),
+                    value.as_ptr(),
+                    pg_sys::GucContext::PGC_SUSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SET,
+                    true,
+                    pg_sys::WARNING as i32,
+                    false,
+                )
+            };
+        }
+    });
     // A database's owner may `ALTER DATABASE … SET session_authorization` (any role may set it, the check is
     // whether the session may become that role, which a superuser may): the worker then ran as that role, and
     // every step was refused at rag's schema. It is given back the identity it connected with, before `role`
@@ -179,6 +256,15 @@ pub fn settle_worker_session() {
         (c"statement_timeout", c"0"),
         (c"lock_timeout", c"0"),
         (c"idle_in_transaction_session_timeout", c"0"),
+        // Set before anything else runs (the database's other defaults are read in a transaction first): with
+        // it on, every ERROR the worker catches and records became a FATAL that ended the worker.
+        (c"exit_on_error", c"off"),
+        // Plans made for the values at hand, pruned to the collection's partition when they are planned. A
+        // generic plan over rag.chunks locks every partition when it starts, so an admin's uncommitted change that
+        // holds one collection's partition (rag_set_search's new build parameters drop its index) held the
+        // worker's stores of every other collection too (each waited out its lock_timeout, was put back, and
+        // came back to wait again).
+        (c"plan_cache_mode", c"force_custom_plan"),
         // rag's SQL is written for standard strings (its functions pin it too; the worker's own queries do not).
         (c"standard_conforming_strings", c"on"),
         // PostgreSQL 17 added a timeout that ends the whole session (FATAL) when a transaction runs longer.

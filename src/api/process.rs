@@ -1,9 +1,10 @@
 //! `rag_process_queue()`: the worker's job done in the caller's session, for servers where the library is
 //! not in shared_preload_libraries. Each step runs in a subtransaction, so one bad document is recorded as
 //! failed and the others still go through. Provider calls happen inside the caller's transaction here,
-//! which is the price of having no worker; a cancel or statement_timeout ends the whole call (nothing of the
-//! step it lands in is recorded), and every server call is held by the ledger trail, so that a rollback of
-//! the caller's transaction leaves a `rag ledger:` line for it in the server log.
+//! which is the price of having no worker; a cancel or statement_timeout stops the call (the step it lands in is
+//! undone and its item put back, what was finished stays, and the call returns with a WARNING), and every server
+//! call is held by the ledger trail, so that a rollback of the caller's transaction leaves a `rag ledger:` line
+//! for it in the server log.
 //!
 //! It runs as rag's owner with the caller's session, so what a caller may make it do is bounded: a role that
 //! is not a superuser has only the work of the collections it administers *and* may read whole (every row of
@@ -46,6 +47,7 @@ impl SessionRun {
 impl Drop for SessionRun {
     fn drop(&mut self) {
         SESSION.replace(Session::Idle);
+        INTERRUPTED.set(None);
     }
 }
 
@@ -101,21 +103,24 @@ fn scope_of_caller() -> Option<Vec<i32>> {
     .unwrap_or_raise()
 }
 
-/// An ERROR that ends the whole call rather than one step: a cancel (the caller's `pg_cancel_backend` or
-/// statement_timeout) or an administrator's shutdown. The worker records such things as a step's failure; a
-/// session asked to stop, and recording them failed other owners' documents ("storing vectors failed:
-/// canceling statement due to statement timeout").
-fn ends_the_call(caught: &pg_sys::panic::CaughtError) -> bool {
-    use pgrx::PgSqlErrorCode::*;
-    matches!(
-        crate::worker::transaction::sqlstate(caught),
-        Some(ERRCODE_QUERY_CANCELED | ERRCODE_ADMIN_SHUTDOWN | ERRCODE_OPERATOR_INTERVENTION)
-    )
+/// Whether a caught ERROR is PostgreSQL interrupting the call: the caller's `pg_cancel_backend` or
+/// statement_timeout, raised by ProcessInterrupts itself. Only that: a table owner's watch expression may
+/// RAISE the same SQLSTATE (57014), and taken as a cancel it ended every call at that row, a superuser's too
+/// (review of red team 12); raised by code, it is the row's failure, as in the worker.
+fn interrupts_the_call(caught: &pg_sys::panic::CaughtError) -> bool {
+    use pg_sys::panic::CaughtError;
+    let report = match caught {
+        CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => report,
+        CaughtError::RustPanic { .. } => return false,
+    };
+    report.sql_error_code() == pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED
+        && report.function_name() == Some("ProcessInterrupts")
 }
 
-enum Caught {
-    Failed(RagError),
-    EndsTheCall(Box<pg_sys::panic::CaughtError>),
+thread_local! {
+    /// Set when PostgreSQL interrupted this backend's `rag_process_queue` call, with its message: from then on no
+    /// step runs (the document or row under way must not be recorded as failed) and the call returns.
+    static INTERRUPTED: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 struct Subtransactions;
@@ -125,6 +130,9 @@ impl Steps for Subtransactions {
         &self,
         body: impl FnOnce() -> Result<R, E> + UnwindSafe + RefUnwindSafe,
     ) -> Result<R, RagError> {
+        if let Some(message) = INTERRUPTED.with_borrow(Clone::clone) {
+            return Err(RagError::Aborted(message));
+        }
         // SAFETY: the pattern PL/pgSQL uses for an exception block: remember the memory context and resource
         // owner, start an internal subtransaction, and restore both after releasing or rolling it back; the
         // body's ERROR is caught by PgTryBuilder before the rollback.
@@ -135,20 +143,20 @@ impl Steps for Subtransactions {
             pg_sys::MemoryContextSwitchTo(context);
             let outcome = PgTryBuilder::new(|| Ok(body()))
                 .catch_others(|caught| {
-                    if ends_the_call(&caught) {
-                        return Err(Caught::EndsTheCall(Box::new(caught)));
+                    let message = crate::worker::transaction::describe(&caught);
+                    if interrupts_the_call(&caught) {
+                        INTERRUPTED.set(Some(message.clone()));
+                        return Err(RagError::Aborted(message));
                     }
                     // As the worker's steps fail: a lock wait given up (a store's 2 s bound) puts the document
                     // back, a limit fails a watched row until it is written again.
-                    Err(Caught::Failed(
-                        crate::worker::transaction::StepFailure {
-                            lock_busy: crate::worker::transaction::sqlstate(&caught)
-                                == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE),
-                            limit_exceeded: crate::worker::transaction::limit_exceeded(&caught),
-                            message: crate::worker::transaction::describe(&caught),
-                        }
-                        .into_error(),
-                    ))
+                    Err(crate::worker::transaction::StepFailure {
+                        lock_busy: crate::worker::transaction::sqlstate(&caught)
+                            == Some(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE),
+                        limit_exceeded: crate::worker::transaction::limit_exceeded(&caught),
+                        message,
+                    }
+                    .into_error())
                 })
                 .execute();
             match outcome {
@@ -158,24 +166,81 @@ impl Steps for Subtransactions {
                     pg_sys::CurrentResourceOwner = owner;
                     result.map_err(Into::into)
                 }
-                Err(caught) => {
+                Err(error) => {
                     pg_sys::RollbackAndReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    match caught {
-                        Caught::Failed(error) => Err(error),
-                        // Raised again once the step's subtransaction is gone: the caller's statement ends
-                        // with PostgreSQL's own error, and nothing of the step is left.
-                        Caught::EndsTheCall(caught) => caught.rethrow(),
-                    }
+                    Err(error)
                 }
             }
         }
     }
 
     fn interrupted(&self) -> bool {
-        pgrx::check_for_interrupts!();
-        false
+        // Looked at in a subtransaction of its own, as a step is: a cancel that lands while a provider answers
+        // (this is called while waiting for it) is caught there and stops the call like one in a step, instead of
+        // ending the caller's statement with every finished step undone.
+        let _ = self.run(|| {
+            pgrx::check_for_interrupts!();
+            Ok::<(), RagError>(())
+        });
+        INTERRUPTED.with_borrow(Option::is_some)
+    }
+}
+
+/// After an interrupt: the claims this call still holds (the document or row under way) go back, for the worker
+/// or the next call, and stop counting as unfinished (five of those give a document up). In a step of its own,
+/// waiting at most a second for any lock (the cancel that stopped the call has been used up, so nothing else
+/// would bound the wait), and with the foreign key checks off for it: the queue row was updated by the claim
+/// earlier in this transaction, so PostgreSQL checks its document again on any update, and a transaction that
+/// holds the document (the very thing the call was stopped waiting for) would hold the release too. Only the
+/// claim's columns change; the key they check does not.
+fn release_claims() {
+    let released = Subtransactions.run(|| {
+        Spi::connect_mut(|client| {
+            let previous = client
+                .select(
+                    "SELECT pg_catalog.current_setting('lock_timeout'), \
+                            pg_catalog.current_setting('session_replication_role')",
+                    Some(1),
+                    &[],
+                )?
+                .first()
+                .get_two::<String, String>()?;
+            client.update(
+                "SELECT pg_catalog.set_config('lock_timeout', '1s', true), \
+                        pg_catalog.set_config('session_replication_role', 'replica', true)",
+                None,
+                &[],
+            )?;
+            client.update(
+                "UPDATE rag.queue SET claimed_by = NULL, claimed_at = NULL,
+                        unfinished_claims = greatest(unfinished_claims - 1, 0)
+                  WHERE claimed_by = pg_catalog.pg_backend_pid()",
+                None,
+                &[],
+            )?;
+            client.update(
+                "UPDATE rag.row_queue SET claimed_by = NULL, attempts = greatest(attempts - 1, 0)
+                  WHERE claimed_by = pg_catalog.pg_backend_pid()",
+                None,
+                &[],
+            )?;
+            client.update(
+                "SELECT pg_catalog.set_config('lock_timeout', $1, true), \
+                        pg_catalog.set_config('session_replication_role', $2, true)",
+                None,
+                &[
+                    previous.0.unwrap_or_default().into(),
+                    previous.1.unwrap_or_else(|| "origin".to_string()).into(),
+                ],
+            )?;
+            Ok::<_, pgrx::spi::Error>(())
+        })
+    });
+    if let Err(error) = released {
+        // They are free once this session ends (claims of gone processes are taken again).
+        pgrx::warning!("rag_process_queue: putting back what it had claimed: {error}");
     }
 }
 
@@ -202,7 +267,19 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     let mut rng = SplitMix64::from_entropy();
     let mut worked = 0;
     while worked < max_items.max(0) {
-        match process_next(&Subtransactions, &mut providers, &mut rng, 1) {
+        let step = process_next(&Subtransactions, &mut providers, &mut rng, 1);
+        if let Some(message) = INTERRUPTED.with_borrow(Clone::clone) {
+            // What the call finished stays; the step under way was undone and its item goes back. The
+            // statement returns, so a call under statement_timeout (cron's, say) keeps making progress on a
+            // backlog it cannot finish in one go.
+            INTERRUPTED.set(None);
+            release_claims();
+            pgrx::warning!(
+                "rag_process_queue stopped: {message}; the {worked} items it finished are kept, the one under way was put back"
+            );
+            return worked;
+        }
+        match step {
             Ok(Step::Worked) => worked += 1,
             Ok(Step::Idle(_)) => {
                 // The queue is empty: what a worker's idle moment does for indexes (a load whose index a

@@ -47,6 +47,17 @@ fn wait_for_matching_schema(steps: &WorkerTransactions) -> bool {
 /// 0.2 ms (this project's machine: scripts/bench-commit measured both modes equal), a lot where flushes are
 /// slow or queue behind other writers. `rag.worker_synchronous_commit = on` keeps the server's setting.
 /// Users' own commits are never touched.
+/// `crate::pg::learn_database_defaults` in a transaction of its own; a failure leaves the settings the database
+/// gave (logged: the fixed ones of `settle_worker_session` still apply).
+fn learn_database_defaults() {
+    if let Err(failure) = crate::worker::transaction::run(crate::pg::learn_database_defaults)
+        .map_err(|failure| failure.message)
+        .and_then(|learned| learned.map_err(|error| error.to_string()))
+    {
+        pgrx::log!("rag worker: reading the database's settings to undo: {failure}");
+    }
+}
+
 fn apply_commit_mode(steps: &WorkerTransactions) {
     let statement = if crate::settings::WORKER_SYNCHRONOUS_COMMIT.get() {
         "SET synchronous_commit TO DEFAULT"
@@ -206,6 +217,10 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let database = registry::slot_database(slot);
     crate::pg::mark_rag_worker();
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    // Settled first (its identity, exit_on_error), then once more with the database's other defaults undone,
+    // which takes a transaction to read.
+    crate::pg::settle_worker_session();
+    learn_database_defaults();
     crate::pg::settle_worker_session();
     registry::mark_running(slot);
     // Started just before a DROP DATABASE (or similar) paused this database: leave it to that command.
@@ -235,6 +250,9 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         if BackgroundWorker::sighup_received() {
             crate::pg::reload_configuration();
+            // The files' values may have changed: the database's defaults are undone with the new ones.
+            learn_database_defaults();
+            crate::pg::settle_worker_session();
             apply_commit_mode(&steps);
             providers.forget_client();
         }

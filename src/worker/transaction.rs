@@ -6,8 +6,8 @@ use pgrx::{PgSqlErrorCode, PgTryBuilder};
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 /// Why a step was rolled back: PostgreSQL's message, and whether it was a lock wait given up
-/// (`lock_not_available`: the step can simply be done again a little later) or a limit (class 54: again
-/// only once what it was given changes).
+/// (`lock_not_available`: the step can simply be done again a little later) or a limit (54000: again only
+/// once what it was given changes).
 pub struct StepFailure {
     pub message: String,
     pub lock_busy: bool,
@@ -25,17 +25,11 @@ impl StepFailure {
     }
 }
 
-/// Whether a caught ERROR is one of class 54, "program limit exceeded".
+/// Whether a caught ERROR is "program limit exceeded" (54000), the SQLSTATE of rag's limits on what a row or
+/// document holds. Not the rest of class 54: "stack depth limit exceeded" (54001) depends on how deep the
+/// process was when it ran, and "too many columns" on the table, not on the row (review of red team 12).
 pub(crate) fn limit_exceeded(caught: &pg_sys::panic::CaughtError) -> bool {
-    matches!(
-        sqlstate(caught),
-        Some(
-            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
-                | PgSqlErrorCode::ERRCODE_STATEMENT_TOO_COMPLEX
-                | PgSqlErrorCode::ERRCODE_TOO_MANY_COLUMNS
-                | PgSqlErrorCode::ERRCODE_TOO_MANY_ARGUMENTS
-        )
-    )
+    sqlstate(caught) == Some(PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED)
 }
 
 pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, StepFailure> {

@@ -5,7 +5,7 @@ import os
 import time
 import unittest
 
-from support import drop_database, psql, scalar
+from support import drop_database, psql, scalar, wait_until
 
 
 def worker_connected(db, seconds=30):
@@ -233,9 +233,15 @@ class DatabaseCommands(unittest.TestCase):
             psql("ALTER DATABASE rag_e2e_defaults SET role = 'rag_e2e_nobody';"
                  "ALTER DATABASE rag_e2e_defaults SET session_authorization = 'rag_e2e_nobody';"
                  "ALTER DATABASE rag_e2e_defaults SET default_transaction_read_only = on;"
-                 "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';", db="postgres")
+                 "ALTER DATABASE rag_e2e_defaults SET statement_timeout = '1ms';"
+                 # Red team 14: every ERROR the worker catches became a FATAL, and a row or document that failed
+                 # was counted as one that kept stopping its worker.
+                 "ALTER DATABASE rag_e2e_defaults SET exit_on_error = on;"
+                 # Any other default the database's owner may set reaches no further than their own sessions: the
+                 # worker runs with the server's configuration (a watch expression below reads it).
+                 "ALTER DATABASE rag_e2e_defaults SET DateStyle = 'SQL, DMY';", db="postgres")
             session = ("SET SESSION AUTHORIZATION DEFAULT; SET ROLE NONE; SET default_transaction_read_only = off; "
-                       "SET statement_timeout = 0;\n")
+                       "SET statement_timeout = 0; SET exit_on_error = off;\n")
             if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
                 # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too. This test's
                 # own sessions set it at connection, before their first transaction could time out.
@@ -251,10 +257,53 @@ class DatabaseCommands(unittest.TestCase):
             self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
             self.assertEqual(psql(session + "SELECT status FROM rag.documents WHERE title = 'defaults'",
                                   db="rag_e2e_defaults"), [["ready"]])
+            psql(session + "CREATE TABLE styles (id int PRIMARY KEY); INSERT INTO styles VALUES (1); "
+                 "SELECT rag_watch('styles', 'c', content => 'pg_catalog.current_setting(''DateStyle'')')",
+                 db="rag_e2e_defaults")
+            self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
+            self.assertEqual(psql(session + "SELECT body FROM rag.documents WHERE source = 'styles'",
+                                  db="rag_e2e_defaults"), [["ISO, MDY"]])
+            # A watched row whose expression fails is failed with its reason, the worker going on.
+            psql(session + "CREATE TABLE divided (id int PRIMARY KEY, n int); INSERT INTO divided VALUES (1, 0); "
+                 "SELECT rag_watch('divided', 'c', content => '(100 / n)::text')", db="rag_e2e_defaults")
+            self.assertTrue(wait_until(session.strip() + " SELECT last_error LIKE '%division by zero%' "
+                                          "FROM rag.watch_status WHERE source = 'divided'",
+                                          db="rag_e2e_defaults", seconds=30),
+                            repr(psql(session + "SELECT * FROM rag.watch_status", db="rag_e2e_defaults")))
+            pid = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                         "AND datname = 'rag_e2e_defaults'", db="postgres")
+            psql(session + "SELECT rag_ingest('c', 'after', 'Indexed after a watched row failed.')", db="rag_e2e_defaults")
+            self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
+            self.assertEqual(scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                    "AND datname = 'rag_e2e_defaults'", db="postgres"), pid,
+                             "the worker was replaced: a caught error ended it")
         finally:
             os.environ.pop("PGOPTIONS", None)
             psql("DROP DATABASE IF EXISTS rag_e2e_defaults WITH (FORCE)", db="postgres")
             psql("DROP ROLE IF EXISTS rag_e2e_nobody", db="postgres")
+
+    def test_rag_roles_someone_else_controls_stop_the_install(self):
+        # A CREATEROLE role that made rag_reader, rag_writer and rag_admin before rag's first install kept ADMIN
+        # OPTION on them (PostgreSQL 16+), which the install adopted: it could grant itself rag_admin (red team
+        # 14). The state is made here by a superuser's grant, as on PostgreSQL 15, where CREATEROLE alone does it.
+        psql("DROP ROLE IF EXISTS rag_e2e_hr; CREATE ROLE rag_e2e_hr LOGIN CREATEROLE; "
+             "GRANT rag_admin TO rag_e2e_hr WITH ADMIN OPTION", db="postgres")
+        drop_database("rag_e2e_roles")
+        psql("CREATE DATABASE rag_e2e_roles", db="postgres")
+        try:
+            status, _, err = psql("CREATE EXTENSION rag CASCADE", db="rag_e2e_roles", check=False)
+            self.assertNotEqual(status, 0)
+            self.assertIn("role rag_e2e_hr may grant rag_admin to anyone (ADMIN OPTION) and is not a superuser", err)
+            psql("REVOKE ADMIN OPTION FOR rag_admin FROM rag_e2e_hr; ALTER ROLE rag_reader LOGIN", db="postgres")
+            status, _, err = psql("CREATE EXTENSION rag CASCADE", db="rag_e2e_roles", check=False)
+            self.assertNotEqual(status, 0)
+            self.assertIn("role rag_reader exists with attributes rag does not give it", err)
+            psql("ALTER ROLE rag_reader NOLOGIN", db="postgres")
+            psql("CREATE EXTENSION rag CASCADE", db="rag_e2e_roles")
+        finally:
+            psql("ALTER ROLE rag_reader NOLOGIN; REVOKE rag_admin FROM rag_e2e_hr", db="postgres")
+            drop_database("rag_e2e_roles")
+            psql("DROP ROLE IF EXISTS rag_e2e_hr", db="postgres")
 
     def test_a_role_that_may_create_databases_copies_a_template_in_use(self):
         # A database marked as a template may be copied by any role with CREATEDB, not only by its owner: the

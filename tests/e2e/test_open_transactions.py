@@ -88,3 +88,31 @@ class OpenTransactions(InItsOwnDatabase):
         finally:
             holder.communicate(input="COMMIT;\n", timeout=30)
         self.assertEqual(scalar("SELECT rag_wait('ot_held', '90 seconds')", db=DB), "t")
+
+    def test_an_uncommitted_search_change_does_not_hold_the_lexeme_measure(self):
+        # rag_set_search with new build parameters drops the collection's index in the admin's transaction. The
+        # worker's idle lexeme measure passed the collection's row (FOR NO KEY UPDATE lets KEY SHARE through) and
+        # then waited, without end, for the dropped index's lock, serving nothing else meanwhile (review of red
+        # team 12). It skips a collection under change now, and waits for other locks at most 2 s.
+        psql("SELECT rag_create_collection('ot_measured', embedding_model => 'hash-384', dimensions => 384); "
+             "SELECT rag_create_collection('ot_bystander', embedding_model => 'hash-384')", db=DB)
+        psql("SELECT rag_ingest('ot_measured', 'Note ' || g, 'Note ' || g || ' about measuring words.') "
+             "FROM generate_series(1, 3) g", db=DB)
+        self.assertEqual(scalar("SELECT rag_wait('ot_measured', '60 seconds')", db=DB), "t")
+        holder = background_psql("BEGIN; SELECT 'changed' FROM rag_set_search('ot_measured', m => 8, ef_construction => 40);",
+                                 db=DB)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "changed")
+            psql("UPDATE rag.lexeme_measures SET measured_at = '-infinity' "
+                 "WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'ot_measured')", db=DB)
+            time.sleep(1)  # the idle worker takes the measure that is due
+            psql("SELECT rag_ingest('ot_bystander', 'Bystander', 'A document of another collection.')", db=DB)
+            self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Bystander'", db=DB,
+                                       seconds=20),
+                            "the worker waited for the admin's transaction: "
+                            + repr(psql("SELECT wait_event_type, wait_event, left(query, 200) FROM pg_stat_activity "
+                                        f"WHERE backend_type = 'rag worker' AND datname = '{DB}'", db=DB))
+                            + repr(psql("SELECT l.relation::regclass, l.mode, l.granted FROM pg_locks l JOIN pg_stat_activity a "
+                                        "ON a.pid = l.pid WHERE a.backend_type = 'rag worker' AND NOT l.granted", db=DB)))
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)

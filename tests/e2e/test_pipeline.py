@@ -565,21 +565,31 @@ class WithoutPreload(unittest.TestCase):
         self.assertEqual(run("SELECT status FROM rag.documents WHERE title = 'Memo'"), [["processing"]])
         self.assertEqual(run("SELECT count(*) FROM rag.row_queue"), [["1"]])
         # Its owner's call is cut short by its own statement_timeout while another transaction holds the
-        # document: the call ends with PostgreSQL's error, and the document stays queued, untried.
+        # document: the call stops and returns, with a WARNING; the document under way is put back untried and
+        # unclaimed (before, the timeout was caught as the step's failure and the call went on).
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.documents WHERE title = 'Memo' FOR UPDATE;",
                                  db="postgres", port=port)
         try:
             self.assertEqual(holder.stdout.readline().strip(), "held")
             started = time.time()
-            status, _, err = psql("SET statement_timeout = '500ms'; SELECT rag_process_queue()",
-                                  db="postgres", port=port, user="pq_owner", check=False)
-            self.assertNotEqual(status, 0)
-            self.assertIn("canceling statement due to statement timeout", err)
+            status, rows, err = psql("SET statement_timeout = '500ms'; SELECT rag_process_queue()",
+                                     db="postgres", port=port, user="pq_owner", check=False)
+            self.assertEqual(status, 0, err)
+            self.assertIn("rag_process_queue stopped: canceling statement due to statement timeout", err)
             self.assertLess(time.time() - started, 10, "the timeout was caught by a step")
         finally:
             holder.communicate(input="COMMIT;\n", timeout=60)
-        self.assertEqual(run("SELECT d.status, q.attempts FROM rag.documents d JOIN rag.queue q ON q.document_id = d.id "
-                             "WHERE d.title = 'Memo'"), [["processing", "0"]])
+        self.assertEqual(run("SELECT d.status, q.attempts, q.claimed_by IS NULL FROM rag.documents d "
+                             "JOIN rag.queue q ON q.document_id = d.id WHERE d.title = 'Memo'"),
+                         [["processing", "0", "t"]])
+        self.assertEqual(run("SELECT count(*) FROM rag.row_queue WHERE claimed_by IS NOT NULL"), [["0"]])
+        # A table owner's expression that RAISEs the cancel's SQLSTATE is that row's failure, not a cancel: it
+        # had ended every call at that row, anyone's (review of red team 12).
+        run("CREATE TABLE pq_cancels (id int PRIMARY KEY, body text); "
+            "INSERT INTO pq_cancels VALUES (1, 'raises'); "
+            "CREATE FUNCTION pq_raise(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $f$ "
+            "BEGIN RAISE EXCEPTION 'canceling statement due to user request' USING ERRCODE = 'query_canceled'; END $f$; "
+            "SELECT rag_watch('pq_cancels', 'pq-private', content => 'public.pq_raise(body)')", user="pq_owner")
         # A call rolled back leaves each provider call it made in the server log.
         with open(f"{self.data}/server.log") as f:
             f.seek(0, 2)
@@ -588,10 +598,26 @@ class WithoutPreload(unittest.TestCase):
         self.assertIn('"provider_call":"embedding documents"', logged)
         self.assertIn('"rolled_back":true', logged)
         self.assertIn('"role":"pq_owner"', logged)
-        # Its owner processes it.
-        self.assertEqual(run("SELECT rag_process_queue() >= 2", user="pq_owner"), [["t"]])
+        # Its owner processes it; the raising row fails with its reason, and the call goes on past it.
+        self.assertEqual(run("SELECT rag_process_queue() >= 3", user="pq_owner"), [["t"]])
         self.assertEqual(run("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
                              "WHERE c.name = 'pq-private' AND d.status = 'ready'"), [["2"]])
+        self.assertIn("canceling statement due to user request",
+                      run("SELECT last_error FROM rag.watch_status WHERE source = 'pq_cancels'")[0][0])
+        # Nor does the other role's call take up another's housekeeping: spreading a watched table's batches of
+        # keys in its own transaction, left open, had kept them from everyone else's calls (review of red team 12).
+        run("INSERT INTO pq_rows VALUES (2, 'Another row written while another call stays open.')", user="pq_owner")
+        other = background_psql("BEGIN; SET ROLE pq_other; SELECT 'held', rag_process_queue();", db="postgres", port=port)
+        try:
+            self.assertEqual(other.stdout.readline().strip(), "held|0")
+            # A written row waits a moment for more writes to it (the watch's delay) before it is due.
+            deadline = time.time() + 30
+            while run("SELECT count(*) FROM rag.documents WHERE source = 'pq_rows'") != [["2"]]:
+                self.assertLess(time.time(), deadline, "the row was not processed while the other call stayed open")
+                run("SELECT rag_process_queue()", user="pq_owner")
+                time.sleep(0.2)
+        finally:
+            other.communicate(input="ROLLBACK;\n", timeout=60)
 
 if __name__ == "__main__":
     unittest.main()

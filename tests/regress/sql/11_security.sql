@@ -1405,6 +1405,26 @@ DROP TABLE sec_attacker.pages;
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
+-- Between the sections of a restore the collections' partitions exist, their rows and id sequence not yet: a
+-- collection made then took a restored one's id, and its chunks, documents and grants (red team 14). The next
+-- id's partition is made here as pg_restore --section=pre-data would have made it.
+DO $$ BEGIN
+    EXECUTE format('CREATE TABLE rag.%I (LIKE rag.chunks)',
+                   'chunks_c' || (pg_sequence_last_value('rag.collections_id_seq') + 1));
+END $$;
+SET ROLE sec_attacker;
+DO $$ BEGIN
+    PERFORM rag_create_collection('during-a-restore', embedding_model => 'hash-384');
+EXCEPTION WHEN object_in_use THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N', 'g');
+END $$;
+RESET ROLE;
+SELECT count(*) AS made_during_the_restore FROM rag.collections WHERE name = 'during-a-restore';
+DO $$ BEGIN
+    EXECUTE format('DROP TABLE rag.%I', 'chunks_c' || pg_sequence_last_value('rag.collections_id_seq'));
+END $$;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
