@@ -164,10 +164,15 @@ thread_local! {
 /// owner's document was given up as one that kept stopping its worker; `maintenance_work_mem` would size its
 /// index builds). rag's own settings stay as the database sets them (the database's rag defaults are its
 /// owner's to choose, and none of them is one a superuser alone may set), and so do the ones the worker
-/// settles itself. Called in a transaction at the worker's start and after a reload (the names are kept: once
-/// undone, their source is this session).
+/// settles itself; nor `client_encoding`, whose built-in default is not the one a session gets (the database's
+/// encoding), and which a worker with no client does not use. A value given on the server's command line is not
+/// known here once the database overrode it: the file's or PostgreSQL's own is used. Called in a transaction at
+/// the worker's start and after a reload (the names are kept: once undone, their source is this session).
 pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
     let known = DATABASE_DEFAULTS.with_borrow(|defaults| defaults.names.clone());
+    // PL/pgSQL's settings exist only once it is loaded; until then a database's `plpgsql.variable_conflict`
+    // waits as a placeholder that pg_settings does not list, and would take effect in rag's functions later.
+    pgrx::Spi::run("DO $$ BEGIN END $$")?;
     let rows = pgrx::Spi::connect(|client| {
         let table = client.select(
             "SELECT s.name, coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f
@@ -176,7 +181,7 @@ pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
                FROM pg_catalog.pg_settings s
               WHERE (s.source IN ('database', 'database user') OR s.name = ANY ($1))
                 AND s.name NOT LIKE 'rag.%'
-                AND s.name NOT IN ('role', 'session_authorization', 'synchronous_commit')",
+                AND s.name NOT IN ('role', 'session_authorization', 'synchronous_commit', 'client_encoding')",
             None,
             &[known.into()],
         )?;

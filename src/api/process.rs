@@ -121,6 +121,15 @@ thread_local! {
     /// Set when PostgreSQL interrupted this backend's `rag_process_queue` call, with its message: from then on no
     /// step runs (the document or row under way must not be recorded as failed) and the call returns.
     static INTERRUPTED: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The start of the statement a call of which was interrupted: PostgreSQL raises a statement's timeout
+    /// once, so the statement's later calls (a loop calling rag_process_queue) return at once instead of
+    /// running on past the timeout the first call stopped for (second review of red team 12's fixes).
+    static STOPPED_STATEMENT: std::cell::Cell<Option<pg_sys::TimestampTz>> = const { std::cell::Cell::new(None) };
+}
+
+fn statement_started() -> pg_sys::TimestampTz {
+    // SAFETY: reads the start time PostgreSQL keeps for the current statement; never raises.
+    unsafe { pg_sys::GetCurrentStatementStartTimestamp() }
 }
 
 struct Subtransactions;
@@ -188,8 +197,8 @@ impl Steps for Subtransactions {
     }
 }
 
-/// After an interrupt: the claims this call still holds (the document or row under way) go back, for the worker
-/// or the next call, and stop counting as unfinished (five of those give a document up). In a step of its own,
+/// After an interrupt: the claims this call still holds go back, for the worker or the next call: a document's
+/// stops counting as unfinished (five of those give a document up); a watched row's backs off, as below. In a step of its own,
 /// waiting at most a second for any lock (the cancel that stopped the call has been used up, so nothing else
 /// would bound the wait), and with the foreign key checks off for it: the queue row was updated by the claim
 /// earlier in this transaction, so PostgreSQL checks its document again on any update, and a transaction that
@@ -220,8 +229,15 @@ fn release_claims() {
                 None,
                 &[],
             )?;
+            // A watched row under way ran its table owner's expressions, which may be what took the time: stopped
+            // there, it backs off like a row that failed (its claim counted an attempt), so that a slow expression
+            // does not stop every time-bounded call at the same row, a superuser's too, with nothing behind it
+            // processed (second review of red team 12's fixes).
             client.update(
-                "UPDATE rag.row_queue SET claimed_by = NULL, attempts = greatest(attempts - 1, 0)
+                "UPDATE rag.row_queue SET claimed_by = NULL,
+                        last_error = 'rag_process_queue was stopped (a cancel or statement_timeout) while syncing this row',
+                        not_before = now() + least(interval '30 seconds' * power(2, least(greatest(attempts, 1) - 1, 7)),
+                                                   interval '1 hour')
                   WHERE claimed_by = pg_catalog.pg_backend_pid()",
                 None,
                 &[],
@@ -262,6 +278,9 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
         .doing(|| "checking for a standby".to_string())
         .unwrap_or_raise();
     }
+    if STOPPED_STATEMENT.get() == Some(statement_started()) {
+        return 0;
+    }
     let _run = SessionRun::start(scope_of_caller());
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
@@ -273,6 +292,7 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
             // statement returns, so a call under statement_timeout (cron's, say) keeps making progress on a
             // backlog it cannot finish in one go.
             INTERRUPTED.set(None);
+            STOPPED_STATEMENT.set(Some(statement_started()));
             release_claims();
             pgrx::warning!(
                 "rag_process_queue stopped: {message}; the {worked} items it finished are kept, the one under way was put back"

@@ -239,7 +239,9 @@ class DatabaseCommands(unittest.TestCase):
                  "ALTER DATABASE rag_e2e_defaults SET exit_on_error = on;"
                  # Any other default the database's owner may set reaches no further than their own sessions: the
                  # worker runs with the server's configuration (a watch expression below reads it).
-                 "ALTER DATABASE rag_e2e_defaults SET DateStyle = 'SQL, DMY';", db="postgres")
+                 "ALTER DATABASE rag_e2e_defaults SET DateStyle = 'SQL, DMY';"
+                 # PL/pgSQL's own, which exist only once it is loaded (a placeholder until then).
+                 "ALTER DATABASE rag_e2e_defaults SET plpgsql.variable_conflict = 'use_column';", db="postgres")
             session = ("SET SESSION AUTHORIZATION DEFAULT; SET ROLE NONE; SET default_transaction_read_only = off; "
                        "SET statement_timeout = 0; SET exit_on_error = off;\n")
             if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
@@ -263,6 +265,12 @@ class DatabaseCommands(unittest.TestCase):
             self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
             self.assertEqual(psql(session + "SELECT body FROM rag.documents WHERE source = 'styles'",
                                   db="rag_e2e_defaults"), [["ISO, MDY"]])
+            psql(session + "CREATE TABLE conflicts (id int PRIMARY KEY); INSERT INTO conflicts VALUES (1); "
+                 "SELECT rag_watch('conflicts', 'c', "
+                 "content => 'pg_catalog.current_setting(''plpgsql.variable_conflict'')')", db="rag_e2e_defaults")
+            self.assertEqual(psql(session + "SELECT rag_wait('c', '60 seconds')", db="rag_e2e_defaults"), [["t"]])
+            self.assertEqual(psql(session + "SELECT body FROM rag.documents WHERE source = 'conflicts'",
+                                  db="rag_e2e_defaults"), [["error"]])
             # A watched row whose expression fails is failed with its reason, the worker going on.
             psql(session + "CREATE TABLE divided (id int PRIMARY KEY, n int); INSERT INTO divided VALUES (1, 0); "
                  "SELECT rag_watch('divided', 'c', content => '(100 / n)::text')", db="rag_e2e_defaults")

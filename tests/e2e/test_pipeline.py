@@ -572,11 +572,14 @@ class WithoutPreload(unittest.TestCase):
         try:
             self.assertEqual(holder.stdout.readline().strip(), "held")
             started = time.time()
-            status, rows, err = psql("SET statement_timeout = '500ms'; SELECT rag_process_queue()",
+            # Three calls in one statement: PostgreSQL raises the statement's timeout once, so the two after the
+            # stopped one return at once rather than running on past it.
+            status, rows, err = psql("SET statement_timeout = '500ms'; "
+                                     "DO $$ BEGIN FOR i IN 1..3 LOOP PERFORM rag_process_queue(); END LOOP; END $$",
                                      db="postgres", port=port, user="pq_owner", check=False)
             self.assertEqual(status, 0, err)
-            self.assertIn("rag_process_queue stopped: canceling statement due to statement timeout", err)
-            self.assertLess(time.time() - started, 10, "the timeout was caught by a step")
+            self.assertEqual(err.count("rag_process_queue stopped: canceling statement due to statement timeout"), 1, err)
+            self.assertLess(time.time() - started, 3.5, "the statement ran on past its timeout")
         finally:
             holder.communicate(input="COMMIT;\n", timeout=60)
         self.assertEqual(run("SELECT d.status, q.attempts, q.claimed_by IS NULL FROM rag.documents d "
@@ -598,8 +601,23 @@ class WithoutPreload(unittest.TestCase):
         self.assertIn('"provider_call":"embedding documents"', logged)
         self.assertIn('"rolled_back":true', logged)
         self.assertIn('"role":"pq_owner"', logged)
-        # Its owner processes it; the raising row fails with its reason, and the call goes on past it.
-        self.assertEqual(run("SELECT rag_process_queue() >= 3", user="pq_owner"), [["t"]])
+        # A table owner's slow expression: the caller's timeout stops the call inside it, and the row backs off
+        # like a failed one, so the next call is not stopped at the same row (it had stopped every call there).
+        run("CREATE TABLE pq_slow (id int PRIMARY KEY, body text); INSERT INTO pq_slow VALUES (1, 'slow'); "
+            "CREATE FUNCTION pq_sleepy(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $f$ "
+            "BEGIN PERFORM pg_catalog.pg_sleep(3); RETURN t; END $f$; "
+            "SELECT rag_watch('pq_slow', 'pq-private', content => 'public.pq_sleepy(body)')", user="pq_owner")
+        slow_due = ("SELECT bool_and(q.not_before <= now()) FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                    "WHERE w.source_name = 'pq_slow'")
+        self.assertTrue(wait_until(slow_due, db="postgres", port=port, seconds=30))
+        status, _, err = psql("SET statement_timeout = '1s'; SELECT rag_process_queue()",
+                              db="postgres", port=port, user="pq_owner", check=False)
+        self.assertEqual(status, 0, err)
+        self.assertIn("rag_process_queue stopped", err)
+        self.assertEqual(run("SELECT q.not_before > now() AND q.last_error LIKE '%stopped%' FROM rag.row_queue q "
+                             "JOIN rag.watches w ON w.id = q.watch_id WHERE w.source_name = 'pq_slow'"), [["t"]])
+        # Its owner processes the rest; the raising row fails with its reason, and the call goes on past it.
+        run("SELECT rag_process_queue()", user="pq_owner")
         self.assertEqual(run("SELECT count(*) FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id "
                              "WHERE c.name = 'pq-private' AND d.status = 'ready'"), [["2"]])
         self.assertIn("canceling statement due to user request",
