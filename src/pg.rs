@@ -197,7 +197,10 @@ pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
     let values = rows
         .into_iter()
         .filter_map(|(name, value)| {
-            Some((std::ffi::CString::new(name).ok()?, std::ffi::CString::new(value).ok()?))
+            Some((
+                std::ffi::CString::new(name).ok()?,
+                std::ffi::CString::new(value).ok()?,
+            ))
         })
         .collect();
     DATABASE_DEFAULTS.set(DatabaseDefaults { names, values });
@@ -213,7 +216,7 @@ pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
 /// - `role = none`, and the defaults that would stop the worker from doing its job (read-only transactions,
 ///   SERIALIZABLE, statement, idle and transaction timeouts, non-standard strings) at PostgreSQL's own
 ///   defaults: `ALTER DATABASE d SET role = x` made every worker of the database run as x and fail from then
-///   on. (Settings of loadable modules, such as `plpgsql.extra_errors`, are not reset.)
+///   on;
 /// - every other setting the database's defaults gave, at the server's own value (`learn_database_defaults`),
 ///   rag's own excepted.
 ///
@@ -222,21 +225,9 @@ pub fn learn_database_defaults() -> Result<(), pgrx::spi::Error> {
 pub fn settle_worker_session() {
     DATABASE_DEFAULTS.with_borrow(|defaults| {
         for (name, value) in &defaults.values {
-            // SAFETY: NUL-terminated strings owned by the thread-local for the call. WARNING, not ERROR, for a
-            // value the server would not take (none is expected: it is the server's own): logged, and the
-            // database's value stays for that setting.
-            unsafe {
-                pg_sys::set_config_option(
-                    name.as_ptr(),
-                    value.as_ptr(),
-                    pg_sys::GucContext::PGC_SUSET,
-                    pg_sys::GucSource::PGC_S_SESSION,
-                    pg_sys::GucAction::GUC_ACTION_SET,
-                    true,
-                    pg_sys::WARNING as i32,
-                    false,
-                )
-            };
+            // WARNING, not ERROR, for a value the server would not take (none is expected: it is the server's
+            // own): logged, and the database's value stays for that setting.
+            set_for_session(name, value, pg_sys::WARNING as i32);
         }
     });
     // A database's owner may `ALTER DATABASE … SET session_authorization` (any role may set it, the check is
@@ -277,18 +268,29 @@ pub fn settle_worker_session() {
         (c"transaction_timeout", c"0"),
     ];
     for (name, value) in settings {
-        // SAFETY: NUL-terminated constants. None of these settings' check or assign hooks needs a transaction
-        // for these values: search_path's only parses and marks the cached path stale, role's resolves
-        // "none" without a catalog lookup, the others are plain values.
-        unsafe {
-            pg_sys::SetConfigOption(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_SUSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-            )
-        };
+        // None of these settings' check or assign hooks needs a transaction for these values: search_path's
+        // only parses and marks the cached path stale, role's resolves "none" without a catalog lookup, the
+        // others are plain values.
+        set_for_session(name, value, pg_sys::PGERROR as i32);
     }
+}
+
+/// A session-level setting, as SET makes it; a value the setting refuses is reported at `elevel`.
+fn set_for_session(name: &std::ffi::CStr, value: &std::ffi::CStr, elevel: i32) {
+    // SAFETY: NUL-terminated strings that outlive the call; what SetConfigOption does, with the report level
+    // chosen by the caller.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SET,
+            true,
+            elevel,
+            false,
+        )
+    };
 }
 
 static LOADED_BY_POSTMASTER: std::sync::atomic::AtomicBool =

@@ -785,4 +785,3 @@ fn release_all(steps: &impl Steps, items: &[WorkItem]) {
         pgrx::log!("rag worker: could not release documents {documents:?}: {error}");
     }
 }
-

@@ -335,8 +335,12 @@ fn pdf_with_content(content: &str) -> Vec<u8> {
     pdf_from_objects(&[
         "<< /Type /Catalog /Pages 2 0 R >>".into(),
         "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
-        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".into(),
-        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
+        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>"
+            .into(),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
     ])
 }
@@ -351,10 +355,22 @@ fn a_content_stream_nested_too_deep_says_so() {
         "<<".repeat(depth),
         ">>".repeat(depth)
     );
-    let err = timed(|| extract(&pdf_with_content(&content), Some("deep.pdf"), &Limits::default()))
-        .unwrap_err();
+    let err = timed(|| {
+        extract(
+            &pdf_with_content(&content),
+            Some("deep.pdf"),
+            &Limits::default(),
+        )
+    })
+    .unwrap_err();
     assert!(
-        matches!(err, ExtractError::TooDeep { format: rag_extract::Format::Pdf, limit: 64 }),
+        matches!(
+            err,
+            ExtractError::TooDeep {
+                format: rag_extract::Format::Pdf,
+                limit: 64
+            }
+        ),
         "{err:?}"
     );
     assert!(err.to_string().contains("deeper than 64 levels"), "{err}");
@@ -364,9 +380,15 @@ fn a_content_stream_nested_too_deep_says_so() {
 fn a_content_stream_of_ordinary_depth_is_read() {
     // A marked-content property list and a TJ array, the nesting real pages have; strings and comments holding
     // brackets do not count.
-    let content = "/Span << /ActualText (a [ b << c) /Deep << /A [ [ 1 ] ] >> >> BDC BT /F1 12 Tf 72 700 Td \
+    let content =
+        "/Span << /ActualText (a [ b << c) /Deep << /A [ [ 1 ] ] >> >> BDC BT /F1 12 Tf 72 700 Td \
                    [(Hello) -250 (world)] TJ ET EMC % [[[[ << <<";
-    let doc = extract(&pdf_with_content(content), Some("ordinary.pdf"), &Limits::default()).unwrap();
+    let doc = extract(
+        &pdf_with_content(content),
+        Some("ordinary.pdf"),
+        &Limits::default(),
+    )
+    .unwrap();
     assert!(doc.text().contains("Hello"), "{}", doc.text());
 }
 
@@ -537,17 +559,7 @@ fn a_content_stream_of_millions_of_operands_is_refused_before_decoding() {
     // 3 million operands in one TJ array: lopdf's decoder would build an object of a hundred bytes and more for
     // each (120 MB of them, 117 KB compressed, asked for gigabytes).
     let content = format!("BT /F1 12 Tf 72 700 Td [{}] TJ ET", "1 ".repeat(3_000_000));
-    let pdf = pdf_from_objects(&[
-        "<< /Type /Catalog /Pages 2 0 R >>".into(),
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".into(),
-        "<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>"
-            .into(),
-        format!(
-            "<< /Length {} >>\nstream\n{content}\nendstream",
-            content.len()
-        ),
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
-    ]);
+    let pdf = pdf_with_content(&content);
     let err = timed(|| extract(&pdf, Some("operands.pdf"), &Limits::default())).unwrap_err();
     assert_too_large(&err, 2_000_000);
 }
