@@ -92,7 +92,8 @@ BEGIN
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
                              latency_ms, cost_usd, prices, role, role_id, watches_ended)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+    SELECT c.id, coalesce(c.name, format('collection %s, dropped during the call', p_collection_id)), p_kind,
+           p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
            p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
@@ -106,7 +107,10 @@ BEGIN
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
            least(coalesce(p_watches_ended, -1),
                  (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
-      FROM rag.collections c WHERE c.id = p_collection_id
+      -- A collection dropped while the call ran (rag_drop_collection does not wait for its searches) leaves the
+      -- row without its id, as the drop leaves its earlier rows, and with its id in place of its name: the call
+      -- is recorded all the same.
+      FROM (SELECT) AS call LEFT JOIN rag.collections c ON c.id = p_collection_id
     RETURNING id INTO v_id;
     PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
     RETURN v_id;
@@ -169,8 +173,10 @@ LANGUAGE sql AS $$
      WHERE v.id = p_conversation_id AND q.id = p_query_id AND q.watches_ended < v.watches_ended;
 $$;
 
--- Conversations are written as they go, so they live on the primary; on a hot standby they are refused with
--- the primary's address (host and port from primary_conninfo, never its password).
+-- Conversations are written as they go, so they live on the primary; on a hot standby they are refused, with
+-- the primary's address (host and port from primary_conninfo, never its password) for a caller who may read
+-- that setting (pg_read_all_settings): rag's owner reads it for everyone, and it is not everyone's to read (red
+-- team 15). Its keywords are matched at their starts, so another keyword's value (a password) is never taken.
 CREATE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -180,8 +186,12 @@ BEGIN
     IF NOT pg_catalog.pg_is_in_recovery() THEN
         RETURN;
     END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
+        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
+                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
+    ELSE
+        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
+    END IF;
     RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
         USING ERRCODE = 'read_only_sql_transaction',
               DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),

@@ -385,13 +385,76 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
-    -- The collection's chunks and every index on them go at once with its partition of rag.chunks, before the
-    -- documents' cascade would delete them row by row (rag._documents_deleted then finds none).
-    EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
+    -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
+    -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS
+    -- EXCLUSIVE) until the transaction ends, and first waits for every transaction that holds the partition (a
+    -- pg_dump holds it for the whole dump) while holding rag.chunks: every search and every worker step of every
+    -- collection waited that long. So the partition is marked here and the worker drops it in a moment of its
+    -- own, when nothing holds it (rag._drop_partitions). Without the workers, at once as before.
+    IF rag._workers_available() THEN
+        IF to_regclass(format('rag.%I', rag._chunk_partition(c.id))) IS NOT NULL THEN
+            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id), rag._dropped_partition_mark());
+        END IF;
+        PERFORM rag._wake_worker();
+    ELSE
+        EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
+    END IF;
     DELETE FROM rag.collections WHERE id = c.id;
     -- The ledger keeps its rows, without the id (no foreign key there: see rag.queries).
     UPDATE rag.queries SET collection_id = NULL WHERE collection_id = c.id;
     RETURN true;
+END $$;
+
+-- What rag_drop_collection writes on the partition of a collection it dropped: a comment, because only the
+-- partition's owner may write one, it takes no lock that stops readers or writers of other collections, and it
+-- goes with the partition into a dump (a dump taken before the worker dropped it restores it marked, and the
+-- worker drops it then).
+CREATE FUNCTION rag._dropped_partition_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'rag: the collection of these chunks was dropped; the rag worker drops this table'
+$$;
+
+-- Partitions of rag.chunks that rag_drop_collection marked and whose collection is gone (its row is the proof: a
+-- mark on a live collection's partition, which only rag's owner could write, is ignored).
+CREATE FUNCTION rag._partitions_to_drop() RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(x.relname::text ORDER BY x.relname), '{}')
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
+     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
+       AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
+       AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
+$$;
+
+-- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes
+-- it, waiting at most lock_timeout (100 ms) for running searches, during which new ones queue behind it; the
+-- partition then without waiting at all: whoever holds it (a pg_dump, a long search of the dropped collection)
+-- holds it for long, and waiting for it would keep rag.chunks locked meanwhile. A partition not dropped now is
+-- tried again at the worker's next upkeep. Returns how many it dropped.
+CREATE FUNCTION rag._drop_partitions() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_partition text;
+    v_dropped integer := 0;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_partition IN ARRAY rag._partitions_to_drop() LOOP
+        -- Held (the worker looks every naptime while idle): not tried, so searches do not queue behind the
+        -- lock on rag.chunks each time for nothing.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                               WHERE l.locktype = 'relation' AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                                               WHERE d.datname = current_database())
+                                 AND l.relation = format('rag.%I', v_partition)::regclass
+                                 AND l.pid <> pg_catalog.pg_backend_pid());
+        BEGIN
+            LOCK TABLE ONLY rag.chunks IN ACCESS EXCLUSIVE MODE;
+            EXECUTE format('LOCK TABLE ONLY rag.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
+            EXECUTE format('DROP TABLE rag.%I', v_partition);
+            v_dropped := v_dropped + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_dropped;
 END $$;
 
 -- The GIN index of a collection's full-text side, on its partition of rag.chunks (like its HNSW index).
@@ -442,6 +505,7 @@ BEGIN
         -- The worker's question, "what is still to embed for this document?", must not scan the partition.
         EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
                        v_partition || '_pending', v_partition);
+        PERFORM rag._hide_statistics(format('rag.%I', v_partition)::regclass);
         PERFORM rag._ensure_keyword_index(p_collection_id);
         EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
                        p_collection_id);
@@ -563,15 +627,17 @@ CREATE FUNCTION rag._suspend_index(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_index text;
+    v_spare text;
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
-    SELECT index_name INTO v_index FROM rag.collections WHERE id = p_collection_id;
+    SELECT index_name, rag._hnsw_index_spare(c) INTO v_index, v_spare FROM rag.collections c WHERE id = p_collection_id;
     IF v_index IS NULL THEN
         RETURN true;
     END IF;
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too.
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I, rag.%I', v_index, v_spare);
         UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
         RETURN true;
@@ -727,6 +793,129 @@ BEGIN
     RETURN cardinality(v_missing);
 END $$;
 
+-- The two names a collection's HNSW index takes in turn. A rebuild with new build parameters (rag_set_search)
+-- builds under the name not in use while searches go on with the index in use, then drops that one.
+CREATE FUNCTION rag._hnsw_index_names(c rag.collections) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY['chunks_' || c.vector_column || '_c' || c.id, 'chunks_' || c.vector_column || '_c' || c.id || '_r']
+$$;
+
+-- Whether an index of the collection was built with the build parameters it asks for now: the index's own
+-- storage options (what rag._hnsw_index_sql wrote in WITH) are the record, and they survive a dump and restore.
+-- NULL when there is no such index. Read from pg_class under the query's snapshot rather than through
+-- to_regclass, whose cached name lookup a statement that runs for a while does not refresh (a wait for a
+-- rebuild never saw the new index under a name that had been dropped).
+CREATE FUNCTION rag._hnsw_index_current(c rag.collections, p_index text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(x.reloptions, '{}') @> w.options AND w.options @> coalesce(x.reloptions, '{}')
+      FROM pg_catalog.pg_class x,
+           (SELECT array_remove(ARRAY['m=' || c.hnsw_m, 'ef_construction=' || c.hnsw_ef_construction], NULL)
+                   AS options) w
+     WHERE x.relname = p_index AND x.relnamespace = 'rag'::pg_catalog.regnamespace
+$$;
+
+-- The other name of the pair (rag._hnsw_index_names) than the one in use, where a rebuild builds; an index there
+-- is the collection's former one, which the rebuild could not drop yet (searches held the partition).
+CREATE FUNCTION rag._hnsw_index_spare(c rag.collections) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c) n
+$$;
+
+-- Collections whose HNSW index is in place but built with other build parameters than they ask for now
+-- (rag_set_search), or that still have a former index beside it: the worker's work for rag._rebuild_index. As
+-- for a missing index (rag._collections_missing_indexes), only collections with chunks and no bulk load under
+-- way (which drops the index anyway).
+CREATE FUNCTION rag._collections_to_rebuild() RETURNS integer[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_due integer[] := '{}';
+    c rag.collections;
+BEGIN
+    -- The catalog first, in one pass: most collections' indexes are current and alone.
+    FOR c IN SELECT u.* FROM rag.collections u
+               JOIN pg_catalog.pg_class x ON x.relname = u.index_name
+                AND x.relnamespace = 'rag'::pg_catalog.regnamespace
+              WHERE u.dimensions BETWEEN 1 AND 2000
+                AND (NOT rag._hnsw_index_current(u, u.index_name)
+                     OR EXISTS (SELECT 1 FROM pg_catalog.pg_class y
+                                 WHERE y.relname = rag._hnsw_index_spare(u)
+                                   AND y.relnamespace = 'rag'::pg_catalog.regnamespace))
+              ORDER BY u.id LOOP
+        IF NOT rag._bulk_loading(c.id) AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id) THEN
+            v_due := v_due || c.id;
+        END IF;
+    END LOOP;
+    RETURN v_due;
+END $$;
+
+-- Builds a collection's HNSW index again with the build parameters it asks for now, under the spare name, while
+-- searches go on with the one in use; then records it and drops the former one. CREATE INDEX holds the
+-- collection's writes (not its reads) while it runs, as every build does; the drop needs the partition to
+-- itself for a moment, and when searches hold it (lock_timeout, the caller's) the former index stays beside the
+-- new one (costing its upkeep on writes) until the next call drops it. The parameters are read again after the
+-- build, as rag._ensure_index does: a build with parameters changed meanwhile is dropped and the next call
+-- builds again. Only the worker calls it, in transactions of its own: in rag_process_queue's the drop would
+-- hold the partition until the caller's transaction ended. Returns whether the collection's index is now
+-- current and alone.
+CREATE FUNCTION rag._rebuild_index(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_spare text;
+    v_m integer;
+    v_ef_construction integer;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.index_name IS NULL OR pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(c.index_name)) IS NULL THEN
+        -- No index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
+        RETURN false;
+    END IF;
+    v_spare := rag._hnsw_index_spare(c);
+    BEGIN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_spare);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    IF rag._hnsw_index_current(c, c.index_name) THEN
+        RETURN true;
+    END IF;
+    EXECUTE rag._hnsw_index_sql(c, v_spare, c.vector_column, c.dimensions);
+    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id AND u.index_name = c.index_name
+    RETURNING u.hnsw_m, u.hnsw_ef_construction INTO v_m, v_ef_construction;
+    IF NOT FOUND OR v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
+        -- Changed during the build (parameters, the model, a bulk load that dropped the index): not this one.
+        EXECUTE format('DROP INDEX rag.%I', v_spare);
+        UPDATE rag.collections u SET index_name = c.index_name WHERE u.id = c.id AND u.index_name = v_spare;
+        RETURN false;
+    END IF;
+    BEGIN
+        EXECUTE format('DROP INDEX rag.%I', c.index_name);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+-- The worker's rebuilds (rag._collections_to_rebuild), one collection at a time, each giving up at once when
+-- another session holds the partition; returns how many were due.
+CREATE FUNCTION rag._rebuild_indexes() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_id IN ARRAY v_due LOOP
+        BEGIN
+            PERFORM rag._rebuild_index(v_id);
+        EXCEPTION WHEN lock_not_available THEN
+            -- The collection's writers hold its partition: the next call tries again.
+            NULL;
+        END;
+    END LOOP;
+    RETURN cardinality(v_due);
+END $$;
+
 -- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
 -- `p_privilege` on: 'read', 'write' or 'admin'. Every function that takes a collection name goes through here.
 CREATE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
@@ -747,7 +936,7 @@ END $$;
 -- Chunks and embeds every document of a collection again: after its chunk settings changed, or after
 -- rag_set_embedding_model. Watched rows are read again from their tables.
 CREATE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_watch integer;
@@ -787,9 +976,9 @@ END $$;
 
 -- How a collection is searched: its search mode, pgvector's hnsw.ef_search for it (0: the server's setting
 -- again), and the build parameters of its HNSW index, m and ef_construction (0: pgvector's defaults again); NULL
--- keeps a value as it is. New build parameters drop the collection's index (waiting at most a second for the
--- lock: searches of the collection hold its partition) and the worker builds it again with them when idle;
--- meanwhile the collection is searched exactly (rag_explain says so).
+-- keeps a value as it is. New build parameters leave the collection's index in place: the worker builds its
+-- successor with them beside it and then drops it (rag._rebuild_index), so searches keep an HNSW index
+-- throughout, and no lock of the admin's transaction holds the collection's partition.
 CREATE FUNCTION @extschema@.rag_set_search(collection text, search_mode text DEFAULT NULL, ef_search integer DEFAULT NULL,
                                m integer DEFAULT NULL, ef_construction integer DEFAULT NULL)
 RETURNS void
@@ -828,8 +1017,17 @@ BEGIN
                             ELSE nullif(rag_set_search.ef_search, 0) END,
            hnsw_m = v_m, hnsw_ef_construction = v_ef_construction
      WHERE u.id = c.id;
-    IF v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
-        IF c.index_name IS NOT NULL AND to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+    IF (v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction)
+       AND c.index_name IS NOT NULL THEN
+        IF rag._workers_available() THEN
+            -- The index stays, and searches with it, until the worker has built its successor
+            -- (rag._rebuild_index): dropping it here held the collection's partition until this transaction
+            -- ended, and with it every search of the collection and every other session's statement whose plan
+            -- covers all of rag.chunks.
+            PERFORM rag._wake_worker();
+        ELSIF to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+            -- Without the workers nobody rebuilds beside it: the index goes now (waiting at most a second for
+            -- the searches that hold it), and rag_process_queue builds it again with the new parameters.
             v_lock_timeout := current_setting('lock_timeout');
             PERFORM set_config('lock_timeout', '1s', true);
             BEGIN
@@ -840,9 +1038,8 @@ BEGIN
                           HINT = 'Long searches or writes of the collection hold it; try again when they are over.';
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
         END IF;
-        UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
-        PERFORM rag._wake_worker();
     END IF;
 END $$;
 
@@ -982,15 +1179,20 @@ BEGIN
 END $$;
 
 -- Empties one of a collection's vector columns (at most p_limit rows at a time, all when NULL) and drops its
--- index if one is left; returns how many rows it emptied. The other column is never touched.
+-- index if one is left (under either of its names, rag._hnsw_index_names); returns how many rows it emptied. The
+-- other column is never touched.
 CREATE FUNCTION rag._clear_space(p_collection_id integer, p_column text, p_limit integer) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
+    v_index text;
 BEGIN
-    IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
-        EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
-    END IF;
+    FOREACH v_index IN ARRAY ARRAY['chunks_' || p_column || '_c' || p_collection_id,
+                                   'chunks_' || p_column || '_c' || p_collection_id || '_r'] LOOP
+        IF to_regclass(format('rag.%I', v_index)) IS NOT NULL THEN
+            EXECUTE format('DROP INDEX rag.%I', v_index);
+        END IF;
+    END LOOP;
     EXECUTE format('UPDATE rag.chunks SET %1$I = NULL
                      WHERE collection_id = $1
                        AND id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',

@@ -289,7 +289,9 @@ DECLARE
     v_collection integer;
 BEGIN
     SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
-    IF NOT FOUND THEN
+    -- A document of a collection the caller may not even read is answered as one that does not exist: the
+    -- refusal named its collection and owner, so trying ids listed every collection (red team 16).
+    IF NOT FOUND OR NOT v_collection = ANY (rag._collections_with(rag._calling_role(), 'read')) THEN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(v_collection, 'write');
@@ -307,16 +309,20 @@ END $$;
 -- A document's chunks go with it, whatever deletes it (rag_delete_document, a watched row deleted, a reindex of
 -- a watch, a dropped collection's cascade), as a foreign key's cascade would: rag.chunks has none
 -- (rag._ensure_partition says why). One statement per collection of the deleted documents, with the
--- collection's id as a value, so that each is planned over that collection's partition alone. Every writer of
+-- collection's id as a value, planned for that value (plan_cache_mode: rag._replace_chunks says why) over that
+-- collection's partition alone. Every writer of
 -- a document's chunks holds the document's row locked (FOR UPDATE) while it writes them, so none adds chunks to
 -- a document being deleted. As the table's owner, as a foreign key's cascade runs: whoever may delete a
 -- document deletes its chunks, whatever rag.chunks' policies would show them.
 CREATE FUNCTION rag._documents_deleted() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g GROUP BY g.collection_id LOOP
+    -- A dropped collection's chunks go with its partition, whole (rag_drop_collection).
+    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g
+              WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = g.collection_id)
+              GROUP BY g.collection_id LOOP
         DELETE FROM rag.chunks ch WHERE ch.collection_id = r.collection_id AND ch.document_id = ANY (r.ids);
     END LOOP;
     RETURN NULL;
@@ -959,17 +965,32 @@ $$;
 
 -- A document that cannot be embedded fails; when it was its vectors for a model change that failed (p_shadow),
 -- the document stays as it is (searchable with the current model) and the change fails instead, with the reason.
+-- Every reader of the collection sees a change's reason (rag.status, rag.migrations), so for a row of a watched
+-- table, which its rules may keep from them, the reason is not quoted there (a provider's refusal may quote the
+-- text it was sent, a cast error the row's values: red team 16): the server log has it.
 CREATE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text, p_shadow boolean DEFAULT false)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_watched boolean;
+BEGIN
     UPDATE rag.documents SET status = 'failed', failure_reason = left(p_reason, 2000), updated_at = now()
      WHERE id = p_document_id AND NOT p_shadow;
-    UPDATE rag.migrations SET state = 'failed',
-           failure_reason = left(format('document %s: %s', p_document_id, p_reason), 2000)
-     WHERE p_shadow AND state = 'embedding'
-       AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
+    IF p_shadow THEN
+        v_watched := EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = p_document_id AND d.watch_id IS NOT NULL);
+        UPDATE rag.migrations SET state = 'failed',
+               failure_reason = left(CASE WHEN v_watched
+                                          THEN format('document %s, a row of a watched table, could not be embedded with the new model (the reason is in the server log: the collection''s readers may not all read that row)',
+                                                      p_document_id)
+                                          ELSE format('document %s: %s', p_document_id, p_reason) END, 2000)
+         WHERE state = 'embedding'
+           AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
+        IF FOUND AND v_watched THEN
+            RAISE LOG 'rag: the model change of the collection of document % failed on it: %', p_document_id, p_reason;
+        END IF;
+    END IF;
     DELETE FROM rag.queue WHERE id = p_queue_id;
-$$;
+END $$;
 
 -- The extension's schema again, where pgrx creates the Rust functions declared after this file.
 SET LOCAL search_path = @extschema@, pg_temp;

@@ -360,6 +360,26 @@ BEGIN
               HINT = format('The owner of %s, or a superuser, may do it; or use a provider a superuser made.', v_table);
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._hide_statistics(p_table regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_column name;
+BEGIN
+    FOR v_column IN SELECT a.attname FROM pg_catalog.pg_attribute a
+                     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.atttypid <> ALL (rag._statistics_kept_types())
+                       AND coalesce(a.attstattarget, -1) <> 0 LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET STATISTICS 0', p_table, v_column);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._statistics_kept_types() RETURNS oid[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                 'pg_catalog.int8'::pg_catalog.regtype, 'pg_catalog.bool'::pg_catalog.regtype,
+                 'pg_catalog.oid'::pg_catalog.regtype, 'pg_catalog.regclass'::pg_catalog.regtype]::oid[]
+$$;
+
 CREATE OR REPLACE FUNCTION rag._require_privilege(p_collection_id integer, p_privilege text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -370,6 +390,14 @@ BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, 'read') THEN
+        -- Not even a reader: neither its name nor its owner is told (rag.collections hides both from the caller;
+        -- functions that take an id, rag._rows_waiting say, would otherwise name every collection: red team 16).
+        RAISE EXCEPTION 'permission denied for a collection you may not read'
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
+                  HINT = 'Its owner or an admin of it can grant it with rag_grant.';
     END IF;
     IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
         RAISE EXCEPTION 'permission denied for collection "%"', c.name
@@ -1143,13 +1171,65 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
-    -- The collection's chunks and every index on them go at once with its partition of rag.chunks, before the
-    -- documents' cascade would delete them row by row (rag._documents_deleted then finds none).
-    EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
+    -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
+    -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS
+    -- EXCLUSIVE) until the transaction ends, and first waits for every transaction that holds the partition (a
+    -- pg_dump holds it for the whole dump) while holding rag.chunks: every search and every worker step of every
+    -- collection waited that long. So the partition is marked here and the worker drops it in a moment of its
+    -- own, when nothing holds it (rag._drop_partitions). Without the workers, at once as before.
+    IF rag._workers_available() THEN
+        IF to_regclass(format('rag.%I', rag._chunk_partition(c.id))) IS NOT NULL THEN
+            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id), rag._dropped_partition_mark());
+        END IF;
+        PERFORM rag._wake_worker();
+    ELSE
+        EXECUTE format('DROP TABLE IF EXISTS rag.%I', rag._chunk_partition(c.id));
+    END IF;
     DELETE FROM rag.collections WHERE id = c.id;
     -- The ledger keeps its rows, without the id (no foreign key there: see rag.queries).
     UPDATE rag.queries SET collection_id = NULL WHERE collection_id = c.id;
     RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._dropped_partition_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'rag: the collection of these chunks was dropped; the rag worker drops this table'
+$$;
+
+CREATE OR REPLACE FUNCTION rag._partitions_to_drop() RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(x.relname::text ORDER BY x.relname), '{}')
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
+     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
+       AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
+       AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_partition text;
+    v_dropped integer := 0;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_partition IN ARRAY rag._partitions_to_drop() LOOP
+        -- Held (the worker looks every naptime while idle): not tried, so searches do not queue behind the
+        -- lock on rag.chunks each time for nothing.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                               WHERE l.locktype = 'relation' AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                                               WHERE d.datname = current_database())
+                                 AND l.relation = format('rag.%I', v_partition)::regclass
+                                 AND l.pid <> pg_catalog.pg_backend_pid());
+        BEGIN
+            LOCK TABLE ONLY rag.chunks IN ACCESS EXCLUSIVE MODE;
+            EXECUTE format('LOCK TABLE ONLY rag.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
+            EXECUTE format('DROP TABLE rag.%I', v_partition);
+            v_dropped := v_dropped + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_dropped;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._keyword_index_name(p_collection_id integer) RETURNS text
@@ -1184,6 +1264,7 @@ BEGIN
         -- The worker's question, "what is still to embed for this document?", must not scan the partition.
         EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
                        v_partition || '_pending', v_partition);
+        PERFORM rag._hide_statistics(format('rag.%I', v_partition)::regclass);
         PERFORM rag._ensure_keyword_index(p_collection_id);
         EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
                        p_collection_id);
@@ -1284,15 +1365,17 @@ CREATE OR REPLACE FUNCTION rag._suspend_index(p_collection_id integer) RETURNS b
 LANGUAGE plpgsql AS $$
 DECLARE
     v_index text;
+    v_spare text;
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
-    SELECT index_name INTO v_index FROM rag.collections WHERE id = p_collection_id;
+    SELECT index_name, rag._hnsw_index_spare(c) INTO v_index, v_spare FROM rag.collections c WHERE id = p_collection_id;
     IF v_index IS NULL THEN
         RETURN true;
     END IF;
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too.
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I, rag.%I', v_index, v_spare);
         UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
         RETURN true;
@@ -1414,6 +1497,105 @@ BEGIN
     RETURN cardinality(v_missing);
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._hnsw_index_names(c rag.collections) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY['chunks_' || c.vector_column || '_c' || c.id, 'chunks_' || c.vector_column || '_c' || c.id || '_r']
+$$;
+
+CREATE OR REPLACE FUNCTION rag._hnsw_index_current(c rag.collections, p_index text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(x.reloptions, '{}') @> w.options AND w.options @> coalesce(x.reloptions, '{}')
+      FROM pg_catalog.pg_class x,
+           (SELECT array_remove(ARRAY['m=' || c.hnsw_m, 'ef_construction=' || c.hnsw_ef_construction], NULL)
+                   AS options) w
+     WHERE x.relname = p_index AND x.relnamespace = 'rag'::pg_catalog.regnamespace
+$$;
+
+CREATE OR REPLACE FUNCTION rag._hnsw_index_spare(c rag.collections) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c) n
+$$;
+
+CREATE OR REPLACE FUNCTION rag._collections_to_rebuild() RETURNS integer[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_due integer[] := '{}';
+    c rag.collections;
+BEGIN
+    -- The catalog first, in one pass: most collections' indexes are current and alone.
+    FOR c IN SELECT u.* FROM rag.collections u
+               JOIN pg_catalog.pg_class x ON x.relname = u.index_name
+                AND x.relnamespace = 'rag'::pg_catalog.regnamespace
+              WHERE u.dimensions BETWEEN 1 AND 2000
+                AND (NOT rag._hnsw_index_current(u, u.index_name)
+                     OR EXISTS (SELECT 1 FROM pg_catalog.pg_class y
+                                 WHERE y.relname = rag._hnsw_index_spare(u)
+                                   AND y.relnamespace = 'rag'::pg_catalog.regnamespace))
+              ORDER BY u.id LOOP
+        IF NOT rag._bulk_loading(c.id) AND EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = c.id) THEN
+            v_due := v_due || c.id;
+        END IF;
+    END LOOP;
+    RETURN v_due;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._rebuild_index(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    c rag.collections;
+    v_spare text;
+    v_m integer;
+    v_ef_construction integer;
+BEGIN
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    IF NOT FOUND OR c.index_name IS NULL OR pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(c.index_name)) IS NULL THEN
+        -- No index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
+        RETURN false;
+    END IF;
+    v_spare := rag._hnsw_index_spare(c);
+    BEGIN
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_spare);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    IF rag._hnsw_index_current(c, c.index_name) THEN
+        RETURN true;
+    END IF;
+    EXECUTE rag._hnsw_index_sql(c, v_spare, c.vector_column, c.dimensions);
+    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id AND u.index_name = c.index_name
+    RETURNING u.hnsw_m, u.hnsw_ef_construction INTO v_m, v_ef_construction;
+    IF NOT FOUND OR v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
+        -- Changed during the build (parameters, the model, a bulk load that dropped the index): not this one.
+        EXECUTE format('DROP INDEX rag.%I', v_spare);
+        UPDATE rag.collections u SET index_name = c.index_name WHERE u.id = c.id AND u.index_name = v_spare;
+        RETURN false;
+    END IF;
+    BEGIN
+        EXECUTE format('DROP INDEX rag.%I', c.index_name);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._rebuild_indexes() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOREACH v_id IN ARRAY v_due LOOP
+        BEGIN
+            PERFORM rag._rebuild_index(v_id);
+        EXCEPTION WHEN lock_not_available THEN
+            -- The collection's writers hold its partition: the next call tries again.
+            NULL;
+        END;
+    END LOOP;
+    RETURN cardinality(v_due);
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -1430,7 +1612,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_watch integer;
@@ -1506,8 +1688,17 @@ BEGIN
                             ELSE nullif(rag_set_search.ef_search, 0) END,
            hnsw_m = v_m, hnsw_ef_construction = v_ef_construction
      WHERE u.id = c.id;
-    IF v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
-        IF c.index_name IS NOT NULL AND to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+    IF (v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction)
+       AND c.index_name IS NOT NULL THEN
+        IF rag._workers_available() THEN
+            -- The index stays, and searches with it, until the worker has built its successor
+            -- (rag._rebuild_index): dropping it here held the collection's partition until this transaction
+            -- ended, and with it every search of the collection and every other session's statement whose plan
+            -- covers all of rag.chunks.
+            PERFORM rag._wake_worker();
+        ELSIF to_regclass(format('rag.%I', c.index_name)) IS NOT NULL THEN
+            -- Without the workers nobody rebuilds beside it: the index goes now (waiting at most a second for
+            -- the searches that hold it), and rag_process_queue builds it again with the new parameters.
             v_lock_timeout := current_setting('lock_timeout');
             PERFORM set_config('lock_timeout', '1s', true);
             BEGIN
@@ -1518,9 +1709,8 @@ BEGIN
                           HINT = 'Long searches or writes of the collection hold it; try again when they are over.';
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
         END IF;
-        UPDATE rag.collections u SET index_name = NULL WHERE u.id = c.id;
-        PERFORM rag._wake_worker();
     END IF;
 END $$;
 
@@ -1650,10 +1840,14 @@ CREATE OR REPLACE FUNCTION rag._clear_space(p_collection_id integer, p_column te
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count bigint;
+    v_index text;
 BEGIN
-    IF to_regclass(format('rag.%I', 'chunks_' || p_column || '_c' || p_collection_id)) IS NOT NULL THEN
-        EXECUTE format('DROP INDEX rag.%I', 'chunks_' || p_column || '_c' || p_collection_id);
-    END IF;
+    FOREACH v_index IN ARRAY ARRAY['chunks_' || p_column || '_c' || p_collection_id,
+                                   'chunks_' || p_column || '_c' || p_collection_id || '_r'] LOOP
+        IF to_regclass(format('rag.%I', v_index)) IS NOT NULL THEN
+            EXECUTE format('DROP INDEX rag.%I', v_index);
+        END IF;
+    END LOOP;
     EXECUTE format('UPDATE rag.chunks SET %1$I = NULL
                      WHERE collection_id = $1
                        AND id IN (SELECT id FROM rag.chunks WHERE collection_id = $1 AND %1$I IS NOT NULL LIMIT $2)',
@@ -2005,7 +2199,9 @@ DECLARE
     v_collection integer;
 BEGIN
     SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
-    IF NOT FOUND THEN
+    -- A document of a collection the caller may not even read is answered as one that does not exist: the
+    -- refusal named its collection and owner, so trying ids listed every collection (red team 16).
+    IF NOT FOUND OR NOT v_collection = ANY (rag._collections_with(rag._calling_role(), 'read')) THEN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(v_collection, 'write');
@@ -2021,11 +2217,14 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._documents_deleted() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g GROUP BY g.collection_id LOOP
+    -- A dropped collection's chunks go with its partition, whole (rag_drop_collection).
+    FOR r IN SELECT g.collection_id, array_agg(g.id) AS ids FROM gone g
+              WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = g.collection_id)
+              GROUP BY g.collection_id LOOP
         DELETE FROM rag.chunks ch WHERE ch.collection_id = r.collection_id AND ch.document_id = ANY (r.ids);
     END LOOP;
     RETURN NULL;
@@ -2568,15 +2767,27 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._fail(p_queue_id bigint, p_document_id bigint, p_reason text, p_shadow boolean DEFAULT false)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_watched boolean;
+BEGIN
     UPDATE rag.documents SET status = 'failed', failure_reason = left(p_reason, 2000), updated_at = now()
      WHERE id = p_document_id AND NOT p_shadow;
-    UPDATE rag.migrations SET state = 'failed',
-           failure_reason = left(format('document %s: %s', p_document_id, p_reason), 2000)
-     WHERE p_shadow AND state = 'embedding'
-       AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
+    IF p_shadow THEN
+        v_watched := EXISTS (SELECT 1 FROM rag.documents d WHERE d.id = p_document_id AND d.watch_id IS NOT NULL);
+        UPDATE rag.migrations SET state = 'failed',
+               failure_reason = left(CASE WHEN v_watched
+                                          THEN format('document %s, a row of a watched table, could not be embedded with the new model (the reason is in the server log: the collection''s readers may not all read that row)',
+                                                      p_document_id)
+                                          ELSE format('document %s: %s', p_document_id, p_reason) END, 2000)
+         WHERE state = 'embedding'
+           AND collection_id = (SELECT collection_id FROM rag.documents WHERE id = p_document_id);
+        IF FOUND AND v_watched THEN
+            RAISE LOG 'rag: the model change of the collection of document % failed on it: %', p_document_id, p_reason;
+        END IF;
+    END IF;
     DELETE FROM rag.queue WHERE id = p_queue_id;
-$$;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._any_lexeme(p_lexemes text[]) RETURNS tsquery
 LANGUAGE plpgsql IMMUTABLE STRICT AS $$
@@ -3027,6 +3238,9 @@ BEGIN
         -- The worker never builds a recorded index itself (rag._collections_missing_indexes says why).
         RETURN NEXT format('Vector side: exact search: its HNSW index rag.%s is missing (dropped, or left out of a restore); rag_reindex(%L) has the worker build it again',
                            c.index_name, c.name);
+    ELSIF v_mode <> 'keyword' AND NOT rag._hnsw_index_current(c, c.index_name) THEN
+        RETURN NEXT format('Vector side: HNSW index rag.%s, built with other build parameters than the collection now asks for (m %s, ef_construction %s): the worker builds its successor beside it, and searches use this one until then',
+                           c.index_name, coalesce(c.hnsw_m::text, 'default'), coalesce(c.hnsw_ef_construction::text, 'default'));
     END IF;
     IF c.reranker IS NOT NULL THEN
         -- The search reranks at least the collection's candidates (rag._search's v_wanted).
@@ -3139,7 +3353,8 @@ BEGIN
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
                              latency_ms, cost_usd, prices, role, role_id, watches_ended)
-    SELECT p_collection_id, c.name, p_kind, p_question, p_rewritten, p_conversation_id, p_outcome,
+    SELECT c.id, coalesce(c.name, format('collection %s, dropped during the call', p_collection_id)), p_kind,
+           p_question, p_rewritten, p_conversation_id, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
            p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
@@ -3153,7 +3368,10 @@ BEGIN
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
            least(coalesce(p_watches_ended, -1),
                  (SELECT v.watches_ended FROM rag.conversations v WHERE v.id = p_conversation_id))
-      FROM rag.collections c WHERE c.id = p_collection_id
+      -- A collection dropped while the call ran (rag_drop_collection does not wait for its searches) leaves the
+      -- row without its id, as the drop leaves its earlier rows, and with its id in place of its name: the call
+      -- is recorded all the same.
+      FROM (SELECT) AS call LEFT JOIN rag.collections c ON c.id = p_collection_id
     RETURNING id INTO v_id;
     PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
     RETURN v_id;
@@ -3216,8 +3434,12 @@ BEGIN
     IF NOT pg_catalog.pg_is_in_recovery() THEN
         RETURN;
     END IF;
-    v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM 'host=''?([^'' ]+)'),
-                                       'port=' || substring(v_conninfo FROM 'port=''?([0-9]+)')), '');
+    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
+        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
+                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
+    ELSE
+        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
+    END IF;
     RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
         USING ERRCODE = 'read_only_sql_transaction',
               DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
@@ -3295,6 +3517,11 @@ SELECT collection,
   FROM rag.queries
  WHERE collection_id = ANY ((SELECT rag._collections_with(current_user, 'admin'))::integer[])
  GROUP BY 1, 2;
+
+CREATE OR REPLACE FUNCTION rag."_workers_available"() RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'workers_available_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_embed_text"(
 	"provider_name" TEXT, /* & str */
@@ -4158,13 +4385,26 @@ BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
     -- The filter runs as the table's owner; only the keys come back to be queued.
-    INSERT INTO rag.row_queue AS q (watch_id, key)
-    SELECT w.id, k.key
-      FROM rag._query_as(rag._watch_owner(w),
-                         format('SELECT %s FROM ONLY %s AS r WHERE %s',
-                                rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
-    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    BEGIN
+        INSERT INTO rag.row_queue AS q (watch_id, key)
+        SELECT w.id, k.key
+          FROM rag._query_as(rag._watch_owner(w),
+                             format('SELECT %s FROM ONLY %s AS r WHERE %s',
+                                    rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
+        ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+    EXCEPTION WHEN OTHERS THEN
+        -- The filter's error may quote a row's values (a failed cast names the value): told as it is only to a
+        -- caller who may read every row of the table, as rag_watch_status tells a row's error (red team 16).
+        IF w.id = ANY (rag._watches_readable_whole(rag._calling_role())) THEN
+            RAISE;
+        END IF;
+        RAISE EXCEPTION 're-reading the rows of % failed: its filter or key columns raised an error on a row',
+                        rag._table_name(w.source)
+            USING ERRCODE = SQLSTATE,
+                  DETAIL = 'The error is not shown: the table''s rules keep rows of it from you.',
+                  HINT = 'The table''s owner sees it by running rag_reindex on the table.';
+    END;
     INSERT INTO rag.row_queue AS q (watch_id, key)
     SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
     ON CONFLICT (watch_id, key) DO NOTHING;
@@ -4583,7 +4823,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
                                     p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer;
     v_total integer;
@@ -4887,6 +5127,31 @@ GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 
 GRANT SELECT ON rag.migrations TO rag_reader;
 
+DO $$
+DECLARE
+    v_trigger name;
+BEGIN
+    FOR v_trigger IN SELECT t.evtname FROM pg_catalog.pg_event_trigger t
+                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication') LOOP
+        EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', v_trigger);
+    END LOOP;
+END $$;
+
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN SELECT c.oid FROM pg_catalog.pg_class c
+                    WHERE c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relrowsecurity
+                      AND c.relkind IN ('r', 'p') LOOP
+        PERFORM rag._hide_statistics(v_table);
+    END LOOP;
+    DELETE FROM pg_catalog.pg_statistic s
+     USING pg_catalog.pg_class c, pg_catalog.pg_attribute a
+     WHERE c.oid = s.starelid AND a.attrelid = s.starelid AND a.attnum = s.staattnum
+       AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND a.attstattarget = 0;
+END $$;
+
 COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';
 
 DO $$
@@ -5040,8 +5305,22 @@ BEGIN
             -- set) printed every query such a function ran, with the values bound to it, to a client that
             -- had set client_min_messages = log: other collections' documents and other owners' rows, in
             -- rag_process_queue (red team 12).
+            -- Likewise every other message below NOTICE that PostgreSQL or a loaded module sends: with
+            -- auto_explain.log_nested_statements on, a client at client_min_messages = log got the plans of
+            -- every statement rag ran for its search, with the keys of rows the table's rules hid from it
+            -- (red team 16). NOTICE is the default: rag's own notices still reach the caller.
             EXECUTE format('ALTER FUNCTION %s SET debug_print_parse = off SET debug_print_rewritten = off '
-                           'SET debug_print_plan = off', f.signature);
+                           'SET debug_print_plan = off SET client_min_messages = notice', f.signature);
+            -- rag's own triggers and foreign key cascades must fire for what its functions write: a role a
+            -- superuser let set session_replication_role (GRANT SET ON PARAMETER, given to ETL and restore
+            -- roles) set it to replica, and rag_unwatch then left a collection's watch count unchanged, which
+            -- showed a delegated admin the ledger's answers quoting rows hidden from it; rag_drop_collection
+            -- left the collection's watch and documents behind (red team 15). A setting only a superuser or
+            -- such a role may set, so pinned only while rag's owner is a superuser (PostgreSQL checks it at
+            -- each call, as that owner).
+            IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.proowner) THEN
+                EXECUTE format('ALTER FUNCTION %s SET session_replication_role = origin', f.signature);
+            END IF;
         END IF;
         IF f.proname = 'rag_process_queue' THEN
             -- The worker's steps in a caller's session: row_security = off made a watched table with FORCE ROW
@@ -5162,6 +5441,9 @@ CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE A
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION rag._on_publication();
+-- Like every event trigger of rag, they fire whatever session_replication_role says (sql/security.sql).
+ALTER EVENT TRIGGER rag_watch_alter ENABLE ALWAYS;
+ALTER EVENT TRIGGER rag_publication ENABLE ALWAYS;
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are

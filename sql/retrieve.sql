@@ -622,6 +622,9 @@ BEGIN
         -- The worker never builds a recorded index itself (rag._collections_missing_indexes says why).
         RETURN NEXT format('Vector side: exact search: its HNSW index rag.%s is missing (dropped, or left out of a restore); rag_reindex(%L) has the worker build it again',
                            c.index_name, c.name);
+    ELSIF v_mode <> 'keyword' AND NOT rag._hnsw_index_current(c, c.index_name) THEN
+        RETURN NEXT format('Vector side: HNSW index rag.%s, built with other build parameters than the collection now asks for (m %s, ef_construction %s): the worker builds its successor beside it, and searches use this one until then',
+                           c.index_name, coalesce(c.hnsw_m::text, 'default'), coalesce(c.hnsw_ef_construction::text, 'default'));
     END IF;
     IF c.reranker IS NOT NULL THEN
         -- The search reranks at least the collection's candidates (rag._search's v_wanted).

@@ -437,6 +437,34 @@ BEGIN
               HINT = format('The owner of %s, or a superuser, may do it; or use a provider a superuser made.', v_table);
 END $$;
 
+-- No column statistics on the columns of a table whose rows a reader sees only in part (row-level security)
+-- but keys and flags: the planner estimates a condition from a column's statistics for every role when its
+-- operator is leakproof (text's = and <, tsvector's @@ as well), so EXPLAIN's row counts told any rag_reader
+-- which words other collections' chunks and hidden rows held, and a search on `<` rebuilt other people's
+-- questions and documents a letter at a time (red team 16). Statistics of such columns are no use to rag's own
+-- plans, which find rows by key. security.sql applies it to every such table, rag._ensure_partition to each
+-- new partition of rag.chunks; statistics gathered before are removed.
+CREATE FUNCTION rag._hide_statistics(p_table regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_column name;
+BEGIN
+    FOR v_column IN SELECT a.attname FROM pg_catalog.pg_attribute a
+                     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.atttypid <> ALL (rag._statistics_kept_types())
+                       AND coalesce(a.attstattarget, -1) <> 0 LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET STATISTICS 0', p_table, v_column);
+    END LOOP;
+END $$;
+
+-- The column types whose statistics rag keeps on those tables: keys, counts and flags.
+CREATE FUNCTION rag._statistics_kept_types() RETURNS oid[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                 'pg_catalog.int8'::pg_catalog.regtype, 'pg_catalog.bool'::pg_catalog.regtype,
+                 'pg_catalog.oid'::pg_catalog.regtype, 'pg_catalog.regclass'::pg_catalog.regtype]::oid[]
+$$;
+
 -- Raises unless the caller holds p_privilege on the collection. The caller's oid is looked up once, into a
 -- variable: passed to the check as a subquery, it made every call cost about half of what rag_ingest did
 -- (BENCHMARKS.md §3).
@@ -450,6 +478,14 @@ BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, 'read') THEN
+        -- Not even a reader: neither its name nor its owner is told (rag.collections hides both from the caller;
+        -- functions that take an id, rag._rows_waiting say, would otherwise name every collection: red team 16).
+        RAISE EXCEPTION 'permission denied for a collection you may not read'
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
+                  HINT = 'Its owner or an admin of it can grant it with rag_grant.';
     END IF;
     IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
         RAISE EXCEPTION 'permission denied for collection "%"', c.name

@@ -82,6 +82,37 @@ GRANT SELECT ON rag.ledger_daily TO rag_admin;
 GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 GRANT SELECT ON rag.migrations TO rag_reader;
 
+-- rag's event triggers fire whatever session_replication_role says: in replica mode (a role a superuser let set
+-- it) a DROP TABLE of a watched table left its watch naming the table's oid, which a dump writes as a bare
+-- number that may name another table after a restore (red team 15).
+-- (An update from 0.1.0 makes two of them after this, and enables them the same way.)
+DO $$
+DECLARE
+    v_trigger name;
+BEGIN
+    FOR v_trigger IN SELECT t.evtname FROM pg_catalog.pg_event_trigger t
+                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication') LOOP
+        EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', v_trigger);
+    END LOOP;
+END $$;
+
+-- The tables readers see in part: no statistics on their columns but keys and flags (rag._hide_statistics), and
+-- none kept from before (an update: autovacuum had analyzed them). rag.chunks' partitions follow their parent.
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN SELECT c.oid FROM pg_catalog.pg_class c
+                    WHERE c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relrowsecurity
+                      AND c.relkind IN ('r', 'p') LOOP
+        PERFORM rag._hide_statistics(v_table);
+    END LOOP;
+    DELETE FROM pg_catalog.pg_statistic s
+     USING pg_catalog.pg_class c, pg_catalog.pg_attribute a
+     WHERE c.oid = s.starelid AND a.attrelid = s.starelid AND a.attnum = s.staattnum
+       AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND a.attstattarget = 0;
+END $$;
+
 -- Every entry point that runs as rag's owner is entered through a wrapper of the same name and signature that
 -- does not switch identity: `rag_query(...)` is a SQL function calling `rag_definer.rag_query(...)`, the
 -- SECURITY DEFINER function written in the files before this one, re-created in the schema rag_definer under its
@@ -253,8 +284,22 @@ BEGIN
             -- set) printed every query such a function ran, with the values bound to it, to a client that
             -- had set client_min_messages = log: other collections' documents and other owners' rows, in
             -- rag_process_queue (red team 12).
+            -- Likewise every other message below NOTICE that PostgreSQL or a loaded module sends: with
+            -- auto_explain.log_nested_statements on, a client at client_min_messages = log got the plans of
+            -- every statement rag ran for its search, with the keys of rows the table's rules hid from it
+            -- (red team 16). NOTICE is the default: rag's own notices still reach the caller.
             EXECUTE format('ALTER FUNCTION %s SET debug_print_parse = off SET debug_print_rewritten = off '
-                           'SET debug_print_plan = off', f.signature);
+                           'SET debug_print_plan = off SET client_min_messages = notice', f.signature);
+            -- rag's own triggers and foreign key cascades must fire for what its functions write: a role a
+            -- superuser let set session_replication_role (GRANT SET ON PARAMETER, given to ETL and restore
+            -- roles) set it to replica, and rag_unwatch then left a collection's watch count unchanged, which
+            -- showed a delegated admin the ledger's answers quoting rows hidden from it; rag_drop_collection
+            -- left the collection's watch and documents behind (red team 15). A setting only a superuser or
+            -- such a role may set, so pinned only while rag's owner is a superuser (PostgreSQL checks it at
+            -- each call, as that owner).
+            IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.proowner) THEN
+                EXECUTE format('ALTER FUNCTION %s SET session_replication_role = origin', f.signature);
+            END IF;
         END IF;
         IF f.proname = 'rag_process_queue' THEN
             -- The worker's steps in a caller's session: row_security = off made a watched table with FORCE ROW

@@ -900,13 +900,26 @@ BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     SELECT * INTO e FROM rag._watch_exprs(w);
     -- The filter runs as the table's owner; only the keys come back to be queued.
-    INSERT INTO rag.row_queue AS q (watch_id, key)
-    SELECT w.id, k.key
-      FROM rag._query_as(rag._watch_owner(w),
-                         format('SELECT %s FROM ONLY %s AS r WHERE %s',
-                                rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
-    ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    BEGIN
+        INSERT INTO rag.row_queue AS q (watch_id, key)
+        SELECT w.id, k.key
+          FROM rag._query_as(rag._watch_owner(w),
+                             format('SELECT %s FROM ONLY %s AS r WHERE %s',
+                                    rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
+        ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+    EXCEPTION WHEN OTHERS THEN
+        -- The filter's error may quote a row's values (a failed cast names the value): told as it is only to a
+        -- caller who may read every row of the table, as rag_watch_status tells a row's error (red team 16).
+        IF w.id = ANY (rag._watches_readable_whole(rag._calling_role())) THEN
+            RAISE;
+        END IF;
+        RAISE EXCEPTION 're-reading the rows of % failed: its filter or key columns raised an error on a row',
+                        rag._table_name(w.source)
+            USING ERRCODE = SQLSTATE,
+                  DETAIL = 'The error is not shown: the table''s rules keep rows of it from you.',
+                  HINT = 'The table''s owner sees it by running rag_reindex on the table.';
+    END;
     INSERT INTO rag.row_queue AS q (watch_id, key)
     SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
     ON CONFLICT (watch_id, key) DO NOTHING;
@@ -1357,10 +1370,14 @@ BEGIN
 END $$;
 
 -- Replaces a document's chunks, keeping the vector of every chunk whose text and header are unchanged (what was
--- embedded), and queues the document for the chunks that need one.
+-- embedded), and queues the document for the chunks that need one. Its DELETE is planned for the collection at
+-- hand: a generic plan of an UPDATE or DELETE of rag.chunks takes a ROW EXCLUSIVE lock on every partition when
+-- it starts, so an index build of another collection (its SHARE lock held for seconds, or until the end of a
+-- creating admin's transaction) held the writes of every collection. The other writers of rag.chunks' rows
+-- plan per call the same way (rag._documents_deleted, rag_reindex) or run built statements (EXECUTE).
 CREATE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
                                     p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer;
     v_total integer;

@@ -255,12 +255,6 @@ pub fn settle_worker_session() {
         // Set before anything else runs (the database's other defaults are read in a transaction first): with
         // it on, every ERROR the worker catches and records became a FATAL that ended the worker.
         (c"exit_on_error", c"off"),
-        // Plans made for the values at hand, pruned to the collection's partition when they are planned. A
-        // generic plan over rag.chunks locks every partition when it starts, so an admin's uncommitted change that
-        // holds one collection's partition (rag_set_search's new build parameters drop its index) held the
-        // worker's stores of every other collection too (each waited out its lock_timeout, was put back, and
-        // came back to wait again).
-        (c"plan_cache_mode", c"force_custom_plan"),
         // rag's SQL is written for standard strings (its functions pin it too; the worker's own queries do not).
         (c"standard_conforming_strings", c"on"),
         // PostgreSQL 17 added a timeout that ends the whole session (FATAL) when a transaction runs longer.

@@ -62,6 +62,38 @@ pub fn read_secret_setting(name: &str) -> Result<Option<String>, String> {
     ))
 }
 
+/// A base backup copies the data directory whole, and a role with REPLICATION (not a superuser) may take one
+/// (`pg_basebackup`): a key file inside it went with every backup and to every standby (red team 15). A relative
+/// path is relative to the data directory, so it must be absolute.
+fn refuse_inside_data_directory(path: &std::path::Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err("rag.secrets_file must be an absolute path outside the data directory (a relative one is inside it, \
+                    and base backups copy it)"
+            .to_string());
+    }
+    // SAFETY: DataDir is set once at server start, before any backend runs SQL, and never changed; it is a
+    // NUL-terminated string the postmaster owns.
+    let data_directory = unsafe {
+        (!pgrx::pg_sys::DataDir.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(pgrx::pg_sys::DataDir)
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    let Some(data_directory) = data_directory else {
+        return Ok(());
+    };
+    let resolve =
+        |path: &std::path::Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if resolve(path).starts_with(resolve(std::path::Path::new(&data_directory))) {
+        return Err(format!(
+            "rag.secrets_file is inside the data directory ({data_directory}): base backups and standbys copy \
+             it; move it outside"
+        ));
+    }
+    Ok(())
+}
+
 fn read_secrets_file(entry: &str) -> Result<Option<String>, String> {
     use std::os::unix::fs::PermissionsExt;
     let path = crate::settings::string(&crate::settings::SECRETS_FILE);
@@ -70,6 +102,7 @@ fn read_secrets_file(entry: &str) -> Result<Option<String>, String> {
             "api key file:{entry} is wanted but rag.secrets_file is not set"
         ));
     }
+    refuse_inside_data_directory(std::path::Path::new(&path))?;
     let metadata =
         std::fs::metadata(&path).map_err(|error| format!("rag.secrets_file: {error}"))?;
     // Like .pgpass: a key file others can read is a leak waiting to happen, so it is refused, not used.

@@ -72,7 +72,7 @@ pub fn define() {
         GucRegistry::define_string_guc_with_hooks(
             c"rag.openai_api_key",
             c"API key for providers whose api_key_setting is 'rag.openai_api_key'; never displayed.",
-            c"Set it in postgresql.conf or with ALTER SYSTEM; SHOW and pg_settings show (hidden).",
+            c"Prefer a file: key (rag.secrets_file). Set here only in postgresql.conf: ALTER SYSTEM's statement text, key included, is kept by pg_stat_statements for pg_read_all_stats to read.",
             &OPENAI_API_KEY,
             GucContext::Sighup,
             GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,

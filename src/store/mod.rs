@@ -149,7 +149,7 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 }
 
 /// Builds the HNSW indexes collections are waiting for (a build after a load that could not wait for the
-/// writers of the collection's partition, new build parameters); returns how many. `idle`: the caller has
+/// writers of the collection's partition); returns how many. `idle`: the caller has
 /// nothing it may claim (`rag._collections_missing_indexes`).
 pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
     let look =
@@ -158,6 +158,27 @@ pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
         return Ok(Some(0));
     }
     repair_indexes_after_writes(idle)
+}
+
+/// Builds again the HNSW indexes whose collections asked for new build parameters (`rag_set_search`), beside
+/// the ones searches use meanwhile, and drops those (`rag._rebuild_index`); returns how many were due. The
+/// worker's alone: a client's transaction would hold the partition from the drop until it ended.
+pub fn rebuild_indexes() -> Result<Option<i32>, SpiError> {
+    let look = "SELECT pg_catalog.cardinality(rag._collections_to_rebuild()) > 0";
+    if idle_read::<bool>(look)? != Some(true) {
+        return Ok(Some(0));
+    }
+    Spi::get_one::<i32>("SELECT rag._rebuild_indexes()")
+}
+
+/// Drops the partitions of rag.chunks whose collections `rag_drop_collection` dropped
+/// (`rag._drop_partitions`); returns how many.
+pub fn drop_partitions() -> Result<Option<i32>, SpiError> {
+    let look = "SELECT pg_catalog.cardinality(rag._partitions_to_drop()) > 0";
+    if idle_read::<bool>(look)? != Some(true) {
+        return Ok(Some(0));
+    }
+    Spi::get_one::<i32>("SELECT rag._drop_partitions()")
 }
 
 /// The same repair from a session that has written in its transaction (rag_process_queue), where the idle

@@ -93,6 +93,12 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
     if let Err(error) = steps.run(|| store::repair_indexes(false)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
+    if let Err(error) = steps.run(store::rebuild_indexes) {
+        pgrx::debug1!("rag worker: rebuilding indexes: {error}");
+    }
+    if let Err(error) = steps.run(store::drop_partitions) {
+        pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
+    }
 }
 
 /// How often a busy worker looks whether a bulk load waits (`store::bulk_load_waiting`), and so whether its
@@ -160,6 +166,12 @@ fn rest(
     // once (lock_timeout) and try again next time.
     if let Err(error) = steps.run(|| store::repair_indexes(true)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
+    }
+    if let Err(error) = steps.run(store::rebuild_indexes) {
+        pgrx::debug1!("rag worker: rebuilding indexes: {error}");
+    }
+    if let Err(error) = steps.run(store::drop_partitions) {
+        pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
     // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
     // wakes the launcher, which starts a worker again.

@@ -25,5 +25,12 @@ pub mod rag {
             WAKE_REGISTERED.with(|flag| flag.set(false));
         });
     }
+
+    /// Whether this server runs rag's workers (the library is in shared_preload_libraries): work left to them
+    /// is done. Without them (`rag_process_queue` instead), what a worker would do later is done at once.
+    #[pg_extern(stable, parallel_safe, name = "_workers_available")]
+    pub fn workers_available() -> bool {
+        crate::worker::registry::available()
+    }
 }
 pub use rag::wake_worker;

@@ -129,7 +129,9 @@ class Identity(InItsOwnDatabase):
             code, _, err = psql("SET ROLE id_member; SELECT rag_grant('owned', 'id_member', 'admin')",
                                 db=DB, check=False)
             self.assertNotEqual(code, 0)
-            self.assertIn('permission denied for collection "owned"', err)
+            # Not even a reader of it: the refusal names neither the collection nor its owner (red team 16).
+            self.assertIn("permission denied for a collection you may not read", err)
+            self.assertNotIn("id_owner", err)
             # Not the table's owner: may not watch it, even into a collection of its own.
             code, _, err = psql("SET ROLE id_member; SELECT rag_create_collection('mine', embedding_model => 'hash-384'); "
                                 "SELECT rag_watch('id_owner.notes', 'mine', content => 'body')", db=DB, check=False)

@@ -1,5 +1,6 @@
-"""A collection's HNSW build parameters changed while its index is being built: the build that started with the
-old ones must not stay behind as the collection's index (rag._ensure_index checks the row after the build)."""
+"""A collection's HNSW build parameters change (rag_set_search): the index in use stays until the worker has
+built its successor beside it, and a build that started with parameters changed meanwhile is not kept."""
+import time
 import unittest
 from functools import partial
 
@@ -16,40 +17,72 @@ background_psql = partial(background_psql_in, db=DB)
 wait_until = partial(wait_until_in, db=DB, seconds=30)
 
 
-class BuildParametersChangedDuringABuild(InItsOwnDatabase):
+def hnsw_indexes(collection):
+    return scalar("SELECT string_agg(indexname || ' ' || substring(indexdef FROM 'vector_cosine_ops\\)(.*)$'), "
+                  "'; ' ORDER BY indexname) FROM pg_indexes WHERE schemaname = 'rag' AND indexdef LIKE '%USING hnsw%' "
+                  f"AND tablename = 'chunks_c{collection}'")
+
+
+class BuildParametersChanged(InItsOwnDatabase):
     DB = DB
 
-    def test_the_build_with_the_old_parameters_is_dropped(self):
-        # No chunks: the idle worker leaves the collection's index alone, so only this test builds it. rag_set_search
-        # drops the index rag_create_collection built and records parameters the build below starts from.
+    def test_a_rebuild_started_with_old_parameters_is_not_kept(self):
+        # No chunks: the worker leaves the collection's index alone (rag._collections_to_rebuild), so only this
+        # test rebuilds it.
         psql("SELECT rag_create_collection('race', embedding_model => 'hash-384', dimensions => 384); "
              "SELECT rag_set_search('race', m => 8, ef_construction => 40)")
-        self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'race'"), "t")
         collection = scalar("SELECT id FROM rag.collections WHERE name = 'race'")
         index = f"chunks_embedding_c{collection}"
-        # Writes to rag.chunks held open: a build waits for them after it has read the collection's parameters.
+        self.assertEqual(hnsw_indexes(collection), f"{index} ", "rag_set_search dropped or replaced the index itself")
+        # Writes to rag.chunks held open: the rebuild waits for them after it has read the collection's parameters.
         writer = background_psql("BEGIN; LOCK TABLE rag.chunks IN ROW EXCLUSIVE MODE;")
         try:
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
                                        "WHERE c.relname = 'chunks' AND l.mode = 'RowExclusiveLock' AND l.granted "
                                        "AND l.pid <> pg_backend_pid())"))
-            builder = background_psql(f"SELECT coalesce(rag._ensure_index({collection}), 'none');")
+            builder = background_psql(f"SELECT rag._rebuild_index({collection});")
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
-                                       "'%rag._ensure_index%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())"),
-                            "the build did not wait for the open writes")
-            # The index is not there yet, so this drops nothing: it only records the new parameters.
+                                       "'%rag._rebuild_index%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())"),
+                            "the rebuild did not wait for the open writes")
             psql("SELECT rag_set_search('race', m => 12, ef_construction => 48)")
         finally:
             writer.communicate(input="COMMIT;\n", timeout=60)
         out, err = builder.communicate(timeout=120)
         self.assertEqual(builder.returncode, 0, err)
-        self.assertEqual(out.strip(), "none", "the build with the old parameters was kept")
-        self.assertEqual(scalar(f"SELECT count(*) FROM pg_indexes WHERE schemaname = 'rag' AND indexname = '{index}'"), "0")
-        self.assertEqual(scalar("SELECT index_name IS NULL FROM rag.collections WHERE name = 'race'"), "t")
-        # Built again, it has the parameters that were asked for last.
-        self.assertEqual(scalar(f"SELECT rag._ensure_index({collection})"), index)
-        self.assertIn("m='12', ef_construction='48'",
-                      scalar(f"SELECT indexdef FROM pg_indexes WHERE indexname = '{index}'"))
+        self.assertEqual(out.strip(), "f", "the rebuild with the old parameters was kept")
+        self.assertEqual(hnsw_indexes(collection), f"{index} ")
+        self.assertEqual(scalar("SELECT index_name FROM rag.collections WHERE name = 'race'"), index)
+        # Rebuilt again, it has the parameters asked for last, under the other name, and is alone.
+        self.assertEqual(scalar(f"SELECT rag._rebuild_index({collection})"), "t")
+        self.assertEqual(hnsw_indexes(collection), f"{index}_r  WITH (m='12', ef_construction='48')")
+        self.assertEqual(scalar("SELECT index_name FROM rag.collections WHERE name = 'race'"), f"{index}_r")
+
+    def test_searches_keep_the_index_until_its_successor_is_there(self):
+        psql("SELECT rag_create_collection('kept', embedding_model => 'hash-384', dimensions => 384)")
+        psql("SELECT rag_ingest('kept', 'Note ' || g, 'Note ' || g || ' about keeping an index.') "
+             "FROM generate_series(1, 5) g")
+        self.assertEqual(scalar("SELECT rag_wait('kept', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'kept'")
+        index = f"chunks_embedding_c{collection}"
+        # A search holds the partition (ACCESS SHARE) in a transaction left open: the worker builds the new index
+        # beside the old one, cannot drop the old one, and leaves it for a later try.
+        reader = background_psql("BEGIN; SELECT count(*) FROM rag_query('kept', 'keeping', 3, max_distance => 2);")
+        try:
+            self.assertEqual(reader.stdout.readline().strip(), "3")
+            psql("SELECT rag_set_search('kept', m => 8, ef_construction => 40)")
+            self.assertTrue(wait_until(f"SELECT index_name = '{index}_r' FROM rag.collections WHERE name = 'kept'"),
+                            "the worker did not build the successor: " + repr(hnsw_indexes(collection)))
+            time.sleep(1)
+            self.assertEqual(hnsw_indexes(collection),
+                             f"{index} ; {index}_r  WITH (m='8', ef_construction='40')",
+                             "the old index was not kept while a search held it")
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('kept', 'keeping', 3, max_distance => 2)"), "3")
+        finally:
+            reader.communicate(input="COMMIT;\n", timeout=30)
+        # Once the search is over, the worker drops the old one.
+        self.assertTrue(wait_until(f"SELECT to_regclass('rag.{index}') IS NULL"), repr(hnsw_indexes(collection)))
+        self.assertEqual(hnsw_indexes(collection), f"{index}_r  WITH (m='8', ef_construction='40')")
+        self.assertEqual(scalar("SELECT count(*) FROM rag_query('kept', 'keeping', 3, max_distance => 2)"), "3")
 
 
 if __name__ == "__main__":

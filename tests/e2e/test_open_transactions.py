@@ -116,3 +116,94 @@ class OpenTransactions(InItsOwnDatabase):
                                         "ON a.pid = l.pid WHERE a.backend_type = 'rag worker' AND NOT l.granted", db=DB)))
         finally:
             holder.communicate(input="COMMIT;\n", timeout=30)
+
+
+class GenericPlans(InItsOwnDatabase):
+    """Under generic plans (PostgreSQL picks them after five runs of a statement; forced here for the whole server),
+    an UPDATE or DELETE of rag.chunks locks every partition when it starts. An index built in a transaction left
+    open (a collection given its model and dimensions, so its HNSW index, before its first document) holds the
+    partition (SHARE) until it ends; the writes of other collections' chunks must not wait for it."""
+    DB = "rag_e2e_generic_plans"
+
+    def setUp(self):
+        psql("ALTER SYSTEM SET plan_cache_mode = 'force_generic_plan'", db=self.DB)
+        psql("SELECT pg_reload_conf()", db=self.DB)
+        time.sleep(1)
+
+    def tearDown(self):
+        psql("ALTER SYSTEM RESET plan_cache_mode", db=self.DB)
+        psql("SELECT pg_reload_conf()", db=self.DB)
+
+    def test_an_uncommitted_index_build_does_not_hold_other_collections_chunks(self):
+        db = self.DB
+        psql("CREATE TABLE gp_notes (id int PRIMARY KEY, body text); "
+             "INSERT INTO gp_notes VALUES (1, 'The first note, about generic plans.'), (2, 'The second note.'); "
+             "SELECT rag_create_collection('gp_watched', embedding_model => 'hash-384', dimensions => 384); "
+             "SELECT rag_watch('gp_notes', 'gp_watched', content => 'body')", db=db)
+        self.assertEqual(scalar("SELECT rag_wait('gp_watched', '60 seconds')", db=db), "t")
+        # Several rounds first, so that every statement of the path has been run more than five times.
+        for round_ in range(6):
+            psql(f"UPDATE gp_notes SET body = 'The first note, round {round_}.' WHERE id = 1", db=db)
+            self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM rag.chunks WHERE content LIKE '%round {round_}.%')",
+                                       db=db, seconds=20))
+        psql("SELECT rag_create_collection('gp_open', embedding_model => 'hash-384')", db=db)
+        holder = background_psql("BEGIN; SELECT 'indexed' FROM rag_set_embedding_model('gp_open', 'hash-384', "
+                                 "dimensions => 384);", db=db)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "indexed")
+            self.assertEqual(scalar("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                                    "WHERE c.relname LIKE 'chunks_c%' AND l.mode = 'ShareLock' AND l.granted", db=db), "1")
+            psql("UPDATE gp_notes SET body = 'The first note, changed while a collection is being created.' "
+                 "WHERE id = 1", db=db)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.chunks WHERE content LIKE '%being created.%')",
+                                       db=db, seconds=20),
+                            "the watched row's new chunks waited for the open transaction: "
+                            + repr(psql("SELECT wait_event_type, wait_event, left(query, 120) FROM pg_stat_activity "
+                                        f"WHERE backend_type = 'rag worker' AND datname = '{db}'", db=db)))
+            # A writer's delete of a document of the watched collection: its chunks go by the same kind of statement.
+            done = scalar("SET lock_timeout = '5s'; DELETE FROM gp_notes WHERE id = 2 RETURNING 'deleted'", db=db)
+            self.assertEqual(done, "deleted")
+            self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.chunks WHERE content LIKE 'The second note%')",
+                                       db=db, seconds=20), "the deleted row's chunks stayed")
+        finally:
+            holder.communicate(input="ROLLBACK;\n", timeout=30)
+
+
+class DroppedWhileHeld(InItsOwnDatabase):
+    """rag_drop_collection dropped the collection's partition in the caller's transaction: DROP TABLE locks all of
+    rag.chunks first, then waited for whoever held the partition (pg_dump holds every partition it dumps for the
+    whole dump), and every search and worker step of every collection waited behind it. The worker drops it now,
+    when nothing holds it."""
+    DB = "rag_e2e_dropped_while_held"
+
+    def test_a_drop_does_not_wait_for_whoever_holds_the_partition(self):
+        db = self.DB
+        psql("SELECT rag_create_collection('held-kept', embedding_model => 'hash-384'); "
+             "SELECT rag_create_collection('held-dropped', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('held-kept', 'Kept', 'A document of the collection that stays.'); "
+             "SELECT rag_ingest('held-dropped', 'Dropped', 'A document of the collection that goes.')", db=db)
+        self.assertEqual(scalar("SELECT rag_wait('held-kept', '60 seconds') AND rag_wait('held-dropped', '60 seconds')",
+                                db=db), "t")
+        partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'held-dropped'", db=db)
+        holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';", db=db)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            # statement_timeout: a drop or a search that waited for the holder fails instead of passing slowly.
+            self.assertEqual(scalar("SET statement_timeout = '5s'; SELECT rag_drop_collection('held-dropped')", db=db),
+                             "t")
+            self.assertEqual(scalar("SELECT count(*) FROM rag.collections WHERE name = 'held-dropped'", db=db), "0")
+            for _ in range(3):
+                self.assertEqual(scalar("SET statement_timeout = '5s'; "
+                                        "SELECT count(*) FROM rag_query('held-kept', 'the collection that stays', 1, "
+                                        "max_distance => 2)", db=db), "1")
+                psql("SET statement_timeout = '5s'; "
+                     "SELECT rag_ingest('held-kept', 'More ' || now(), 'Written while the partition is held ' || now())",
+                     db=db)
+                time.sleep(0.5)
+            self.assertEqual(scalar(f"SELECT to_regclass('rag.{partition}') IS NOT NULL", db=db), "t",
+                             "the partition went while it was held")
+            self.assertEqual(scalar("SELECT rag_wait('held-kept', '30 seconds')", db=db), "t")
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)
+        self.assertTrue(wait_until(f"SELECT to_regclass('rag.{partition}') IS NULL", db=db, seconds=30),
+                        "the worker did not drop the partition once it was free")

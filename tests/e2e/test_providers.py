@@ -80,6 +80,35 @@ class Providers(unittest.TestCase):
         self.assertIn("401", rows[1][2])
         self.assertNotIn("sk-wrong", rows[1][2])
 
+    def test_h_a_secrets_file_inside_the_data_directory_is_refused(self):
+        # A base backup copies the data directory whole, and a role with REPLICATION may take one: a key file
+        # there went with every backup and standby (red team 15). Refused, by absolute or relative path.
+        data_directory = scalar("SHOW data_directory", db="postgres")
+        inside = f"{data_directory}/rag_secrets"
+        with open(inside, "w") as handle:
+            handle.write(f"openai = {KEY}\n")
+        os.chmod(inside, 0o600)
+        subprocess.run(["chown", "postgres", inside], check=True)
+        url = f"http://127.0.0.1:{self.port}/v1"
+        psql(f"SELECT rag_create_provider('inside-key', 'openai', '{url}', 'file:openai')", db=DB)
+        psql("SELECT rag_create_collection('inside-key', embedding_provider => 'inside-key', "
+             "embedding_model => 'hash-384')", db=DB)
+        try:
+            for setting, title in ((inside, "Absolute"), ("rag_secrets", "Relative")):
+                psql(f"ALTER SYSTEM SET rag.secrets_file = '{setting}'; SELECT pg_reload_conf()", db="postgres")
+                time.sleep(0.5)
+                psql(f"SELECT rag_ingest('inside-key', '{title}', '{title}: a key file inside the data directory is refused.')",
+                     db=DB)
+                self.assertEqual(scalar("SELECT rag_wait('inside-key', '30 seconds')", db=DB), "t")
+                reason = scalar(f"SELECT d.status || ': ' || coalesce(d.failure_reason, '') FROM rag.documents d "
+                                f"WHERE d.title = '{title}'", db=DB)
+                self.assertTrue(reason.startswith("failed: ") and "data directory" in reason, reason)
+                self.assertNotIn(KEY, reason)
+        finally:
+            psql(f"ALTER SYSTEM SET rag.secrets_file = '{self.work}/secrets'; SELECT pg_reload_conf()", db="postgres")
+            os.remove(inside)
+            time.sleep(0.5)
+
     def test_c_no_route_reveals_the_key(self):
         probes = [
             "SHOW rag.openai_api_key",

@@ -124,6 +124,14 @@ class Standby(unittest.TestCase):
         self.assertIn("a conversation needs the primary: this server is a read-only standby", stderr)
         self.assertIn(f"The primary is at host=127.0.0.1 port={os.environ['PGPORT']}", stderr)
         self.assertNotIn("backtrace", stderr.lower())
+        # primary_conninfo is not every role's to read (pg_read_all_settings): rag's owner read it for everyone
+        # (red team 15). A reader is told where to look instead.
+        code, _, stderr = self.on_standby("SET ROLE standby_reader; SELECT rag_conversation_start('kb')", check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("a conversation needs the primary", stderr)
+        self.assertNotIn("127.0.0.1", stderr)
+        self.assertNotIn(os.environ["PGPORT"], stderr)
+        self.assertIn("pg_read_all_settings", stderr)
         conversation = scalar("SELECT rag_conversation_start('kb')", db=DB)
         code, _, stderr = self.on_standby(f"SELECT * FROM rag_ask('kb', 'and managers?', conversation => {conversation})",
                                           check=False)

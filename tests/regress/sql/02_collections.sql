@@ -62,6 +62,17 @@ SELECT rag_create_collection('ceil-fits', embedding_model => 'nomic-embed-text',
 SELECT count(*) FILTER (WHERE rag_drop_collection(name)) AS dropped FROM rag.collections WHERE name LIKE 'ceil-%';
 
 SELECT rag_drop_collection('defaults'), rag_drop_collection('sized'), rag_drop_collection('never-existed');
+-- The collection is gone at once; its partition is marked for the worker, which drops it a moment later in a
+-- transaction of its own (dropping it here would lock all of rag.chunks until this transaction ends).
+SELECT to_regclass(:'sized_partition') IS NULL
+       OR obj_description(to_regclass(:'sized_partition'), 'pg_class') = rag._dropped_partition_mark() AS dropped_or_marked;
+DO $$
+BEGIN
+    FOR i IN 1..600 LOOP
+        EXIT WHEN cardinality(rag._partitions_to_drop()) = 0;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
 SELECT count(*) AS leftover_indexes FROM pg_indexes WHERE schemaname = 'rag' AND indexname LIKE 'chunks_embedding_c%';
 SELECT to_regclass(:'sized_partition') IS NULL AS partition_dropped;
 SELECT name FROM rag.collections ORDER BY name;

@@ -141,6 +141,8 @@ RESET ROLE;
 SELECT min(d.id) AS owner_document FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
  WHERE c.name = 'owner-docs' \gset
 SET ROLE sec_writer;
+-- A document of a collection the writer may not even read: answered as one that does not exist (the refusal
+-- named the collection and its owner, so trying ids listed every collection: red team 16).
 SELECT rag_delete_document(:owner_document);
 SELECT rag_ingest('owner-docs', 'Planted', 'Planted text.');
 RESET ROLE;
@@ -1423,6 +1425,115 @@ SELECT count(*) AS made_during_the_restore FROM rag.collections WHERE name = 'du
 DO $$ BEGIN
     EXECUTE format('DROP TABLE rag.%I', 'chunks_c' || pg_sequence_last_value('rag.collections_id_seq'));
 END $$;
+
+------------------------------------------------------------------------------------------------------------
+-- What a role learns of what it may not read from the planner's estimates and from rag's messages (red team 16).
+CREATE ROLE sec_curious LOGIN IN ROLE rag_reader;
+CREATE ROLE sec_delegate LOGIN IN ROLE rag_admin;
+-- 1. Statistics: the planner estimates a leakproof operator (text's = and <, tsvector's @@) from a column's
+-- statistics for every role, so EXPLAIN told a reader which words other collections held and rebuilt their text
+-- a letter at a time. No statistics are kept on the text of the tables readers see in part.
+SELECT rag_create_collection('stats-hidden', embedding_model => 'hash-384') IS NOT NULL AS created;
+WITH d AS (
+  INSERT INTO rag.documents (collection_id, title, body, content_sha256, status, chunks_total)
+  SELECT c.id, 'Ptarmigan report ' || n, 'x', sha256(('ptarmigan ' || n)::bytea), 'ready', 1
+    FROM rag.collections c, generate_series(1, 300) n WHERE c.name = 'stats-hidden'
+  RETURNING id, collection_id)
+INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, token_estimate, char_start, char_end, tsv)
+SELECT d.id, d.collection_id, 0, 'ptarmigan quarterly figures', 3, 0, 27,
+       to_tsvector('english', 'ptarmigan quarterly figures')
+  FROM d;
+SELECT format('rag.%I', rag._chunk_partition(id)) AS stats_partition
+  FROM rag.collections WHERE name = 'stats-hidden' \gset
+ANALYZE rag.documents;
+ANALYZE :stats_partition;
+CREATE FUNCTION pg_temp.estimated_rows(p_query text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_plan json;
+BEGIN
+    EXECUTE 'EXPLAIN (FORMAT JSON) ' || p_query INTO v_plan;
+    RETURN (v_plan->0->'Plan'->>'Plan Rows')::bigint;
+END $$;
+SET ROLE sec_curious;
+SELECT pg_temp.estimated_rows($q$SELECT 1 FROM rag.chunks WHERE tsv @@ to_tsquery('english', 'ptarmigan')$q$)
+     = pg_temp.estimated_rows($q$SELECT 1 FROM rag.chunks WHERE tsv @@ to_tsquery('english', 'unwritten')$q$)
+       AS same_estimate_for_any_word,
+       pg_temp.estimated_rows($q$SELECT 1 FROM rag.chunks WHERE content < 'ptarmigan quarterly g'$q$)
+     = pg_temp.estimated_rows($q$SELECT 1 FROM rag.chunks WHERE content < 'ptarmigan quarterly f'$q$)
+       AS same_estimate_for_any_prefix,
+       pg_temp.estimated_rows($q$SELECT 1 FROM rag.documents WHERE title < 'Ptarmigan report 5'$q$)
+     = pg_temp.estimated_rows($q$SELECT 1 FROM rag.documents WHERE title < 'A'$q$)
+       AS same_estimate_for_any_title;
+RESET ROLE;
+-- Every such column of every table readers see in part, and of every partition of rag.chunks.
+SELECT count(*) AS text_columns_with_statistics
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ WHERE c.relnamespace = 'rag'::regnamespace AND (c.relrowsecurity OR c.relispartition) AND c.relkind IN ('r', 'p')
+   AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid <> ALL (rag._statistics_kept_types())
+   AND coalesce(a.attstattarget, -1) <> 0;
+SELECT count(*) AS statistics_kept FROM pg_statistic s JOIN pg_attribute a ON a.attrelid = s.starelid AND a.attnum = s.staattnum
+ WHERE a.attrelid = :'stats_partition'::regclass AND a.atttypid <> ALL (rag._statistics_kept_types());
+-- 2. Code running as rag's owner sends its caller no message below NOTICE, whatever the caller's
+-- client_min_messages: with auto_explain's nested statements on, the plans of rag's search reached a reader
+-- with the keys of the rows the table's rules hid from them (tests/e2e/test_pipeline.py tries it). The
+-- functions made for watches run inside these.
+SELECT count(*) AS definer_functions_without_the_pins
+  FROM pg_proc p JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND p.prosecdef
+   AND NOT p.proconfig @> ARRAY['client_min_messages=notice', 'debug_print_plan=off',
+                                'session_replication_role=origin'];
+-- 3. A delegated admin's rag_reindex of a watched table: its filter fails on a row the table's rules keep from
+-- them, and the error, which quotes the row's value, is not shown to them; the table's owner sees it.
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.pay (id int PRIMARY KEY, author name NOT NULL DEFAULT current_user, salary text, body text);
+ALTER TABLE sec_owner.pay ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_pay ON sec_owner.pay USING (author = current_user);
+INSERT INTO sec_owner.pay (id, salary, body) VALUES (1, '100', 'Salary band of the first post.');
+SELECT rag_create_collection('pay', embedding_model => 'hash-384') IS NOT NULL AS created;
+SELECT rag_watch('sec_owner.pay', 'pay', content => 'body', filter => 'salary::numeric > 0') > 0 AS watching;
+SELECT rag_grant('pay', 'sec_delegate', 'admin');
+GRANT USAGE ON SCHEMA sec_owner TO sec_delegate;
+GRANT SELECT ON sec_owner.pay TO sec_delegate;
+UPDATE sec_owner.pay SET salary = 'SECRET-USD 250000 bonus' WHERE id = 1;
+RESET ROLE;
+SET ROLE sec_delegate;
+SELECT rag_reindex('sec_owner.pay'::regclass);
+SELECT rag_reindex('pay');
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_reindex('sec_owner.pay'::regclass);
+SELECT rag_unwatch('sec_owner.pay', drop_documents => true);
+SELECT rag_drop_collection('pay');
+DROP TABLE sec_owner.pay;
+RESET ROLE;
+SELECT rag_drop_collection('stats-hidden');
+-- 4. session_replication_role = replica, which a superuser may let a role set (GRANT SET ON PARAMETER, given to
+-- ETL and restore roles), switched off rag's own triggers and cascades for what its functions wrote: the dropped
+-- collection's documents and watch stayed behind, and an unwatch left the ledger's guard unchanged (red team 15).
+GRANT SET ON PARAMETER session_replication_role TO sec_delegate;
+SET ROLE sec_delegate;
+SELECT rag_create_collection('replica-mode', embedding_model => 'hash-384') IS NOT NULL AS created;
+SELECT rag_ingest('replica-mode', 'Doc', 'A document of a collection dropped in replica mode.') IS NOT NULL AS ingested;
+SET session_replication_role = replica;
+SELECT rag_drop_collection('replica-mode');
+RESET session_replication_role;
+RESET ROLE;
+SELECT count(*) AS documents_left_behind
+  FROM rag.documents d WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = d.collection_id);
+REVOKE SET ON PARAMETER session_replication_role FROM sec_delegate;
+-- rag's event triggers fire in replica mode too: a watched table dropped then takes its watch with it.
+CREATE TABLE sec_owner.replica_dropped (id int PRIMARY KEY, body text);
+SELECT rag_create_collection('replica-watched', embedding_model => 'hash-384') IS NOT NULL AS created;
+SELECT rag_watch('sec_owner.replica_dropped', 'replica-watched', content => 'body') > 0 AS watching;
+SET session_replication_role = replica;
+DROP TABLE sec_owner.replica_dropped;
+RESET session_replication_role;
+SELECT count(*) AS watches_left FROM rag.watches w JOIN rag.collections c ON c.id = w.collection_id
+ WHERE c.name = 'replica-watched';
+SELECT rag_drop_collection('replica-watched');
+DROP OWNED BY sec_curious, sec_delegate;
+DROP ROLE sec_curious, sec_delegate;
 
 ------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.

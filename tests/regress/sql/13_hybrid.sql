@@ -110,17 +110,21 @@ SELECT rag_set_search('hybrid', search_mode => 'fuzzy');
 SELECT rag_set_search('hybrid', search_mode => 'vector', ef_search => 0);
 SELECT search_mode, ef_search FROM rag.collections WHERE name = 'hybrid';
 RESET hnsw.ef_search;
--- The HNSW index's build parameters: set, the index is dropped at once (searches go on, exactly) and the idle
--- worker builds it again with them; 0 puts pgvector's default back. pgvector's own bounds are checked,
--- ef_construction at least twice m included, and nothing changes then.
+-- The HNSW index's build parameters: set, the index stays (searches keep using it, rag_explain says a rebuild
+-- is pending) and the worker builds its successor beside it with them, then drops it; 0 puts pgvector's
+-- default back. pgvector's own bounds are checked, ef_construction at least twice m included, and nothing
+-- changes then.
 CREATE FUNCTION pg_temp.rebuilt_index(p_collection text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     v_def text;
 BEGIN
     FOR i IN 1..600 LOOP
+        -- Done when the recorded index has the parameters asked for and is the collection's only HNSW index.
         SELECT x.indexdef INTO v_def FROM rag.collections c JOIN pg_indexes x ON x.schemaname = 'rag' AND x.indexname = c.index_name
-         WHERE c.name = p_collection;
+         WHERE c.name = p_collection AND rag._hnsw_index_current(c, c.index_name)
+           AND (SELECT count(*) FROM pg_indexes y WHERE y.schemaname = 'rag' AND y.indexdef LIKE '%USING hnsw%'
+                   AND y.tablename = rag._chunk_partition(c.id)) = 1;
         IF v_def IS NOT NULL THEN
             RETURN substring(v_def FROM 'vector_cosine_ops\)(.*)$');
         END IF;
@@ -128,9 +132,20 @@ BEGIN
     END LOOP;
     RETURN 'not rebuilt';
 END $$;
+SELECT index_name AS before_rebuild FROM rag.collections WHERE name = 'hybrid' \gset
+BEGIN;
 SELECT rag_set_search('hybrid', m => 8, ef_construction => 40);
+-- Nothing of the collection's chunks is locked by the change, and the index in use stays until the new one is there.
+SELECT count(*) AS chunk_locks FROM pg_locks l JOIN pg_class x ON x.oid = l.relation
+ WHERE l.pid = pg_backend_pid() AND x.relname LIKE 'chunks%' AND l.mode NOT IN ('AccessShareLock', 'RowShareLock');
+SELECT to_regclass('rag.' || :'before_rebuild') IS NOT NULL AS old_index_kept;
+SELECT regexp_replace(line, '_c\d+', '_cN') AS said FROM rag_explain('hybrid', 'disk full', 3, mode => 'vector') AS line
+ WHERE line LIKE 'Vector side%';
+COMMIT;
 SELECT hnsw_m, hnsw_ef_construction FROM rag.collections WHERE name = 'hybrid';
 SELECT pg_temp.rebuilt_index('hybrid') AS built_with;
+SELECT index_name <> :'before_rebuild' AS other_name, to_regclass('rag.' || :'before_rebuild') IS NULL AS old_index_dropped
+  FROM rag.collections WHERE name = 'hybrid';
 SELECT count(*) > 0 AS found FROM rag_query('hybrid', 'disk full', 3, mode => 'vector');
 SELECT rag_set_search('hybrid', m => 64, ef_construction => 100);
 SELECT rag_set_search('hybrid', m => 1);
@@ -223,12 +238,20 @@ SELECT to_regclass('rag.' || :'hybrid_index') IS NULL AS still_missing;
 SELECT rag_reindex('hybrid') > 0 AS requeued;
 SELECT rag_wait('hybrid', '60 seconds') AS ready;
 SELECT pg_temp.rebuilt_index('hybrid') <> 'not rebuilt' AS rebuilt,
-       (SELECT index_name FROM rag.collections WHERE name = 'hybrid') = :'hybrid_index' AS same_name;
+       (SELECT index_name = ANY (rag._hnsw_index_names(c)) FROM rag.collections c WHERE name = 'hybrid') AS named_as_before;
 SELECT array_agg(document_id || '/' || ordinal ORDER BY distance, document_id, ordinal)::text = :'with_index'
        AS same_with_index_rebuilt
   FROM rag_query('hybrid', 'disk full', 3, max_distance => 2, mode => 'vector');
 SELECT rag_drop_collection('hybrid');
 DROP ROLE hybrid_reader;
+-- The worker drops the partition of a dropped collection (rag_drop_collection marks it).
+DO $$
+BEGIN
+    FOR i IN 1..600 LOOP
+        EXIT WHEN cardinality(rag._partitions_to_drop()) = 0;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
 SELECT count(*) AS indexes_left FROM pg_indexes WHERE schemaname = 'rag' AND indexname ~ '^chunks_(tsv|embedding)_c'
    AND indexname NOT IN (SELECT index_name FROM rag.collections WHERE index_name IS NOT NULL
                          UNION ALL SELECT rag._keyword_index_name(id) FROM rag.collections);

@@ -103,6 +103,22 @@ SELECT migration_state, migration_error ~ '400' AS says_why, embedding_model, do
 SELECT title FROM rag_query('mig', 'The garage behind the building is free for staff.', 1);
 SELECT rag_cancel_embedding_model('mig') AS cancelled;
 SELECT pg_temp.settled('mig') AS settled;
+-- One that fails on a row of a watched table does not quote the provider's answer to every reader of the
+-- collection (rag.status, rag.migrations): a provider's refusal may quote the text it was sent, which the
+-- table's rules may keep from them (red team 16). The server log has it.
+CREATE TABLE mig_rows (id int PRIMARY KEY, body text);
+INSERT INTO mig_rows VALUES (1, 'A watched row about the parking spaces.');
+SELECT rag_create_collection('mig-watched', embedding_model => 'hash-384') IS NOT NULL AS created;
+SELECT rag_watch('mig_rows', 'mig-watched', content => 'body') > 0 AS watching;
+SELECT rag_wait('mig-watched', '60 seconds') AS ready;
+SELECT rag_set_embedding_model('mig-watched', 'hash-768@400') AS queued;
+SELECT rag_wait('mig-watched', '60 seconds') AS over;
+SELECT migration_state, migration_error ~ '400' AS quotes_the_provider,
+       migration_error ~ 'a row of a watched table' AS says_whose
+  FROM rag.status WHERE collection = 'mig-watched';
+SELECT rag_unwatch('mig_rows', drop_documents => true) AS unwatched;
+SELECT rag_drop_collection('mig-watched') AS dropped;
+DROP TABLE mig_rows;
 
 -- A collection that never had a vector just takes the new model.
 SELECT rag_create_collection('mig-empty', embedding_model => 'hash-384') > 0 AS created;
