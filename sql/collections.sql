@@ -415,7 +415,10 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Partitions of rag.chunks that rag_drop_collection marked and whose collection is gone (its row is the proof: a
--- mark on a live collection's partition, which only rag's owner could write, is ignored).
+-- mark on a live collection's partition, which only rag's owner could write, is ignored). Only ids the
+-- collections' sequence has given out: a restore makes the partitions (pre-data) before the collections' rows
+-- and the sequence's value (data), and a marked partition it brings back (a dump taken before the worker dropped
+-- it) must not be dropped under the restore's COPY into it.
 CREATE FUNCTION rag._partitions_to_drop() RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(x.relname::text ORDER BY x.relname), '{}')
@@ -423,13 +426,18 @@ LANGUAGE sql STABLE AS $$
      WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
        AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
        AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
+       AND substring(x.relname FROM '^chunks_c([0-9]+)$')::bigint
+           <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
 $$;
 
 -- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes
 -- it, waiting at most lock_timeout (100 ms) for running searches, during which new ones queue behind it; the
 -- partition then without waiting at all: whoever holds it (a pg_dump, a long search of the dropped collection)
--- holds it for long, and waiting for it would keep rag.chunks locked meanwhile. A partition not dropped now is
--- tried again at the worker's next upkeep. Returns how many it dropped.
+-- holds it for long, and waiting for it would keep rag.chunks locked meanwhile. Not tried while someone holds
+-- the partition, or holds rag.chunks from a transaction left open or a statement running for over a second
+-- (the worker looks every naptime when idle, and each try would queue every search behind it for nothing). A
+-- partition not dropped now is tried again at the worker's next upkeep; two workers may both try (the second
+-- finds it gone). Returns how many it dropped.
 CREATE FUNCTION rag._drop_partitions() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -438,19 +446,22 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     FOREACH v_partition IN ARRAY rag._partitions_to_drop() LOOP
-        -- Held (the worker looks every naptime while idle): not tried, so searches do not queue behind the
-        -- lock on rag.chunks each time for nothing.
-        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                               WHERE l.locktype = 'relation' AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                                                               WHERE d.datname = current_database())
-                                 AND l.relation = format('rag.%I', v_partition)::regclass
-                                 AND l.pid <> pg_catalog.pg_backend_pid());
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'relation' AND l.pid <> pg_catalog.pg_backend_pid()
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+               AND (l.relation = pg_catalog.to_regclass(format('rag.%I', v_partition))
+                    OR (l.relation = 'rag.chunks'::pg_catalog.regclass
+                        AND (a.state LIKE 'idle in transaction%' OR a.query_start < now() - interval '1 second'))));
         BEGIN
             LOCK TABLE ONLY rag.chunks IN ACCESS EXCLUSIVE MODE;
+            IF pg_catalog.to_regclass(format('rag.%I', v_partition)) IS NULL THEN
+                CONTINUE;
+            END IF;
             EXECUTE format('LOCK TABLE ONLY rag.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
             EXECUTE format('DROP TABLE rag.%I', v_partition);
             v_dropped := v_dropped + 1;
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR undefined_table THEN
             NULL;
         END;
     END LOOP;
@@ -636,8 +647,12 @@ BEGIN
     END IF;
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too.
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I, rag.%I', v_index, v_spare);
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too. Looked up first: IF EXISTS
+        -- sends a NOTICE for the one that is not there, which reaches rag_process_queue's caller.
+        IF to_regclass(format('rag.%I', v_spare)) IS NOT NULL THEN
+            EXECUTE format('DROP INDEX rag.%I', v_spare);
+        END IF;
         UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
         RETURN true;
@@ -849,45 +864,44 @@ BEGIN
 END $$;
 
 -- Builds a collection's HNSW index again with the build parameters it asks for now, under the spare name, while
--- searches go on with the one in use; then records it and drops the former one. CREATE INDEX holds the
--- collection's writes (not its reads) while it runs, as every build does; the drop needs the partition to
--- itself for a moment, and when searches hold it (lock_timeout, the caller's) the former index stays beside the
--- new one (costing its upkeep on writes) until the next call drops it. The parameters are read again after the
--- build, as rag._ensure_index does: a build with parameters changed meanwhile is dropped and the next call
--- builds again. Only the worker calls it, in transactions of its own: in rag_process_queue's the drop would
--- hold the partition until the caller's transaction ended. Returns whether the collection's index is now
--- current and alone.
+-- searches go on with the one in use; then records it and drops the former one. One step per call, each in a
+-- transaction of the worker's own (rag._rebuild_indexes takes one collection per call): a former index left
+-- beside the current one is only dropped (the drop's ACCESS EXCLUSIVE lock, held until commit, must not last
+-- through a build); otherwise the build. The collection's row is taken first (FOR NO KEY UPDATE SKIP LOCKED), in
+-- the order a store takes its locks (the row, then the partition): a store or an admin's uncommitted change
+-- holding it skips the rebuild until a later call, rather than the build waiting for the row after it is done
+-- and giving up on its lock_timeout, work lost. CREATE INDEX holds the collection's writes (not its reads) while
+-- it runs, as every build does; the drop needs the partition to itself for a moment, and when searches hold it
+-- (lock_timeout, the caller's) the former index stays beside the new one (costing its upkeep on writes) until a
+-- later call drops it. Only the worker calls it: in rag_process_queue's transaction the drop would hold the
+-- partition until the caller's transaction ended. Returns whether the collection's index is now current and
+-- alone.
 CREATE FUNCTION rag._rebuild_index(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
     v_spare text;
-    v_m integer;
-    v_ef_construction integer;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND OR c.index_name IS NULL OR pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(c.index_name)) IS NULL THEN
-        -- No index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
+        -- Held, gone, or no index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
         RETURN false;
     END IF;
     v_spare := rag._hnsw_index_spare(c);
-    BEGIN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_spare);
-    EXCEPTION WHEN lock_not_available THEN
+    IF pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(v_spare)) IS NOT NULL THEN
+        BEGIN
+            EXECUTE format('DROP INDEX rag.%I', v_spare);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
         RETURN false;
-    END;
+    END IF;
     IF rag._hnsw_index_current(c, c.index_name) THEN
         RETURN true;
     END IF;
     EXECUTE rag._hnsw_index_sql(c, v_spare, c.vector_column, c.dimensions);
-    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id AND u.index_name = c.index_name
-    RETURNING u.hnsw_m, u.hnsw_ef_construction INTO v_m, v_ef_construction;
-    IF NOT FOUND OR v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
-        -- Changed during the build (parameters, the model, a bulk load that dropped the index): not this one.
-        EXECUTE format('DROP INDEX rag.%I', v_spare);
-        UPDATE rag.collections u SET index_name = c.index_name WHERE u.id = c.id AND u.index_name = v_spare;
-        RETURN false;
-    END IF;
+    -- The row is this transaction's: the parameters cannot have changed since it was read.
+    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id;
     BEGIN
         EXECUTE format('DROP INDEX rag.%I', c.index_name);
     EXCEPTION WHEN lock_not_available THEN
@@ -896,23 +910,28 @@ BEGIN
     RETURN true;
 END $$;
 
--- The worker's rebuilds (rag._collections_to_rebuild), one collection at a time, each giving up at once when
--- another session holds the partition; returns how many were due.
+-- The worker's rebuilds (rag._collections_to_rebuild): the first due collection's step (rag._rebuild_index), so
+-- that each commits before the next begins; the worker calls again at its next upkeep. It gives up at once when
+-- another session holds the partition. A build that fails (out of disk, say) is reported and tried again at a
+-- later upkeep; it must not stop the worker's other work. Returns how many were due.
 CREATE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_due integer[] := rag._collections_to_rebuild();
-    v_id integer;
 BEGIN
+    IF cardinality(v_due) = 0 THEN
+        RETURN 0;
+    END IF;
     PERFORM set_config('lock_timeout', '100ms', true);
-    FOREACH v_id IN ARRAY v_due LOOP
-        BEGIN
-            PERFORM rag._rebuild_index(v_id);
-        EXCEPTION WHEN lock_not_available THEN
-            -- The collection's writers hold its partition: the next call tries again.
-            NULL;
-        END;
-    END LOOP;
+    BEGIN
+        PERFORM rag._rebuild_index(v_due[1]);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The collection's writers hold its partition: a later call tries again.
+        NULL;
+    WHEN OTHERS THEN
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_due[1], SQLERRM
+            USING HINT = 'The worker tries again; searches use the current index meanwhile.';
+    END;
     RETURN cardinality(v_due);
 END $$;
 

@@ -1203,6 +1203,8 @@ LANGUAGE sql STABLE AS $$
      WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
        AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
        AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
+       AND substring(x.relname FROM '^chunks_c([0-9]+)$')::bigint
+           <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer
@@ -1213,19 +1215,22 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     FOREACH v_partition IN ARRAY rag._partitions_to_drop() LOOP
-        -- Held (the worker looks every naptime while idle): not tried, so searches do not queue behind the
-        -- lock on rag.chunks each time for nothing.
-        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                               WHERE l.locktype = 'relation' AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                                                               WHERE d.datname = current_database())
-                                 AND l.relation = format('rag.%I', v_partition)::regclass
-                                 AND l.pid <> pg_catalog.pg_backend_pid());
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'relation' AND l.pid <> pg_catalog.pg_backend_pid()
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+               AND (l.relation = pg_catalog.to_regclass(format('rag.%I', v_partition))
+                    OR (l.relation = 'rag.chunks'::pg_catalog.regclass
+                        AND (a.state LIKE 'idle in transaction%' OR a.query_start < now() - interval '1 second'))));
         BEGIN
             LOCK TABLE ONLY rag.chunks IN ACCESS EXCLUSIVE MODE;
+            IF pg_catalog.to_regclass(format('rag.%I', v_partition)) IS NULL THEN
+                CONTINUE;
+            END IF;
             EXECUTE format('LOCK TABLE ONLY rag.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
             EXECUTE format('DROP TABLE rag.%I', v_partition);
             v_dropped := v_dropped + 1;
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR undefined_table THEN
             NULL;
         END;
     END LOOP;
@@ -1374,8 +1379,12 @@ BEGIN
     END IF;
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too.
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I, rag.%I', v_index, v_spare);
+        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_index);
+        -- A former index that a rebuild left beside it (rag._rebuild_index) goes too. Looked up first: IF EXISTS
+        -- sends a NOTICE for the one that is not there, which reaches rag_process_queue's caller.
+        IF to_regclass(format('rag.%I', v_spare)) IS NOT NULL THEN
+            EXECUTE format('DROP INDEX rag.%I', v_spare);
+        END IF;
         UPDATE rag.collections SET index_name = NULL WHERE id = p_collection_id;
         PERFORM set_config('lock_timeout', v_lock_timeout, true);
         RETURN true;
@@ -1544,32 +1553,27 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c rag.collections;
     v_spare text;
-    v_m integer;
-    v_ef_construction integer;
 BEGIN
-    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND OR c.index_name IS NULL OR pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(c.index_name)) IS NULL THEN
-        -- No index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
+        -- Held, gone, or no index to replace: a missing one is rag._repair_indexes's, or rag_reindex's.
         RETURN false;
     END IF;
     v_spare := rag._hnsw_index_spare(c);
-    BEGIN
-        EXECUTE format('DROP INDEX IF EXISTS rag.%I', v_spare);
-    EXCEPTION WHEN lock_not_available THEN
+    IF pg_catalog.to_regclass('rag.' || pg_catalog.quote_ident(v_spare)) IS NOT NULL THEN
+        BEGIN
+            EXECUTE format('DROP INDEX rag.%I', v_spare);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
         RETURN false;
-    END;
+    END IF;
     IF rag._hnsw_index_current(c, c.index_name) THEN
         RETURN true;
     END IF;
     EXECUTE rag._hnsw_index_sql(c, v_spare, c.vector_column, c.dimensions);
-    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id AND u.index_name = c.index_name
-    RETURNING u.hnsw_m, u.hnsw_ef_construction INTO v_m, v_ef_construction;
-    IF NOT FOUND OR v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction THEN
-        -- Changed during the build (parameters, the model, a bulk load that dropped the index): not this one.
-        EXECUTE format('DROP INDEX rag.%I', v_spare);
-        UPDATE rag.collections u SET index_name = c.index_name WHERE u.id = c.id AND u.index_name = v_spare;
-        RETURN false;
-    END IF;
+    -- The row is this transaction's: the parameters cannot have changed since it was read.
+    UPDATE rag.collections u SET index_name = v_spare WHERE u.id = c.id;
     BEGIN
         EXECUTE format('DROP INDEX rag.%I', c.index_name);
     EXCEPTION WHEN lock_not_available THEN
@@ -1582,17 +1586,20 @@ CREATE OR REPLACE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_due integer[] := rag._collections_to_rebuild();
-    v_id integer;
 BEGIN
+    IF cardinality(v_due) = 0 THEN
+        RETURN 0;
+    END IF;
     PERFORM set_config('lock_timeout', '100ms', true);
-    FOREACH v_id IN ARRAY v_due LOOP
-        BEGIN
-            PERFORM rag._rebuild_index(v_id);
-        EXCEPTION WHEN lock_not_available THEN
-            -- The collection's writers hold its partition: the next call tries again.
-            NULL;
-        END;
-    END LOOP;
+    BEGIN
+        PERFORM rag._rebuild_index(v_due[1]);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The collection's writers hold its partition: a later call tries again.
+        NULL;
+    WHEN OTHERS THEN
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_due[1], SQLERRM
+            USING HINT = 'The worker tries again; searches use the current index meanwhile.';
+    END;
     RETURN cardinality(v_due);
 END $$;
 
@@ -3231,7 +3238,7 @@ BEGIN
     IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
-                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, the idle worker builds it)',
+                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; without the workers, rag_process_queue builds it, also after rag_set_search changed its build parameters)',
                                      rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
                                      rag._limit('bulk_load_tail_documents')) END;
     ELSIF v_mode <> 'keyword' AND to_regclass(format('rag.%I', c.index_name)) IS NULL THEN

@@ -615,7 +615,7 @@ BEGIN
     IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
-                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; after rag_set_search changed its build parameters, the idle worker builds it)',
+                         ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; without the workers, rag_process_queue builds it, also after rag_set_search changed its build parameters)',
                                      rag._limit('bulk_load_documents'), rag._limit('bulk_load_documents'),
                                      rag._limit('bulk_load_tail_documents')) END;
     ELSIF v_mode <> 'keyword' AND to_regclass(format('rag.%I', c.index_name)) IS NULL THEN

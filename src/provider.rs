@@ -86,10 +86,12 @@ fn refuse_inside_data_directory(path: &std::path::Path) -> Result<(), String> {
     let resolve =
         |path: &std::path::Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     if resolve(path).starts_with(resolve(std::path::Path::new(&data_directory))) {
-        return Err(format!(
-            "rag.secrets_file is inside the data directory ({data_directory}): base backups and standbys copy \
-             it; move it outside"
-        ));
+        // The path is not repeated: this reaches whoever's call needed the key, and the data directory's
+        // location is for pg_read_all_settings to read.
+        return Err(
+            "rag.secrets_file is inside the data directory: base backups and standbys copy it; move it outside"
+                .to_string(),
+        );
     }
     Ok(())
 }

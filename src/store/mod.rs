@@ -206,12 +206,16 @@ pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
 }
 
 /// True when this database has no queued document, row key or batch at all, due or not (a row refused over a
-/// limit, which waits to be written again, does not count: `rag._row_refused`).
+/// limit, which waits to be written again, does not count: `rag._row_refused`), and no index rebuild or dropped
+/// collection's partition waiting for the worker (a worker that left with those pending would not be woken for
+/// them).
 pub fn nothing_queued() -> Result<bool, SpiError> {
     Ok(idle_read::<bool>(
         "SELECT NOT EXISTS (SELECT 1 FROM rag.queue)
             AND NOT EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before < 'infinity')
-            AND NOT EXISTS (SELECT 1 FROM rag.row_batches)",
+            AND NOT EXISTS (SELECT 1 FROM rag.row_batches)
+            AND pg_catalog.cardinality(rag._collections_to_rebuild()) = 0
+            AND pg_catalog.cardinality(rag._partitions_to_drop()) = 0",
     )?
     .unwrap_or(false))
 }

@@ -1,5 +1,5 @@
 """A collection's HNSW build parameters change (rag_set_search): the index in use stays until the worker has
-built its successor beside it, and a build that started with parameters changed meanwhile is not kept."""
+built its successor beside it; a rebuild holds the collection's row, and skips a collection whose row is held."""
 import time
 import unittest
 from functools import partial
@@ -26,7 +26,7 @@ def hnsw_indexes(collection):
 class BuildParametersChanged(InItsOwnDatabase):
     DB = DB
 
-    def test_a_rebuild_started_with_old_parameters_is_not_kept(self):
+    def test_a_rebuild_holds_the_collection_and_skips_it_when_held(self):
         # No chunks: the worker leaves the collection's index alone (rag._collections_to_rebuild), so only this
         # test rebuilds it.
         psql("SELECT rag_create_collection('race', embedding_model => 'hash-384', dimensions => 384); "
@@ -34,7 +34,17 @@ class BuildParametersChanged(InItsOwnDatabase):
         collection = scalar("SELECT id FROM rag.collections WHERE name = 'race'")
         index = f"chunks_embedding_c{collection}"
         self.assertEqual(hnsw_indexes(collection), f"{index} ", "rag_set_search dropped or replaced the index itself")
-        # Writes to rag.chunks held open: the rebuild waits for them after it has read the collection's parameters.
+        # A store shares the collection's row (FOR SHARE): the rebuild skips the collection rather than build and
+        # then wait for the row (a store takes the row, then the partition; the other order lost whole builds).
+        holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'race' FOR SHARE;")
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(scalar(f"SET lock_timeout = '5s'; SELECT rag._rebuild_index({collection})"), "f")
+            self.assertEqual(hnsw_indexes(collection), f"{index} ")
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)
+        # Writes to rag.chunks held open: the rebuild waits for them with the collection's row taken, so a
+        # parameter change made meanwhile waits for the rebuild, and the next call builds with it.
         writer = background_psql("BEGIN; LOCK TABLE rag.chunks IN ROW EXCLUSIVE MODE;")
         try:
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
@@ -44,18 +54,22 @@ class BuildParametersChanged(InItsOwnDatabase):
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
                                        "'%rag._rebuild_index%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())"),
                             "the rebuild did not wait for the open writes")
-            psql("SELECT rag_set_search('race', m => 12, ef_construction => 48)")
+            changer = background_psql("SELECT rag_set_search('race', m => 12, ef_construction => 48);")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
+                                       "'%rag_set_search(''race''%' AND wait_event_type = 'Lock' "
+                                       "AND pid <> pg_backend_pid())"),
+                            "the parameter change did not wait for the rebuild")
         finally:
             writer.communicate(input="COMMIT;\n", timeout=60)
         out, err = builder.communicate(timeout=120)
-        self.assertEqual(builder.returncode, 0, err)
-        self.assertEqual(out.strip(), "f", "the rebuild with the old parameters was kept")
-        self.assertEqual(hnsw_indexes(collection), f"{index} ")
-        self.assertEqual(scalar("SELECT index_name FROM rag.collections WHERE name = 'race'"), index)
-        # Rebuilt again, it has the parameters asked for last, under the other name, and is alone.
+        self.assertEqual((builder.returncode, out.strip()), (0, "t"), err)
+        _, err = changer.communicate(timeout=60)
+        self.assertEqual(changer.returncode, 0, err)
+        self.assertEqual(hnsw_indexes(collection), f"{index}_r  WITH (m='8', ef_construction='40')")
+        # The next call builds with the parameters asked for last, under the other name, and is alone.
         self.assertEqual(scalar(f"SELECT rag._rebuild_index({collection})"), "t")
-        self.assertEqual(hnsw_indexes(collection), f"{index}_r  WITH (m='12', ef_construction='48')")
-        self.assertEqual(scalar("SELECT index_name FROM rag.collections WHERE name = 'race'"), f"{index}_r")
+        self.assertEqual(hnsw_indexes(collection), f"{index}  WITH (m='12', ef_construction='48')")
+        self.assertEqual(scalar("SELECT index_name FROM rag.collections WHERE name = 'race'"), index)
 
     def test_searches_keep_the_index_until_its_successor_is_there(self):
         psql("SELECT rag_create_collection('kept', embedding_model => 'hash-384', dimensions => 384)")
