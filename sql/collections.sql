@@ -910,26 +910,30 @@ BEGIN
     RETURN true;
 END $$;
 
--- The worker's rebuilds (rag._collections_to_rebuild): the first due collection's step (rag._rebuild_index), so
--- that each commits before the next begins; the worker calls again at its next upkeep. It gives up at once when
--- another session holds the partition. A build that fails (out of disk, say) is reported and tried again at a
--- later upkeep; it must not stop the worker's other work. Returns how many were due.
+-- The worker's rebuilds (rag._collections_to_rebuild): one due collection's step (rag._rebuild_index), so that
+-- each commits before the next begins; the worker calls again at its next upkeep. The collection is drawn at
+-- random among those due, so that one whose build keeps failing or whose partition stays held does not keep
+-- the others waiting. It gives up at once when another session holds the partition. A build that fails (out of
+-- disk, say) is reported and tried again at a later upkeep; it must not stop the worker's other work. Returns
+-- how many were due.
 CREATE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
 BEGIN
     IF cardinality(v_due) = 0 THEN
         RETURN 0;
     END IF;
+    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        PERFORM rag._rebuild_index(v_due[1]);
+        PERFORM rag._rebuild_index(v_id);
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again.
         NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_due[1], SQLERRM
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
             USING HINT = 'The worker tries again; searches use the current index meanwhile.';
     END;
     RETURN cardinality(v_due);

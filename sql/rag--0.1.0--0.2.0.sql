@@ -1586,18 +1586,20 @@ CREATE OR REPLACE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
 BEGIN
     IF cardinality(v_due) = 0 THEN
         RETURN 0;
     END IF;
+    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        PERFORM rag._rebuild_index(v_due[1]);
+        PERFORM rag._rebuild_index(v_id);
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again.
         NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_due[1], SQLERRM
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
             USING HINT = 'The worker tries again; searches use the current index meanwhile.';
     END;
     RETURN cardinality(v_due);

@@ -99,5 +99,30 @@ class BuildParametersChanged(InItsOwnDatabase):
         self.assertEqual(scalar("SELECT count(*) FROM rag_query('kept', 'keeping', 3, max_distance => 2)"), "3")
 
 
+    def test_a_collection_held_for_long_does_not_keep_the_others_waiting(self):
+        # A pg_dump (or a search left open) holds one collection's partition: its old index cannot be dropped
+        # after the rebuild, so it stays due. Taken first every time, it kept every other collection's rebuild
+        # waiting for as long as it was held; the worker draws among the due ones.
+        for name in ("first-held", "second-free"):
+            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
+                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g")
+            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
+        first = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'first-held'")
+        holder = background_psql(f"BEGIN; LOCK TABLE rag.{first} IN ACCESS SHARE MODE; SELECT 'held';")
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            psql("SELECT rag_set_search('first-held', m => 8, ef_construction => 40); "
+                 "SELECT rag_set_search('second-free', m => 8, ef_construction => 40)")
+            self.assertTrue(wait_until("SELECT rag._hnsw_index_current(c, c.index_name) AND "
+                                       "to_regclass('rag.' || rag._hnsw_index_spare(c)) IS NULL "
+                                       "FROM rag.collections c WHERE c.name = 'second-free'", seconds=30),
+                            "the free collection's rebuild waited for the held one")
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)
+        self.assertTrue(wait_until("SELECT rag._hnsw_index_current(c, c.index_name) AND "
+                                   "to_regclass('rag.' || rag._hnsw_index_spare(c)) IS NULL "
+                                   "FROM rag.collections c WHERE c.name = 'first-held'", seconds=30))
+
+
 if __name__ == "__main__":
     unittest.main()
