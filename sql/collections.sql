@@ -421,13 +421,15 @@ $$;
 -- it) must not be dropped under the restore's COPY into it.
 CREATE FUNCTION rag._partitions_to_drop() RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(x.relname::text ORDER BY x.relname), '{}')
-      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
-     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
-       AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
-       AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
-       AND substring(x.relname FROM '^chunks_c([0-9]+)$')::bigint
-           <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
+    -- The worker looks every naptime: the collection by its key (not each collection's partition name computed
+    -- for each partition), and the comment only of partitions whose collection is gone.
+    SELECT coalesce(array_agg(p.relname::text ORDER BY p.relname), '{}')
+      FROM (SELECT x.oid, x.relname, substring(x.relname FROM '^chunks_c([0-9]+)$')::integer AS collection_id
+              FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
+             WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
+     WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
+       AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
+       AND pg_catalog.obj_description(p.oid, 'pg_class') = rag._dropped_partition_mark()
 $$;
 
 -- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes
@@ -586,7 +588,7 @@ BEGIN
         RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
         RETURN NULL;
     END IF;
-    v_index := 'chunks_' || c.vector_column || '_c' || c.id;
+    v_index := (rag._hnsw_index_names(c.id, c.vector_column))[1];
     EXECUTE rag._hnsw_index_sql(c, v_index, c.vector_column, c.dimensions);
     -- A build takes minutes at a million chunks, without a lock on the collection's row; rag_set_search may
     -- change the build parameters meanwhile, and it drops only an index it can see. The row as it is now decides
@@ -808,11 +810,12 @@ BEGIN
     RETURN cardinality(v_missing);
 END $$;
 
--- The two names a collection's HNSW index takes in turn. A rebuild with new build parameters (rag_set_search)
--- builds under the name not in use while searches go on with the index in use, then drops that one.
-CREATE FUNCTION rag._hnsw_index_names(c rag.collections) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT ARRAY['chunks_' || c.vector_column || '_c' || c.id, 'chunks_' || c.vector_column || '_c' || c.id || '_r']
+-- The two names the HNSW index of a collection's vector column takes in turn, the first the one a build makes.
+-- A rebuild with new build parameters (rag_set_search) builds under the name not in use while searches go on
+-- with the index in use, then drops that one. Every build and drop of such an index names it through here.
+CREATE FUNCTION rag._hnsw_index_names(p_collection_id integer, p_column text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['chunks_' || p_column || '_c' || p_collection_id, 'chunks_' || p_column || '_c' || p_collection_id || '_r']
 $$;
 
 -- Whether an index of the collection was built with the build parameters it asks for now: the index's own
@@ -833,7 +836,7 @@ $$;
 -- is the collection's former one, which the rebuild could not drop yet (searches held the partition).
 CREATE FUNCTION rag._hnsw_index_spare(c rag.collections) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c) n
+    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c.id, c.vector_column) n
 $$;
 
 -- Collections whose HNSW index is in place but built with other build parameters than they ask for now
@@ -1202,7 +1205,7 @@ BEGIN
 END $$;
 
 -- Empties one of a collection's vector columns (at most p_limit rows at a time, all when NULL) and drops its
--- index if one is left (under either of its names, rag._hnsw_index_names); returns how many rows it emptied. The
+-- index if one is left (under either of its names); returns how many rows it emptied. The
 -- other column is never touched.
 CREATE FUNCTION rag._clear_space(p_collection_id integer, p_column text, p_limit integer) RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -1210,8 +1213,7 @@ DECLARE
     v_count bigint;
     v_index text;
 BEGIN
-    FOREACH v_index IN ARRAY ARRAY['chunks_' || p_column || '_c' || p_collection_id,
-                                   'chunks_' || p_column || '_c' || p_collection_id || '_r'] LOOP
+    FOREACH v_index IN ARRAY rag._hnsw_index_names(p_collection_id, p_column) LOOP
         IF to_regclass(format('rag.%I', v_index)) IS NOT NULL THEN
             EXECUTE format('DROP INDEX rag.%I', v_index);
         END IF;
@@ -1288,7 +1290,7 @@ BEGIN
             v_new_column := rag._target_column(c.vector_column, true);
             v_index := NULL;
             IF m.dimensions BETWEEN 1 AND 2000 THEN
-                v_index := 'chunks_' || v_new_column || '_c' || c.id;
+                v_index := (rag._hnsw_index_names(c.id, v_new_column))[1];
                 EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,

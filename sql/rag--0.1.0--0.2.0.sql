@@ -399,7 +399,8 @@ BEGIN
                   DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
                   HINT = 'Its owner or an admin of it can grant it with rag_grant.';
     END IF;
-    IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
+    -- Read is checked above; a higher privilege once more (every search comes through here: one check, not two).
+    IF p_privilege <> 'read' AND NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
         RAISE EXCEPTION 'permission denied for collection "%"', c.name
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
@@ -1198,13 +1199,15 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._partitions_to_drop() RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(x.relname::text ORDER BY x.relname), '{}')
-      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
-     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
-       AND pg_catalog.obj_description(x.oid, 'pg_class') = rag._dropped_partition_mark()
-       AND NOT EXISTS (SELECT 1 FROM rag.collections c WHERE rag._chunk_partition(c.id) = x.relname)
-       AND substring(x.relname FROM '^chunks_c([0-9]+)$')::bigint
-           <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
+    -- The worker looks every naptime: the collection by its key (not each collection's partition name computed
+    -- for each partition), and the comment only of partitions whose collection is gone.
+    SELECT coalesce(array_agg(p.relname::text ORDER BY p.relname), '{}')
+      FROM (SELECT x.oid, x.relname, substring(x.relname FROM '^chunks_c([0-9]+)$')::integer AS collection_id
+              FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid
+             WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
+     WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
+       AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
+       AND pg_catalog.obj_description(p.oid, 'pg_class') = rag._dropped_partition_mark()
 $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer
@@ -1329,7 +1332,7 @@ BEGIN
         RAISE NOTICE 'collection "%" has % dimensions, above HNSW''s 2000: searches will scan', c.name, c.dimensions;
         RETURN NULL;
     END IF;
-    v_index := 'chunks_' || c.vector_column || '_c' || c.id;
+    v_index := (rag._hnsw_index_names(c.id, c.vector_column))[1];
     EXECUTE rag._hnsw_index_sql(c, v_index, c.vector_column, c.dimensions);
     -- A build takes minutes at a million chunks, without a lock on the collection's row; rag_set_search may
     -- change the build parameters meanwhile, and it drops only an index it can see. The row as it is now decides
@@ -1506,9 +1509,9 @@ BEGIN
     RETURN cardinality(v_missing);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._hnsw_index_names(c rag.collections) RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT ARRAY['chunks_' || c.vector_column || '_c' || c.id, 'chunks_' || c.vector_column || '_c' || c.id || '_r']
+CREATE OR REPLACE FUNCTION rag._hnsw_index_names(p_collection_id integer, p_column text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['chunks_' || p_column || '_c' || p_collection_id, 'chunks_' || p_column || '_c' || p_collection_id || '_r']
 $$;
 
 CREATE OR REPLACE FUNCTION rag._hnsw_index_current(c rag.collections, p_index text) RETURNS boolean
@@ -1522,7 +1525,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._hnsw_index_spare(c rag.collections) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c) n
+    SELECT CASE WHEN c.index_name = n[1] THEN n[2] ELSE n[1] END FROM rag._hnsw_index_names(c.id, c.vector_column) n
 $$;
 
 CREATE OR REPLACE FUNCTION rag._collections_to_rebuild() RETURNS integer[]
@@ -1851,8 +1854,7 @@ DECLARE
     v_count bigint;
     v_index text;
 BEGIN
-    FOREACH v_index IN ARRAY ARRAY['chunks_' || p_column || '_c' || p_collection_id,
-                                   'chunks_' || p_column || '_c' || p_collection_id || '_r'] LOOP
+    FOREACH v_index IN ARRAY rag._hnsw_index_names(p_collection_id, p_column) LOOP
         IF to_regclass(format('rag.%I', v_index)) IS NOT NULL THEN
             EXECUTE format('DROP INDEX rag.%I', v_index);
         END IF;
@@ -1921,7 +1923,7 @@ BEGIN
             v_new_column := rag._target_column(c.vector_column, true);
             v_index := NULL;
             IF m.dimensions BETWEEN 1 AND 2000 THEN
-                v_index := 'chunks_' || v_new_column || '_c' || c.id;
+                v_index := (rag._hnsw_index_names(c.id, v_new_column))[1];
                 EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
             END IF;
             UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,

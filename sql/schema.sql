@@ -487,7 +487,8 @@ BEGIN
                   DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),
                   HINT = 'Its owner or an admin of it can grant it with rag_grant.';
     END IF;
-    IF NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
+    -- Read is checked above; a higher privilege once more (every search comes through here: one check, not two).
+    IF p_privilege <> 'read' AND NOT rag._has_collection_privilege(c.id, c.owner, v_caller_oid, p_privilege) THEN
         RAISE EXCEPTION 'permission denied for collection "%"', c.name
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = format('%s needs the %s privilege on it.', v_caller, p_privilege),

@@ -238,7 +238,7 @@ SELECT to_regclass('rag.' || :'hybrid_index') IS NULL AS still_missing;
 SELECT rag_reindex('hybrid') > 0 AS requeued;
 SELECT rag_wait('hybrid', '60 seconds') AS ready;
 SELECT pg_temp.rebuilt_index('hybrid') <> 'not rebuilt' AS rebuilt,
-       (SELECT index_name = ANY (rag._hnsw_index_names(c)) FROM rag.collections c WHERE name = 'hybrid') AS named_as_before;
+       (SELECT index_name = ANY (rag._hnsw_index_names(c.id, c.vector_column)) FROM rag.collections c WHERE name = 'hybrid') AS named_as_before;
 SELECT array_agg(document_id || '/' || ordinal ORDER BY distance, document_id, ordinal)::text = :'with_index'
        AS same_with_index_rebuilt
   FROM rag_query('hybrid', 'disk full', 3, max_distance => 2, mode => 'vector');
