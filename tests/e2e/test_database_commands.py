@@ -242,13 +242,17 @@ class DatabaseCommands(unittest.TestCase):
                  "ALTER DATABASE rag_e2e_defaults SET DateStyle = 'SQL, DMY';"
                  # PL/pgSQL's own, which exist only once it is loaded (a placeholder until then).
                  "ALTER DATABASE rag_e2e_defaults SET plpgsql.variable_conflict = 'use_column';", db="postgres")
-            session = ("SET SESSION AUTHORIZATION DEFAULT; SET ROLE NONE; SET default_transaction_read_only = off; "
-                       "SET statement_timeout = 0; SET exit_on_error = off;\n")
+            # This test's own sessions undo the defaults at connection (a client's options beat a database's
+            # settings), not with SET: the first SETs ran under the 1 ms statement_timeout and exit_on_error, and a
+            # timeout that fired as one of them ended left a pending cancel that ended the session (FATAL
+            # "canceling statement due to user request", seen once in CI on PostgreSQL 18).
+            options = "-c statement_timeout=0 -c exit_on_error=off -c default_transaction_read_only=off"
+            session = "SET SESSION AUTHORIZATION DEFAULT; SET ROLE NONE;\n"
             if int(scalar("SHOW server_version_num", db="postgres")) >= 170000:
-                # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too. This test's
-                # own sessions set it at connection, before their first transaction could time out.
+                # PostgreSQL 17's transaction_timeout ends the whole session (FATAL), a worker's too.
                 psql("ALTER DATABASE rag_e2e_defaults SET transaction_timeout = '1ms'", db="postgres")
-                os.environ["PGOPTIONS"] = "-c transaction_timeout=0"
+                options += " -c transaction_timeout=0"
+            os.environ["PGOPTIONS"] = options
             # The worker connected before the defaults: a new one connects with them.
             psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE backend_type = 'rag worker' AND datname = 'rag_e2e_defaults'", db="postgres")
