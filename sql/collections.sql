@@ -393,7 +393,10 @@ BEGIN
     -- own, when nothing holds it (rag._drop_partitions). Without the workers, at once as before.
     IF rag._workers_available() THEN
         IF to_regclass(format('rag.%I', rag._chunk_partition(c.id))) IS NOT NULL THEN
-            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id), rag._dropped_partition_mark());
+            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id),
+                           rag._dropped_partition_mark(
+                               (SELECT count(*)::integer FROM pg_catalog.pg_index i
+                                 WHERE i.indrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(c.id))))));
         END IF;
         PERFORM rag._wake_worker();
     ELSE
@@ -408,10 +411,14 @@ END $$;
 -- What rag_drop_collection writes on the partition of a collection it dropped: a comment, because only the
 -- partition's owner may write one, it takes no lock that stops readers or writers of other collections, and it
 -- goes with the partition into a dump (a dump taken before the worker dropped it restores it marked, and the
--- worker drops it then).
-CREATE FUNCTION rag._dropped_partition_mark() RETURNS text
+-- worker drops it then). It counts the partition's indexes: a restore makes them last (post-data, well after
+-- the rows), and a partition the worker dropped before then failed the restore at the next of them ("relation
+-- does not exist"; a restore that stops at its first error stopped there, the other tables' indexes and
+-- constraints never made). So the worker drops it only once it has as many as when it was marked.
+CREATE FUNCTION rag._dropped_partition_mark(p_indexes integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'rag: the collection of these chunks was dropped; the rag worker drops this table'
+    SELECT format('rag: the collection of these chunks was dropped; the rag worker drops this table (%s indexes)',
+                  p_indexes)
 $$;
 
 -- Partitions of rag.chunks that rag_drop_collection marked and whose collection is gone (its row is the proof: a
@@ -429,7 +436,8 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND pg_catalog.obj_description(p.oid, 'pg_class') = rag._dropped_partition_mark()
+       AND pg_catalog.obj_description(p.oid, 'pg_class')
+           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
 -- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes

@@ -1180,7 +1180,10 @@ BEGIN
     -- own, when nothing holds it (rag._drop_partitions). Without the workers, at once as before.
     IF rag._workers_available() THEN
         IF to_regclass(format('rag.%I', rag._chunk_partition(c.id))) IS NOT NULL THEN
-            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id), rag._dropped_partition_mark());
+            EXECUTE format('COMMENT ON TABLE rag.%I IS %L', rag._chunk_partition(c.id),
+                           rag._dropped_partition_mark(
+                               (SELECT count(*)::integer FROM pg_catalog.pg_index i
+                                 WHERE i.indrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(c.id))))));
         END IF;
         PERFORM rag._wake_worker();
     ELSE
@@ -1192,9 +1195,10 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._dropped_partition_mark() RETURNS text
+CREATE OR REPLACE FUNCTION rag._dropped_partition_mark(p_indexes integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'rag: the collection of these chunks was dropped; the rag worker drops this table'
+    SELECT format('rag: the collection of these chunks was dropped; the rag worker drops this table (%s indexes)',
+                  p_indexes)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._partitions_to_drop() RETURNS text[]
@@ -1207,7 +1211,8 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND pg_catalog.obj_description(p.oid, 'pg_class') = rag._dropped_partition_mark()
+       AND pg_catalog.obj_description(p.oid, 'pg_class')
+           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer

@@ -1,8 +1,10 @@
 """A transaction left open on one of rag's rows (a writer's uncommitted delete of a document the worker is
 embedding) does not hold the worker, or with it the database's other collections, until it ends."""
+import os
+import subprocess
 import time
 
-from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
+from support import InItsOwnDatabase, background_psql, drop_database, psql, scalar, wait_until
 
 DB = "rag_e2e_open_transactions"
 
@@ -207,3 +209,50 @@ class DroppedWhileHeld(InItsOwnDatabase):
             holder.communicate(input="COMMIT;\n", timeout=30)
         self.assertTrue(wait_until(f"SELECT to_regclass('rag.{partition}') IS NULL", db=db, seconds=30),
                         "the worker did not drop the partition once it was free")
+
+    def test_b_a_dump_taken_before_the_worker_dropped_it_restores(self):
+        """A dump taken while the worker had not yet dropped a dropped collection's partition restores it
+        marked. The worker of the restored database dropped it as soon as the rows were in, and the restore
+        then failed at its indexes and constraints (post-data), stopping there when told to stop at its first
+        error: no other table's indexes or constraints were made. The worker waits for them now."""
+        db = self.DB
+        restored = "rag_e2e_dropped_restored"
+        dump = f"/tmp/{db}.dump"
+        psql("SELECT rag_create_collection('dumped-kept', embedding_model => 'hash-384'); "
+             "SELECT rag_create_collection('dumped-dropped', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('dumped-kept', 'Kept', 'A document of the collection that stays.'); "
+             "SELECT rag_ingest('dumped-dropped', 'Dropped', 'A document of the collection that goes.')", db=db)
+        self.assertEqual(scalar("SELECT rag_wait('dumped-kept', '60 seconds') "
+                                "AND rag_wait('dumped-dropped', '60 seconds')", db=db), "t")
+        partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'dumped-dropped'", db=db)
+        holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';", db=db)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(scalar("SELECT rag_drop_collection('dumped-dropped')", db=db), "t")
+            subprocess.run(["pg_dump", "-Fc", "-f", dump, db], check=True, capture_output=True, timeout=120)
+        finally:
+            holder.communicate(input="COMMIT;\n", timeout=30)
+        drop_database(restored)
+        psql(f"CREATE DATABASE {restored} TEMPLATE template0", db="postgres")
+        try:
+            for section in ("pre-data", "data"):
+                subprocess.run(["pg_restore", "--exit-on-error", f"--section={section}", "-d", restored, dump],
+                               check=True, capture_output=True, timeout=120)
+            # The restored database's worker is there and has looked at the marked partition several times (its
+            # naptime here is 200 ms) while the restore has yet to make the partition's indexes.
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                       f"AND datname = '{restored}')", db="postgres", seconds=30))
+            time.sleep(3)
+            self.assertEqual(scalar(f"SELECT to_regclass('rag.{partition}') IS NOT NULL", db=restored), "t",
+                             "the worker dropped the partition before the restore made its indexes")
+            result = subprocess.run(["pg_restore", "--exit-on-error", "--section=post-data", "-d", restored, dump],
+                                    capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertTrue(wait_until(f"SELECT to_regclass('rag.{partition}') IS NULL", db=restored, seconds=30),
+                            "the worker did not drop the restored partition once its indexes were made")
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('dumped-kept', 'the collection that stays', 1, "
+                                    "max_distance => 2)", db=restored), "1")
+        finally:
+            drop_database(restored)
+            if os.path.exists(dump):
+                os.remove(dump)
