@@ -391,6 +391,21 @@ pub fn report_activity(activity: Option<&str>) {
     }
 }
 
+/// Hands what this process's transactions counted (rows inserted, updated and deleted, dead rows, scans) to the
+/// shared statistics, outside a transaction. A backend does it as it goes idle (PostgresMain); a background
+/// worker must do it itself, and rag's workers never did: while a worker lived, autovacuum and autoanalyze saw
+/// none of its writes (dead rows of rag.queue and rag.documents piled up unvacuumed, a new partition of
+/// rag.chunks was never analyzed), and the counts came in only when it exited (red team 17). Unforced, a call
+/// within a second of the last flush, or while another process holds the shared entries, leaves the counts
+/// pending for a later call rather than waiting.
+pub fn flush_statistics(force: bool) {
+    // SAFETY: called on PostgreSQL's thread of a background worker attached to shared memory, between
+    // transactions (after a commit or an abort), where PostgreSQL's own workers flush theirs.
+    unsafe {
+        pg_sys::pgstat_report_stat(force);
+    }
+}
+
 // PostgreSQL's own entry points for rag's hooks, declared here rather than taken from `pg_sys`: pgrx's bindings
 // catch any ERROR raised below them and re-raise a copy without the error's cursor position and context lines.
 // Every statement of every database passes through these hooks, so their errors must reach clients untouched.

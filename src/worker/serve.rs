@@ -205,6 +205,8 @@ fn rest(
         None => until_due,
     }
     .max(Duration::from_millis(10));
+    // What the last second's transactions counted would otherwise wait for the next busy spell.
+    crate::pg::flush_statistics(true);
     if BackgroundWorker::wait_latch(Some(sleep)) {
         Rest::Again
     } else {

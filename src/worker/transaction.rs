@@ -56,6 +56,7 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
                 pg_sys::PopActiveSnapshot();
                 pg_sys::CommitTransactionCommand();
             }
+            crate::pg::flush_statistics(false);
             Ok(value)
         }
         Err(message) => {
@@ -63,6 +64,8 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
             // SAFETY: PgTryBuilder caught the error and flushed PostgreSQL's error state, which is the state
             // AbortCurrentTransaction expects, as in PostgreSQL's own error recovery.
             unsafe { pg_sys::AbortCurrentTransaction() };
+            // An aborted insert's rows are dead rows for vacuum to find.
+            crate::pg::flush_statistics(false);
             Err(message)
         }
     }

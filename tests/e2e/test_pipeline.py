@@ -120,6 +120,25 @@ class Pipeline(unittest.TestCase):
         self.assertIn(["rag_e2e_later"], workers)
         psql("DROP DATABASE rag_e2e_later WITH (FORCE)", db="postgres")
 
+    def test_c2_autovacuum_sees_what_the_worker_writes(self):
+        # A background worker hands its statistics to the shared ones itself, or they arrive only when it exits:
+        # autovacuum and autoanalyze would never see the worker's inserts, updates and deletes while it lives.
+        psql("SELECT rag_create_collection('counted', embedding_model => 'hash-384')")
+        psql("SELECT rag_ingest('counted', 'Doc ' || i, 'Counted document number ' || i || '.') "
+             "FROM generate_series(1, 20) i")
+        self.assertEqual(scalar("SELECT rag_wait('counted', '30 seconds')"), "t")
+        pid = scalar(f"SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{DB}'",
+                     db="postgres")
+        partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'counted'")
+        self.assertTrue(wait_until(f"SELECT n_tup_ins >= 20 FROM pg_stat_all_tables WHERE relid = 'rag.{partition}'::regclass",
+                                   seconds=15),
+                        psql(f"SELECT n_tup_ins, n_live_tup FROM pg_stat_all_tables WHERE relid = 'rag.{partition}'::regclass"))
+        # The worker's updates of the documents it made ready are counted too.
+        self.assertTrue(wait_until("SELECT n_tup_upd > 0 FROM pg_stat_all_tables WHERE relid = 'rag.documents'::regclass",
+                                   seconds=15))
+        self.assertEqual(scalar(f"SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' AND datname = '{DB}'",
+                                db="postgres"), pid, "the counts came from a worker that exited")
+
     def test_d_twenty_megabyte_text(self):
         psql("SELECT rag_create_collection('big', embedding_model => 'hash-384', chunk_size => 10000, chunk_overlap => 0)")
         body = twenty_megabytes()
