@@ -3006,6 +3006,37 @@ LANGUAGE sql STABLE AS $$
                 THEN rag._limit('rerank_similarity_weight')::double precision ELSE 0 END
 $$;
 
+CREATE OR REPLACE FUNCTION rag._hide_search_counts(c rag.collections) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_saved text[];
+BEGIN
+    IF NOT rag._watched(c) OR c.id = ANY (rag._collections_held_whole(rag._calling_role()))
+       OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        RETURN NULL;
+    END IF;
+    v_saved := ARRAY[current_setting('track_counts'), current_setting('track_functions'),
+                     current_setting('pg_stat_statements.track', true)];
+    PERFORM set_config('track_counts', 'off', true);
+    PERFORM set_config('track_functions', 'none', true);
+    IF v_saved[3] IS NOT NULL THEN
+        PERFORM set_config('pg_stat_statements.track', 'top', true);
+    END IF;
+    RETURN v_saved;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._restore_search_counts(p_saved text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_saved IS NOT NULL THEN
+        PERFORM set_config('track_counts', p_saved[1], true);
+        PERFORM set_config('track_functions', p_saved[2], true);
+        IF p_saved[3] IS NOT NULL THEN
+            PERFORM set_config('pg_stat_statements.track', p_saved[3], true);
+        END IF;
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._search(c rag.collections, p_vector text, p_k integer, p_filter jsonb DEFAULT NULL,
                             p_question text DEFAULT NULL, p_mode text DEFAULT NULL, p_rerank boolean DEFAULT true)
 RETURNS TABLE (chunk_id bigint, document_id bigint, ordinal integer, distance double precision, rank integer,
@@ -3027,6 +3058,7 @@ DECLARE
     v_checked_sql text;
     v_found bigint;
     v_pool integer;
+    v_counts text[];
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -3047,6 +3079,8 @@ BEGIN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
     v_row_checks := rag._watched(c);
+    -- Put back with ef_search below (an error puts both back with the transaction or its savepoint).
+    v_counts := rag._hide_search_counts(c);
     -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
     v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
     v_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
@@ -3073,6 +3107,7 @@ BEGIN
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
             PERFORM set_config('hnsw.ef_search', v_ef_search, true);
         END IF;
+        PERFORM rag._restore_search_counts(v_counts);
         RETURN;
     END IF;
     SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) INTO v_ids, v_distances
@@ -3089,6 +3124,7 @@ BEGIN
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', v_ef_search, true);
     END IF;
+    PERFORM rag._restore_search_counts(v_counts);
     IF v_ids IS NULL THEN
         RETURN;
     END IF;

@@ -348,6 +348,45 @@ LANGUAGE sql STABLE AS $$
                 THEN rag._limit('rerank_similarity_weight')::double precision ELSE 0 END
 $$;
 
+-- What a search adds to PostgreSQL's statistics is left out while it checks rows its caller may not see. A
+-- reader who compared its own per-transaction counters around a search (pg_stat_xact_all_tables: one scan of
+-- the watched table per candidate checked and one fetch from the collection's partition per full-text match,
+-- hidden rows included), or its function counts under track_functions, or pg_stat_statements' calls and rows
+-- under track = all, learnt exactly which words the rows hidden from it hold (red team 17). Only a caller who
+-- does not hold a watched collection whole: everyone else's searches stay counted, so that a DBA still sees
+-- rag's indexes used. Settings only a superuser may change; with an owner that is not one, the search is counted
+-- as before. Returns what to put back (rag._restore_search_counts); NULL when nothing was changed.
+CREATE FUNCTION rag._hide_search_counts(c rag.collections) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_saved text[];
+BEGIN
+    IF NOT rag._watched(c) OR c.id = ANY (rag._collections_held_whole(rag._calling_role()))
+       OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        RETURN NULL;
+    END IF;
+    v_saved := ARRAY[current_setting('track_counts'), current_setting('track_functions'),
+                     current_setting('pg_stat_statements.track', true)];
+    PERFORM set_config('track_counts', 'off', true);
+    PERFORM set_config('track_functions', 'none', true);
+    IF v_saved[3] IS NOT NULL THEN
+        PERFORM set_config('pg_stat_statements.track', 'top', true);
+    END IF;
+    RETURN v_saved;
+END $$;
+
+CREATE FUNCTION rag._restore_search_counts(p_saved text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_saved IS NOT NULL THEN
+        PERFORM set_config('track_counts', p_saved[1], true);
+        PERFORM set_config('track_functions', p_saved[2], true);
+        IF p_saved[3] IS NOT NULL THEN
+            PERFORM set_config('pg_stat_statements.track', p_saved[3], true);
+        END IF;
+    END IF;
+END $$;
+
 -- The search: the top p_k chunks for the question in p_mode (the collection's mode when NULL), best first.
 -- A collection with a reranker has its best rerank_candidates (at least p_k) rescored by it (rag._rerank) and
 -- ordered by that relevance (plus their weighted cosine similarity with a local reranker) instead; p_rerank => false skips that (the
@@ -375,6 +414,7 @@ DECLARE
     v_checked_sql text;
     v_found bigint;
     v_pool integer;
+    v_counts text[];
 BEGIN
     IF v_mode NOT IN ('hybrid', 'vector', 'keyword') THEN
         RAISE EXCEPTION 'search mode must be hybrid, vector or keyword, not %', quote_literal(v_mode)
@@ -395,6 +435,8 @@ BEGIN
         PERFORM set_config('hnsw.ef_search', c.ef_search::text, true);
     END IF;
     v_row_checks := rag._watched(c);
+    -- Put back with ef_search below (an error puts both back with the transaction or its savepoint).
+    v_counts := rag._hide_search_counts(c);
     -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
     v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
     v_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
@@ -421,6 +463,7 @@ BEGIN
         IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
             PERFORM set_config('hnsw.ef_search', v_ef_search, true);
         END IF;
+        PERFORM rag._restore_search_counts(v_counts);
         RETURN;
     END IF;
     SELECT array_agg(s.chunk_id ORDER BY s.rank), array_agg(s.distance ORDER BY s.rank) INTO v_ids, v_distances
@@ -437,6 +480,7 @@ BEGIN
     IF c.ef_search IS NOT NULL AND v_ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', v_ef_search, true);
     END IF;
+    PERFORM rag._restore_search_counts(v_counts);
     IF v_ids IS NULL THEN
         RETURN;
     END IF;

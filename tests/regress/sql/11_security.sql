@@ -234,6 +234,27 @@ SET ROLE sec_reader;
 SELECT bool_or(line ~ 'zanzibar') AS reader_keeps_the_hidden_word, bool_or(line ~ 'qqqnowher') AS and_the_absent_one
   FROM rag_explain('tickets', 'zanzibar qqqnowhere', mode => 'keyword') AS line;
 RESET ROLE;
+-- Nor what the search adds to the reader's own statistics (red team 17): compared around a search, the
+-- per-transaction counters of the watched table and of the collection's partition counted one scan per row
+-- checked and one fetch per full-text match, hidden rows included, so a word only a hidden ticket holds moved
+-- them more than a word no ticket holds. A search by someone who holds the collection whole is counted.
+SELECT format($$SELECT coalesce(sum(seq_scan + seq_tup_read + coalesce(idx_scan, 0) + coalesce(idx_tup_fetch, 0)), 0)
+                    FROM pg_stat_xact_all_tables WHERE relid IN ('sec_owner.tickets'::regclass, %L::regclass)$$,
+              'rag.' || rag._chunk_partition(id)) AS counters
+  FROM rag.collections WHERE name = 'tickets' \gset
+BEGIN;
+SELECT count(*) >= 0 AS searched FROM rag_query('tickets', 'zanzibar', 5);
+SELECT (:counters) > 0 AS whole_holders_search_counted;
+ROLLBACK;
+SET ROLE sec_reader;
+BEGIN;
+SELECT (:counters) AS before_hidden \gset
+SELECT count(*) AS hidden_word_hits FROM rag_query('tickets', 'zanzibar', 5, mode => 'keyword');
+SELECT (:counters) AS after_hidden \gset
+SELECT count(*) AS absent_word_hits FROM rag_query('tickets', 'qqqnowhere', 5, mode => 'keyword');
+SELECT (:counters) - :after_hidden = :after_hidden - :before_hidden AS counters_tell_nothing;
+ROLLBACK;
+RESET ROLE;
 SET ROLE sec_owner;
 UPDATE sec_owner.tickets SET body = replace(body, ' zanzibar', '') WHERE id = 2;
 RESET ROLE;
