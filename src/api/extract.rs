@@ -74,7 +74,10 @@ fn extract_interruptibly(data: &[u8], job: Job<'_>) -> Result<Extracted, RagErro
     let bounds = ChildBounds::from_settings();
     // Registered before a slot is held: the exit callback gives the slot back too.
     reap_children_at_exit();
-    let _slot = crate::api::extraction_slots::acquire();
+    // The rag worker takes no slot: it must not wait behind readers' files, which may hold every slot for
+    // minutes, while it holds a watched row's document; its children are as many as rag.max_workers at most,
+    // each under the same bounds.
+    let _slot = (!crate::pg::is_rag_worker()).then(crate::api::extraction_slots::acquire);
     let out_of_resources = |what: &str| RagError::Resources {
         message: format!(
             "cannot start the extraction: {what}: {}",
@@ -397,7 +400,10 @@ impl Job<'_> {
 /// two-character lines) and checks no interrupt, so past [`crate::limits::MARKUP_IN_PROCESS_MAX_BYTES`] it runs
 /// in a child as a file's extraction does: under rag.extraction_memory and rag.extraction_cpu_time, in an
 /// extraction slot, and ended by a cancel (a 32 MB Markdown text took 43 s and 2.7 GB of the backend, and a
-/// cancel 22 s to act: red team 8). Smaller texts (a CMS page, a watched row) are converted here, at once.
+/// cancel 22 s to act: red team 8). Smaller texts (a CMS page, most watched rows) are converted here, at once.
+/// The rag worker too converts a larger one in the child (without an extraction slot): in its own process a
+/// table owner's 63 MB Markdown row took 2.3 GB and, under a memory limit, aborted the server, and the worker
+/// took the row up again after every restart (red team 18).
 fn convert_markup(text: &str, format: rag_extract::Format) -> String {
     require_convertible(
         text.len(),
@@ -407,10 +413,7 @@ fn convert_markup(text: &str, format: rag_extract::Format) -> String {
             "HTML"
         },
     );
-    // The rag worker (a watched table's HTML column) converts in its own process, as before: it must not wait
-    // for an extraction slot that readers' files may hold for minutes while it holds the table's lock and
-    // ignores shutdown in that wait; the rows are the table owner's own.
-    if text.len() <= crate::limits::MARKUP_IN_PROCESS_MAX_BYTES || crate::pg::is_rag_worker() {
+    if text.len() <= crate::limits::MARKUP_IN_PROCESS_MAX_BYTES {
         return match format {
             rag_extract::Format::Markdown => rag_extract::markdown_to_text(text),
             _ => rag_extract::html_to_text(text),

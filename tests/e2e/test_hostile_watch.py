@@ -145,3 +145,30 @@ class HostileWatch(InItsOwnDatabase):
         # Served after about one row per worker, not after the twenty: rows were still queued when it was ready.
         self.assertGreater(pending, 5, f"the document waited {waited:.1f} s, until the rows were done")
         psql("SET ROLE hw_owner; SELECT rag_unwatch('hw.slow')", db=DB)
+
+    def test_e_a_large_markup_row_is_converted_under_the_extraction_bounds(self):
+        # The worker converted a watched row's Markdown in its own process whatever its size: a table owner's
+        # 63 MB row took 2.3 GB and, under a memory limit, aborted the server, and the worker took the row up
+        # again after every restart (red team 18). Past a megabyte it converts in a bounded child now: 12 MB of
+        # two-character lines (about 37 bytes of memory a byte) outgrow rag.extraction_memory at its least, and
+        # the row fails with the reason while the worker and the other rows go on.
+        psql("ALTER SYSTEM SET rag.extraction_memory = 256; SELECT pg_reload_conf()", db="postgres")
+        try:
+            time.sleep(0.5)
+            psql("""
+                SET ROLE hw_owner;
+                CREATE TABLE hw.pages (id int PRIMARY KEY, body text);
+                SELECT rag_create_collection('hw_pages', embedding_model => 'hash-384');
+                SELECT rag_watch('hw.pages', 'hw_pages', content => 'body', format => 'markdown');
+                INSERT INTO hw.pages VALUES (1, repeat(E'a\\n', 6 * 1024 * 1024));
+            """, db=DB)
+            pid = scalar(WORKER, db=DB)
+            self.assertTrue(wait_until("SELECT last_error ~ 'memory' FROM rag.watch_status WHERE source = 'hw.pages'",
+                                       db=DB, seconds=90),
+                            repr(psql("SELECT * FROM rag.watch_status WHERE source = 'hw.pages'", db=DB)))
+            psql("SET ROLE hw_owner; INSERT INTO hw.pages VALUES (2, E'# Small\\n\\nA small page.')", db=DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.pages' "
+                                       "AND source_key = '{\"id\": 2}' AND status = 'ready')", db=DB, seconds=30))
+            self.assertEqual(scalar(WORKER, db=DB), pid, "the worker was replaced")
+        finally:
+            psql("ALTER SYSTEM RESET rag.extraction_memory; SELECT pg_reload_conf()", db="postgres")
