@@ -205,19 +205,23 @@ pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._advance_migrations()")
 }
 
-/// True when this database has no queued document, row key or batch at all, due or not (a row refused over a
-/// limit, which waits to be written again, does not count: `rag._row_refused`), and no index rebuild or dropped
-/// collection's partition waiting for the worker (a worker that left with those pending would not be woken for
-/// them).
-pub fn nothing_queued() -> Result<bool, SpiError> {
-    Ok(idle_read::<bool>(
-        "SELECT NOT EXISTS (SELECT 1 FROM rag.queue)
-            AND NOT EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before < 'infinity')
-            AND NOT EXISTS (SELECT 1 FROM rag.row_batches)
-            AND pg_catalog.cardinality(rag._collections_to_rebuild()) = 0
-            AND pg_catalog.cardinality(rag._partitions_to_drop()) = 0",
-    )?
-    .unwrap_or(false))
+/// When this database next needs a worker, asked by one that would leave it to a database waiting for a slot:
+/// NULL when nothing is queued at all (a row refused over a limit, which waits to be written again, does not
+/// count: `rag._row_refused`), 0 when something is due now (keys to spread, an index to rebuild, a dropped
+/// collection's partition to drop, or a document or row whose time has come), else the seconds until the first
+/// queued document or row is due (a failure's back-off). Spelled out for the empty case: greatest() ignores a
+/// NULL argument.
+pub fn seconds_until_needed() -> Result<Option<f64>, SpiError> {
+    idle_read::<f64>(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM rag.row_batches)
+                       OR pg_catalog.cardinality(rag._collections_to_rebuild()) > 0
+                       OR pg_catalog.cardinality(rag._partitions_to_drop()) > 0 THEN 0::float8
+                     ELSE (SELECT CASE WHEN n.first IS NOT NULL
+                                       THEN greatest(0, extract(epoch FROM n.first - now()))::float8 END
+                             FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
+                                                (SELECT min(r.not_before) FROM rag.row_queue r
+                                                  WHERE r.not_before < 'infinity')) AS first) n) END",
+    )
 }
 
 /// Whether the worker has anything to do now: keys to spread, a due row or a due document.

@@ -53,8 +53,13 @@ struct Launcher {
     absent: HashSet<pg_sys::Oid>,
     /// Databases where a worker has found the extension.
     served: HashSet<pg_sys::Oid>,
-    /// Served databases whose worker made room for another database; they wait for a backend to ask.
-    dormant: HashSet<pg_sys::Oid>,
+    /// Served databases whose worker made room for another database: they wait for a backend to ask, or until
+    /// the time their worker left (ms since the Unix epoch, registry::wake_at), when their first queued item is
+    /// due.
+    dormant: HashMap<pg_sys::Oid, Option<u64>>,
+    /// When each database last had a running worker: a freed slot goes to the database that has gone without
+    /// one longest, so that more databases with work than rag.max_workers take turns.
+    last_served: HashMap<pg_sys::Oid, Instant>,
     /// When each database last asked: a request that raced with its worker leaving keeps it from dormancy.
     last_request: HashMap<pg_sys::Oid, Instant>,
     /// The connectable databases, as last listed.
@@ -147,15 +152,36 @@ impl Launcher {
     /// for a slot (then idle workers elsewhere make room, and so do busy extra workers, between two steps:
     /// serve::gives_way).
     fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> bool {
+        let now = Instant::now();
+        // A dormant database whose first queued item is due now wants its worker back.
+        let now_ms = registry::now_ms();
+        self.dormant
+            .retain(|_, wake_at| wake_at.is_none_or(|at| at > now_ms));
+        for database in &self.databases {
+            if registry::slots_of(*database)
+                .iter()
+                .any(|&slot| registry::slot_state(slot) == SlotState::Running)
+            {
+                self.last_served.insert(*database, now);
+            }
+        }
+        self.last_served
+            .retain(|database, _| self.databases.contains(database));
         let mut databases = self.databases.clone();
-        // Databases whose backends asked go first: their probe is not to wait behind hundreds of others.
-        databases.sort_by_key(|database| !asked.contains(database));
+        // The database that has gone without a worker longest goes first (one never served before all), and of
+        // those, databases whose backends asked: their probe is not to wait behind hundreds of others.
+        databases.sort_by_key(|database| {
+            (
+                self.last_served.get(database).copied(),
+                !asked.contains(database),
+            )
+        });
         let mut probes_left = PROBES_PER_ROUND;
         let mut waiting_for_a_slot = false;
         let mut served = Vec::new();
         for database in databases {
             if self.absent.contains(&database)
-                || self.dormant.contains(&database)
+                || self.dormant.contains_key(&database)
                 || registry::database_paused(database)
             {
                 continue;
@@ -285,7 +311,9 @@ fn reap_stopped_workers(launcher: &mut Launcher) {
                         .get(&worker.database)
                         .is_none_or(|asked| asked.elapsed() >= Duration::from_secs(10)) =>
                 {
-                    launcher.dormant.insert(worker.database);
+                    launcher
+                        .dormant
+                        .insert(worker.database, registry::wake_at(slot));
                 }
                 _ => {}
             }

@@ -68,6 +68,13 @@ const WAKE_ENTRIES: usize = 32;
 // SAFETY: see SLOT_DATABASE.
 static WORKERS_WANTED: PgAtomic<AtomicBool> = unsafe { PgAtomic::new(c"rag_workers_wanted") };
 
+/// Set by a worker that leaves its database to another one waiting for a slot: when (ms since the Unix epoch)
+/// its database's first queued document or row is due, for the launcher to start a worker there again unasked;
+/// 0 when nothing is queued (a backend that queues work asks for one).
+// SAFETY: see SLOT_DATABASE.
+static SLOT_WAKE_AT_MS: PgAtomic<[AtomicU64; SLOTS]> =
+    unsafe { PgAtomic::new(c"rag_slot_wake_at") };
+
 /// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
 /// needs the database to itself is about to run there.
 // SAFETY: see SLOT_DATABASE.
@@ -85,6 +92,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_PID = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(SLOT_BACKLOG = std::array::from_fn(|_| AtomicBool::new(false)));
+    pg_shmem_init!(SLOT_WAKE_AT_MS = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
     pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
@@ -129,6 +137,7 @@ pub fn reserve_slot(database: pg_sys::Oid) -> Option<usize> {
 
 pub fn release_slot(slot: usize) {
     SLOT_BACKLOG.get()[slot].store(false, Ordering::SeqCst);
+    SLOT_WAKE_AT_MS.get()[slot].store(0, Ordering::SeqCst);
     SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
     SLOT_DATABASE.get()[slot].store(0, Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(SlotState::Free as i32, Ordering::SeqCst);
@@ -144,6 +153,20 @@ pub fn mark_running(slot: usize) {
 pub fn mark_stopped(slot: usize, state: SlotState) {
     SLOT_PID.get()[slot].store(0, Ordering::SeqCst);
     SLOT_STATE.get()[slot].store(state as i32, Ordering::SeqCst);
+}
+
+/// Worker side, before leaving as Dormant: when its database wants a worker again though nobody asks (None:
+/// only when asked).
+pub fn set_wake_after(slot: usize, after: Option<Duration>) {
+    let at = after.map_or(0, |after| {
+        now_ms().saturating_add(after.as_millis() as u64).max(1)
+    });
+    SLOT_WAKE_AT_MS.get()[slot].store(at, Ordering::SeqCst);
+}
+
+/// Launcher side: what a Dormant slot's worker left in `set_wake_after`, as ms since the Unix epoch.
+pub fn wake_at(slot: usize) -> Option<u64> {
+    Some(SLOT_WAKE_AT_MS.get()[slot].load(Ordering::SeqCst)).filter(|&at| at > 0)
 }
 
 /// Worker side: whether this slot's worker sees a bulk load waiting. When it starts to, the launcher is asked
@@ -277,7 +300,7 @@ pub fn slots_of(database: pg_sys::Oid) -> Vec<usize> {
         .collect()
 }
 
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|since| since.as_millis() as u64)

@@ -134,12 +134,41 @@ fn ranked_beyond(slot: usize, wanted: usize) -> bool {
 }
 
 /// A database waits for a slot (rag.max_workers are all running) while this worker is one of its database's
-/// extra workers (beyond rag.workers_per_database, started for a bulk load): it gives its slot up. Asked between
-/// two steps, when it holds no claim. The launcher serves the waiting database first and starts the load's
+/// extra workers (beyond rag.workers_per_database, started for a bulk load), or has served its database for
+/// SERVING_TURN: it gives its slot up. Asked between two steps, when it holds no claim. The launcher serves the waiting database first and starts the load's
 /// extra workers again only when no database waits, so a load's helpers never keep another database from its
 /// one worker for the hours a large load can take.
-fn gives_way(slot: usize) -> bool {
-    registry::workers_wanted_elsewhere() && ranked_beyond(slot, registry::standing_workers())
+fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
+    if !registry::workers_wanted_elsewhere() {
+        None
+    } else if ranked_beyond(slot, registry::standing_workers()) {
+        Some("a bulk load's extra worker")
+    } else if serving_since.elapsed() >= SERVING_TURN {
+        Some("a worker that has served its turn")
+    } else {
+        None
+    }
+}
+
+/// How long a worker serves a busy database while another database waits for a slot, before it gives its slot
+/// up between two steps (the launcher gives it to the database that has waited longest, and this one waits its
+/// turn): more databases with work than rag.max_workers take turns instead of the first ones served keeping
+/// their slots for as long as they have work (a table owner's provider that answers slowly keeps its worker
+/// busy for ever; red team 18).
+const SERVING_TURN: Duration = Duration::from_secs(30);
+
+/// Whether an idle worker may leave its database to one waiting for a slot, and if so after how long its
+/// database wants a worker again (None: when a backend asks). Not while something is due that it could do now;
+/// due work of providers cooling down (what it could not claim) is due when the first cool-down ends.
+fn free_to_leave(
+    steps: &WorkerTransactions,
+    cool_down_ends: Option<Duration>,
+) -> Option<Option<Duration>> {
+    match steps.run(store::seconds_until_needed).ok()? {
+        None => Some(None),
+        Some(seconds) if seconds > 0.0 => Some(Some(Duration::from_secs_f64(seconds))),
+        Some(_) => cool_down_ends.map(Some),
+    }
 }
 
 /// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,
@@ -173,16 +202,23 @@ fn rest(
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
-    // More databases use rag than there are workers: one with nothing queued makes room. Work queued here later
-    // wakes the launcher, which starts a worker again.
-    if registry::workers_wanted_elsewhere() && steps.run(store::nothing_queued).unwrap_or(false) {
-        // Marked first, so a backend queueing work from now on asks the launcher rather than this worker;
-        // looked at once more for work that was queued just before.
-        registry::mark_stopped(slot, SlotState::Dormant);
-        if steps.run(store::nothing_queued).unwrap_or(false) {
-            return Rest::Left;
+    // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher
+    // when its first queued item is due, for a worker to come back then unasked. Work queued here meanwhile
+    // wakes the launcher. Leaving only when nothing at all was queued let one document of a provider that never
+    // answers (retried for days) keep a slot for good, and a role that may create databases hold every slot
+    // with a copy of its own database each (red team 18).
+    if registry::workers_wanted_elsewhere() {
+        if let Some(wake_after) = free_to_leave(steps, cool_down_ends) {
+            // Marked first, so a backend queueing work from now on asks the launcher rather than this worker;
+            // looked at once more for work that was queued just before.
+            registry::set_wake_after(slot, wake_after);
+            registry::mark_stopped(slot, SlotState::Dormant);
+            if let Some(wake_after) = free_to_leave(steps, cool_down_ends) {
+                registry::set_wake_after(slot, wake_after);
+                return Rest::Left;
+            }
+            registry::mark_running(slot);
         }
-        registry::mark_running(slot);
     }
     // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do.
     if let Err(error) = steps.run(store::advance_migrations) {
@@ -256,6 +292,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut providers = Providers::default();
     let mut rng = SplitMix64::from_entropy();
     let mut last_upkeep = Instant::now();
+    let serving_since = Instant::now();
     // None while idle: the first step after a rest looks at once.
     let mut last_backlog_check: Option<Instant> = None;
     loop {
@@ -292,9 +329,9 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         match outcome {
             Ok(Step::Worked) => {
-                if gives_way(slot) {
+                if let Some(reason) = gives_way(slot, serving_since) {
                     pgrx::log!(
-                        "rag worker: a bulk load's extra worker leaves its slot to a database waiting for one"
+                        "rag worker: {reason} leaves its slot to a database waiting for one"
                     );
                     break;
                 }

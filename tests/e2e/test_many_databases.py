@@ -1,8 +1,9 @@
 """More databases use rag than rag.max_workers (4 here): workers of databases with nothing queued make room, and
 every database's documents get embedded; a database whose worker left gets one back when work arrives."""
+import time
 import unittest
 
-from support import drop_database, fresh_database, psql, wait_until
+from support import drop_database, fresh_database, psql, scalar, wait_until
 
 DATABASES = [f"rag_e2e_many_{n}" for n in range(5)]
 
@@ -30,6 +31,63 @@ class ManyDatabases(unittest.TestCase):
         workers = int(psql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'rag worker'",
                            db="postgres")[0][0])
         self.assertLessEqual(workers, 4, "rag.max_workers was exceeded")
+
+
+class TurnsAmongDatabases(unittest.TestCase):
+    """Four databases (rag.max_workers) whose work is not due, or keeps their workers busy, do not keep a worker
+    from a fifth (red team 18). A worker left only a database with nothing queued at all, so one document of a
+    provider that never answers, retried for a week, kept its slot for good, and a role that may create
+    databases took every slot with copies of one database of its own; a busy worker never gave its slot up."""
+    HOLDERS = [f"rag_e2e_turns_{n}" for n in range(4)]
+    WAITING = "rag_e2e_turns_waiting"
+
+    @classmethod
+    def setUpClass(cls):
+        for db in cls.HOLDERS:
+            fresh_database(db)
+            psql("SELECT rag_create_provider('dead', 'ollama', 'http://127.0.0.1:9'); "
+                 "SELECT rag_create_collection('never', embedding_model => 'hash-384', embedding_provider => 'dead', "
+                 "retry_deadline => '7 days'); "
+                 "SELECT rag_ingest('never', 'Never', 'A document whose provider never answers.')", db=db)
+        fresh_database(cls.WAITING)
+        psql("SELECT rag_create_collection('c', embedding_model => 'hash-384')", db=cls.WAITING)
+
+    @classmethod
+    def tearDownClass(cls):
+        for db in cls.HOLDERS + [cls.WAITING]:
+            drop_database(db)
+
+    def test_a_work_that_is_not_due_makes_room(self):
+        for db in self.HOLDERS:
+            self.assertTrue(wait_until("SELECT attempts > 0 FROM rag.queue", db=db, seconds=60),
+                            f"{db}'s document was never tried")
+        psql("SELECT rag_ingest('c', 'Waiting', 'A document of a database that waits for a worker.')", db=self.WAITING)
+        self.assertEqual(scalar("SELECT rag_wait('c', '60 seconds')", db=self.WAITING), "t",
+                         "the database never got a worker")
+        # The holders' documents are still theirs, retried when due.
+        for db in self.HOLDERS:
+            self.assertEqual(scalar("SELECT status FROM rag.documents", db=db), "processing")
+
+    def test_b_busy_databases_take_turns(self):
+        # Each holder gets 45 documents of a provider that takes 2 s an answer, in collections of their own (one
+        # call each): 90 s of work. The waiting database is served within a turn (30 s) and the launcher's round.
+        for db in self.HOLDERS:
+            psql("SELECT rag_create_collection('busy_' || g, embedding_model => 'hash-384@slow2000') "
+                 "FROM generate_series(1, 45) g; "
+                 "SELECT rag_ingest('busy_' || g, 'Busy', 'Busy document ' || g || '.') FROM generate_series(1, 45) g",
+                 db=db)
+        self.assertTrue(wait_until("SELECT count(*) = 4 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   "AND datname LIKE 'rag_e2e_turns_%' AND datname <> 'rag_e2e_turns_waiting' "
+                                   "AND query LIKE 'rag worker: embedding%'", db="postgres", seconds=60),
+                        "the holders' workers did not all get busy")
+        started = time.time()
+        psql("SELECT rag_ingest('c', 'Waiting again', 'Another document of the database that waits.')", db=self.WAITING)
+        self.assertEqual(scalar("SELECT rag_wait('c', '75 seconds')", db=self.WAITING), "t",
+                         "the waiting database was not served while the others stayed busy")
+        self.assertLess(time.time() - started, 75)
+        # Some holder still has work: it was served before the others had finished, not after.
+        self.assertTrue(any(scalar("SELECT count(*) FROM rag.documents WHERE status = 'processing' AND title = 'Busy'",
+                                   db=db) != "0" for db in self.HOLDERS))
 
 
 if __name__ == "__main__":
