@@ -19,14 +19,23 @@ use std::time::Duration;
 const PAUSE: Duration = Duration::from_secs(10);
 
 /// Before a utility command runs (rag's ProcessUtility hook, `crate::pg`, while the library is preloaded):
-/// holds the workers off a database the command needs to itself; true for `CREATE EXTENSION rag`, after which
-/// the launcher must hear of the database.
+/// holds the workers off a database the command needs to itself; true for a `CREATE EXTENSION rag` that will
+/// create it, after which the launcher must hear of the database. Not when the extension is there already: any
+/// role that may connect can run `CREATE EXTENSION IF NOT EXISTS rag` (PostgreSQL skips it before checking a
+/// privilege), and each woke the launcher, which took a dormant database's worker back (red team 18).
 ///
 /// # Safety
 /// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
 pub unsafe fn before_command(pstmt: *mut pg_sys::PlannedStmt) -> bool {
     hold_workers_off(pstmt);
-    creates_this_extension(pstmt)
+    creates_this_extension(pstmt) && !installed_here()
+}
+
+/// Whether this database has the extension (committed, or created earlier in this transaction).
+fn installed_here() -> bool {
+    // SAFETY: a catalog lookup by name in a backend inside a transaction (a utility statement runs in one);
+    // with missing_ok it returns InvalidOid rather than raising.
+    unsafe { pg_sys::get_extension_oid(c"rag".as_ptr(), true) != pg_sys::InvalidOid }
 }
 
 /// After `CREATE EXTENSION rag` ran.

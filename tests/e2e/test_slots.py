@@ -5,6 +5,7 @@ make room instead."""
 import os
 import shutil
 import subprocess
+import time
 import unittest
 
 from support import as_postgres, free_port, psql, scalar, wait_until
@@ -12,6 +13,7 @@ from support import as_postgres, free_port, psql, scalar, wait_until
 PG_BIN = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
 LOADING = "rag_e2e_slots_loading"
 WAITING = "rag_e2e_slots_waiting"
+THIRD = "rag_e2e_slots_third"
 
 
 class Slots(unittest.TestCase):
@@ -81,6 +83,36 @@ class Slots(unittest.TestCase):
         self.assertEqual(self.value("SELECT count(*) FROM rag.documents WHERE status = 'failed'", db=LOADING), "0")
         self.assertTrue(wait_until(f"SELECT count(*) < {unfinished} FROM rag.documents WHERE status <> 'ready'",
                                    db=LOADING, port=self.port, seconds=30), "the load stopped")
+
+    def test_b_create_extension_if_not_exists_does_not_wake_a_dormant_database(self):
+        # A third database takes the waiting one's slot (its worker, idle, makes room): the waiting database is
+        # dormant, without a worker, until work is queued there. Not within 10 s of that database's last request
+        # (test_a's): the launcher then takes the worker's leaving for a race with new work and starts it again.
+        time.sleep(11)
+        self.sql(f"CREATE DATABASE {THIRD}", db="postgres")
+        self.sql("CREATE EXTENSION rag CASCADE", db=THIRD)
+        self.sql("SELECT rag_create_collection('third', embedding_model => 'hash-384'); "
+                 "SELECT rag_ingest('third', 'One', 'The one document of a third database.')", db=THIRD)
+        self.assertEqual(self.value("SELECT rag_wait('third', '60 seconds')", db=THIRD), "t")
+        self.assertTrue(wait_until(f"SELECT ({self.workers(WAITING)}) = 0", db="postgres", port=self.port, seconds=30),
+                        "the waiting database's idle worker did not make room")
+        # No worker of the dormant database shows, looked at every 50 ms for as long (a worker that starts
+        # and leaves again within a launcher round is seen too).
+        no_worker_for = ("DO $$ BEGIN FOR i IN 1..{} LOOP PERFORM pg_stat_clear_snapshot(); "
+                         "IF EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                         f"AND datname = '{WAITING}') THEN RAISE EXCEPTION 'a worker of the dormant database'; "
+                         "END IF; PERFORM pg_sleep(0.05); END LOOP; END $$")
+        self.sql(no_worker_for.format(60), db="postgres")
+        # Any role that may connect runs CREATE EXTENSION IF NOT EXISTS (PostgreSQL skips it before checking a
+        # privilege): it woke the launcher, which took a slot back for the dormant database (red team 18).
+        self.sql("DROP ROLE IF EXISTS rag_e2e_passerby; CREATE ROLE rag_e2e_passerby LOGIN", db="postgres")
+        self.assertEqual(psql("CREATE EXTENSION IF NOT EXISTS rag CASCADE; SELECT 'skipped'", db=WAITING,
+                              port=self.port, user="rag_e2e_passerby"), [["skipped"]])
+        code, _, err = psql(no_worker_for.format(120), db="postgres", port=self.port, check=False)
+        self.assertEqual(code, 0, f"a skipped CREATE EXTENSION started a worker for the dormant database: {err}")
+        # Work queued there still brings its worker back.
+        self.sql("SELECT rag_ingest('small', 'Two', 'A second document of the dormant database.')", db=WAITING)
+        self.assertEqual(self.value("SELECT rag_wait('small', '60 seconds')", db=WAITING), "t")
 
 
 if __name__ == "__main__":
