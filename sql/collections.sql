@@ -923,31 +923,36 @@ END $$;
 
 -- The worker's rebuilds (rag._collections_to_rebuild): one due collection's step (rag._rebuild_index), so that
 -- each commits before the next begins; the worker calls again at its next upkeep. The collection is drawn at
--- random among those due, so that one whose build keeps failing or whose partition stays held does not keep
--- the others waiting. It gives up at once when another session holds the partition. A build that fails (out of
--- disk, say) is reported and tried again at a later upkeep; it must not stop the worker's other work. Returns
--- how many were due.
-CREATE FUNCTION rag._rebuild_indexes() RETURNS integer
+-- random among those due but p_resting, so that one whose partition stays held does not keep the others
+-- waiting. It gives up at once when another session holds the partition. A build that fails (out of disk, say)
+-- is reported and must not stop the worker's other work: the worker leaves that collection alone for a while
+-- (p_resting; the wait doubles with each failure in a row, up to an hour), rather than building it again at
+-- every upkeep, every two seconds while busy, at the cost of a whole build each time. Returns the collection
+-- stepped (NULL when none was due) and whether its step failed (NULL when its partition was held).
+CREATE FUNCTION rag._rebuild_indexes(p_resting integer[] DEFAULT '{}', OUT collection_id integer,
+                                     OUT failed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_due integer[] := rag._collections_to_rebuild();
-    v_id integer;
+    v_due integer[] := ARRAY(SELECT d.id FROM unnest(rag._collections_to_rebuild()) d(id)
+                              WHERE NOT d.id = ANY (coalesce(p_resting, '{}')));
 BEGIN
+    failed := false;
     IF cardinality(v_due) = 0 THEN
-        RETURN 0;
+        RETURN;
     END IF;
-    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
+    collection_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        PERFORM rag._rebuild_index(v_id);
+        PERFORM rag._rebuild_index(collection_id);
     EXCEPTION WHEN lock_not_available THEN
-        -- The collection's writers hold its partition: a later call tries again.
-        NULL;
+        -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
+        failed := NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
-            USING HINT = 'The worker tries again; searches use the current index meanwhile.';
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %',
+                      collection_id, SQLERRM
+            USING HINT = 'The worker tries again after a pause that doubles with each failure, up to an hour; searches use the current index meanwhile.';
+        failed := true;
     END;
-    RETURN cardinality(v_due);
 END $$;
 
 -- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds

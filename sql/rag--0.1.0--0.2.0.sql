@@ -1590,27 +1590,30 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._rebuild_indexes() RETURNS integer
+CREATE OR REPLACE FUNCTION rag._rebuild_indexes(p_resting integer[] DEFAULT '{}', OUT collection_id integer,
+                                     OUT failed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_due integer[] := rag._collections_to_rebuild();
-    v_id integer;
+    v_due integer[] := ARRAY(SELECT d.id FROM unnest(rag._collections_to_rebuild()) d(id)
+                              WHERE NOT d.id = ANY (coalesce(p_resting, '{}')));
 BEGIN
+    failed := false;
     IF cardinality(v_due) = 0 THEN
-        RETURN 0;
+        RETURN;
     END IF;
-    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
+    collection_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        PERFORM rag._rebuild_index(v_id);
+        PERFORM rag._rebuild_index(collection_id);
     EXCEPTION WHEN lock_not_available THEN
-        -- The collection's writers hold its partition: a later call tries again.
-        NULL;
+        -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
+        failed := NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
-            USING HINT = 'The worker tries again; searches use the current index meanwhile.';
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %',
+                      collection_id, SQLERRM
+            USING HINT = 'The worker tries again after a pause that doubles with each failure, up to an hour; searches use the current index meanwhile.';
+        failed := true;
     END;
-    RETURN cardinality(v_due);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer

@@ -163,12 +163,23 @@ pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
 /// Builds again the HNSW indexes whose collections asked for new build parameters (`rag_set_search`), beside
 /// the ones searches use meanwhile, and drops those (`rag._rebuild_index`); returns how many were due. The
 /// worker's alone: a client's transaction would hold the partition from the drop until it ended.
-pub fn rebuild_indexes() -> Result<Option<i32>, SpiError> {
+pub fn rebuild_indexes(resting: &[i32]) -> Result<Option<RebuildStep>, SpiError> {
     let look = "SELECT pg_catalog.cardinality(rag._collections_to_rebuild()) > 0";
     if idle_read::<bool>(look)? != Some(true) {
-        return Ok(Some(0));
+        return Ok(None);
     }
-    Spi::get_one::<i32>("SELECT rag._rebuild_indexes()")
+    let (collection, failed) = Spi::get_two_with_args::<i32, bool>(
+        "SELECT collection_id, failed FROM rag._rebuild_indexes($1)",
+        &[resting.to_vec().into()],
+    )?;
+    Ok(collection.map(|collection| RebuildStep { collection, failed }))
+}
+
+/// One step of `rebuild_indexes`: the collection it took, and whether its build failed (None: its partition
+/// was held, nothing was tried).
+pub struct RebuildStep {
+    pub collection: i32,
+    pub failed: Option<bool>,
 }
 
 /// Drops the partitions of rag.chunks whose collections `rag_drop_collection` dropped

@@ -8,7 +8,7 @@ use crate::worker::registry::{self, SlotState};
 use crate::worker::steps::{Step, Steps, WorkerTransactions};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
-use rag_embed::SplitMix64;
+use rag_embed::{Resting, SplitMix64};
 use std::time::{Duration, Instant};
 
 use crate::pg::shutdown_requested;
@@ -86,18 +86,35 @@ const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 /// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
 /// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
 /// work for other collections can put off for hours.
-fn upkeep_while_busy(steps: &WorkerTransactions) {
+fn upkeep_while_busy(steps: &WorkerTransactions, rebuilds: &mut Resting<i32>) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.
     unsafe { pg_sys::ResetPlanCache() };
     if let Err(error) = steps.run(|| store::repair_indexes(false)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
-    if let Err(error) = steps.run(store::rebuild_indexes) {
-        pgrx::debug1!("rag worker: rebuilding indexes: {error}");
-    }
+    rebuild_step(steps, rebuilds);
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
+    }
+}
+
+/// How long a collection whose index rebuild failed is left alone: twice as long after each failure in a row.
+const REBUILD_REST_FIRST: Duration = Duration::from_secs(60);
+const REBUILD_REST_LONGEST: Duration = Duration::from_secs(3600);
+
+/// One index rebuild step (store::rebuild_indexes), leaving collections whose builds failed alone for a while
+/// (a build that fails on a full disk fails again, and each try costs a whole build).
+fn rebuild_step(steps: &WorkerTransactions, rebuilds: &mut Resting<i32>) {
+    let resting = rebuilds.resting(Instant::now());
+    match steps.run(|| store::rebuild_indexes(&resting)) {
+        Ok(Some(step)) => match step.failed {
+            Some(true) => rebuilds.failed(step.collection, Instant::now()),
+            Some(false) => rebuilds.succeeded(&step.collection),
+            None => {}
+        },
+        Ok(None) => {}
+        Err(error) => pgrx::debug1!("rag worker: rebuilding indexes: {error}"),
     }
 }
 
@@ -178,6 +195,7 @@ fn rest(
     slot: usize,
     cool_down_ends: Option<Duration>,
     nap: Duration,
+    rebuilds: &mut Resting<i32>,
 ) -> Rest {
     // Idle: no bulk load waits for this worker any more.
     registry::set_backlog(slot, false);
@@ -196,9 +214,7 @@ fn rest(
     if let Err(error) = steps.run(|| store::repair_indexes(true)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
-    if let Err(error) = steps.run(store::rebuild_indexes) {
-        pgrx::debug1!("rag worker: rebuilding indexes: {error}");
-    }
+    rebuild_step(steps, rebuilds);
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
@@ -293,6 +309,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut rng = SplitMix64::from_entropy();
     let mut last_upkeep = Instant::now();
     let serving_since = Instant::now();
+    let mut rebuilds = Resting::new(REBUILD_REST_FIRST, REBUILD_REST_LONGEST);
     // None while idle: the first step after a rest looks at once.
     let mut last_backlog_check: Option<Instant> = None;
     loop {
@@ -342,14 +359,14 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
                     last_backlog_check = Some(Instant::now());
                 }
                 if last_upkeep.elapsed() >= BUSY_UPKEEP {
-                    upkeep_while_busy(&steps);
+                    upkeep_while_busy(&steps, &mut rebuilds);
                     last_upkeep = Instant::now();
                 }
             }
             Ok(Step::Stopped) => break,
             Ok(Step::Idle(cool_down_ends)) => {
                 last_backlog_check = None;
-                match rest(&steps, slot, cool_down_ends, nap) {
+                match rest(&steps, slot, cool_down_ends, nap, &mut rebuilds) {
                     Rest::Again => {}
                     Rest::Left => return,
                     Rest::ShutDown => break,

@@ -123,6 +123,42 @@ class BuildParametersChanged(InItsOwnDatabase):
                                    "to_regclass('rag.' || rag._hnsw_index_spare(c)) IS NULL "
                                    "FROM rag.collections c WHERE c.name = 'first-held'", seconds=30))
 
+    def test_a_rebuild_that_fails_is_not_tried_again_at_once(self):
+        # A build that fails the same way each time (a full disk) was tried again at every upkeep, every naptime
+        # when idle: a whole index build each time, and a WARNING each. The worker leaves the collection alone for
+        # a minute now, then twice as long after each failure in a row. Made to fail here by an event trigger
+        # that refuses its indexes, counting the tries in a sequence (which a rollback does not undo).
+        psql("SELECT rag_create_collection('failing', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('failing', 'Note ' || g, 'Note ' || g || ' of a failing rebuild.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('failing', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'failing'")
+        psql(f"""
+            CREATE SEQUENCE public.rebuild_tries;
+            CREATE FUNCTION public.refuse_rebuilds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
+                    PERFORM nextval('public.rebuild_tries');
+                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER refuse_rebuilds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.refuse_rebuilds();""")
+        try:
+            psql("SELECT rag_set_search('failing', m => 8, ef_construction => 40)")
+            self.assertTrue(wait_until("SELECT last_value = 1 AND is_called FROM public.rebuild_tries", seconds=30),
+                            "the worker never tried the rebuild")
+            # The idle worker looks every 200 ms here: about 30 more tries in 6 s without the pause.
+            time.sleep(6)
+            self.assertEqual(scalar("SELECT last_value FROM public.rebuild_tries"), "1")
+            # Searches kept the index in use meanwhile.
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('failing', 'failing rebuild', 3, max_distance => 2)"),
+                             "3")
+        finally:
+            psql("DROP EVENT TRIGGER IF EXISTS refuse_rebuilds; DROP FUNCTION IF EXISTS public.refuse_rebuilds(); "
+                 "DROP SEQUENCE IF EXISTS public.rebuild_tries")
+
 
 if __name__ == "__main__":
     unittest.main()

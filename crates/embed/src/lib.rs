@@ -40,7 +40,7 @@ pub use http::{abandoned_requests, MAX_ABANDONED_REQUESTS};
 pub use pace::Pace;
 /// The URL type provider URLs are parsed into (reqwest's, which is the `url` crate's).
 pub use reqwest::Url;
-pub use retry::{RetryPolicy, RngLike, SplitMix64};
+pub use retry::{Resting, RetryPolicy, RngLike, SplitMix64};
 
 use http::{CallContext, Method, Outgoing};
 
