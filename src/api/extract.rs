@@ -139,6 +139,17 @@ fn extract_interruptibly(data: &[u8], job: Job<'_>) -> Result<Extracted, RagErro
         {
             // A cancel or statement_timeout raises here; the child's guard kills and reaps it.
             pgrx::check_for_interrupts!();
+            // The rag worker's SIGTERM (shutdown, a DROP DATABASE of its database) only sets the flag its main
+            // loop reads between steps: without this it waited for the child, up to its wall-clock bound.
+            if crate::pg::is_rag_worker() && crate::pg::shutdown_requested() {
+                return Err(RagError::Resources {
+                    message: format!(
+                        "the extraction of {} was stopped: the worker is shutting down",
+                        filename.unwrap_or("the file")
+                    ),
+                    hint: "The server was shutting down, or a command needed the database to itself; write the row again (or queue the document again) if it stays failed.".to_string(),
+                });
+            }
             continue;
         }
         // SAFETY: reading into a buffer of ours, at most its length.

@@ -148,10 +148,11 @@ impl Launcher {
 
     /// Starts the workers each database should have: rag.workers_per_database where the extension is,
     /// one probe where it is not known yet (at most PROBES_PER_ROUND), then the extra workers of bulk loads
-    /// (rag.bulk_load_workers), only when no database waits for a slot. Returns whether a database had to wait
-    /// for a slot (then idle workers elsewhere make room, and so do busy extra workers, between two steps:
-    /// serve::gives_way).
-    fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> bool {
+    /// (rag.bulk_load_workers), only when no database waits for a slot. Returns how many databases had to wait
+    /// for a slot (then idle workers elsewhere with nothing due make room, busy extra workers give way between
+    /// two steps, and as many workers as databases wait give their slots up once they have served their turn:
+    /// serve::gives_way, serve::rest).
+    fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> usize {
         let now = Instant::now();
         // A dormant database whose first queued item is due now wants its worker back.
         let now_ms = registry::now_ms();
@@ -177,7 +178,7 @@ impl Launcher {
             )
         });
         let mut probes_left = PROBES_PER_ROUND;
-        let mut waiting_for_a_slot = false;
+        let mut waiting_for_a_slot = 0;
         let mut served = Vec::new();
         for database in databases {
             if self.absent.contains(&database)
@@ -203,9 +204,11 @@ impl Launcher {
             } else {
                 0
             };
-            waiting_for_a_slot |= !self.start_up_to(database, slots.len(), wanted);
+            if !self.start_up_to(database, slots.len(), wanted) {
+                waiting_for_a_slot += 1;
+            }
         }
-        if !waiting_for_a_slot {
+        if waiting_for_a_slot == 0 {
             for database in served {
                 let held = registry::slots_of(database).len();
                 if !self.start_up_to(database, held, registry::workers_wanted(database)) {
@@ -226,6 +229,9 @@ impl Launcher {
             match start_worker(database) {
                 Some((slot, handle)) => {
                     self.running.insert(slot, Running { database, handle });
+                    // Served from now: a worker that leaves before the next round (its database had nothing
+                    // due) does not put its database first in line again.
+                    self.last_served.insert(database, Instant::now());
                 }
                 None => break,
             }
@@ -299,6 +305,7 @@ fn reap_stopped_workers(launcher: &mut Launcher) {
         .collect();
     for slot in stopped {
         if let Some(worker) = launcher.running.remove(&slot) {
+            launcher.last_served.insert(worker.database, Instant::now());
             match registry::slot_state(slot) {
                 SlotState::NoExtension => {
                     launcher.absent.insert(worker.database);

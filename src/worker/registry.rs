@@ -67,6 +67,11 @@ const WAKE_ENTRIES: usize = 32;
 /// idle worker with nothing queued then leaves, so more databases than workers take turns.
 // SAFETY: see SLOT_DATABASE.
 static WORKERS_WANTED: PgAtomic<AtomicBool> = unsafe { PgAtomic::new(c"rag_workers_wanted") };
+/// Set by the launcher to how many databases wait for a slot; a worker that has served its turn and would give
+/// its slot up takes one first (`take_turn_to_give_way`), so that one database waiting sends one worker away,
+/// not every worker that has served 30 s.
+// SAFETY: see SLOT_DATABASE.
+static TURNS_TO_GIVE: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"rag_turns_to_give") };
 
 /// Set by a worker that leaves its database to another one waiting for a slot: when (ms since the Unix epoch)
 /// its database's first queued document or row is due, for the launcher to start a worker there again unasked;
@@ -97,6 +102,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
     pg_shmem_init!(WORKERS_WANTED = AtomicBool::new(false));
+    pg_shmem_init!(TURNS_TO_GIVE = AtomicU32::new(0));
     pg_shmem_init!(PAUSED_DATABASE = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(PAUSED_UNTIL_MS = std::array::from_fn(|_| AtomicU64::new(0)));
     SHARED_MEMORY_READY.store(true, Ordering::SeqCst);
@@ -198,9 +204,24 @@ pub fn workers_wanted(database: pg_sys::Oid) -> usize {
     }
 }
 
-/// Launcher side: whether a database is waiting for a worker slot.
-pub fn set_workers_wanted(wanted: bool) {
-    WORKERS_WANTED.get().store(wanted, Ordering::SeqCst);
+/// Launcher side: how many databases are waiting for a worker slot (0: none).
+pub fn set_workers_wanted(waiting: usize) {
+    WORKERS_WANTED.get().store(waiting > 0, Ordering::SeqCst);
+    TURNS_TO_GIVE
+        .get()
+        .store(u32::try_from(waiting).unwrap_or(u32::MAX), Ordering::SeqCst);
+}
+
+/// Worker side: whether this worker, having served its turn, is the one to give its slot up (one per database
+/// waiting, until the launcher's next round counts again).
+pub fn take_turn_to_give_way() -> bool {
+    available()
+        && TURNS_TO_GIVE
+            .get()
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
 }
 
 /// Worker side: should an idle worker make room?

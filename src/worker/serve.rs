@@ -160,12 +160,15 @@ fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
         None
     } else if ranked_beyond(slot, registry::standing_workers()) {
         Some("a bulk load's extra worker")
-    } else if serving_since.elapsed() >= SERVING_TURN {
+    } else if serving_since.elapsed() >= SERVING_TURN && registry::take_turn_to_give_way() {
         Some("a worker that has served its turn")
     } else {
         None
     }
 }
+
+/// How often an idle worker looks again at due work it could not claim and no provider's cool-down explains.
+const HELD_WORK_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long a worker serves a busy database while another database waits for a slot, before it gives its slot
 /// up between two steps (the launcher gives it to the database that has waited longest, and this one waits its
@@ -175,16 +178,15 @@ fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
 const SERVING_TURN: Duration = Duration::from_secs(30);
 
 /// Whether an idle worker may leave its database to one waiting for a slot, and if so after how long its
-/// database wants a worker again (None: when a backend asks). Not while something is due that it could do now;
-/// due work of providers cooling down (what it could not claim) is due when the first cool-down ends.
-fn free_to_leave(
-    steps: &WorkerTransactions,
-    cool_down_ends: Option<Duration>,
-) -> Option<Option<Duration>> {
+/// database wants a worker again (None: when a backend asks). Not while anything is due now, even what it could
+/// not claim (a document a session holds, a provider cooling down): such a database gets its turn
+/// (SERVING_TURN) like a busy one, and comes back in the launcher's order, rather than waiting for a wake time
+/// that is not its own (the first cool-down to end may be days away, a healthy provider's retry due now).
+fn free_to_leave(steps: &WorkerTransactions) -> Option<Option<Duration>> {
     match steps.run(store::seconds_until_needed).ok()? {
         None => Some(None),
         Some(seconds) if seconds > 0.0 => Some(Some(Duration::from_secs_f64(seconds))),
-        Some(_) => cool_down_ends.map(Some),
+        Some(_) => None,
     }
 }
 
@@ -196,6 +198,7 @@ fn rest(
     cool_down_ends: Option<Duration>,
     nap: Duration,
     rebuilds: &mut Resting<i32>,
+    serving_since: Instant,
 ) -> Rest {
     // Idle: no bulk load waits for this worker any more.
     registry::set_backlog(slot, false);
@@ -218,25 +221,8 @@ fn rest(
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
-    // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher
-    // when its first queued item is due, for a worker to come back then unasked. Work queued here meanwhile
-    // wakes the launcher. Leaving only when nothing at all was queued let one document of a provider that never
-    // answers (retried for days) keep a slot for good, and a role that may create databases hold every slot
-    // with a copy of its own database each (red team 18).
-    if registry::workers_wanted_elsewhere() {
-        if let Some(wake_after) = free_to_leave(steps, cool_down_ends) {
-            // Marked first, so a backend queueing work from now on asks the launcher rather than this worker;
-            // looked at once more for work that was queued just before.
-            registry::set_wake_after(slot, wake_after);
-            registry::mark_stopped(slot, SlotState::Dormant);
-            if let Some(wake_after) = free_to_leave(steps, cool_down_ends) {
-                registry::set_wake_after(slot, wake_after);
-                return Rest::Left;
-            }
-            registry::mark_running(slot);
-        }
-    }
-    // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do.
+    // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do;
+    // before it may leave, so that databases taking turns still get them.
     if let Err(error) = steps.run(store::advance_migrations) {
         pgrx::log!("rag worker: advancing model changes: {error}");
     }
@@ -244,16 +230,42 @@ fn rest(
     if let Err(error) = steps.run(store::measure_lexemes) {
         pgrx::log!("rag worker: measuring lexemes: {error}");
     }
+    // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher
+    // when its first queued item is due, for a worker to come back then unasked. Work queued here meanwhile
+    // wakes the launcher. Leaving only when nothing at all was queued let one document of a provider that never
+    // answers (retried for days) keep a slot for good, and a role that may create databases hold every slot
+    // with a copy of its own database each (red team 18). One with due work it cannot do now (held by another
+    // session, its provider cooling down) leaves once it has served its turn, as a busy one does.
+    if registry::workers_wanted_elsewhere() {
+        if let Some(wake_after) = free_to_leave(steps) {
+            // Marked first, so a backend queueing work from now on asks the launcher rather than this worker;
+            // looked at once more for work that was queued just before.
+            registry::set_wake_after(slot, wake_after);
+            registry::mark_stopped(slot, SlotState::Dormant);
+            if let Some(wake_after) = free_to_leave(steps) {
+                registry::set_wake_after(slot, wake_after);
+                return Rest::Left;
+            }
+            registry::mark_running(slot);
+        } else if serving_since.elapsed() >= SERVING_TURN && registry::take_turn_to_give_way() {
+            pgrx::log!("rag worker: a worker that has served its turn leaves its slot to a database waiting for one");
+            registry::mark_stopped(slot, SlotState::Exited);
+            return Rest::Left;
+        }
+    }
     let due = steps.run(store::seconds_until_due).ok().flatten();
     let until_due = due
         .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
         .unwrap_or(nap)
         .min(nap);
     // Work that is due but was not claimed belongs to providers cooling down: sleep until the first cool-down
-    // ends rather than spinning on it.
+    // ends rather than spinning on it. Due work no cool-down explains is held (a session's open transaction on
+    // the document, another worker's claim): looked at again after a second, not every 10 ms (a writer's idle
+    // transaction kept the worker at a hundred rounds a second); new work sets the latch meanwhile.
     let sleep = match cool_down_ends {
         Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
         Some(ends) => until_due.min(ends),
+        None if until_due < Duration::from_millis(50) => nap.min(HELD_WORK_RECHECK),
         None => until_due,
     }
     .max(Duration::from_millis(10));
@@ -366,7 +378,14 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
             Ok(Step::Stopped) => break,
             Ok(Step::Idle(cool_down_ends)) => {
                 last_backlog_check = None;
-                match rest(&steps, slot, cool_down_ends, nap, &mut rebuilds) {
+                match rest(
+                    &steps,
+                    slot,
+                    cool_down_ends,
+                    nap,
+                    &mut rebuilds,
+                    serving_since,
+                ) {
                     Rest::Again => {}
                     Rest::Left => return,
                     Rest::ShutDown => break,

@@ -3,7 +3,7 @@ every database's documents get embedded; a database whose worker left gets one b
 import time
 import unittest
 
-from support import drop_database, fresh_database, psql, scalar, wait_until
+from support import background_psql, drop_database, fresh_database, psql, scalar, wait_until
 
 DATABASES = [f"rag_e2e_many_{n}" for n in range(5)]
 
@@ -68,7 +68,7 @@ class TurnsAmongDatabases(unittest.TestCase):
         for db in self.HOLDERS:
             self.assertEqual(scalar("SELECT status FROM rag.documents", db=db), "processing")
 
-    def test_b_busy_databases_take_turns(self):
+    def test_c_busy_databases_take_turns(self):
         # Each holder gets 45 documents of a provider that takes 2 s an answer, in collections of their own (one
         # call each): 90 s of work. The waiting database is served within a turn (30 s) and the launcher's round.
         for db in self.HOLDERS:
@@ -88,6 +88,33 @@ class TurnsAmongDatabases(unittest.TestCase):
         # Some holder still has work: it was served before the others had finished, not after.
         self.assertTrue(any(scalar("SELECT count(*) FROM rag.documents WHERE status = 'processing' AND title = 'Busy'",
                                    db=db) != "0" for db in self.HOLDERS))
+
+    def test_b_work_held_by_another_session_does_not_keep_the_slot(self):
+        # Due work the worker cannot do (a dropped collection's partition that a session keeps open: the worker
+        # may not drop it) kept it in its database for as long as the session stayed open: four such copies held
+        # every slot. It leaves once it has served its turn now, as a busy worker does.
+        holders = []
+        try:
+            for db in self.HOLDERS:
+                # Without test_a's failing provider, whose cool-down would let the worker leave on its own.
+                psql("SELECT rag_drop_collection('never')", db=db)
+                self.assertTrue(wait_until("SELECT cardinality(rag._partitions_to_drop()) = 0", db=db, seconds=30))
+                psql("SELECT rag_create_collection('held', embedding_model => 'hash-384'); "
+                     "SELECT rag_ingest('held', 'Held', 'A document of a collection about to be dropped.')", db=db)
+                self.assertEqual(scalar("SELECT rag_wait('held', '60 seconds')", db=db), "t")
+                partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'held'", db=db)
+                holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';",
+                                         db=db)
+                holders.append(holder)
+                self.assertEqual(holder.stdout.readline().strip(), "held")
+                psql("SELECT rag_drop_collection('held')", db=db)
+            psql("SELECT rag_ingest('c', 'Waiting behind held work', 'A document that waits behind held work.')",
+                 db=self.WAITING)
+            self.assertEqual(scalar("SELECT rag_wait('c', '75 seconds')", db=self.WAITING), "t",
+                             "the waiting database was not served while the others held work their workers could not do")
+        finally:
+            for holder in holders:
+                holder.communicate(input="COMMIT;\n", timeout=30)
 
 
 if __name__ == "__main__":
