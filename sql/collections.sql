@@ -812,7 +812,13 @@ BEGIN
     v_missing := ARRAY(SELECT m.id FROM unnest(rag._collections_missing_indexes(p_idle)) m(id)
                         WHERE rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()));
     FOREACH v_id IN ARRAY v_missing LOOP
-        PERFORM rag._ensure_index(v_id);
+        -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
+        -- time, for every collection after it (red team 19): each on its own, tried again next time.
+        BEGIN
+            PERFORM rag._ensure_index(v_id);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
     RETURN cardinality(v_missing);
@@ -1287,34 +1293,46 @@ BEGIN
     -- Building and dropping an index wait for locks on the collection's partition; behind long queries the step gives
     -- up at once and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
     PERFORM set_config('lock_timeout', '100ms', true);
+    -- Each collection's step on its own (a subtransaction), its row taken without waiting: one collection whose
+    -- partition a reader's open transaction holds (its old index cannot be dropped), or whose row another
+    -- change holds, gave up the whole call at its lock_timeout, every time, and no collection after it in id
+    -- order ever switched (red team 19). It is tried again at the next idle moment; the others go on.
     FOREACH v_id IN ARRAY rag._migrations_due() LOOP
-        SELECT * INTO c FROM rag.collections WHERE id = v_id FOR UPDATE;
-        SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE;
-        -- Looked at again under the locks: the change rag._migrations_due found complete may have been replaced
-        -- since (rag_set_embedding_model) by one that has embedded nothing yet, which must not switch.
-        IF m.state = 'embedding' AND NOT rag._migration_embedded(c.id, c.vector_column) THEN
-            CONTINUE;
-        END IF;
-        IF m.state = 'clearing' THEN
-            IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
-                DELETE FROM rag.migrations WHERE collection_id = c.id;
+        BEGIN
+            -- NO KEY UPDATE: what the switch changes is no key, and a conversation or an ingest left open holds
+            -- the row's key (their foreign keys), which FOR UPDATE waited for.
+            SELECT * INTO c FROM rag.collections WHERE id = v_id FOR NO KEY UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            SELECT * INTO m FROM rag.migrations WHERE collection_id = v_id FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            -- Looked at again under the locks: the change rag._migrations_due found complete may have been
+            -- replaced since (rag_set_embedding_model) by one that has embedded nothing yet, which must not switch.
+            IF m.state = 'embedding' AND NOT rag._migration_embedded(c.id, c.vector_column) THEN
+                CONTINUE;
             END IF;
-        ELSIF m.state = 'embedding' THEN
-            v_new_column := rag._target_column(c.vector_column, true);
-            v_index := NULL;
-            IF m.dimensions BETWEEN 1 AND 2000 THEN
-                v_index := (rag._hnsw_index_names(c.id, v_new_column))[1];
-                EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
+            IF m.state = 'clearing' THEN
+                IF rag._clear_space(c.id, rag._target_column(c.vector_column, true), 10000) = 0 THEN
+                    DELETE FROM rag.migrations WHERE collection_id = c.id;
+                END IF;
+            ELSIF m.state = 'embedding' THEN
+                v_new_column := rag._target_column(c.vector_column, true);
+                v_index := NULL;
+                IF m.dimensions BETWEEN 1 AND 2000 THEN
+                    v_index := (rag._hnsw_index_names(c.id, v_new_column))[1];
+                    EXECUTE rag._hnsw_index_sql(c, v_index, v_new_column, m.dimensions);
+                END IF;
+                UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
+                       embedding_provider = m.embedding_provider, dimensions = m.dimensions,
+                       document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index,
+                       max_distance = coalesce(m.max_distance, c.max_distance)
+                 WHERE u.id = c.id;
+                -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
+                UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
             END IF;
-            UPDATE rag.collections u SET vector_column = v_new_column, embedding_model = m.embedding_model,
-                   embedding_provider = m.embedding_provider, dimensions = m.dimensions,
-                   document_prefix = m.document_prefix, query_prefix = m.query_prefix, index_name = v_index,
-                   max_distance = coalesce(m.max_distance, c.max_distance)
-             WHERE u.id = c.id;
-            -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
-            UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
-        END IF;
-        v_steps := v_steps + 1;
+            v_steps := v_steps + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
     END LOOP;
     RETURN v_steps;
 END $$;

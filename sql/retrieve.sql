@@ -219,11 +219,10 @@ BEGIN
     RETURN rag._any_lexeme(v_kept);
 END $$;
 
--- The collection whose lexemes rag._measure_lexemes measures next: never measured, or measured over
+-- The collections due for a measure of their lexemes (rag._measure_lexemes): never measured, or measured over
 -- rag._limit('lexeme_measure_interval') ago, or over rag._limit('lexeme_small_measure_interval') ago while it was
--- small (the longest ago first); NULL when none is due. The idle worker asks
--- this, read-only, before it calls rag._measure_lexemes.
-CREATE FUNCTION rag._lexemes_due() RETURNS integer
+-- small; the longest due first.
+CREATE FUNCTION rag._lexemes_due_list() RETURNS SETOF integer
 LANGUAGE sql STABLE AS $$
     SELECT c.id FROM rag.collections c LEFT JOIN rag.lexeme_measures m ON m.collection_id = c.id
      WHERE m.collection_id IS NULL OR m.measured_at < now() - rag._limit('lexeme_measure_interval')::interval
@@ -231,7 +230,14 @@ LANGUAGE sql STABLE AS $$
            -- measured again its searches count every match.
            OR (m.chunks <= rag._limit('keyword_exact_chunks')::integer
                AND m.measured_at < now() - rag._limit('lexeme_small_measure_interval')::interval)
-     ORDER BY m.measured_at NULLS FIRST, c.id LIMIT 1
+     ORDER BY m.measured_at NULLS FIRST, c.id
+$$;
+
+-- The first of them, NULL when none is due. The idle worker asks this, read-only, before it calls
+-- rag._measure_lexemes.
+CREATE FUNCTION rag._lexemes_due() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT d.id FROM rag._lexemes_due_list() d(id) LIMIT 1
 $$;
 
 -- Measures how common the lexemes of one collection are (rag.lexeme_shares): p_collection_id's, or else the
@@ -253,7 +259,11 @@ DECLARE
     v_sampled_by text;
 BEGIN
     IF v_id IS NULL THEN
-        v_id := rag._lexemes_due();
+        -- The first due collection whose row is free: the oldest due alone, held by an admin's open change,
+        -- kept every other collection from being measured for as long as it was held (red team 19).
+        v_id := (SELECT d.id FROM rag._lexemes_due_list() d(id)
+                  WHERE EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = d.id FOR SHARE SKIP LOCKED)
+                  LIMIT 1);
         IF v_id IS NULL THEN
             RETURN NULL;
         END IF;

@@ -256,3 +256,52 @@ class DroppedWhileHeld(InItsOwnDatabase):
             drop_database(restored)
             if os.path.exists(dump):
                 os.remove(dump)
+
+
+class OneCollectionHeld(InItsOwnDatabase):
+    """The worker's idle upkeep goes collection by collection: one collection that a reader's open transaction or
+    an admin's open change holds does not keep the others' model changes or word counts waiting (red team 19:
+    the first held collection in id order gave up the whole step at its lock timeout, every time)."""
+    DB = "rag_e2e_one_collection_held"
+
+    def test_a_model_changes_switch_while_another_collection_is_held(self):
+        for name in ("mc-held", "mc-free"):
+            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
+                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
+                 db=self.DB)
+            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
+        psql("SELECT rag_set_embedding_model('mc-held', 'hash-256')", db=self.DB)
+        # Switched, its old space's index still to drop: a reader's open search holds its partition.
+        self.assertTrue(wait_until("SELECT state = 'clearing' FROM rag.migrations m JOIN rag.collections c "
+                                   "ON c.id = m.collection_id WHERE c.name = 'mc-held'", db=self.DB, seconds=60))
+        reader = background_psql("BEGIN; SELECT count(*) FROM rag_query('mc-held', 'note', 1, max_distance => 2);",
+                                 db=self.DB)
+        try:
+            self.assertEqual(reader.stdout.readline().strip(), "1")
+            psql("SELECT rag_set_embedding_model('mc-free', 'hash-256')", db=self.DB)
+            self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mc-free'",
+                                       db=self.DB, seconds=60),
+                            "the free collection's model change waited for the held one")
+            self.assertEqual(scalar("SELECT state FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id "
+                                    "WHERE c.name = 'mc-held'", db=self.DB), "clearing")
+        finally:
+            reader.communicate(input="COMMIT;\n", timeout=30)
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations)", db=self.DB, seconds=60))
+
+    def test_b_words_are_counted_while_another_collection_is_held(self):
+        # Never measured, the lower id: the oldest due, and an admin's open rag_set_search holds its row.
+        psql("SELECT rag_create_collection('lx-held', embedding_model => 'hash-384')", db=self.DB)
+        admin = background_psql("BEGIN; SELECT 'held' FROM (SELECT rag_set_search('lx-held', ef_search => 41)) s;",
+                                db=self.DB)
+        try:
+            self.assertEqual(admin.stdout.readline().strip(), "held")
+            psql("SELECT rag_create_collection('lx-free', embedding_model => 'hash-384'); "
+                 "SELECT rag_ingest('lx-free', 'Note ' || g, 'Note ' || g || ' about counted words.') "
+                 "FROM generate_series(1, 3) g", db=self.DB)
+            self.assertEqual(scalar("SELECT rag_wait('lx-free', '60 seconds')", db=self.DB), "t")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.lexeme_measures m JOIN rag.collections c "
+                                       "ON c.id = m.collection_id WHERE c.name = 'lx-free' "
+                                       "AND m.measured_at > '-infinity')", db=self.DB, seconds=30),
+                            "no collection was measured while the oldest due one was held")
+        finally:
+            admin.communicate(input="COMMIT;\n", timeout=30)
