@@ -252,6 +252,27 @@ BEGIN
 END $$;
 
 -- The ledger per collection and day: what the service did, how often it refused, how fast, at what cost.
+-- Ledger retention (rag.ledger_retention): the workers delete the rows older than p_retention, the oldest first,
+-- at most p_batch per call (one call per idle moment, and every few seconds while busy), so that the first prune
+-- of a large ledger neither holds the table for long nor writes one huge transaction. Only the oldest p_batch
+-- rows by id are looked at (ids grow with time): when none of them is old enough the call costs one short index
+-- read. A message that cites a row keeps its text and loses the link (ON DELETE SET NULL, by messages_by_query).
+-- Returns how many rows went.
+CREATE FUNCTION rag._prune_ledger(p_retention interval, p_batch integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    IF p_retention IS NULL OR p_retention <= interval '0' THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM rag.queries q
+     WHERE q.id IN (SELECT o.id FROM rag.queries o ORDER BY o.id LIMIT greatest(p_batch, 1))
+       AND q.created_at < now() - p_retention;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END $$;
+
 -- Run as its caller (security_invoker), so rag.queries' own policy decides which rows count: an admin by grant
 -- who may not read every row the collection indexes gets totals of the rows they may see only (a total of prompt
 -- tokens would measure how much of the hidden rows' text was sent). A security barrier, as rag.status is.

@@ -135,6 +135,8 @@ ALTER TABLE rag.collections ALTER COLUMN search_mode SET DEFAULT 'hybrid';
 CREATE INDEX documents_by_collection ON rag.documents (collection_id);
 -- A turn reads its conversation's last messages (src/api/ask.rs), and dropping a conversation deletes them.
 CREATE INDEX messages_by_conversation ON rag.messages (conversation_id, id);
+-- Ledger retention deletes rows of rag.queries, which messages reference (ON DELETE SET NULL).
+CREATE INDEX messages_by_query ON rag.messages (query_id) WHERE query_id IS NOT NULL;
 ALTER TABLE rag.chunks ADD COLUMN tsv tsvector;
 UPDATE rag.chunks ch SET tsv = to_tsvector(c.text_search_config::regconfig, ch.content)
   FROM rag.collections c WHERE c.id = ch.collection_id;
@@ -3579,6 +3581,21 @@ DECLARE
 BEGIN
     DELETE FROM rag.conversations WHERE id = v_id;
     RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._prune_ledger(p_retention interval, p_batch integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    IF p_retention IS NULL OR p_retention <= interval '0' THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM rag.queries q
+     WHERE q.id IN (SELECT o.id FROM rag.queries o ORDER BY o.id LIMIT greatest(p_batch, 1))
+       AND q.created_at < now() - p_retention;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
 END $$;
 
 CREATE OR REPLACE VIEW rag.ledger_daily WITH (security_barrier, security_invoker) AS

@@ -599,6 +599,9 @@ CREATE TABLE rag.messages (
 );
 -- A turn reads its conversation's last messages (src/api/ask.rs), and dropping a conversation deletes them.
 CREATE INDEX messages_by_conversation ON rag.messages (conversation_id, id);
+-- The ledger's rows go (rag.ledger_retention, rag._prune_ledger), and each takes its mention off the messages
+-- (ON DELETE SET NULL): by this index, not a scan of every message for every row.
+CREATE INDEX messages_by_query ON rag.messages (query_id) WHERE query_id IS NOT NULL;
 
 -- Ledger rows and conversations are the questions of people: a role sees its own, and admins of a collection
 -- see all of that collection's when they may read every row it indexes (an answer quotes rows the asker saw).

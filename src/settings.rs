@@ -44,6 +44,7 @@ pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static WORKERS_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static BULK_LOAD_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static LAUNCHER_NAPTIME_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+pub static LEDGER_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// What SHOW, current_setting() and pg_settings display for a secret, to everyone, superusers included:
 /// pg_read_all_settings (and so pg_monitor) may read superuser-only settings, so hiding them from SHOW ALL
@@ -389,6 +390,16 @@ fn define_postmaster_settings() {
         &LAUNCHER_NAPTIME_S,
         1,
         3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"rag.ledger_retention",
+        c"How long the ledger (rag.queries) keeps a call's row; 0 keeps every row.",
+        c"The workers delete older rows, the oldest first, a thousand at a time when they have a moment; rag.ledger_daily is a view of those rows, so its totals for those days go with them.",
+        &LEDGER_RETENTION_S,
+        0,
+        i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_S,
     );

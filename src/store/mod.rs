@@ -198,6 +198,14 @@ pub fn repair_indexes_after_writes(idle: bool) -> Result<Option<i32>, SpiError> 
     Spi::get_one_with_args::<i32>("SELECT rag._repair_indexes($1)", &[idle.into()])
 }
 
+/// Deletes ledger rows older than rag.ledger_retention, at most a thousand (rag._prune_ledger); returns how many.
+pub fn prune_ledger(retention_seconds: i32) -> Result<Option<i32>, SpiError> {
+    Spi::get_one_with_args::<i32>(
+        "SELECT rag._prune_ledger(pg_catalog.make_interval(secs => $1))",
+        &[f64::from(retention_seconds).into()],
+    )
+}
+
 /// Measures the lexemes of one collection that is due (rag._measure_lexemes), for the full-text side.
 pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
     if idle_read::<i32>("SELECT rag._lexemes_due()")?.is_none() {

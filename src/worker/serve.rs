@@ -97,6 +97,18 @@ fn upkeep_while_busy(steps: &WorkerTransactions, rebuilds: &mut Resting<i32>) {
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
+    // A worker that stays busy for days still keeps the ledger to its retention.
+    prune_ledger(steps);
+}
+
+/// Ledger rows past rag.ledger_retention go, a thousand per call (when it is set: 0 keeps every row).
+fn prune_ledger(steps: &WorkerTransactions) {
+    let retention = crate::settings::LEDGER_RETENTION_S.get();
+    if retention > 0 {
+        if let Err(error) = steps.run(|| store::prune_ledger(retention)) {
+            pgrx::log!("rag worker: pruning the ledger: {error}");
+        }
+    }
 }
 
 /// How long a collection whose index rebuild failed is left alone: twice as long after each failure in a row.
@@ -230,6 +242,7 @@ fn rest(
     if let Err(error) = steps.run(store::measure_lexemes) {
         pgrx::log!("rag worker: measuring lexemes: {error}");
     }
+    prune_ledger(steps);
     // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher
     // when its first queued item is due, for a worker to come back then unasked. Work queued here meanwhile
     // wakes the launcher. Leaving only when nothing at all was queued let one document of a provider that never

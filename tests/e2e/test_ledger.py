@@ -287,3 +287,31 @@ class CallsThatRollBack(InItsOwnDatabase):
         self.assertEqual((lines[0]["role"], lines[0]["model"], lines[0]["rolled_back"]),
                          ("rb_reader", "chat-test@slow4000", True))
         self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE question ~ 'cancelled-six'", db=self.DB), "0")
+
+
+class LedgerRetention(InItsOwnDatabase):
+    """rag.ledger_retention: the worker deletes ledger rows older than the setting and keeps the others; 0 (the
+    default) keeps every row."""
+    DB = "rag_e2e_ledger_retention"
+
+    def test_the_worker_deletes_rows_past_the_retention(self):
+        db = self.DB
+        psql("SELECT rag_create_collection('kept', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('kept', 'Note', 'A note about keeping the ledger short.')", db=db)
+        self.assertEqual(scalar("SELECT rag_wait('kept', '60 seconds')", db=db), "t")
+        for question in ("first", "second", "third"):
+            psql(f"SELECT count(*) FROM rag_query('kept', 'ledger {question}', 1, max_distance => 2)", db=db)
+        psql("UPDATE rag.queries SET created_at = now() - interval '2 days' WHERE id = (SELECT min(id) FROM rag.queries)",
+             db=db)
+        # Without the setting nothing goes.
+        time.sleep(1)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queries", db=db), "3")
+        psql("ALTER SYSTEM SET rag.ledger_retention = '1d'; SELECT pg_reload_conf()", db="postgres")
+        try:
+            self.assertTrue(wait_until_in("SELECT count(*) = 2 FROM rag.queries", db=db, seconds=30),
+                            "the worker did not delete the row past the retention")
+            self.assertEqual(scalar("SELECT string_agg(question, ',' ORDER BY id) FROM rag.queries", db=db),
+                             "ledger second,ledger third")
+        finally:
+            psql("ALTER SYSTEM RESET rag.ledger_retention; SELECT pg_reload_conf()", db="postgres")
+

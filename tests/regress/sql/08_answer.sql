@@ -84,6 +84,17 @@ SELECT question, rewritten_question FROM rag.queries WHERE conversation_id = :co
 SELECT rag_conversation_delete(:conversation) AS deleted;
 SELECT * FROM rag_conversation(:conversation);
 
+-- Ledger retention (rag.ledger_retention): the workers call rag._prune_ledger, which deletes the rows older than
+-- the retention, the oldest first and at most a batch per call; a retention of 0 keeps every row.
+SELECT count(*) AS ledger_rows FROM rag.queries \gset
+UPDATE rag.queries SET created_at = now() - interval '10 days'
+ WHERE id IN (SELECT id FROM rag.queries ORDER BY id LIMIT 3);
+SELECT rag._prune_ledger('0') AS zero_keeps_every_row;
+SELECT rag._prune_ledger('1 day', 2) AS at_most_the_batch;
+SELECT rag._prune_ledger('1 day', 2) AS the_rest;
+SELECT rag._prune_ledger('1 day', 2) AS none_left;
+SELECT count(*) = :ledger_rows - 3 AS only_the_old_rows_went FROM rag.queries;
+
 -- Bad arguments are errors.
 SELECT * FROM rag_ask('ask-ok', '');
 SELECT * FROM rag_ask('nope', 'question');
