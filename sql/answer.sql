@@ -258,8 +258,11 @@ END $$;
 -- rows by id are looked at (ids grow with time): when none of them is old enough the call costs one short index
 -- read. A message that cites a row keeps its text and loses the link (ON DELETE SET NULL, by messages_by_query).
 -- Returns how many rows went.
+-- Rows another session holds (an open rag_drop_collection's or role rename's update of them, a message citing
+-- one) are skipped or waited for at most lock_timeout: the worker, whose session waits without limit, stalled
+-- with its whole database behind such a transaction (review of this function).
 CREATE FUNCTION rag._prune_ledger(p_retention interval, p_batch integer DEFAULT 1000) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '100ms' AS $$
 DECLARE
     v_deleted integer;
 BEGIN
@@ -267,10 +270,15 @@ BEGIN
         RETURN 0;
     END IF;
     DELETE FROM rag.queries q
-     WHERE q.id IN (SELECT o.id FROM rag.queries o ORDER BY o.id LIMIT greatest(p_batch, 1))
-       AND q.created_at < now() - p_retention;
+     WHERE q.id IN (SELECT o.id FROM rag.queries o
+                     WHERE o.id <= (SELECT max(f.id) FROM (SELECT i.id FROM rag.queries i ORDER BY i.id
+                                                            LIMIT greatest(p_batch, 1)) f)
+                       AND o.created_at < now() - p_retention
+                       FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN 0;
 END $$;
 
 -- Run as its caller (security_invoker), so rag.queries' own policy decides which rows count: an admin by grant

@@ -818,6 +818,10 @@ BEGIN
             PERFORM rag._ensure_index(v_id);
         EXCEPTION WHEN lock_not_available THEN
             NULL;
+        WHEN OTHERS THEN
+            -- A build that fails (out of disk) must not keep the collections after it without their indexes.
+            RAISE WARNING 'building the HNSW index of collection % failed: %', v_id, SQLERRM
+                USING HINT = 'The worker tries again later; the collection is searched exactly meanwhile.';
         END;
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -949,7 +953,9 @@ BEGIN
     collection_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        PERFORM rag._rebuild_index(collection_id);
+        -- False when the collection's row or its former index was held: neither a success nor a failure (a
+        -- success would start a failing build's pauses over).
+        failed := CASE WHEN rag._rebuild_index(collection_id) THEN false END;
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
         failed := NULL;
@@ -1332,6 +1338,11 @@ BEGIN
             v_steps := v_steps + 1;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
+        WHEN OTHERS THEN
+            -- A step that fails (its new index's build out of disk) must not keep the collections after it in id
+            -- order from switching; this one is tried again at the next idle moment.
+            RAISE WARNING 'advancing the model change of collection % failed: %', v_id, SQLERRM
+                USING HINT = 'The worker tries again later; the collection keeps its current model meanwhile.';
         END;
     END LOOP;
     RETURN v_steps;

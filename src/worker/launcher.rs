@@ -87,8 +87,8 @@ pub extern "C-unwind" fn rag_launcher_main(_arg: pg_sys::Datum) {
         let asked = launcher.take_requests();
         reap_stopped_workers(&mut launcher);
         launcher.refresh_databases();
-        let waiting_for_a_slot = launcher.start_workers(&asked);
-        registry::set_workers_wanted(waiting_for_a_slot);
+        let (waiting_for_a_slot, without_a_worker) = launcher.start_workers(&asked);
+        registry::set_workers_wanted(waiting_for_a_slot > 0, without_a_worker);
         let nap = Duration::from_secs(settings::LAUNCHER_NAPTIME_S.get().max(1) as u64);
         if !BackgroundWorker::wait_latch(Some(nap)) {
             break;
@@ -152,7 +152,11 @@ impl Launcher {
     /// for a slot (then idle workers elsewhere with nothing due make room, busy extra workers give way between
     /// two steps, and as many workers as databases wait give their slots up once they have served their turn:
     /// serve::gives_way, serve::rest).
-    fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> usize {
+    ///
+    /// Also returns how many of those have no worker at all: only for those do workers that have served their
+    /// turn give way (a database that lacks only its second worker, rag.workers_per_database = 2, made a worker
+    /// somewhere leave and start again every 30 s, its own included).
+    fn start_workers(&mut self, asked: &[pg_sys::Oid]) -> (usize, usize) {
         let now = Instant::now();
         // A dormant database whose first queued item is due now wants its worker back.
         let now_ms = registry::now_ms();
@@ -179,6 +183,7 @@ impl Launcher {
         });
         let mut probes_left = PROBES_PER_ROUND;
         let mut waiting_for_a_slot = 0;
+        let mut without_a_worker = 0;
         let mut served = Vec::new();
         for database in databases {
             if self.absent.contains(&database)
@@ -206,6 +211,9 @@ impl Launcher {
             };
             if !self.start_up_to(database, slots.len(), wanted) {
                 waiting_for_a_slot += 1;
+                if registry::slots_of(database).is_empty() {
+                    without_a_worker += 1;
+                }
             }
         }
         if waiting_for_a_slot == 0 {
@@ -216,7 +224,7 @@ impl Launcher {
                 }
             }
         }
-        waiting_for_a_slot
+        (waiting_for_a_slot, without_a_worker)
     }
 
     /// Starts workers for `database` until it holds `wanted` slots. False when rag.max_workers stopped it (a

@@ -67,9 +67,9 @@ const WAKE_ENTRIES: usize = 32;
 /// idle worker with nothing queued then leaves, so more databases than workers take turns.
 // SAFETY: see SLOT_DATABASE.
 static WORKERS_WANTED: PgAtomic<AtomicBool> = unsafe { PgAtomic::new(c"rag_workers_wanted") };
-/// Set by the launcher to how many databases wait for a slot; a worker that has served its turn and would give
-/// its slot up takes one first (`take_turn_to_give_way`), so that one database waiting sends one worker away,
-/// not every worker that has served 30 s.
+/// Set by the launcher to how many databases wait for a slot without any worker; a worker that has served its
+/// turn and would give its slot up takes one first (`take_turn_to_give_way`), so that one database waiting sends
+/// one worker away, not every worker that has served 30 s.
 // SAFETY: see SLOT_DATABASE.
 static TURNS_TO_GIVE: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"rag_turns_to_give") };
 
@@ -204,12 +204,14 @@ pub fn workers_wanted(database: pg_sys::Oid) -> usize {
     }
 }
 
-/// Launcher side: how many databases are waiting for a worker slot (0: none).
-pub fn set_workers_wanted(waiting: usize) {
-    WORKERS_WANTED.get().store(waiting > 0, Ordering::SeqCst);
-    TURNS_TO_GIVE
-        .get()
-        .store(u32::try_from(waiting).unwrap_or(u32::MAX), Ordering::SeqCst);
+/// Launcher side: whether a database is waiting for a worker slot, and how many of those have no worker at all
+/// (the turns busy workers give).
+pub fn set_workers_wanted(waiting: bool, without_a_worker: usize) {
+    WORKERS_WANTED.get().store(waiting, Ordering::SeqCst);
+    TURNS_TO_GIVE.get().store(
+        u32::try_from(without_a_worker).unwrap_or(u32::MAX),
+        Ordering::SeqCst,
+    );
 }
 
 /// Worker side: whether this worker, having served its turn, is the one to give its slot up (one per database

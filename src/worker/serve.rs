@@ -164,9 +164,10 @@ fn ranked_beyond(slot: usize, wanted: usize) -> bool {
 
 /// A database waits for a slot (rag.max_workers are all running) while this worker is one of its database's
 /// extra workers (beyond rag.workers_per_database, started for a bulk load), or has served its database for
-/// SERVING_TURN: it gives its slot up. Asked between two steps, when it holds no claim. The launcher serves the waiting database first and starts the load's
-/// extra workers again only when no database waits, so a load's helpers never keep another database from its
-/// one worker for the hours a large load can take.
+/// SERVING_TURN while a database has no worker at all: it gives its slot up. Asked between two steps, when it
+/// holds no claim. The launcher serves the waiting database first and starts the load's extra workers again only
+/// when no database waits, so a load's helpers never keep another database from its one worker for the hours a
+/// large load can take.
 fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
     if !registry::workers_wanted_elsewhere() {
         None

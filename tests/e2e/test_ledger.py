@@ -312,6 +312,26 @@ class LedgerRetention(InItsOwnDatabase):
                             "the worker did not delete the row past the retention")
             self.assertEqual(scalar("SELECT string_agg(question, ',' ORDER BY id) FROM rag.queries", db=db),
                              "ledger second,ledger third")
+            # A row another session holds (an open transaction updating it) is skipped, not waited for: the worker
+            # waited without limit, and its whole database with it.
+            for question in ("fourth", "fifth"):
+                psql(f"SELECT count(*) FROM rag_query('kept', 'ledger {question}', 1, max_distance => 2)", db=db)
+            psql("UPDATE rag.queries SET created_at = now() - interval '2 days' "
+                 "WHERE question IN ('ledger second', 'ledger fourth')", db=db)
+            holder = background_psql("BEGIN; UPDATE rag.queries SET reason = 'held' WHERE question = 'ledger second' "
+                                     "RETURNING 'held';", db=db)
+            try:
+                self.assertEqual(holder.stdout.readline().strip(), "held")
+                self.assertTrue(wait_until_in("SELECT NOT EXISTS (SELECT 1 FROM rag.queries "
+                                              "WHERE question = 'ledger fourth')", db=db, seconds=30),
+                                "the worker stopped at the held row")
+                psql("SELECT rag_ingest('kept', 'After', 'A note written while a ledger row is held.')", db=db)
+                self.assertEqual(scalar("SELECT rag_wait('kept', '30 seconds')", db=db), "t",
+                                 "the worker stalled behind the held ledger row")
+            finally:
+                holder.communicate(input="ROLLBACK;\n", timeout=30)
+            self.assertTrue(wait_until_in("SELECT NOT EXISTS (SELECT 1 FROM rag.queries "
+                                          "WHERE question = 'ledger second')", db=db, seconds=30))
         finally:
             psql("ALTER SYSTEM RESET rag.ledger_retention; SELECT pg_reload_conf()", db="postgres")
 

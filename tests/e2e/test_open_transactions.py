@@ -305,3 +305,36 @@ class OneCollectionHeld(InItsOwnDatabase):
                             "no collection was measured while the oldest due one was held")
         finally:
             admin.communicate(input="COMMIT;\n", timeout=30)
+
+    def test_c_a_model_change_that_fails_does_not_hold_the_others(self):
+        # The switch's index build failing (out of disk, made up here by an event trigger) raised out of the whole
+        # step, every time, and no collection after it in id order switched.
+        for name in ("mf-failing", "mf-free"):
+            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
+                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
+                 db=self.DB)
+            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
+        failing = scalar("SELECT id FROM rag.collections WHERE name = 'mf-failing'", db=self.DB)
+        psql(f"""
+            CREATE FUNCTION public.refuse_switch() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity ~ '^rag\.chunks_\w+_c{failing}(_r)?$') THEN
+                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER refuse_switch ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.refuse_switch();""", db=self.DB)
+        try:
+            psql("SELECT rag_set_embedding_model('mf-failing', 'hash-256'); "
+                 "SELECT rag_set_embedding_model('mf-free', 'hash-256')", db=self.DB)
+            self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mf-free'",
+                                       db=self.DB, seconds=60),
+                            "the free collection's model change waited behind the failing one")
+            self.assertEqual(scalar("SELECT embedding_model FROM rag.collections WHERE name = 'mf-failing'", db=self.DB),
+                             "hash-384")
+        finally:
+            psql("DROP EVENT TRIGGER IF EXISTS refuse_switch; DROP FUNCTION IF EXISTS public.refuse_switch()",
+                 db=self.DB)
+        self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mf-failing'",
+                                   db=self.DB, seconds=60))
