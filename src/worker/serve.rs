@@ -181,7 +181,11 @@ fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
 }
 
 /// How often an idle worker looks again at due work it could not claim and no provider's cool-down explains.
+/// The wait starts short and doubles up to this while the work stays held: another worker's claim ends within
+/// its step (two workers sharing a load lost a third of their speed-up to a fixed second's wait: BENCHMARKS §3),
+/// a writer's open transaction may last for hours.
 const HELD_WORK_RECHECK: Duration = Duration::from_secs(1);
+const HELD_WORK_FIRST_RECHECK: Duration = Duration::from_millis(10);
 
 /// How long a worker serves a busy database while another database waits for a slot, before it gives its slot
 /// up between two steps (the launcher gives it to the database that has waited longest, and this one waits its
@@ -212,6 +216,7 @@ fn rest(
     nap: Duration,
     rebuilds: &mut Resting<i32>,
     serving_since: Instant,
+    held_wait: &mut Duration,
 ) -> Rest {
     // Idle: no bulk load waits for this worker any more.
     registry::set_backlog(slot, false);
@@ -273,13 +278,18 @@ fn rest(
         .unwrap_or(nap)
         .min(nap);
     // Work that is due but was not claimed belongs to providers cooling down: sleep until the first cool-down
-    // ends rather than spinning on it. Due work no cool-down explains is held (a session's open transaction on
-    // the document, another worker's claim): looked at again after a second, not every 10 ms (a writer's idle
-    // transaction kept the worker at a hundred rounds a second); new work sets the latch meanwhile.
+    // ends rather than spinning on it. Due work no cool-down explains is held (another worker's claim, a
+    // session's open transaction on the document): looked at again after a wait that doubles up to a second, not
+    // every 10 ms for as long as it lasts (a writer's idle transaction kept the worker at a hundred rounds a
+    // second); new work sets the latch meanwhile.
     let sleep = match cool_down_ends {
         Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
         Some(ends) => until_due.min(ends),
-        None if until_due < Duration::from_millis(50) => nap.min(HELD_WORK_RECHECK),
+        None if until_due < Duration::from_millis(50) => {
+            let wait = *held_wait;
+            *held_wait = (wait * 2).min(HELD_WORK_RECHECK);
+            nap.min(wait)
+        }
         None => until_due,
     }
     .max(Duration::from_millis(10));
@@ -336,6 +346,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut last_upkeep = Instant::now();
     let serving_since = Instant::now();
     let mut rebuilds = Resting::new(REBUILD_REST_FIRST, REBUILD_REST_LONGEST);
+    let mut held_wait = HELD_WORK_FIRST_RECHECK;
     // None while idle: the first step after a rest looks at once.
     let mut last_backlog_check: Option<Instant> = None;
     loop {
@@ -372,6 +383,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         match outcome {
             Ok(Step::Worked) => {
+                held_wait = HELD_WORK_FIRST_RECHECK;
                 if let Some(reason) = gives_way(slot, serving_since) {
                     pgrx::log!(
                         "rag worker: {reason} leaves its slot to a database waiting for one"
@@ -399,6 +411,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
                     nap,
                     &mut rebuilds,
                     serving_since,
+                    &mut held_wait,
                 ) {
                     Rest::Again => {}
                     Rest::Left => return,
