@@ -371,7 +371,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_saved text[];
 BEGIN
-    IF NOT rag._watched(c) OR c.id = ANY (rag._collections_held_whole(rag._calling_role()))
+    -- Called only for a watched collection (rag._search's v_row_checks, already looked up there).
+    IF c.id = ANY (rag._collections_held_whole(rag._calling_role()))
        OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
         RETURN NULL;
     END IF;
@@ -446,7 +447,7 @@ BEGIN
     END IF;
     v_row_checks := rag._watched(c);
     -- Put back with ef_search below (an error puts both back with the transaction or its savepoint).
-    v_counts := rag._hide_search_counts(c);
+    v_counts := CASE WHEN v_row_checks THEN rag._hide_search_counts(c) END;
     -- Candidates per side: a hybrid search fuses pools of at least fusion_pool.
     v_pool := CASE WHEN v_mode = 'hybrid' THEN greatest(v_wanted, rag._limit('fusion_pool')::integer) ELSE v_wanted END;
     v_sql := rag._search_query(c, v_mode, p_filter IS NOT NULL, v_with_vector, v_lexemes IS NOT NULL, v_row_checks,
