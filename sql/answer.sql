@@ -62,6 +62,7 @@ DECLARE
     v_id bigint;
     v_role name := rag._calling_role();
     v_line jsonb;
+    v_conversation_gone boolean := false;
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
@@ -87,13 +88,20 @@ BEGIN
         PERFORM rag._ledger_row_written(NULL);
         RETURN NULL;
     END IF;
+    -- Its admin (or its owner, elsewhere) may delete the conversation while the chat model answers. Held from
+    -- here (KEY SHARE, what the key's check takes) so that it cannot go between this look and the messages
+    -- written after the row.
+    IF p_conversation_id IS NOT NULL THEN
+        PERFORM 1 FROM rag.conversations v WHERE v.id = p_conversation_id FOR KEY SHARE;
+        v_conversation_gone := NOT FOUND;
+    END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
                              latency_ms, cost_usd, prices, role, role_id, watches_ended)
     SELECT c.id, coalesce(c.name, format('collection %s, dropped during the call', p_collection_id)), p_kind,
-           p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_question, p_rewritten, CASE WHEN NOT v_conversation_gone THEN p_conversation_id END, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
            p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
@@ -113,6 +121,13 @@ BEGIN
       FROM (SELECT) AS call LEFT JOIN rag.collections c ON c.id = p_collection_id
     RETURNING id INTO v_id;
     PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
+    IF v_conversation_gone THEN
+        -- Said so, rather than with the foreign key's own error; the row written above goes with the call's
+        -- transaction, and so to the server log as a rolled-back line.
+        RAISE EXCEPTION 'conversation % was deleted while its question was being answered', p_conversation_id
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Start another with rag_conversation_start(); the call is in the server log as a rolled-back ledger line.';
+    END IF;
     RETURN v_id;
 END $$;
 

@@ -730,8 +730,10 @@ DECLARE
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    -- A build that failed rests (rag.upkeep_failures), here too: a collection whose index cannot be built (out
+    -- of disk) was otherwise built again with every batch stored into it.
     IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 OR c.index_name IS NOT NULL
-       OR rag._bulk_loading(c.id) THEN
+       OR rag._bulk_loading(c.id) OR c.id = ANY (rag._upkeep_resting('index build')) THEN
         RETURN false;
     END IF;
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -753,7 +755,8 @@ BEGIN
         RETURN false;
     WHEN OTHERS THEN
         RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
-            USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
+            USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); searches stay exact until then.';
+        PERFORM rag._upkeep_failed(c.id, 'index build', SQLERRM);
         RETURN false;
     END;
     RETURN (SELECT u.index_name IS NOT NULL FROM rag.collections u WHERE u.id = c.id);
@@ -792,6 +795,60 @@ BEGIN
     RETURN v_missing;
 END $$;
 
+-- How long a collection's upkeep step rests after its p_failures-th failure in a row: a minute, doubling up to an
+-- hour. A step that fails one way each time (a full disk) costs a whole index build per try.
+CREATE FUNCTION rag._upkeep_pause(p_failures integer) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT pg_catalog.make_interval(secs => least(3600, 60 * 2 ^ least(greatest(p_failures, 1) - 1, 6)))
+$$;
+
+-- Records that a collection's upkeep step failed with p_error (rag.upkeep_failures): called by the step's
+-- exception handler, after its subtransaction rolled back, so that the record is kept.
+CREATE FUNCTION rag._upkeep_failed(p_collection_id integer, p_step text, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.upkeep_failures AS f (collection_id, step, failures, last_error, next_try)
+    VALUES (p_collection_id, p_step, 1, p_error, now() + rag._upkeep_pause(1))
+    ON CONFLICT (collection_id, step) DO UPDATE
+       SET failures = f.failures + 1, last_error = excluded.last_error, next_try = now() + rag._upkeep_pause(f.failures + 1)
+$$;
+
+-- The collections whose step p_step rests after failing: the workers leave it alone until its next_try.
+CREATE FUNCTION rag._upkeep_resting(p_step text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(f.collection_id), '{}') FROM rag.upkeep_failures f
+     WHERE f.step = p_step AND f.next_try > now()
+$$;
+
+-- The collections whose failure of p_step no longer applies: the collection is gone, or the step is no longer
+-- due (an index built since by a load's end or rag_reindex, a rebuild the admin undid, a model change that
+-- switched or was cancelled). Such a failure is forgotten (rag._settle_upkeep), so that rag.status shows no
+-- old error and no worker comes back for it.
+CREATE FUNCTION rag._upkeep_unsettled(p_step text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(f.collection_id), '{}')
+      FROM rag.upkeep_failures f LEFT JOIN rag.collections c ON c.id = f.collection_id
+     WHERE f.step = p_step
+       AND CASE p_step
+               WHEN 'index build' THEN c.id IS NULL OR c.index_name IS NOT NULL
+               WHEN 'index rebuild' THEN NOT f.collection_id = ANY (rag._collections_to_rebuild())
+               ELSE NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = f.collection_id)
+           END
+$$;
+
+CREATE FUNCTION rag._settle_upkeep(p_step text) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.upkeep_failures f WHERE f.step = p_step AND f.collection_id = ANY (rag._upkeep_unsettled(p_step))
+$$;
+
+-- Whether step p_step has work, for the worker's read-only looks (src/store): a collection in p_due (where the
+-- step is due) that does not rest, or a failure to forget.
+CREATE FUNCTION rag._upkeep_due(p_step text, p_due integer[]) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unnest(p_due) d(id) WHERE NOT d.id = ANY (rag._upkeep_resting(p_step)))
+        OR (EXISTS (SELECT 1 FROM rag.upkeep_failures f WHERE f.step = p_step)
+            AND cardinality(rag._upkeep_unsettled(p_step)) > 0)
+$$;
+
 -- Creates the HNSW index of every collection that should have one and has none (rag._collections_missing_indexes:
 -- a build after a load that could not wait for the writers of its partition, a collection whose build
 -- parameters changed), one at a time; a worker calls it when idle (p_idle) and every few seconds while busy. It
@@ -809,19 +866,23 @@ BEGIN
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks. Only
     -- those of the collections rag_process_queue's caller may process (rag._claim_scope), when it is the caller:
     -- another's index built in its transaction held that collection's stores until it ended.
+    PERFORM rag._settle_upkeep('index build');
     v_missing := ARRAY(SELECT m.id FROM unnest(rag._collections_missing_indexes(p_idle)) m(id)
-                        WHERE rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()));
+                        WHERE (rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()))
+                          AND NOT m.id = ANY (rag._upkeep_resting('index build')));
     FOREACH v_id IN ARRAY v_missing LOOP
         -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
         -- time, for every collection after it (red team 19): each on its own, tried again next time.
         BEGIN
             PERFORM rag._ensure_index(v_id);
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index build';
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         WHEN OTHERS THEN
             -- A build that fails (out of disk) must not keep the collections after it without their indexes.
             RAISE WARNING 'building the HNSW index of collection % failed: %', v_id, SQLERRM
-                USING HINT = 'The worker tries again later; the collection is searched exactly meanwhile.';
+                USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); the collection is searched exactly meanwhile.';
+            PERFORM rag._upkeep_failed(v_id, 'index build', SQLERRM);
         END;
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -933,38 +994,41 @@ END $$;
 
 -- The worker's rebuilds (rag._collections_to_rebuild): one due collection's step (rag._rebuild_index), so that
 -- each commits before the next begins; the worker calls again at its next upkeep. The collection is drawn at
--- random among those due but p_resting, so that one whose partition stays held does not keep the others
--- waiting. It gives up at once when another session holds the partition. A build that fails (out of disk, say)
--- is reported and must not stop the worker's other work: the worker leaves that collection alone for a while
--- (p_resting; the wait doubles with each failure in a row, up to an hour), rather than building it again at
--- every upkeep, every two seconds while busy, at the cost of a whole build each time. Returns the collection
--- stepped (NULL when none was due) and whether its step failed (NULL when its partition was held).
-CREATE FUNCTION rag._rebuild_indexes(p_resting integer[] DEFAULT '{}', OUT collection_id integer,
-                                     OUT failed boolean)
+-- random among those due, so that one whose partition stays held does not keep the others waiting. It gives up
+-- at once when another session holds the partition. A build that fails (out of disk, say) is reported and must
+-- not stop the worker's other work: that collection's rebuild rests (rag._upkeep_failed; the pause doubles with
+-- each failure in a row, up to an hour), rather than being built again at every upkeep, every two seconds while
+-- busy, at the cost of a whole build each time. Returns the collection stepped (NULL when none was due).
+CREATE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_due integer[] := ARRAY(SELECT d.id FROM unnest(rag._collections_to_rebuild()) d(id)
-                              WHERE NOT d.id = ANY (coalesce(p_resting, '{}')));
+    v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
+    v_done boolean;
 BEGIN
-    failed := false;
+    PERFORM rag._settle_upkeep('index rebuild');
+    v_due := ARRAY(SELECT d.id FROM unnest(v_due) d(id) WHERE NOT d.id = ANY (rag._upkeep_resting('index rebuild')));
     IF cardinality(v_due) = 0 THEN
-        RETURN;
+        RETURN NULL;
     END IF;
-    collection_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
+    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
         -- False when the collection's row or its former index was held: neither a success nor a failure (a
         -- success would start a failing build's pauses over).
-        failed := CASE WHEN rag._rebuild_index(collection_id) THEN false END;
+        v_done := rag._rebuild_index(v_id);
+        IF v_done THEN
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index rebuild';
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
-        failed := NULL;
+        NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %',
-                      collection_id, SQLERRM
-            USING HINT = 'The worker tries again after a pause that doubles with each failure, up to an hour; searches use the current index meanwhile.';
-        failed := true;
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
+            USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); searches use the current index meanwhile.';
+        PERFORM rag._upkeep_failed(v_id, 'index rebuild', SQLERRM);
     END;
+    RETURN v_id;
 END $$;
 
 -- The id of a collection the caller (the role calling into rag, not a SECURITY DEFINER owner) holds
@@ -998,6 +1062,9 @@ BEGIN
     UPDATE rag.collections c SET index_name = NULL
      WHERE c.id = v_collection AND c.index_name IS NOT NULL
        AND to_regclass('rag.' || quote_ident(c.index_name)) IS NULL;
+    -- Whatever upkeep of the collection failed and rests (rag.upkeep_failures) is tried again now: a reindex is
+    -- how an admin who mended the cause (freed disk, say) asks for that.
+    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_collection;
     -- Likewise the full-text side's index.
     PERFORM rag._ensure_partition(v_collection);
     PERFORM rag._ensure_keyword_index(v_collection);
@@ -1070,6 +1137,8 @@ BEGIN
      WHERE u.id = c.id;
     IF (v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction)
        AND c.index_name IS NOT NULL THEN
+        -- New parameters are a new try: a rebuild that failed with the old ones no longer rests.
+        DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'index rebuild';
         IF rag._workers_available() THEN
             -- The index stays, and searches with it, until the worker has built its successor
             -- (rag._rebuild_index): dropping it here held the collection's partition until this transaction
@@ -1176,7 +1245,9 @@ BEGIN
         v_max_distance := rag._default_max_distance(rag_set_embedding_model.embedding_model);
     END IF;
     -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
+    -- Its failures go with it: the new change's switch is tried as soon as it is due.
     DELETE FROM rag.migrations WHERE collection_id = c.id;
+    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'model change';
     IF c.dimensions IS NULL THEN
         -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
         UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
@@ -1303,7 +1374,9 @@ BEGIN
     -- partition a reader's open transaction holds (its old index cannot be dropped), or whose row another
     -- change holds, gave up the whole call at its lock_timeout, every time, and no collection after it in id
     -- order ever switched (red team 19). It is tried again at the next idle moment; the others go on.
-    FOREACH v_id IN ARRAY rag._migrations_due() LOOP
+    PERFORM rag._settle_upkeep('model change');
+    FOREACH v_id IN ARRAY ARRAY(SELECT d.id FROM unnest(rag._migrations_due()) d(id)
+                                 WHERE NOT d.id = ANY (rag._upkeep_resting('model change'))) LOOP
         BEGIN
             -- NO KEY UPDATE: what the switch changes is no key, and a conversation or an ingest left open holds
             -- the row's key (their foreign keys), which FOR UPDATE waited for.
@@ -1335,14 +1408,16 @@ BEGIN
                 -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
                 UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
             END IF;
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'model change';
             v_steps := v_steps + 1;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         WHEN OTHERS THEN
             -- A step that fails (its new index's build out of disk) must not keep the collections after it in id
-            -- order from switching; this one is tried again at the next idle moment.
+            -- order from switching; this one rests, as a failing index build does.
             RAISE WARNING 'advancing the model change of collection % failed: %', v_id, SQLERRM
-                USING HINT = 'The worker tries again later; the collection keeps its current model meanwhile.';
+                USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); the collection keeps its current model meanwhile.';
+            PERFORM rag._upkeep_failed(v_id, 'model change', SQLERRM);
         END;
     END LOOP;
     RETURN v_steps;

@@ -104,6 +104,16 @@ CREATE TABLE rag.lexeme_measures (
     chunks        bigint NOT NULL,
     measured_at   timestamptz NOT NULL
 );
+-- Failing upkeep steps rest (rag._upkeep_failed) and show in rag.status.
+CREATE TABLE rag.upkeep_failures (
+    collection_id integer NOT NULL,
+    step          text NOT NULL CHECK (step IN ('index build', 'index rebuild', 'model change')),
+    failures      integer NOT NULL CHECK (failures > 0),
+    last_error    text NOT NULL,
+    next_try      timestamptz NOT NULL,
+    PRIMARY KEY (collection_id, step)
+);
+REVOKE ALL ON rag.upkeep_failures FROM PUBLIC;
 -- A watched table's trigger keeps a one-column key's values as the text of an array (rag._spread_batches).
 ALTER TABLE rag.row_batches ALTER COLUMN keys DROP NOT NULL,
     ADD COLUMN key_values text,
@@ -1442,8 +1452,10 @@ DECLARE
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id;
+    -- A build that failed rests (rag.upkeep_failures), here too: a collection whose index cannot be built (out
+    -- of disk) was otherwise built again with every batch stored into it.
     IF NOT FOUND OR c.dimensions IS NULL OR c.dimensions > 2000 OR c.index_name IS NOT NULL
-       OR rag._bulk_loading(c.id) THEN
+       OR rag._bulk_loading(c.id) OR c.id = ANY (rag._upkeep_resting('index build')) THEN
         RETURN false;
     END IF;
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -1465,7 +1477,8 @@ BEGIN
         RETURN false;
     WHEN OTHERS THEN
         RAISE WARNING 'building the HNSW index of collection % failed: %', c.id, SQLERRM
-            USING HINT = 'The worker tries again when it is idle (rag._repair_indexes); searches stay exact until then.';
+            USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); searches stay exact until then.';
+        PERFORM rag._upkeep_failed(c.id, 'index build', SQLERRM);
         RETURN false;
     END;
     RETURN (SELECT u.index_name IS NOT NULL FROM rag.collections u WHERE u.id = c.id);
@@ -1494,6 +1507,49 @@ BEGIN
     RETURN v_missing;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._upkeep_pause(p_failures integer) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT pg_catalog.make_interval(secs => least(3600, 60 * 2 ^ least(greatest(p_failures, 1) - 1, 6)))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_failed(p_collection_id integer, p_step text, p_error text) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rag.upkeep_failures AS f (collection_id, step, failures, last_error, next_try)
+    VALUES (p_collection_id, p_step, 1, p_error, now() + rag._upkeep_pause(1))
+    ON CONFLICT (collection_id, step) DO UPDATE
+       SET failures = f.failures + 1, last_error = excluded.last_error, next_try = now() + rag._upkeep_pause(f.failures + 1)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_resting(p_step text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(f.collection_id), '{}') FROM rag.upkeep_failures f
+     WHERE f.step = p_step AND f.next_try > now()
+$$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_unsettled(p_step text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(f.collection_id), '{}')
+      FROM rag.upkeep_failures f LEFT JOIN rag.collections c ON c.id = f.collection_id
+     WHERE f.step = p_step
+       AND CASE p_step
+               WHEN 'index build' THEN c.id IS NULL OR c.index_name IS NOT NULL
+               WHEN 'index rebuild' THEN NOT f.collection_id = ANY (rag._collections_to_rebuild())
+               ELSE NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = f.collection_id)
+           END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._settle_upkeep(p_step text) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM rag.upkeep_failures f WHERE f.step = p_step AND f.collection_id = ANY (rag._upkeep_unsettled(p_step))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_due(p_step text, p_due integer[]) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unnest(p_due) d(id) WHERE NOT d.id = ANY (rag._upkeep_resting(p_step)))
+        OR (EXISTS (SELECT 1 FROM rag.upkeep_failures f WHERE f.step = p_step)
+            AND cardinality(rag._upkeep_unsettled(p_step)) > 0)
+$$;
+
 CREATE OR REPLACE FUNCTION rag._repair_indexes(p_idle boolean DEFAULT false) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1507,19 +1563,23 @@ BEGIN
     -- Collected first: CREATE INDEX refuses to run while a query of this session still reads rag.chunks. Only
     -- those of the collections rag_process_queue's caller may process (rag._claim_scope), when it is the caller:
     -- another's index built in its transaction held that collection's stores until it ended.
+    PERFORM rag._settle_upkeep('index build');
     v_missing := ARRAY(SELECT m.id FROM unnest(rag._collections_missing_indexes(p_idle)) m(id)
-                        WHERE rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()));
+                        WHERE (rag._claim_scope() IS NULL OR m.id = ANY (rag._claim_scope()))
+                          AND NOT m.id = ANY (rag._upkeep_resting('index build')));
     FOREACH v_id IN ARRAY v_missing LOOP
         -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
         -- time, for every collection after it (red team 19): each on its own, tried again next time.
         BEGIN
             PERFORM rag._ensure_index(v_id);
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index build';
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         WHEN OTHERS THEN
             -- A build that fails (out of disk) must not keep the collections after it without their indexes.
             RAISE WARNING 'building the HNSW index of collection % failed: %', v_id, SQLERRM
-                USING HINT = 'The worker tries again later; the collection is searched exactly meanwhile.';
+                USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); the collection is searched exactly meanwhile.';
+            PERFORM rag._upkeep_failed(v_id, 'index build', SQLERRM);
         END;
     END LOOP;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -1602,32 +1662,36 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._rebuild_indexes(p_resting integer[] DEFAULT '{}', OUT collection_id integer,
-                                     OUT failed boolean)
+CREATE OR REPLACE FUNCTION rag._rebuild_indexes() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_due integer[] := ARRAY(SELECT d.id FROM unnest(rag._collections_to_rebuild()) d(id)
-                              WHERE NOT d.id = ANY (coalesce(p_resting, '{}')));
+    v_due integer[] := rag._collections_to_rebuild();
+    v_id integer;
+    v_done boolean;
 BEGIN
-    failed := false;
+    PERFORM rag._settle_upkeep('index rebuild');
+    v_due := ARRAY(SELECT d.id FROM unnest(v_due) d(id) WHERE NOT d.id = ANY (rag._upkeep_resting('index rebuild')));
     IF cardinality(v_due) = 0 THEN
-        RETURN;
+        RETURN NULL;
     END IF;
-    collection_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
+    v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
         -- False when the collection's row or its former index was held: neither a success nor a failure (a
         -- success would start a failing build's pauses over).
-        failed := CASE WHEN rag._rebuild_index(collection_id) THEN false END;
+        v_done := rag._rebuild_index(v_id);
+        IF v_done THEN
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index rebuild';
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
-        failed := NULL;
+        NULL;
     WHEN OTHERS THEN
-        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %',
-                      collection_id, SQLERRM
-            USING HINT = 'The worker tries again after a pause that doubles with each failure, up to an hour; searches use the current index meanwhile.';
-        failed := true;
+        RAISE WARNING 'rebuilding the HNSW index of collection % with its new build parameters failed: %', v_id, SQLERRM
+            USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); searches use the current index meanwhile.';
+        PERFORM rag._upkeep_failed(v_id, 'index rebuild', SQLERRM);
     END;
+    RETURN v_id;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._collection_id(p_name text, p_privilege text DEFAULT 'read') RETURNS integer
@@ -1657,6 +1721,9 @@ BEGIN
     UPDATE rag.collections c SET index_name = NULL
      WHERE c.id = v_collection AND c.index_name IS NOT NULL
        AND to_regclass('rag.' || quote_ident(c.index_name)) IS NULL;
+    -- Whatever upkeep of the collection failed and rests (rag.upkeep_failures) is tried again now: a reindex is
+    -- how an admin who mended the cause (freed disk, say) asks for that.
+    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_collection;
     -- Likewise the full-text side's index.
     PERFORM rag._ensure_partition(v_collection);
     PERFORM rag._ensure_keyword_index(v_collection);
@@ -1724,6 +1791,8 @@ BEGIN
      WHERE u.id = c.id;
     IF (v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction)
        AND c.index_name IS NOT NULL THEN
+        -- New parameters are a new try: a rebuild that failed with the old ones no longer rests.
+        DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'index rebuild';
         IF rag._workers_available() THEN
             -- The index stays, and searches with it, until the worker has built its successor
             -- (rag._rebuild_index): dropping it here held the collection's partition until this transaction
@@ -1819,7 +1888,9 @@ BEGIN
         v_max_distance := rag._default_max_distance(rag_set_embedding_model.embedding_model);
     END IF;
     -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
+    -- Its failures go with it: the new change's switch is tried as soon as it is due.
     DELETE FROM rag.migrations WHERE collection_id = c.id;
+    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'model change';
     IF c.dimensions IS NULL THEN
         -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
         UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
@@ -1933,7 +2004,9 @@ BEGIN
     -- partition a reader's open transaction holds (its old index cannot be dropped), or whose row another
     -- change holds, gave up the whole call at its lock_timeout, every time, and no collection after it in id
     -- order ever switched (red team 19). It is tried again at the next idle moment; the others go on.
-    FOREACH v_id IN ARRAY rag._migrations_due() LOOP
+    PERFORM rag._settle_upkeep('model change');
+    FOREACH v_id IN ARRAY ARRAY(SELECT d.id FROM unnest(rag._migrations_due()) d(id)
+                                 WHERE NOT d.id = ANY (rag._upkeep_resting('model change'))) LOOP
         BEGIN
             -- NO KEY UPDATE: what the switch changes is no key, and a conversation or an ingest left open holds
             -- the row's key (their foreign keys), which FOR UPDATE waited for.
@@ -1965,14 +2038,16 @@ BEGIN
                 -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
                 UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
             END IF;
+            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'model change';
             v_steps := v_steps + 1;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         WHEN OTHERS THEN
             -- A step that fails (its new index's build out of disk) must not keep the collections after it in id
-            -- order from switching; this one is tried again at the next idle moment.
+            -- order from switching; this one rests, as a failing index build does.
             RAISE WARNING 'advancing the model change of collection % failed: %', v_id, SQLERRM
-                USING HINT = 'The worker tries again later; the collection keeps its current model meanwhile.';
+                USING HINT = 'The workers try again after a pause that doubles with each failure, up to an hour (rag.status shows it); the collection keeps its current model meanwhile.';
+            PERFORM rag._upkeep_failed(v_id, 'model change', SQLERRM);
         END;
     END LOOP;
     RETURN v_steps;
@@ -3182,9 +3257,13 @@ BEGIN
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
     -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
     -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
+    -- The lead is the difference of two scores that are each a finite real, which need not be one itself
+    -- (3.4e38 and -3.4e38 from a server's reranker made every search of the collection fail with "value out of
+    -- range": red team 20): it is held within real's range, where any lead passes any threshold anyway.
     RETURN QUERY
     SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
-           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
+           (CASE WHEN r.place = 1 AND r.distance <= r.nearest
+                 THEN least(greatest(r.combined - r.runner_up, -3.4e38), 3.4e38) END)::real
       FROM (SELECT b.*,
                    row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
                    lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,
@@ -3419,6 +3498,7 @@ DECLARE
     v_id bigint;
     v_role name := rag._calling_role();
     v_line jsonb;
+    v_conversation_gone boolean := false;
 BEGIN
     -- Only rag's own functions call this (rag_query and rag_ask, SECURITY DEFINER both; no role is
     -- granted it), each after its own checks; checked again here, for the role the row is written for.
@@ -3444,13 +3524,20 @@ BEGIN
         PERFORM rag._ledger_row_written(NULL);
         RETURN NULL;
     END IF;
+    -- Its admin (or its owner, elsewhere) may delete the conversation while the chat model answers. Held from
+    -- here (KEY SHARE, what the key's check takes) so that it cannot go between this look and the messages
+    -- written after the row.
+    IF p_conversation_id IS NOT NULL THEN
+        PERFORM 1 FROM rag.conversations v WHERE v.id = p_conversation_id FOR KEY SHARE;
+        v_conversation_gone := NOT FOUND;
+    END IF;
     INSERT INTO rag.queries (collection_id, collection, kind, question, rewritten_question, conversation_id, outcome,
                              answer, reason, nearest_distance, best_relevance, sources_sent, citations,
                              citations_kept, citations_stripped, embedding_model, chat_model, embed_tokens,
                              prompt_tokens, completion_tokens, chat_calls, embed_ms, search_ms, generate_ms,
                              latency_ms, cost_usd, prices, role, role_id, watches_ended)
     SELECT c.id, coalesce(c.name, format('collection %s, dropped during the call', p_collection_id)), p_kind,
-           p_question, p_rewritten, p_conversation_id, p_outcome,
+           p_question, p_rewritten, CASE WHEN NOT v_conversation_gone THEN p_conversation_id END, p_outcome,
            p_answer, p_reason, p_nearest, p_best_relevance, coalesce(p_sources_sent, 0), coalesce(p_citations, '[]'),
            jsonb_array_length(coalesce(p_citations, '[]')), coalesce(p_citations_stripped, 0),
            p_embedding_model, p_chat_model, p_embed_tokens, p_prompt_tokens, p_completion_tokens,
@@ -3470,6 +3557,13 @@ BEGIN
       FROM (SELECT) AS call LEFT JOIN rag.collections c ON c.id = p_collection_id
     RETURNING id INTO v_id;
     PERFORM rag._ledger_row_written((v_line || jsonb_build_object('query_id', v_id, 'rolled_back', true))::text);
+    IF v_conversation_gone THEN
+        -- Said so, rather than with the foreign key's own error; the row written above goes with the call's
+        -- transaction, and so to the server log as a rolled-back line.
+        RAISE EXCEPTION 'conversation % was deleted while its question was being answered', p_conversation_id
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Start another with rag_conversation_start(); the call is in the server log as a rolled-back ledger line.';
+    END IF;
     RETURN v_id;
 END $$;
 
@@ -3839,9 +3933,19 @@ SELECT c.name AS collection,
        -- Counted only while a model change runs.
        CASE WHEN m.state = 'embedding' THEN rag._migration_chunks_embedded(c.id) ELSE 0 END
            AS migration_chunks_embedded,
-       m.failure_reason AS migration_error
+       m.failure_reason AS migration_error,
+       -- A failing upkeep step that rests (rag.upkeep_failures): the most recent, when several fail.
+       u.upkeep_error,
+       u.upkeep_retry_at
   FROM rag.collections c
   LEFT JOIN rag.migrations m ON m.collection_id = c.id
+  LEFT JOIN LATERAL (
+        SELECT format('%s failed %s time%s in a row: %s', f.step, f.failures,
+                      CASE WHEN f.failures = 1 THEN '' ELSE 's' END, f.last_error) AS upkeep_error,
+               f.next_try AS upkeep_retry_at
+          FROM rag.upkeep_failures f
+         WHERE f.collection_id = c.id
+         ORDER BY f.next_try DESC LIMIT 1) u ON true
   -- Documents of watched rows count only for roles that may read the whole table (as a plain SELECT of
   -- rag.documents shows them): an error evaluating a watch's expression quotes the row's values, and the
   -- counts would count rows the table's rules keep from the reader.
@@ -3866,7 +3970,7 @@ SELECT c.name AS collection,
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, and a failing upkeep step (index build or rebuild, model change) with its next try';
 
 ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
 

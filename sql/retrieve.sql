@@ -505,9 +505,13 @@ BEGIN
     -- (rag._limit('rerank_similarity_weight'), local rerankers only): where the cross-encoder, trained on web
     -- search queries, is unsure between passages or misreads a paraphrase, the embedding's agreement decides
     -- (BENCHMARKS.md §5). A candidate without a distance (keyword mode) gets no share of it.
+    -- The lead is the difference of two scores that are each a finite real, which need not be one itself
+    -- (3.4e38 and -3.4e38 from a server's reranker made every search of the collection fail with "value out of
+    -- range": red team 20): it is held within real's range, where any lead passes any threshold anyway.
     RETURN QUERY
     SELECT r.id, ch.document_id, ch.ordinal, r.distance, r.place::integer, r.score,
-           (CASE WHEN r.place = 1 AND r.distance <= r.nearest THEN r.combined - r.runner_up END)::real
+           (CASE WHEN r.place = 1 AND r.distance <= r.nearest
+                 THEN least(greatest(r.combined - r.runner_up, -3.4e38), 3.4e38) END)::real
       FROM (SELECT b.*,
                    row_number() OVER (ORDER BY b.combined DESC, b.n) AS place,
                    lead(b.combined) OVER (ORDER BY b.combined DESC, b.n) AS runner_up,

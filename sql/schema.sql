@@ -296,6 +296,24 @@ CREATE TABLE rag.lexeme_measures (
     measured_at   timestamptz NOT NULL
 );
 
+-- A collection's upkeep step that failed (building its missing HNSW index, rebuilding it with new build
+-- parameters, a model change's switch or clearing: out of disk, an event trigger refusing CREATE INDEX). The
+-- workers leave that step of that collection alone until next_try, a pause that doubles with each failure in a
+-- row up to an hour (rag._upkeep_pause), and rag.status shows the error. A table rather than the worker's
+-- memory: a worker that left its slot to another database, or was restarted, forgot the pause and built again
+-- at once, and a database whose only due work was a failing step never let its worker go. Derived state, so
+-- not dumped: a restored database tries again. No foreign key: a failure is written right after the step's
+-- subtransaction let the collection's row go, and must not wait for that row again (a drop under way); rows of
+-- dropped collections, and of steps no longer due, go at the next upkeep (rag._settle_upkeep).
+CREATE TABLE rag.upkeep_failures (
+    collection_id integer NOT NULL,
+    step          text NOT NULL CHECK (step IN ('index build', 'index rebuild', 'model change')),
+    failures      integer NOT NULL CHECK (failures > 0),
+    last_error    text NOT NULL,
+    next_try      timestamptz NOT NULL,
+    PRIMARY KEY (collection_id, step)
+);
+
 -- The dedicated queue. A row is a document still to chunk and embed; it goes away when the document is
 -- ready or has failed for good.
 CREATE TABLE rag.queue (

@@ -1557,9 +1557,19 @@ SELECT c.name AS collection,
        -- Counted only while a model change runs.
        CASE WHEN m.state = 'embedding' THEN rag._migration_chunks_embedded(c.id) ELSE 0 END
            AS migration_chunks_embedded,
-       m.failure_reason AS migration_error
+       m.failure_reason AS migration_error,
+       -- A failing upkeep step that rests (rag.upkeep_failures): the most recent, when several fail.
+       u.upkeep_error,
+       u.upkeep_retry_at
   FROM rag.collections c
   LEFT JOIN rag.migrations m ON m.collection_id = c.id
+  LEFT JOIN LATERAL (
+        SELECT format('%s failed %s time%s in a row: %s', f.step, f.failures,
+                      CASE WHEN f.failures = 1 THEN '' ELSE 's' END, f.last_error) AS upkeep_error,
+               f.next_try AS upkeep_retry_at
+          FROM rag.upkeep_failures f
+         WHERE f.collection_id = c.id
+         ORDER BY f.next_try DESC LIMIT 1) u ON true
   -- Documents of watched rows count only for roles that may read the whole table (as a plain SELECT of
   -- rag.documents shows them): an error evaluating a watch's expression quotes the row's values, and the
   -- counts would count rows the table's rules keep from the reader.
@@ -1583,7 +1593,7 @@ SELECT c.name AS collection,
            AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, and a model change in progress';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, and a failing upkeep step (index build or rebuild, model change) with its next try';
 
 -- The extension's schema again, where pgrx creates the Rust functions declared after this file.
 SET LOCAL search_path = @extschema@, pg_temp;

@@ -71,8 +71,8 @@ CATALOG = (
     ("chat-test:latest", 384, "completion"),
 )
 
-CHAT_MODES = ("insufficient", "cite9", "citeonly9", "prose", "length")
-BODY_FAULTS = ("badjson", "wrongshape", "countmismatch", "nan", "reversed")
+CHAT_MODES = ("insufficient", "cite9", "citeonly9", "prose", "length", "flood", "nul")
+BODY_FAULTS = ("badjson", "wrongshape", "countmismatch", "nan", "reversed", "extreme")
 
 OLLAMA = "ollama"
 OPENAI = "openai"
@@ -536,6 +536,9 @@ def _answer_json(answer: str, citations: list[int], sufficient: bool, reason: st
     return json.dumps(reply, ensure_ascii=False)
 
 
+FLOOD_MARKERS = 100_000
+
+
 def chat_reply(messages: list[dict], mode: str | None) -> tuple[str, bool]:
     """Return (assistant content, whether the reply is cut by length)."""
     last_user = _last_user_index(messages)
@@ -567,6 +570,13 @@ def chat_reply(messages: list[dict], mode: str | None) -> tuple[str, bool]:
         if cited is None:
             return "I could not find this in the sources.", False
         return f"According to the sources, {sentence} [{cited}]", False
+    if mode == "flood":
+        # A server that ignores the token limit: an answer of a hundred thousand citation markers, never cut.
+        return _answer_json((sentence or NO_SOURCE_SENTENCE) + " [1]" * FLOOD_MARKERS, [1], True), False
+    if mode == "nul":
+        # A NUL escaped inside the answer's JSON, which only decoding the answer makes a NUL.
+        text = sentence or NO_SOURCE_SENTENCE
+        return _answer_json(f"{text}\u0000 hidden after the NUL [{cited or 1}]", [cited or 1], True), False
     if mode == "length":
         words = (sentence or "The answer was cut off in the middle of a sentence").split()
         cut = " ".join(words[: max(1, len(words) // 2)]).rstrip(".!?")
@@ -1097,7 +1107,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
 
     def _chat_content(self, spec: ModelSpec, messages: list[dict], limit: int) -> tuple[str, bool, int, int]:
         content, cut_by_mode = chat_reply(messages, spec.chat_mode)
-        content, cut_by_limit = cut_to_words(content, limit)
+        content, cut_by_limit = cut_to_words(content, 0 if spec.chat_mode == "flood" else limit)
         prompt_tokens = sum(word_count(message_text(m.get("content"))) for m in messages)
         return content, cut_by_mode or cut_by_limit, prompt_tokens, word_count(content)
 
@@ -1164,6 +1174,11 @@ class ProviderHandler(BaseHTTPRequestHandler):
         if "reversed" in spec.body_faults:
             # A reranker that disagrees with the embeddings: it puts the farthest document first.
             scores = [-score for score in scores]
+        if "extreme" in spec.body_faults:
+            # Finite 32-bit scores whose differences are not: the best at the top of the range, the rest at the
+            # bottom.
+            best = max(range(len(documents)), key=lambda i: (scores[i], -i))
+            scores = [3.4e38 if i == best else -3.4e38 for i in range(len(documents))]
         ranked = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
         if "countmismatch" in spec.body_faults:
             ranked = ranked[:-1]

@@ -524,6 +524,18 @@ class ChatTests(ServerTestCase):
         self.assertTrue("Employees may resign with four weeks of notice.".startswith(content["answer"]))
         self.assertFalse(content["answer"].endswith("."))
 
+    def test_flood_ignores_the_token_limit(self):
+        reply = self.chat("chat-test@flood", [{"role": "user", "content": SOURCES_PROMPT}], options={"num_predict": 3})
+        self.assertEqual(reply["done_reason"], "stop")
+        content = json.loads(reply["message"]["content"])
+        self.assertEqual(content["answer"].count(" [1]"), 100_000)
+
+    def test_nul_is_escaped_inside_the_answer(self):
+        reply = self.chat("chat-test@nul", [{"role": "user", "content": SOURCES_PROMPT}])
+        self.assertIn("\\u0000 hidden after the NUL [1]", reply["message"]["content"])
+        content = json.loads(reply["message"]["content"])
+        self.assertIn("\x00 hidden after the NUL [1]", content["answer"])
+
     def test_num_predict_cuts_reply(self):
         reply = self.chat("chat-test", [{"role": "user", "content": SOURCES_PROMPT}], options={"num_predict": 3, "temperature": 0})
         self.assertEqual(reply["done_reason"], "length")
@@ -682,6 +694,13 @@ class RerankTests(ServerTestCase):
         self.assertEqual([r["index"] for r in turned["results"]], [1, 0])
         self.assertEqual({r["index"]: -r["relevance_score"] for r in plain["results"]},
                          {r["index"]: r["relevance_score"] for r in turned["results"]})
+
+    def test_extreme_scores_are_finite_floats_at_the_ends_of_the_range(self):
+        documents = ["the cat sat on the mat", "stock prices fell", "cats"]
+        reply = self.post("/v1/rerank", {"model": "rerank@extreme", "query": "cat on the mat",
+                                         "documents": documents}).json()
+        self.assertEqual([(r["index"], r["relevance_score"]) for r in reply["results"]],
+                         [(0, 3.4e38), (1, -3.4e38), (2, -3.4e38)])
 
 
 class AuthTests(ServerTestCase):

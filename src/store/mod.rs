@@ -153,33 +153,23 @@ fn idle_read<T: FromDatum + IntoDatum>(query: &str) -> Result<Option<T>, SpiErro
 /// nothing it may claim (`rag._collections_missing_indexes`).
 pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
     let look =
-        format!("SELECT pg_catalog.cardinality(rag._collections_missing_indexes({idle})) > 0");
+        format!("SELECT rag._upkeep_due('index build', rag._collections_missing_indexes({idle}))");
     if idle_read::<bool>(&look)? != Some(true) {
         return Ok(Some(0));
     }
     repair_indexes_after_writes(idle)
 }
 
-/// Builds again the HNSW indexes whose collections asked for new build parameters (`rag_set_search`), beside
-/// the ones searches use meanwhile, and drops those (`rag._rebuild_index`); returns how many were due. The
-/// worker's alone: a client's transaction would hold the partition from the drop until it ended.
-pub fn rebuild_indexes(resting: &[i32]) -> Result<Option<RebuildStep>, SpiError> {
-    let look = "SELECT pg_catalog.cardinality(rag._collections_to_rebuild()) > 0";
+/// Builds again the HNSW index of one collection that asked for new build parameters (`rag_set_search`), beside
+/// the one searches use meanwhile, and drops that one (`rag._rebuild_index`); a collection whose rebuild failed
+/// rests (`rag.upkeep_failures`). The worker's alone: a client's transaction would hold the partition from the
+/// drop until it ended.
+pub fn rebuild_indexes() -> Result<(), SpiError> {
+    let look = "SELECT rag._upkeep_due('index rebuild', rag._collections_to_rebuild())";
     if idle_read::<bool>(look)? != Some(true) {
-        return Ok(None);
+        return Ok(());
     }
-    let (collection, failed) = Spi::get_two_with_args::<i32, bool>(
-        "SELECT collection_id, failed FROM rag._rebuild_indexes($1)",
-        &[resting.to_vec().into()],
-    )?;
-    Ok(collection.map(|collection| RebuildStep { collection, failed }))
-}
-
-/// One step of `rebuild_indexes`: the collection it took, and whether its build failed (None: its partition
-/// was held, nothing was tried).
-pub struct RebuildStep {
-    pub collection: i32,
-    pub failed: Option<bool>,
+    Spi::run("SELECT rag._rebuild_indexes()")
 }
 
 /// Drops the partitions of rag.chunks whose collections `rag_drop_collection` dropped
@@ -217,7 +207,7 @@ pub fn measure_lexemes() -> Result<Option<i32>, SpiError> {
 /// Takes the due steps of model changes (switching a complete one, clearing a column left behind); returns how
 /// many.
 pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
-    let due = idle_read::<bool>("SELECT pg_catalog.cardinality(rag._migrations_due()) > 0")?;
+    let due = idle_read::<bool>("SELECT rag._upkeep_due('model change', rag._migrations_due())")?;
     if due != Some(true) {
         return Ok(Some(0));
     }
@@ -228,18 +218,21 @@ pub fn advance_migrations() -> Result<Option<i32>, SpiError> {
 /// NULL when nothing is queued at all (a row refused over a limit, which waits to be written again, does not
 /// count: `rag._row_refused`), 0 when something is due now (keys to spread, an index to rebuild, a dropped
 /// collection's partition to drop, or a document or row whose time has come), else the seconds until the first
-/// queued document or row is due (a failure's back-off). Spelled out for the empty case: greatest() ignores a
-/// NULL argument.
+/// queued document or row is due (a failure's back-off) or the first failed upkeep step (`rag.upkeep_failures`)
+/// is tried again. A rebuild that rests is not due: it kept a database with nothing else to do from letting
+/// its worker go. Spelled out for the empty case: least() ignores a NULL argument.
 pub fn seconds_until_needed() -> Result<Option<f64>, SpiError> {
     idle_read::<f64>(
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM rag.row_batches)
-                       OR pg_catalog.cardinality(rag._collections_to_rebuild()) > 0
+                       OR rag._upkeep_due('index rebuild', rag._collections_to_rebuild())
                        OR pg_catalog.cardinality(rag._partitions_to_drop()) > 0 THEN 0::float8
                      ELSE (SELECT CASE WHEN n.first IS NOT NULL
                                        THEN greatest(0, extract(epoch FROM n.first - now()))::float8 END
                              FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
                                                 (SELECT min(r.not_before) FROM rag.row_queue r
-                                                  WHERE r.not_before < 'infinity')) AS first) n) END",
+                                                  WHERE r.not_before < 'infinity'),
+                                                (SELECT min(f.next_try) FROM rag.upkeep_failures f
+                                                  WHERE f.next_try > now())) AS first) n) END",
     )
 }
 

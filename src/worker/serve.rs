@@ -8,7 +8,7 @@ use crate::worker::registry::{self, SlotState};
 use crate::worker::steps::{Step, Steps, WorkerTransactions};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
-use rag_embed::{Resting, SplitMix64};
+use rag_embed::SplitMix64;
 use std::time::{Duration, Instant};
 
 use crate::pg::shutdown_requested;
@@ -86,14 +86,14 @@ const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 /// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
 /// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
 /// work for other collections can put off for hours.
-fn upkeep_while_busy(steps: &WorkerTransactions, rebuilds: &mut Resting<i32>) {
+fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.
     unsafe { pg_sys::ResetPlanCache() };
     if let Err(error) = steps.run(|| store::repair_indexes(false)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
-    rebuild_step(steps, rebuilds);
+    rebuild_step(steps);
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
@@ -111,22 +111,11 @@ fn prune_ledger(steps: &WorkerTransactions) {
     }
 }
 
-/// How long a collection whose index rebuild failed is left alone: twice as long after each failure in a row.
-const REBUILD_REST_FIRST: Duration = Duration::from_secs(60);
-const REBUILD_REST_LONGEST: Duration = Duration::from_secs(3600);
-
-/// One index rebuild step (store::rebuild_indexes), leaving collections whose builds failed alone for a while
+/// One index rebuild step (store::rebuild_indexes); a collection whose build failed rests in the database
 /// (a build that fails on a full disk fails again, and each try costs a whole build).
-fn rebuild_step(steps: &WorkerTransactions, rebuilds: &mut Resting<i32>) {
-    let resting = rebuilds.resting(Instant::now());
-    match steps.run(|| store::rebuild_indexes(&resting)) {
-        Ok(Some(step)) => match step.failed {
-            Some(true) => rebuilds.failed(step.collection, Instant::now()),
-            Some(false) => rebuilds.succeeded(&step.collection),
-            None => {}
-        },
-        Ok(None) => {}
-        Err(error) => pgrx::debug1!("rag worker: rebuilding indexes: {error}"),
+fn rebuild_step(steps: &WorkerTransactions) {
+    if let Err(error) = steps.run(store::rebuild_indexes) {
+        pgrx::debug1!("rag worker: rebuilding indexes: {error}");
     }
 }
 
@@ -214,7 +203,6 @@ fn rest(
     slot: usize,
     cool_down_ends: Option<Duration>,
     nap: Duration,
-    rebuilds: &mut Resting<i32>,
     serving_since: Instant,
     held_wait: &mut Duration,
 ) -> Rest {
@@ -235,7 +223,7 @@ fn rest(
     if let Err(error) = steps.run(|| store::repair_indexes(true)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
-    rebuild_step(steps, rebuilds);
+    rebuild_step(steps);
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
@@ -345,7 +333,6 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut rng = SplitMix64::from_entropy();
     let mut last_upkeep = Instant::now();
     let serving_since = Instant::now();
-    let mut rebuilds = Resting::new(REBUILD_REST_FIRST, REBUILD_REST_LONGEST);
     let mut held_wait = HELD_WORK_FIRST_RECHECK;
     // None while idle: the first step after a rest looks at once.
     let mut last_backlog_check: Option<Instant> = None;
@@ -397,7 +384,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
                     last_backlog_check = Some(Instant::now());
                 }
                 if last_upkeep.elapsed() >= BUSY_UPKEEP {
-                    upkeep_while_busy(&steps, &mut rebuilds);
+                    upkeep_while_busy(&steps);
                     last_upkeep = Instant::now();
                 }
             }
@@ -409,7 +396,6 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
                     slot,
                     cool_down_ends,
                     nap,
-                    &mut rebuilds,
                     serving_since,
                     &mut held_wait,
                 ) {

@@ -155,9 +155,82 @@ class BuildParametersChanged(InItsOwnDatabase):
             # Searches kept the index in use meanwhile.
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('failing', 'failing rebuild', 3, max_distance => 2)"),
                              "3")
+            # The admin sees why, and when the next try is.
+            self.assertEqual(scalar("SELECT upkeep_error || ' | ' || (upkeep_retry_at - now() BETWEEN '40 s' AND '60 s') "
+                                    "FROM rag.status WHERE collection = 'failing'"),
+                             "index rebuild failed 1 time in a row: no space left on device (made up by the test) | true")
+            # The pause outlives the worker: one that restarts (or leaves its slot to another database and comes
+            # back) built again at once while the pause lived in its memory.
+            worker = scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                            f"AND datname = '{DB}'")
+            psql(f"SELECT pg_terminate_backend({worker})")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                       f"AND datname = '{DB}' AND pid <> {worker})", seconds=30),
+                            "no worker came back")
+            time.sleep(3)
+            self.assertEqual(scalar("SELECT last_value FROM public.rebuild_tries"), "1")
+            # New build parameters are a new try, at once; its failure is the second in a row (two minutes).
+            psql("SELECT rag_set_search('failing', m => 10, ef_construction => 40)")
+            self.assertTrue(wait_until("SELECT last_value = 2 FROM public.rebuild_tries", seconds=30),
+                            "new build parameters were not tried while the old ones rested")
+            self.assertTrue(wait_until("SELECT upkeep_error LIKE 'index rebuild failed 1 time in a row:%' "
+                                       "FROM rag.status WHERE collection = 'failing'", seconds=10))
+            # The cause mended, the same parameters asked again: built, and the error is gone.
+            psql("DROP EVENT TRIGGER refuse_rebuilds")
+            psql("SELECT rag_set_search('failing', m => 12, ef_construction => 40)")
+            self.assertTrue(wait_until("SELECT rag._hnsw_index_current(c, c.index_name) FROM rag.collections c "
+                                       "WHERE c.name = 'failing'", seconds=30))
+            self.assertTrue(wait_until("SELECT upkeep_error IS NULL AND upkeep_retry_at IS NULL FROM rag.status "
+                                       "WHERE collection = 'failing'", seconds=10))
+            self.assertEqual(scalar(f"SELECT count(*) FROM rag.upkeep_failures WHERE collection_id = {collection}"), "0")
         finally:
             psql("DROP EVENT TRIGGER IF EXISTS refuse_rebuilds; DROP FUNCTION IF EXISTS public.refuse_rebuilds(); "
                  "DROP SEQUENCE IF EXISTS public.rebuild_tries")
+
+    def test_a_missing_index_whose_build_fails_rests_until_a_reindex(self):
+        # The same for a collection without its index (here dropped by hand and forgotten by rag_reindex; a load
+        # whose last build failed, a restore without its indexes): the idle worker's repair tried it at every
+        # look, now it rests, shows why in rag.status, and rag_reindex (what an admin runs once the cause is
+        # mended) tries again at once.
+        psql("SELECT rag_create_collection('unbuilt', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('unbuilt', 'Note ' || g, 'Note ' || g || ' of an index that cannot be built.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('unbuilt', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'unbuilt'")
+        psql(f"""
+            CREATE SEQUENCE public.build_tries;
+            CREATE FUNCTION public.refuse_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
+                    PERFORM nextval('public.build_tries');
+                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER refuse_builds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.refuse_builds();""")
+        try:
+            psql(f"DROP INDEX rag.chunks_embedding_c{collection}")
+            psql("SELECT rag_reindex('unbuilt')")
+            self.assertTrue(wait_until("SELECT last_value = 1 AND is_called FROM public.build_tries", seconds=30),
+                            "the worker never tried the build")
+            self.assertEqual(scalar("SELECT rag_wait('unbuilt', '60 seconds')"), "t")
+            time.sleep(5)
+            self.assertEqual(scalar("SELECT last_value FROM public.build_tries"), "1")
+            self.assertEqual(scalar("SELECT upkeep_error FROM rag.status WHERE collection = 'unbuilt'"),
+                             "index build failed 1 time in a row: no space left on device (made up by the test)")
+            # Searched exactly meanwhile.
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('unbuilt', 'index built', 3, max_distance => 2)"),
+                             "3")
+            psql("DROP EVENT TRIGGER refuse_builds")
+            psql("SELECT rag_reindex('unbuilt')")
+            self.assertTrue(wait_until("SELECT index_name IS NOT NULL FROM rag.collections WHERE name = 'unbuilt'",
+                                       seconds=30), "the build was not tried again after rag_reindex")
+            self.assertTrue(wait_until("SELECT upkeep_error IS NULL FROM rag.status WHERE collection = 'unbuilt'",
+                                       seconds=10))
+        finally:
+            psql("DROP EVENT TRIGGER IF EXISTS refuse_builds; DROP FUNCTION IF EXISTS public.refuse_builds(); "
+                 "DROP SEQUENCE IF EXISTS public.build_tries")
 
 
 if __name__ == "__main__":

@@ -288,6 +288,25 @@ class CallsThatRollBack(InItsOwnDatabase):
                          ("rb_reader", "chat-test@slow4000", True))
         self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE question ~ 'cancelled-six'", db=self.DB), "0")
 
+    def test_a_conversation_deleted_while_its_question_is_answered(self):
+        # Its admin deletes the conversation while the chat model works on the owner's question: the owner gets
+        # an error that says so (it was the foreign key's "violates foreign key constraint"), and the call is in
+        # the log as a rolled-back line.
+        start = os.path.getsize(self.log_path)
+        conversation = scalar("SELECT rag_conversation_start('rb_slow')", db=self.DB, user="rb_reader")
+        asker = background_psql("SET ROLE rb_reader; SELECT outcome FROM rag_ask('rb_slow', 'deleted-seven: how much "
+                                f"notice?', max_distance => 2, conversation => {conversation});", db=self.DB)
+        try:
+            time.sleep(1.5)
+            self.assertEqual(scalar(f"SELECT rag_conversation_delete({conversation})", db=self.DB), "t")
+        finally:
+            _, stderr = asker.communicate(timeout=60)
+        self.assertIn(f"conversation {conversation} was deleted while its question was being answered", stderr)
+        self.assertNotIn("foreign key", stderr)
+        lines = self.wait_for_lines(start, lambda line: "deleted-seven" in line.get("question", ""))
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.queries WHERE question ~ 'deleted-seven'", db=self.DB), "0")
+
 
 class LedgerRetention(InItsOwnDatabase):
     """rag.ledger_retention: the worker deletes ledger rows older than the setting and keeps the others; 0 (the

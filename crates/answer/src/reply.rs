@@ -83,7 +83,31 @@ pub fn parse_model_reply(content: &str) -> Result<ModelReply, ReplyError> {
         citations: read_citations(&object)?,
         sufficient: read_sufficient(&object)?,
         reason: read_optional_string(&object, "reason")?,
-    })
+    }
+    .storable())
+}
+
+impl ModelReply {
+    /// The reply with every NUL turned into U+FFFD. The provider cleans the content it received, but a JSON
+    /// escape (`\u0000`) in the answer or reason only becomes a NUL when the reply is decoded here: shown to
+    /// the caller, a NUL ended the answer (and hid the text after it, the truncation note and the citation
+    /// markers included, from the caller but not from the citation check), and stored, it made a ledger value
+    /// that `COPY` and so pg_dump cut short (red team 20).
+    fn storable(self) -> ModelReply {
+        ModelReply {
+            answer: without_nul(self.answer),
+            reason: self.reason.map(without_nul),
+            ..self
+        }
+    }
+}
+
+fn without_nul(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
 }
 
 /// Strips whitespace, a leading think block and a code fence around the reply.
@@ -358,12 +382,15 @@ pub fn salvage_truncated_reply(content: &str) -> Option<ModelReply> {
     }
 
     let answer = answer.filter(|answer| !answer.trim().is_empty())?;
-    Some(ModelReply {
-        answer,
-        citations,
-        sufficient: sufficient.unwrap_or(true),
-        reason,
-    })
+    Some(
+        ModelReply {
+            answer,
+            citations,
+            sufficient: sufficient.unwrap_or(true),
+            reason,
+        }
+        .storable(),
+    )
 }
 
 /// A forward-only reader over possibly truncated JSON.
@@ -539,6 +566,19 @@ mod tests {
                 reason: None,
             }
         );
+    }
+
+    #[test]
+    fn an_escaped_nul_in_the_answer_or_reason_is_not_kept() {
+        let reply = parse_model_reply(
+            r#"{"answer": "before\u0000after [1]", "citations": [1], "sufficient": true, "reason": "x\u0000y"}"#,
+        )
+        .expect("valid reply");
+        assert_eq!(reply.answer, "before\u{FFFD}after [1]");
+        assert_eq!(reply.reason.as_deref(), Some("x\u{FFFD}y"));
+        let salvaged = salvage_truncated_reply(r#"{"answer": "Thirty days [1].\u0000 Managers"#)
+            .expect("salvaged");
+        assert_eq!(salvaged.answer, "Thirty days [1].\u{FFFD} Managers");
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub use http::{abandoned_requests, MAX_ABANDONED_REQUESTS};
 pub use pace::Pace;
 /// The URL type provider URLs are parsed into (reqwest's, which is the `url` crate's).
 pub use reqwest::Url;
-pub use retry::{Resting, RetryPolicy, RngLike, SplitMix64};
+pub use retry::{RetryPolicy, RngLike, SplitMix64};
 
 use http::{CallContext, Method, Outgoing};
 
@@ -174,6 +174,36 @@ pub struct ChatRequest<'a> {
     pub max_tokens: Option<u32>,
     /// Sampling temperature; the provider's default when None.
     pub temperature: Option<f32>,
+}
+
+/// The most bytes of reply content a chat call accepts for each token of its `max_tokens`: generous (a token is
+/// a few characters, four bytes at most each, more when the model writes JSON escapes), so that only a server
+/// that ignores `max_tokens` goes past it.
+pub const CHAT_REPLY_BYTES_PER_TOKEN: usize = 32;
+/// Reply content a chat call accepts beyond `max_tokens` × [`CHAT_REPLY_BYTES_PER_TOKEN`].
+pub const CHAT_REPLY_SLACK_BYTES: usize = 64 * 1024;
+
+/// The longest reply content a chat call with this `max_tokens` accepts.
+pub fn chat_reply_limit(max_tokens: u32) -> usize {
+    (max_tokens as usize)
+        .saturating_mul(CHAT_REPLY_BYTES_PER_TOKEN)
+        .saturating_add(CHAT_REPLY_SLACK_BYTES)
+}
+
+/// Refuses reply content longer than the call's `max_tokens` allows. A server that ignores the limit (or one
+/// that answers with 56 MB of citation markers on purpose) would otherwise have every later step (the reply's
+/// JSON, the citation check, the ledger row) work on a body of up to the HTTP cap: the citation check of one
+/// such reply allocated 1.8 GB and aborted the server where allocations can fail (red team 20).
+fn within_max_tokens(output: ChatOutput, max_tokens: Option<u32>) -> Result<ChatOutput, String> {
+    match max_tokens {
+        Some(max_tokens) if output.content.len() > chat_reply_limit(max_tokens) => Err(format!(
+            "the reply's content is {} bytes, more than max_tokens {max_tokens} allows ({} bytes): the server \
+             does not honour max_tokens",
+            output.content.len(),
+            chat_reply_limit(max_tokens)
+        )),
+        _ => Ok(output),
+    }
 }
 
 /// A chat completion result.
@@ -392,6 +422,7 @@ impl Provider {
                 }
                 ProviderKind::OpenAi => openai::parse_chat(&reply.body),
             }
+            .and_then(|output| within_max_tokens(output, request.max_tokens))
             .map_err(|problem| context.bad_response(reply.status, &problem, &reply.body))
         });
         self.scrub(result)

@@ -2,9 +2,8 @@
 //! worker's retry loop is testable with a fake clock and a seeded generator.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of uniformly distributed 64-bit values.
 pub trait RngLike {
@@ -111,52 +110,6 @@ impl RetryPolicy {
             None => backoff,
         };
         Some(wanted.min(remaining))
-    }
-}
-
-/// Things whose last try failed, each left alone for a while before it is tried again: the wait doubles with
-/// every failure in a row, from `first` up to `longest`, and a success forgets it. For work that fails the
-/// same way each time it is tried and costs much to try (an index build on a full disk), so that it is
-/// neither given up nor tried in a loop. The clock is the caller's, so tests need not wait.
-#[derive(Debug, Clone)]
-pub struct Resting<K> {
-    first: Duration,
-    longest: Duration,
-    /// Each failed key's next allowed try and the wait that led to it.
-    failed: HashMap<K, (Instant, Duration)>,
-}
-
-impl<K: Eq + Hash + Clone> Resting<K> {
-    /// Nothing resting yet; a first failure rests `first`, and no wait is longer than `longest`.
-    pub fn new(first: Duration, longest: Duration) -> Self {
-        Resting {
-            first,
-            longest: longest.max(first),
-            failed: HashMap::new(),
-        }
-    }
-
-    /// `key` failed at `now`: it rests `first` after its first failure in a row, twice as long after each next.
-    pub fn failed(&mut self, key: K, now: Instant) {
-        let wait = match self.failed.get(&key) {
-            Some(&(_, previous)) => previous.saturating_mul(2).min(self.longest),
-            None => self.first,
-        };
-        self.failed.insert(key, (now + wait, wait));
-    }
-
-    /// `key` succeeded: tried freely again, its next failure rests `first` again.
-    pub fn succeeded(&mut self, key: &K) {
-        self.failed.remove(key);
-    }
-
-    /// The keys that may not be tried at `now`.
-    pub fn resting(&self, now: Instant) -> Vec<K> {
-        self.failed
-            .iter()
-            .filter(|(_, &(until, _))| until > now)
-            .map(|(key, _)| key.clone())
-            .collect()
     }
 }
 
@@ -369,41 +322,6 @@ mod tests {
         assert_ne!(
             SplitMix64::from_entropy().next_u64(),
             SplitMix64::from_entropy().next_u64()
-        );
-    }
-
-    #[test]
-    fn a_failure_rests_doubling_until_the_longest_and_a_success_forgets_it() {
-        let start = Instant::now();
-        let minute = Duration::from_secs(60);
-        let mut resting = Resting::new(minute, 4 * minute);
-        assert!(resting.resting(start).is_empty());
-        resting.failed(7, start);
-        assert_eq!(resting.resting(start), vec![7]);
-        assert_eq!(
-            resting.resting(start + minute - Duration::from_millis(1)),
-            vec![7]
-        );
-        assert!(resting.resting(start + minute).is_empty());
-        // In a row: 2, then 4 minutes, then no longer than 4.
-        let mut now = start + minute;
-        for wait in [2 * minute, 4 * minute, 4 * minute] {
-            resting.failed(7, now);
-            assert_eq!(
-                resting.resting(now + wait - Duration::from_millis(1)),
-                vec![7]
-            );
-            assert!(resting.resting(now + wait).is_empty());
-            now += wait;
-        }
-        // Other keys rest on their own.
-        resting.failed(8, now);
-        assert_eq!(resting.resting(now), vec![8], "7's wait had ended");
-        resting.succeeded(&7);
-        resting.failed(7, now);
-        assert!(
-            resting.resting(now + minute).is_empty(),
-            "a success did not start the waits over"
         );
     }
 

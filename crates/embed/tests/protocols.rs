@@ -966,3 +966,46 @@ fn chat_replies_keep_no_nul_and_trust_no_absurd_token_counts() {
     assert_eq!(reply.content, "nul \u{FFFD} hidden [1]");
     assert_eq!((reply.prompt_tokens, reply.completion_tokens), (None, None));
 }
+
+#[test]
+fn chat_replies_longer_than_max_tokens_allows_are_refused() {
+    // A server that ignores max_tokens: the content past the limit is refused before anything reads it, on both
+    // protocols; content at the limit passes.
+    let limit = rag_embed::chat_reply_limit(16);
+    let markers = "[1]".repeat(limit / 3 + 1);
+    let at_limit = "a".repeat(limit);
+    let server = TestServer::start(vec![
+        Behaviour::json(
+            200,
+            json!({"choices": [{"message": {"content": markers}, "finish_reason": "stop"}]}),
+        ),
+        Behaviour::json(
+            200,
+            json!({"choices": [{"message": {"content": at_limit}, "finish_reason": "stop"}]}),
+        ),
+        Behaviour::json(
+            200,
+            json!({"message": {"role": "assistant", "content": markers}, "done": true}),
+        ),
+    ]);
+    let messages = [ChatMessage::new("user", "q")];
+    let request = ChatRequest {
+        model: "m",
+        messages: &messages,
+        json_schema: None,
+        max_tokens: Some(16),
+        temperature: None,
+    };
+    let (_, message) = expect_permanent(openai(&server).chat(&request, &mut never()));
+    assert!(
+        message.contains(&format!(
+            "the reply's content is {} bytes, more than max_tokens 16 allows ({limit} bytes)",
+            markers.len()
+        )),
+        "{message}"
+    );
+    let output = openai(&server).chat(&request, &mut never()).unwrap();
+    assert_eq!(output.content.len(), limit);
+    let (_, message) = expect_permanent(ollama(&server).chat(&request, &mut never()));
+    assert!(message.contains("does not honour max_tokens"), "{message}");
+}

@@ -105,3 +105,17 @@ SELECT rag_create_collection('bad-template', prompt_template => 'no placeholders
 SELECT rag_create_collection('bad-template', prompt_template => '{{query}}' || repeat('{{context}}', 2));
 SELECT rag_create_collection('bad-template', prompt_template => '{{context}}' || repeat(' {{query}}', 5));
 SELECT rag_create_collection('bad-template', prompt_template => '{{context}} {{query}}' || repeat(' ', 20000));
+
+-- A hostile or broken chat server. One that ignores max_tokens and answers 100,000 citation markers: refused
+-- before anything reads the reply (the citation check of a 56 MB one took 1.8 GB and aborted the server where
+-- allocations can fail). One whose answer holds an escaped NUL: kept as U+FFFD, so that the caller sees the
+-- text after it and the ledger stores text that COPY (and so pg_dump) reads back whole.
+SELECT pg_temp.handbook('hostile-flood', 'chat-test@flood') > 0 AS flood,
+       pg_temp.handbook('hostile-nul', 'chat-test@nul') > 0 AS nul;
+SELECT rag_wait('hostile-flood', '30 seconds') AND rag_wait('hostile-nul', '30 seconds') AS ready;
+SELECT outcome, answer, regexp_replace(reason, '127\.0\.0\.1:[0-9]+', 'PORT') AS reason
+  FROM rag_ask('hostile-flood', 'How much notice must staff give before resigning?');
+SELECT outcome, answer, jsonb_array_length(citations) AS citations
+  FROM rag_ask('hostile-nul', 'How much notice must staff give before resigning?');
+SELECT answer, position(chr(65533) IN answer) > 0 AS replaced FROM rag.queries
+ WHERE collection = 'hostile-nul' ORDER BY id DESC LIMIT 1;

@@ -281,6 +281,11 @@ SELECT rag_set_reranker('rr-http', 'rerank-test@503');
 SELECT count(*) FROM rag_query('rr-http', 'notice', 1);
 SELECT rag_set_reranker('rr-http', 'rerank-test@countmismatch');
 SELECT count(*) FROM rag_query('rr-http', 'notice', 1);
+-- A server's scores at the two ends of real's range: each is finite, their difference is not a real. Every search
+-- of the collection failed with "value out of range: overflow"; the lead is now held within the range.
+SELECT rag_set_reranker('rr-http', 'rerank-test@extreme', min_relevance => 0);
+SELECT title, relevance FROM rag_query('rr-http', 'Staff give thirty days notice in writing before leaving.', 3, max_distance => 2);
+SELECT outcome, best_relevance FROM rag.queries WHERE collection = 'rr-http' ORDER BY id DESC LIMIT 1;
 -- Ollama has no rerank API: refused when it is chosen.
 SELECT rag_set_reranker('rr-http', 'anything', reranker_provider => 'ollama');
 SELECT rag_set_reranker('rr-http', 'rerank-test', reranker_provider => 'nowhere');
@@ -324,3 +329,4 @@ SELECT rag_drop_collection('rr'), rag_drop_collection('rr-remote'), rag_drop_col
        rag_drop_collection('rr-http'), rag_drop_collection('rr-lead'), rag_drop_collection('rr-pool');
 SELECT rag_drop_provider('rerank-server');
 DROP ROLE rr_reader, rr_other_admin;
+
