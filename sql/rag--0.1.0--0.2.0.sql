@@ -286,6 +286,13 @@ COMMENT ON COLUMN rag.providers.base_url IS 'NULL for kind ollama means the rag.
 
 COMMENT ON COLUMN rag.collections.max_distance IS 'Cosine-distance ceiling: chunks farther from the question are never returned';
 
+DO $$
+BEGIN
+    ALTER TABLE rag.documents ALTER COLUMN body SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._privilege_rank(p_privilege text) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_privilege WHEN 'read' THEN 1 WHEN 'write' THEN 2 WHEN 'admin' THEN 3 END
@@ -1459,7 +1466,7 @@ BEGIN
         RETURN false;
     END IF;
     SELECT * INTO c FROM rag.collections WHERE id = p_collection_id FOR NO KEY UPDATE SKIP LOCKED;
-    IF NOT FOUND OR c.index_name IS NOT NULL THEN
+    IF NOT FOUND OR c.index_name IS NOT NULL OR rag._upkeep_held(c.id, 'index build') THEN
         RETURN false;
     END IF;
     BEGIN
@@ -1513,11 +1520,53 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION rag._upkeep_failed(p_collection_id integer, p_step text, p_error text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f rag.upkeep_failures;
+    v_lock_timeout text;
+BEGIN
+    SELECT * INTO f FROM rag.upkeep_failures u WHERE u.collection_id = p_collection_id AND u.step = p_step
+       FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE rag.upkeep_failures u
+           SET failures = f.failures + 1, last_error = p_error,
+               next_try = clock_timestamp() + rag._upkeep_pause(f.failures + 1)
+         WHERE u.collection_id = p_collection_id AND u.step = p_step;
+    ELSIF NOT EXISTS (SELECT 1 FROM rag.upkeep_failures u WHERE u.collection_id = p_collection_id AND u.step = p_step) THEN
+        -- Another transaction that recorded the same failure a moment ago and has not committed yet would make
+        -- this insert wait for it: not for long.
+        v_lock_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '50ms', true);
+        BEGIN
+            INSERT INTO rag.upkeep_failures (collection_id, step, failures, last_error, next_try)
+            VALUES (p_collection_id, p_step, 1, p_error, clock_timestamp() + rag._upkeep_pause(1))
+            ON CONFLICT (collection_id, step) DO NOTHING;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_held(p_collection_id integer, p_step text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM rag.upkeep_failures u WHERE u.collection_id = p_collection_id AND u.step = p_step
+       FOR UPDATE SKIP LOCKED;
+    RETURN NOT FOUND AND EXISTS (SELECT 1 FROM rag.upkeep_failures u
+                                  WHERE u.collection_id = p_collection_id AND u.step = p_step);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._upkeep_forget(p_collection_id integer, p_step text) RETURNS integer
 LANGUAGE sql AS $$
-    INSERT INTO rag.upkeep_failures AS f (collection_id, step, failures, last_error, next_try)
-    VALUES (p_collection_id, p_step, 1, p_error, now() + rag._upkeep_pause(1))
-    ON CONFLICT (collection_id, step) DO UPDATE
-       SET failures = f.failures + 1, last_error = excluded.last_error, next_try = now() + rag._upkeep_pause(f.failures + 1)
+    WITH gone AS (
+        DELETE FROM rag.upkeep_failures f
+         WHERE (f.collection_id, f.step) IN (SELECT u.collection_id, u.step FROM rag.upkeep_failures u
+                                              WHERE u.collection_id = p_collection_id
+                                                AND (p_step IS NULL OR u.step = p_step)
+                                                FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT count(*)::integer FROM gone
 $$;
 
 CREATE OR REPLACE FUNCTION rag._upkeep_resting(p_step text) RETURNS integer[]
@@ -1533,6 +1582,7 @@ LANGUAGE sql STABLE AS $$
      WHERE f.step = p_step
        AND CASE p_step
                WHEN 'index build' THEN c.id IS NULL OR c.index_name IS NOT NULL
+                                       OR NOT f.collection_id = ANY (rag._collections_missing_indexes(true))
                WHEN 'index rebuild' THEN NOT f.collection_id = ANY (rag._collections_to_rebuild())
                ELSE NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = f.collection_id)
            END
@@ -1540,7 +1590,10 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._settle_upkeep(p_step text) RETURNS void
 LANGUAGE sql AS $$
-    DELETE FROM rag.upkeep_failures f WHERE f.step = p_step AND f.collection_id = ANY (rag._upkeep_unsettled(p_step))
+    DELETE FROM rag.upkeep_failures f
+     WHERE (f.collection_id, f.step) IN (SELECT u.collection_id, u.step FROM rag.upkeep_failures u
+                                          WHERE u.step = p_step AND u.collection_id = ANY (rag._upkeep_unsettled(p_step))
+                                            FOR UPDATE SKIP LOCKED)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._upkeep_due(p_step text, p_due integer[]) RETURNS boolean
@@ -1570,9 +1623,10 @@ BEGIN
     FOREACH v_id IN ARRAY v_missing LOOP
         -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
         -- time, for every collection after it (red team 19): each on its own, tried again next time.
+        CONTINUE WHEN rag._upkeep_held(v_id, 'index build');
         BEGIN
             PERFORM rag._ensure_index(v_id);
-            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index build';
+            PERFORM rag._upkeep_forget(v_id, 'index build');
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         WHEN OTHERS THEN
@@ -1669,19 +1723,22 @@ DECLARE
     v_id integer;
     v_done boolean;
 BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
     PERFORM rag._settle_upkeep('index rebuild');
     v_due := ARRAY(SELECT d.id FROM unnest(v_due) d(id) WHERE NOT d.id = ANY (rag._upkeep_resting('index rebuild')));
     IF cardinality(v_due) = 0 THEN
         RETURN NULL;
     END IF;
     v_id := v_due[1 + floor(random() * cardinality(v_due))::integer];
-    PERFORM set_config('lock_timeout', '100ms', true);
+    IF rag._upkeep_held(v_id, 'index rebuild') THEN
+        RETURN v_id;
+    END IF;
     BEGIN
         -- False when the collection's row or its former index was held: neither a success nor a failure (a
         -- success would start a failing build's pauses over).
         v_done := rag._rebuild_index(v_id);
         IF v_done THEN
-            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'index rebuild';
+            PERFORM rag._upkeep_forget(v_id, 'index rebuild');
         END IF;
     EXCEPTION WHEN lock_not_available THEN
         -- The collection's writers hold its partition: a later call tries again. Neither a success nor a failure.
@@ -1721,9 +1778,6 @@ BEGIN
     UPDATE rag.collections c SET index_name = NULL
      WHERE c.id = v_collection AND c.index_name IS NOT NULL
        AND to_regclass('rag.' || quote_ident(c.index_name)) IS NULL;
-    -- Whatever upkeep of the collection failed and rests (rag.upkeep_failures) is tried again now: a reindex is
-    -- how an admin who mended the cause (freed disk, say) asks for that.
-    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_collection;
     -- Likewise the full-text side's index.
     PERFORM rag._ensure_partition(v_collection);
     PERFORM rag._ensure_keyword_index(v_collection);
@@ -1747,7 +1801,23 @@ BEGIN
     FOR v_watch IN SELECT id FROM rag.watches WHERE collection_id = v_collection LOOP
         v_count := v_count + rag._reindex_watch(v_watch);
     END LOOP;
+    -- Whatever upkeep of the collection failed and rests is tried again with the new chunks (one a worker is
+    -- trying right now is left to it: rag._upkeep_forget).
+    PERFORM rag._upkeep_forget(v_collection, NULL);
     PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION @extschema@.rag_retry_upkeep(collection text) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_collection integer := rag._collection_id(collection, 'admin');
+    v_count integer;
+BEGIN
+    v_count := rag._upkeep_forget(v_collection, NULL);
+    IF v_count > 0 THEN
+        PERFORM rag._wake_worker();
+    END IF;
     RETURN v_count;
 END $$;
 
@@ -1792,7 +1862,7 @@ BEGIN
     IF (v_m IS DISTINCT FROM c.hnsw_m OR v_ef_construction IS DISTINCT FROM c.hnsw_ef_construction)
        AND c.index_name IS NOT NULL THEN
         -- New parameters are a new try: a rebuild that failed with the old ones no longer rests.
-        DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'index rebuild';
+        PERFORM rag._upkeep_forget(c.id, 'index rebuild');
         IF rag._workers_available() THEN
             -- The index stays, and searches with it, until the worker has built its successor
             -- (rag._rebuild_index): dropping it here held the collection's partition until this transaction
@@ -1890,7 +1960,7 @@ BEGIN
     -- A change already going is replaced; what it embedded is cleared below with the rest of the other space.
     -- Its failures go with it: the new change's switch is tried as soon as it is due.
     DELETE FROM rag.migrations WHERE collection_id = c.id;
-    DELETE FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'model change';
+    PERFORM rag._upkeep_forget(c.id, 'model change');
     IF c.dimensions IS NULL THEN
         -- Nothing was ever embedded: nothing to keep serving, so the collection simply takes the new model.
         UPDATE rag.collections u SET embedding_model = rag_set_embedding_model.embedding_model,
@@ -2007,6 +2077,7 @@ BEGIN
     PERFORM rag._settle_upkeep('model change');
     FOREACH v_id IN ARRAY ARRAY(SELECT d.id FROM unnest(rag._migrations_due()) d(id)
                                  WHERE NOT d.id = ANY (rag._upkeep_resting('model change'))) LOOP
+        CONTINUE WHEN rag._upkeep_held(v_id, 'model change');
         BEGIN
             -- NO KEY UPDATE: what the switch changes is no key, and a conversation or an ingest left open holds
             -- the row's key (their foreign keys), which FOR UPDATE waited for.
@@ -2038,7 +2109,7 @@ BEGIN
                 -- The old space is emptied (and its index dropped) in later steps, outside this transaction.
                 UPDATE rag.migrations SET state = 'clearing' WHERE collection_id = c.id;
             END IF;
-            DELETE FROM rag.upkeep_failures f WHERE f.collection_id = v_id AND f.step = 'model change';
+            PERFORM rag._upkeep_forget(v_id, 'model change');
             v_steps := v_steps + 1;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
@@ -5578,7 +5649,7 @@ BEGIN
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
-                               'rag_set_search',
+                               'rag_set_search', 'rag_retry_upkeep',
                                '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'

@@ -235,6 +235,15 @@ CREATE UNIQUE INDEX documents_dedup ON rag.documents (collection_id, content_sha
 CREATE INDEX documents_by_collection ON rag.documents (collection_id);
 CREATE UNIQUE INDEX documents_by_row ON rag.documents (watch_id, source_key) WHERE source_key IS NOT NULL;
 ALTER TABLE rag.documents ALTER COLUMN body SET STORAGE EXTENDED;
+-- Compressed with lz4 where the server was built with it (PostgreSQL's packages are): pglz took an eighth of
+-- each rag_ingest of a 2 kB document (perf, scripts/bench's first load), lz4 compresses several times faster for
+-- a slightly larger result. A server without lz4 keeps its default_toast_compression.
+DO $$
+BEGIN
+    ALTER TABLE rag.documents ALTER COLUMN body SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END $$;
 
 -- Partitioned by collection: each collection's chunks and indexes are a table of their own
 -- (rag._ensure_partition says what each holds and why), and a search with its collection's id is planned over
@@ -302,9 +311,10 @@ CREATE TABLE rag.lexeme_measures (
 -- row up to an hour (rag._upkeep_pause), and rag.status shows the error. A table rather than the worker's
 -- memory: a worker that left its slot to another database, or was restarted, forgot the pause and built again
 -- at once, and a database whose only due work was a failing step never let its worker go. Derived state, so
--- not dumped: a restored database tries again. No foreign key: a failure is written right after the step's
--- subtransaction let the collection's row go, and must not wait for that row again (a drop under way); rows of
--- dropped collections, and of steps no longer due, go at the next upkeep (rag._settle_upkeep).
+-- not dumped: a restored database tries again. No foreign key: a failure is written while the step's
+-- transaction may still hold the collection's row and partition, and its key check must not wait behind a drop
+-- under way; rows of dropped collections, and of steps no longer due, go at the next upkeep
+-- (rag._settle_upkeep). Nothing waits for a row of it another transaction holds (rag._upkeep_failed).
 CREATE TABLE rag.upkeep_failures (
     collection_id integer NOT NULL,
     step          text NOT NULL CHECK (step IN ('index build', 'index rebuild', 'model change')),

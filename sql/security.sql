@@ -337,7 +337,7 @@ BEGIN
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',
-                               'rag_set_search',
+                               'rag_set_search', 'rag_retry_upkeep',
                                '_validate_reranker',
                                '_check_reranker', '_reranker_installed')
                 THEN 'rag_admin'

@@ -187,51 +187,99 @@ class BuildParametersChanged(InItsOwnDatabase):
             psql("DROP EVENT TRIGGER IF EXISTS refuse_rebuilds; DROP FUNCTION IF EXISTS public.refuse_rebuilds(); "
                  "DROP SEQUENCE IF EXISTS public.rebuild_tries")
 
-    def test_a_missing_index_whose_build_fails_rests_until_a_reindex(self):
-        # The same for a collection without its index (here dropped by hand and forgotten by rag_reindex; a load
-        # whose last build failed, a restore without its indexes): the idle worker's repair tried it at every
-        # look, now it rests, shows why in rag.status, and rag_reindex (what an admin runs once the cause is
-        # mended) tries again at once.
-        psql("SELECT rag_create_collection('unbuilt', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('unbuilt', 'Note ' || g, 'Note ' || g || ' of an index that cannot be built.') "
-             "FROM generate_series(1, 3) g")
-        self.assertEqual(scalar("SELECT rag_wait('unbuilt', '60 seconds')"), "t")
-        collection = scalar("SELECT id FROM rag.collections WHERE name = 'unbuilt'")
+    def refuse_builds_of(self, collection, name):
+        """An event trigger that refuses the collection's HNSW index builds, counting the tries in a sequence
+        (which a rollback does not undo)."""
         psql(f"""
-            CREATE SEQUENCE public.build_tries;
-            CREATE FUNCTION public.refuse_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            CREATE SEQUENCE public.{name}_tries;
+            CREATE FUNCTION public.{name}() RETURNS event_trigger LANGUAGE plpgsql AS $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
                             WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
-                    PERFORM nextval('public.build_tries');
+                    PERFORM nextval('public.{name}_tries');
                     RAISE EXCEPTION 'no space left on device (made up by the test)';
                 END IF;
             END $$;
-            CREATE EVENT TRIGGER refuse_builds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
-                EXECUTE FUNCTION public.refuse_builds();""")
+            CREATE EVENT TRIGGER {name} ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.{name}();""")
+
+    def drop_refusal(self, name):
+        psql(f"DROP EVENT TRIGGER IF EXISTS {name}; DROP FUNCTION IF EXISTS public.{name}(); "
+             f"DROP SEQUENCE IF EXISTS public.{name}_tries")
+
+    def unbuilt(self, name):
+        """A collection of three ready documents whose HNSW index is missing and cannot be built (dropped by hand
+        and forgotten by rag_reindex, as after a load whose last build failed, or a restore without its indexes):
+        its first failed try done. Returns its id."""
+        psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
+             f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of an index that cannot be built.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
+        collection = scalar(f"SELECT id FROM rag.collections WHERE name = '{name}'")
+        self.refuse_builds_of(collection, f"refuse_{name}")
+        psql(f"DROP INDEX rag.chunks_embedding_c{collection}")
+        psql(f"SELECT rag_reindex('{name}')")
+        self.assertTrue(wait_until(f"SELECT last_value = 1 AND is_called FROM public.refuse_{name}_tries", seconds=30),
+                        "the worker never tried the build")
+        self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
+        return collection
+
+    def test_a_missing_index_whose_build_fails_rests_until_retried(self):
+        # The idle worker's repair, and every store into the collection, tried such a build each time; now it
+        # rests, rag.status says why, and rag_retry_upkeep (what an admin runs once the cause is mended) tries
+        # again at once.
+        collection = self.unbuilt("unbuilt")
+        tries = "SELECT last_value FROM public.refuse_unbuilt_tries"
         try:
-            psql(f"DROP INDEX rag.chunks_embedding_c{collection}")
-            psql("SELECT rag_reindex('unbuilt')")
-            self.assertTrue(wait_until("SELECT last_value = 1 AND is_called FROM public.build_tries", seconds=30),
-                            "the worker never tried the build")
-            self.assertEqual(scalar("SELECT rag_wait('unbuilt', '60 seconds')"), "t")
-            time.sleep(5)
-            self.assertEqual(scalar("SELECT last_value FROM public.build_tries"), "1")
+            time.sleep(4)
+            self.assertEqual(scalar(tries), "1")
             self.assertEqual(scalar("SELECT upkeep_error FROM rag.status WHERE collection = 'unbuilt'"),
                              "index build failed 1 time in a row: no space left on device (made up by the test)")
             # Searched exactly meanwhile.
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('unbuilt', 'index built', 3, max_distance => 2)"),
                              "3")
-            psql("DROP EVENT TRIGGER refuse_builds")
-            psql("SELECT rag_reindex('unbuilt')")
+            # Its rest over while a session holds the failure's row (a worker trying it, a rag_reindex): the
+            # worker neither waits for the row (a rag_reindex that held it deadlocked with a store) nor builds
+            # the index at every look meanwhile (a storm of builds), and its other work goes on.
+            psql(f"UPDATE rag.upkeep_failures SET next_try = now() WHERE collection_id = {collection}")
+            holder = background_psql("BEGIN; SELECT 1 FROM rag.upkeep_failures "
+                                     f"WHERE collection_id = {collection} FOR UPDATE;")
+            try:
+                psql("SELECT rag_create_collection('beside', embedding_model => 'hash-384'); "
+                     "SELECT rag_ingest('beside', 'Other', 'Another collection goes on meanwhile.')")
+                self.assertEqual(scalar("SELECT rag_wait('beside', '30 seconds')"), "t")
+                time.sleep(2)
+                self.assertEqual(scalar(tries), "1")
+            finally:
+                holder.communicate(input="COMMIT;\n", timeout=30)
+            # Let go: tried once more, and resting twice as long.
+            self.assertTrue(wait_until(f"SELECT last_value = 2 FROM public.refuse_unbuilt_tries", seconds=30))
+            self.assertTrue(wait_until("SELECT upkeep_error LIKE 'index build failed 2 times in a row:%' "
+                                       "AND upkeep_retry_at - now() > '100 s' FROM rag.status "
+                                       "WHERE collection = 'unbuilt'", seconds=10))
+            psql("DROP EVENT TRIGGER refuse_unbuilt")
+            self.assertEqual(scalar("SELECT rag_retry_upkeep('unbuilt')"), "1")
             self.assertTrue(wait_until("SELECT index_name IS NOT NULL FROM rag.collections WHERE name = 'unbuilt'",
-                                       seconds=30), "the build was not tried again after rag_reindex")
+                                       seconds=30), "the build was not tried again after rag_retry_upkeep")
             self.assertTrue(wait_until("SELECT upkeep_error IS NULL FROM rag.status WHERE collection = 'unbuilt'",
                                        seconds=10))
+            self.assertEqual(scalar("SELECT rag_retry_upkeep('unbuilt')"), "0")
         finally:
-            psql("DROP EVENT TRIGGER IF EXISTS refuse_builds; DROP FUNCTION IF EXISTS public.refuse_builds(); "
-                 "DROP SEQUENCE IF EXISTS public.build_tries")
+            self.drop_refusal("refuse_unbuilt")
 
+    def test_a_failure_that_no_longer_applies_is_forgotten(self):
+        # Every document of the collection deleted: it needs no index any more, and the failure went from
+        # rag.status (it stayed there for ever, its next try in the past).
+        self.unbuilt("emptied")
+        try:
+            self.assertTrue(wait_until("SELECT upkeep_error IS NOT NULL FROM rag.status WHERE collection = 'emptied'",
+                                       seconds=10))
+            psql("SELECT rag_delete_document(id) FROM rag.documents "
+                 "WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'emptied')")
+            self.assertTrue(wait_until("SELECT upkeep_error IS NULL AND upkeep_retry_at IS NULL FROM rag.status "
+                                       "WHERE collection = 'emptied'", seconds=20))
+        finally:
+            self.drop_refusal("refuse_emptied")
 
 if __name__ == "__main__":
     unittest.main()
