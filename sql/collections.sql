@@ -61,6 +61,23 @@ BEGIN
     END IF;
 END $$;
 
+-- Model names and prefixes go into provider requests (a prefix before every chunk and every question), and are
+-- shown with every answer: bounded, so that an admin's 10 MB prefix does not make the worker build 320 MB
+-- requests, or every reader's question a 50 MB one (red team 20).
+CREATE FUNCTION rag._require_short_model_texts(p_models text[], p_prefixes text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_models) m WHERE octet_length(m) > rag._limit('model_name_max_bytes')::integer) THEN
+        RAISE EXCEPTION 'a model name may be at most % bytes', rag._limit('model_name_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Give the name the provider lists the model under.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_prefixes) x WHERE octet_length(x) > rag._limit('prefix_max_bytes')::integer) THEN
+        RAISE EXCEPTION 'a document or query prefix may be at most % bytes', rag._limit('prefix_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'A prefix is a short instruction put before each text, such as ''search_query: ''.';
+    END IF;
+END $$;
+
 CREATE FUNCTION @extschema@.rag_create_collection(
     name               text,
     embedding_provider text DEFAULT 'ollama',
@@ -122,7 +139,7 @@ BEGIN
         IF chunk_size IS NULL THEN
             v_size := least(v_size, v_window * 3);
             v_overlap := least(v_overlap, v_size / 5);
-        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * rag._limit('chars_per_token')::integer
+        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size::bigint * rag._limit('chars_per_token')::integer
                                ELSE chunk_size END) > v_window * 3 THEN
             RAISE EXCEPTION 'chunk_size % is too large for model "%", which reads at most % tokens', chunk_size, embedding_model, v_window
                 USING ERRCODE = 'invalid_parameter_value',
@@ -137,6 +154,17 @@ BEGIN
            coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO document_prefix, query_prefix
       FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
+    PERFORM rag._require_short_model_texts(ARRAY[embedding_model, chat_model, reranker],
+                                           ARRAY[document_prefix, query_prefix]);
+    IF chunk_unit IS NULL THEN
+        RAISE EXCEPTION 'chunk_unit must be characters or tokens, not NULL'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it out for characters.';
+    END IF;
+    IF retry_deadline < interval '0' THEN
+        RAISE EXCEPTION 'retry_deadline must not be negative, not %', retry_deadline
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'It is how long a document keeps being retried after its first failure; NULL keeps the setting.';
+    END IF;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
     IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
         RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
@@ -1265,6 +1293,7 @@ BEGIN
     min_lead := coalesce(min_lead, c.min_lead);
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
+    PERFORM rag._require_short_model_texts(ARRAY[reranker], '{}');
     PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
     IF reranker IS NOT NULL AND (reranker_provider IS DISTINCT FROM c.reranker_provider OR c.reranker IS NULL) THEN
         -- Every search's candidates would go there, rows of watched tables among them.
@@ -1320,6 +1349,12 @@ BEGIN
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO v_document_prefix, v_query_prefix
       FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    PERFORM rag._require_short_model_texts(ARRAY[rag_set_embedding_model.embedding_model],
+                                           ARRAY[v_document_prefix, v_query_prefix]);
+    -- A local model is looked for now, as rag_create_collection does, rather than failing the change later.
+    IF (SELECT p.kind FROM rag.providers p WHERE p.name = v_provider) = 'local' THEN
+        PERFORM rag._local_model_window(rag_set_embedding_model.embedding_model);
+    END IF;
     -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
     -- rag_known_models()); one chosen by argument or setting is kept.
     IF c.max_distance = rag._default_max_distance(c.embedding_model) THEN

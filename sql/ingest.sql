@@ -956,7 +956,7 @@ LANGUAGE sql AS $$
            not_before = now() + make_interval(secs => p_delay_ms / 1000.0),
            attempts = attempts + CASE WHEN p_counts THEN 1 ELSE 0 END,
            first_failure_at = CASE WHEN p_counts THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
-           last_error = coalesce(p_error, last_error),
+           last_error = coalesce(left(p_error, 2000), last_error),
            claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
      -- Not waiting for an item another transaction holds (a writer's uncommitted delete of the document takes
      -- its queue item along): the claim stays this worker's, and every claim skips a locked item anyway.

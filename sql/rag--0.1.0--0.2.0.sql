@@ -484,9 +484,9 @@ CREATE OR REPLACE FUNCTION rag._load_library(internal) RETURNS internal
     LANGUAGE c STRICT AS 'MODULE_PATHNAME', 'rag_load_library';
 
 CREATE OR REPLACE FUNCTION @extschema@."rag_ask"(
-	"collection" TEXT, /* & str */
-	"question" TEXT, /* & str */
-	"k" INT DEFAULT 5, /* i32 */
+	"collection" TEXT, /* Option < & str > */
+	"question" TEXT, /* Option < & str > */
+	"k" INT DEFAULT 5, /* Option < i32 > */
 	"conversation" bigint DEFAULT NULL, /* Option < i64 > */
 	"max_distance" double precision DEFAULT NULL /* Option < f64 > */
 ) RETURNS TABLE (
@@ -518,7 +518,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_chunk_wrapper';
 
 CREATE OR REPLACE FUNCTION @extschema@."rag_extract_sections"(
-	"data" bytea, /* & [u8] */
+	"data" bytea, /* Option < & [u8] > */
 	"filename" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS TABLE (
 	"format" TEXT,  /* String */
@@ -530,7 +530,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_extract_sections_wrapper';
 
 CREATE OR REPLACE FUNCTION @extschema@."rag_extract_text"(
-	"data" bytea, /* & [u8] */
+	"data" bytea, /* Option < & [u8] > */
 	"filename" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS TEXT /* String */
 IMMUTABLE PARALLEL SAFE
@@ -553,9 +553,9 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_html_to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION @extschema@."rag_ingest_file"(
-	"collection" TEXT, /* & str */
-	"filename" TEXT, /* & str */
-	"data" bytea, /* & [u8] */
+	"collection" TEXT, /* Option < & str > */
+	"filename" TEXT, /* Option < & str > */
+	"data" bytea, /* Option < & [u8] > */
 	"metadata" jsonb DEFAULT '{}', /* Option < JsonB > */
 	"title" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS bigint /* i64 */
@@ -602,9 +602,9 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'rag_process_queue_wrapper';
 
 CREATE OR REPLACE FUNCTION @extschema@."rag_prompt"(
-	"collection" TEXT, /* & str */
-	"question" TEXT, /* & str */
-	"k" INT DEFAULT 5, /* i32 */
+	"collection" TEXT, /* Option < & str > */
+	"question" TEXT, /* Option < & str > */
+	"k" INT DEFAULT 5, /* Option < i32 > */
 	"max_distance" double precision DEFAULT NULL /* Option < f64 > */
 ) RETURNS TABLE (
 	"prompt" TEXT,  /* Option < String > */
@@ -886,6 +886,20 @@ BEGIN
     END IF;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._require_short_model_texts(p_models text[], p_prefixes text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_models) m WHERE octet_length(m) > rag._limit('model_name_max_bytes')::integer) THEN
+        RAISE EXCEPTION 'a model name may be at most % bytes', rag._limit('model_name_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Give the name the provider lists the model under.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_prefixes) x WHERE octet_length(x) > rag._limit('prefix_max_bytes')::integer) THEN
+        RAISE EXCEPTION 'a document or query prefix may be at most % bytes', rag._limit('prefix_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'A prefix is a short instruction put before each text, such as ''search_query: ''.';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION @extschema@.rag_create_collection(
     name               text,
     embedding_provider text DEFAULT 'ollama',
@@ -947,7 +961,7 @@ BEGIN
         IF chunk_size IS NULL THEN
             v_size := least(v_size, v_window * 3);
             v_overlap := least(v_overlap, v_size / 5);
-        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size * rag._limit('chars_per_token')::integer
+        ELSIF (CASE chunk_unit WHEN 'tokens' THEN chunk_size::bigint * rag._limit('chars_per_token')::integer
                                ELSE chunk_size END) > v_window * 3 THEN
             RAISE EXCEPTION 'chunk_size % is too large for model "%", which reads at most % tokens', chunk_size, embedding_model, v_window
                 USING ERRCODE = 'invalid_parameter_value',
@@ -962,6 +976,17 @@ BEGIN
            coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO document_prefix, query_prefix
       FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
+    PERFORM rag._require_short_model_texts(ARRAY[embedding_model, chat_model, reranker],
+                                           ARRAY[document_prefix, query_prefix]);
+    IF chunk_unit IS NULL THEN
+        RAISE EXCEPTION 'chunk_unit must be characters or tokens, not NULL'
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it out for characters.';
+    END IF;
+    IF retry_deadline < interval '0' THEN
+        RAISE EXCEPTION 'retry_deadline must not be negative, not %', retry_deadline
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'It is how long a document keeps being retried after its first failure; NULL keeps the setting.';
+    END IF;
     PERFORM rag._validate_chunking(v_size, v_overlap, chunk_unit);
     IF NOT EXISTS (SELECT 1 FROM rag.providers p WHERE p.name = chat_provider) THEN
         RAISE EXCEPTION 'chat provider "%" does not exist', chat_provider
@@ -1903,6 +1928,7 @@ BEGIN
     min_lead := coalesce(min_lead, c.min_lead);
     reranker_provider := coalesce(reranker_provider, c.reranker_provider);
     reranker := nullif(reranker, 'none');
+    PERFORM rag._require_short_model_texts(ARRAY[reranker], '{}');
     PERFORM rag._validate_reranker(reranker_provider, reranker, rerank_candidates, min_relevance, min_lead);
     IF reranker IS NOT NULL AND (reranker_provider IS DISTINCT FROM c.reranker_provider OR c.reranker IS NULL) THEN
         -- Every search's candidates would go there, rows of watched tables among them.
@@ -1952,6 +1978,12 @@ BEGIN
            coalesce(nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO v_document_prefix, v_query_prefix
       FROM rag._model_prefixes(rag_set_embedding_model.embedding_model) m;
+    PERFORM rag._require_short_model_texts(ARRAY[rag_set_embedding_model.embedding_model],
+                                           ARRAY[v_document_prefix, v_query_prefix]);
+    -- A local model is looked for now, as rag_create_collection does, rather than failing the change later.
+    IF (SELECT p.kind FROM rag.providers p WHERE p.name = v_provider) = 'local' THEN
+        PERFORM rag._local_model_window(rag_set_embedding_model.embedding_model);
+    END IF;
     -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
     -- rag_known_models()); one chosen by argument or setting is kept.
     IF c.max_distance = rag._default_max_distance(c.embedding_model) THEN
@@ -2954,7 +2986,7 @@ LANGUAGE sql AS $$
            not_before = now() + make_interval(secs => p_delay_ms / 1000.0),
            attempts = attempts + CASE WHEN p_counts THEN 1 ELSE 0 END,
            first_failure_at = CASE WHEN p_counts THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
-           last_error = coalesce(p_error, last_error),
+           last_error = coalesce(left(p_error, 2000), last_error),
            claimed_by = NULL, claimed_at = NULL, unfinished_claims = 0
      -- Not waiting for an item another transaction holds (a writer's uncommitted delete of the document takes
      -- its queue item along): the claim stays this worker's, and every claim skips a locked item anyway.
@@ -3390,6 +3422,7 @@ DECLARE
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     PERFORM rag._require_search_request(query, k);
+    PERFORM rag._require_max_distance(max_distance);
     IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
@@ -3449,6 +3482,16 @@ BEGIN
         RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
                         coalesce(p_k::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._require_max_distance(p_max_distance double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_max_distance = 'NaN' OR p_max_distance < 0 THEN
+        RAISE EXCEPTION 'max_distance must be a cosine distance of 0 or more, not %', p_max_distance
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL keeps the collection''s ceiling; 2 or more lets every distance through.';
     END IF;
 END $$;
 
@@ -3839,7 +3882,11 @@ AS 'MODULE_PATHNAME', 'embed_query_in_wrapper';
 CREATE OR REPLACE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
-                ELSE format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, r.%I', c, c), ', ') FROM unnest(p_columns) c))
+                ELSE (SELECT string_agg(g.call, ' || ' ORDER BY g.part)
+                        FROM (SELECT (n - 1) / 50 AS part,
+                                     format('jsonb_build_object(%s)', string_agg(format('%L, r.%I', c, c), ', ' ORDER BY n)) AS call
+                                FROM unnest(p_columns) WITH ORDINALITY u(c, n)
+                               GROUP BY (n - 1) / 50) g)
            END
 $$;
 
@@ -4609,9 +4656,13 @@ BEGIN
                                               (SELECT r.rolname FROM pg_catalog.pg_class t
                                                  JOIN pg_catalog.pg_roles r ON r.oid = t.relowner WHERE t.oid = source),
                                               rag._table_name(source));
-    IF format NOT IN ('text', 'html', 'markdown') THEN
-        RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
+    IF format IS NULL OR format NOT IN ('text', 'html', 'markdown') THEN
+        RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
+    END IF;
+    IF content IS NULL OR btrim(content) = '' THEN
+        RAISE EXCEPTION 'content must be an expression over the row, not %', coalesce(quote_literal(content), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''body'', a text column of the table, or an expression such as ''title || '' '' || body''.';
     END IF;
     IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
         RAISE EXCEPTION '% is already watched', rag._table_name(source) USING ERRCODE = 'duplicate_object',
@@ -5033,6 +5084,8 @@ DECLARE
     e record;
     v_found boolean := false;
     v_content text;
+    v_content_bytes bigint;
+    v_raw_limit bigint;
     v_title text;
     v_pass boolean;
     v_metadata jsonb;
@@ -5049,14 +5102,36 @@ BEGIN
     embedding_model := c.embedding_model; document_prefix := c.document_prefix;
     -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
     -- they cannot change role), under rag.expression_timeout.
-    SELECT true, x->>'content', x->>'title', (x->>'pass')::boolean, x->'metadata'
-      INTO v_found, v_content, v_title, v_pass, v_metadata
+    -- The content comes back only when it is within the bound rag_ingest puts on the same text (the markup's
+    -- rag.max_file_size, plain text's rag.max_document_size), and its size always: a 206 MB row was put in the
+    -- reply's JSON whole (an allocation of 1.7 GB that failed, and again at every retry), and a 121 MB one
+    -- became a document of twice the largest rag_ingest takes (red team 20).
+    v_raw_limit := pg_size_bytes(rag._setting(CASE WHEN w.format = 'text' THEN 'rag.max_document_size'
+                                                    ELSE 'rag.max_file_size' END));
+    SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'pass')::boolean, x->'metadata'
+      INTO v_found, v_content, v_content_bytes, v_title, v_pass, v_metadata
       FROM rag._query_as(rag._watch_owner(w),
-             format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
-                         FROM ONLY %s AS r WHERE %s$q$,
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
+             format($q$SELECT jsonb_build_object('content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
+                                                 'content_bytes', octet_length(s.content), 'title', s.title,
+                                                 'pass', s.pass, 'metadata', s.metadata)
+                         FROM (SELECT %s AS content, %s AS title, %s AS pass, %s AS metadata
+                                 FROM ONLY %s AS r WHERE %s) s$q$,
+                    v_raw_limit, e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
+    IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
+        RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
+                        CASE WHEN w.format = 'text' THEN 'rag.max_document_size' ELSE 'rag.max_file_size' END,
+                        pg_size_pretty(v_raw_limit)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser).';
+    END IF;
     v_content := rag._to_text(v_content, w.format);
+    IF octet_length(v_content) > pg_size_bytes(rag._setting('rag.max_document_size')) THEN
+        RAISE EXCEPTION 'the row''s text is % bytes, above rag.max_document_size (%)', octet_length(v_content),
+                        rag._setting('rag.max_document_size')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser).';
+    END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
     IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
@@ -5161,7 +5236,7 @@ CREATE OR REPLACE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint
 LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
     -- attempts already counts this one (rag._claim_row): the back-off is 30 s after the first failure, doubling.
-    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = left(p_error, 2000),
            attempts = CASE WHEN p_error IS NULL THEN 0 ELSE greatest(attempts, 1) END,
            not_before = CASE WHEN p_error IS NULL THEN not_before
                              ELSE now() + least(interval '30 seconds' * power(2, least(greatest(attempts, 1) - 1, 7)),
@@ -5173,7 +5248,7 @@ CREATE OR REPLACE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version big
 LANGUAGE sql AS $$
     DELETE FROM rag.documents d USING rag.row_queue q
      WHERE q.id = p_row_queue_id AND q.version = p_version AND d.watch_id = q.watch_id AND d.source_key = q.key;
-    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = left(p_error, 2000), attempts = greatest(attempts, 1),
            not_before = 'infinity'
      WHERE id = p_row_queue_id AND version = p_version;
     UPDATE rag.row_queue SET claimed_by = NULL WHERE id = p_row_queue_id AND version <> p_version;

@@ -580,6 +580,7 @@ DECLARE
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     PERFORM rag._require_search_request(query, k);
+    PERFORM rag._require_max_distance(max_distance);
     IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
@@ -642,6 +643,19 @@ BEGIN
         RAISE EXCEPTION 'k must be between % and %, not %', rag._limit('search_k_min'), rag._limit('search_k_max'),
                         coalesce(p_k::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'k is how many chunks the search returns.';
+    END IF;
+END $$;
+
+-- Raises unless a caller's distance ceiling is one (rag_query's, rag_ask's and rag_prompt's max_distance): NaN
+-- passed every distance, as no ceiling at all, where rag_create_collection refuses it (red team 20), and a
+-- negative one could never pass. Any ceiling from 2 up is no ceiling, which callers ask for on purpose.
+CREATE FUNCTION rag._require_max_distance(p_max_distance double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_max_distance = 'NaN' OR p_max_distance < 0 THEN
+        RAISE EXCEPTION 'max_distance must be a cosine distance of 0 or more, not %', p_max_distance
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL keeps the collection''s ceiling; 2 or more lets every distance through.';
     END IF;
 END $$;
 

@@ -8,11 +8,16 @@ SET LOCAL search_path = pg_catalog, rag, pg_temp;
 -- columns calls no row trigger function. The worker reads each row's current content by key, so a burst of updates costs one
 -- embedding of the final text, and only chunks whose text changed are embedded again.
 
--- jsonb_build_object('col', r.col, ...) for a list of columns.
+-- jsonb_build_object('col', r.col, ...) for a list of columns, fifty columns to a call joined by ||: a function
+-- takes at most 100 arguments, and a watch of 51 metadata columns was accepted and then failed on every row.
 CREATE FUNCTION rag._columns_object(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN cardinality(p_columns) = 0 OR p_columns IS NULL THEN '''{}''::jsonb'
-                ELSE format('jsonb_build_object(%s)', (SELECT string_agg(format('%L, r.%I', c, c), ', ') FROM unnest(p_columns) c))
+                ELSE (SELECT string_agg(g.call, ' || ' ORDER BY g.part)
+                        FROM (SELECT (n - 1) / 50 AS part,
+                                     format('jsonb_build_object(%s)', string_agg(format('%L, r.%I', c, c), ', ' ORDER BY n)) AS call
+                                FROM unnest(p_columns) WITH ORDINALITY u(c, n)
+                               GROUP BY (n - 1) / 50) g)
            END
 $$;
 
@@ -832,9 +837,13 @@ BEGIN
                                               (SELECT r.rolname FROM pg_catalog.pg_class t
                                                  JOIN pg_catalog.pg_roles r ON r.oid = t.relowner WHERE t.oid = source),
                                               rag._table_name(source));
-    IF format NOT IN ('text', 'html', 'markdown') THEN
-        RAISE EXCEPTION 'format must be text, html or markdown, not %', quote_literal(format)
+    IF format IS NULL OR format NOT IN ('text', 'html', 'markdown') THEN
+        RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'html and markdown are turned into clean text before chunking.';
+    END IF;
+    IF content IS NULL OR btrim(content) = '' THEN
+        RAISE EXCEPTION 'content must be an expression over the row, not %', coalesce(quote_literal(content), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''body'', a text column of the table, or an expression such as ''title || '' '' || body''.';
     END IF;
     IF EXISTS (SELECT 1 FROM rag.watches w WHERE w.source = rag_watch.source) THEN
         RAISE EXCEPTION '% is already watched', rag._table_name(source) USING ERRCODE = 'duplicate_object',
@@ -1290,6 +1299,8 @@ DECLARE
     e record;
     v_found boolean := false;
     v_content text;
+    v_content_bytes bigint;
+    v_raw_limit bigint;
     v_title text;
     v_pass boolean;
     v_metadata jsonb;
@@ -1306,14 +1317,36 @@ BEGIN
     embedding_model := c.embedding_model; document_prefix := c.document_prefix;
     -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
     -- they cannot change role), under rag.expression_timeout.
-    SELECT true, x->>'content', x->>'title', (x->>'pass')::boolean, x->'metadata'
-      INTO v_found, v_content, v_title, v_pass, v_metadata
+    -- The content comes back only when it is within the bound rag_ingest puts on the same text (the markup's
+    -- rag.max_file_size, plain text's rag.max_document_size), and its size always: a 206 MB row was put in the
+    -- reply's JSON whole (an allocation of 1.7 GB that failed, and again at every retry), and a 121 MB one
+    -- became a document of twice the largest rag_ingest takes (red team 20).
+    v_raw_limit := pg_size_bytes(rag._setting(CASE WHEN w.format = 'text' THEN 'rag.max_document_size'
+                                                    ELSE 'rag.max_file_size' END));
+    SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'pass')::boolean, x->'metadata'
+      INTO v_found, v_content, v_content_bytes, v_title, v_pass, v_metadata
       FROM rag._query_as(rag._watch_owner(w),
-             format($q$SELECT jsonb_build_object('content', %s, 'title', %s, 'pass', %s, 'metadata', %s)
-                         FROM ONLY %s AS r WHERE %s$q$,
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
+             format($q$SELECT jsonb_build_object('content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
+                                                 'content_bytes', octet_length(s.content), 'title', s.title,
+                                                 'pass', s.pass, 'metadata', s.metadata)
+                         FROM (SELECT %s AS content, %s AS title, %s AS pass, %s AS metadata
+                                 FROM ONLY %s AS r WHERE %s) s$q$,
+                    v_raw_limit, e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
+    IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
+        RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
+                        CASE WHEN w.format = 'text' THEN 'rag.max_document_size' ELSE 'rag.max_file_size' END,
+                        pg_size_pretty(v_raw_limit)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser).';
+    END IF;
     v_content := rag._to_text(v_content, w.format);
+    IF octet_length(v_content) > pg_size_bytes(rag._setting('rag.max_document_size')) THEN
+        RAISE EXCEPTION 'the row''s text is % bytes, above rag.max_document_size (%)', octet_length(v_content),
+                        rag._setting('rag.max_document_size')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser).';
+    END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
     IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
@@ -1425,7 +1458,7 @@ CREATE FUNCTION rag._row_done(p_row_queue_id bigint, p_version bigint, p_error t
 LANGUAGE sql AS $$
     DELETE FROM rag.row_queue WHERE id = p_row_queue_id AND version = p_version AND p_error IS NULL;
     -- attempts already counts this one (rag._claim_row): the back-off is 30 s after the first failure, doubling.
-    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error,
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = left(p_error, 2000),
            attempts = CASE WHEN p_error IS NULL THEN 0 ELSE greatest(attempts, 1) END,
            not_before = CASE WHEN p_error IS NULL THEN not_before
                              ELSE now() + least(interval '30 seconds' * power(2, least(greatest(attempts, 1) - 1, 7)),
@@ -1443,7 +1476,7 @@ CREATE FUNCTION rag._row_refused(p_row_queue_id bigint, p_version bigint, p_erro
 LANGUAGE sql AS $$
     DELETE FROM rag.documents d USING rag.row_queue q
      WHERE q.id = p_row_queue_id AND q.version = p_version AND d.watch_id = q.watch_id AND d.source_key = q.key;
-    UPDATE rag.row_queue SET claimed_by = NULL, last_error = p_error, attempts = greatest(attempts, 1),
+    UPDATE rag.row_queue SET claimed_by = NULL, last_error = left(p_error, 2000), attempts = greatest(attempts, 1),
            not_before = 'infinity'
      WHERE id = p_row_queue_id AND version = p_version;
     UPDATE rag.row_queue SET claimed_by = NULL WHERE id = p_row_queue_id AND version <> p_version;

@@ -237,6 +237,17 @@ impl<T> UnwrapOrRaise<T> for Result<T, RagError> {
     }
 }
 
+/// An argument a function cannot do without. NULL is the caller's mistake, said with the argument's name
+/// (22023), where pgrx would raise its internal "argument 0 must not be null" (XX000) for a non-strict function.
+pub fn required<T>(value: Option<T>, argument: &str) -> Result<T, RagError> {
+    value.ok_or_else(|| {
+        RagError::invalid(
+            format!("{argument} must not be NULL"),
+            format!("Pass a value for {argument}."),
+        )
+    })
+}
+
 /// A column the schema declares NOT NULL, read through SPI (which types every column as nullable).
 pub fn not_null<T>(value: Option<T>, column: &str) -> Result<T, RagError> {
     value.ok_or_else(|| RagError::Internal(format!("{column} is NULL, which its table forbids")))

@@ -155,6 +155,13 @@ pub const KEPT_STATEMENTS: usize = 128;
 /// About 18 million bigint keys; past it the statement fails with an error instead.
 pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 
+/// The longest model name a collection takes (embedding, chat, reranker), in bytes: providers' names are tens of
+/// bytes (`hf.co/org/model:Q4_K_M`), and each goes into every request and the ledger.
+pub const MODEL_NAME_MAX_BYTES: i32 = 256;
+/// The longest document or query prefix, in bytes: an instruction put before every chunk and every question
+/// (e5's and bge's are about 100 bytes); a 10 MB one made the worker build 320 MB requests.
+pub const PREFIX_MAX_BYTES: i32 = 1024;
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {
@@ -164,6 +171,8 @@ fn for_sql(name: &str) -> Option<String> {
         "context_budget_min" => CONTEXT_BUDGET_MIN.to_string(),
         "context_budget_max" => CONTEXT_BUDGET_MAX.to_string(),
         "question_max_bytes" => QUESTION_MAX_BYTES.to_string(),
+        "model_name_max_bytes" => MODEL_NAME_MAX_BYTES.to_string(),
+        "prefix_max_bytes" => PREFIX_MAX_BYTES.to_string(),
         "document_title_max_bytes" => DOCUMENT_TITLE_MAX_BYTES.to_string(),
         "document_source_max_bytes" => DOCUMENT_SOURCE_MAX_BYTES.to_string(),
         "document_metadata_max_bytes" => DOCUMENT_METADATA_MAX_BYTES.to_string(),

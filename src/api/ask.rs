@@ -195,6 +195,15 @@ fn build_context(
             "k is how many nearest chunks are considered.",
         ));
     }
+    if max_distance.is_some_and(|ceiling| ceiling.is_nan() || ceiling < 0.0) {
+        return Err(RagError::invalid(
+            format!(
+                "max_distance must be a cosine distance of 0 or more, not {}",
+                max_distance.unwrap_or_default()
+            ),
+            "NULL keeps the collection's ceiling; 2 or more lets every distance through.",
+        ));
+    }
     if !collection.has_vectors {
         return Ok(Context {
             sources: Vec::new(),
@@ -341,11 +350,12 @@ fn require_question(question: &str) -> Result<(), RagError> {
 /// The prompt `rag_ask` would send, and its numbered sources.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_prompt(
-    collection: &str,
-    question: &str,
-    k: default!(i32, 5),
+    collection: Option<&str>,
+    question: Option<&str>,
+    k: default!(Option<i32>, 5),
     max_distance: default!(Option<f64>, "NULL"),
 ) -> TableIterator<'static, (name!(prompt, Option<String>), name!(sources, JsonB))> {
+    let (collection, question, k) = required_arguments(collection, question, k).unwrap_or_raise();
     let prompted = require_question(question)
         .and_then(|()| load_collection(collection))
         .and_then(|collection| {
@@ -807,9 +817,9 @@ fn record(entry: &LedgerEntry) -> Result<(Option<i64>, Option<pgrx::AnyNumeric>)
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_ask(
-    collection: &str,
-    question: &str,
-    k: default!(i32, 5),
+    collection: Option<&str>,
+    question: Option<&str>,
+    k: default!(Option<i32>, 5),
     conversation: default!(Option<i64>, "NULL"),
     max_distance: default!(Option<f64>, "NULL"),
 ) -> TableIterator<
@@ -830,7 +840,21 @@ pub fn rag_ask(
         name!(best_relevance, Option<f32>),
     ),
 > {
+    let (collection, question, k) = required_arguments(collection, question, k).unwrap_or_raise();
     TableIterator::once(ask(collection, question, k, conversation, max_distance).unwrap_or_raise())
+}
+
+/// rag_ask's and rag_prompt's arguments that NULL cannot stand for.
+fn required_arguments<'a>(
+    collection: Option<&'a str>,
+    question: Option<&'a str>,
+    k: Option<i32>,
+) -> Result<(&'a str, &'a str, i32), RagError> {
+    Ok((
+        crate::error::required(collection, "collection")?,
+        crate::error::required(question, "question")?,
+        crate::error::required(k, "k")?,
+    ))
 }
 
 type AskRow = (

@@ -438,14 +438,15 @@ fn convert_markup(text: &str, format: rag_extract::Format) -> String {
 /// The text of a file (PDF, DOCX, XLSX, PPTX, ODT, ODS, ODP, HTML, Markdown, CSV, JSON, XML, YAML, TXT),
 /// sections separated by blank lines.
 #[pg_extern(immutable, parallel_safe)]
-pub fn rag_extract_text(data: &[u8], filename: default!(Option<&str>, "NULL")) -> String {
+pub fn rag_extract_text(data: Option<&[u8]>, filename: default!(Option<&str>, "NULL")) -> String {
+    let data = crate::error::required(data, "data").unwrap_or_raise();
     extract_or_raise(data, filename).text()
 }
 
 /// The parts of a file with what a citation would call them: `p. 3`, `slide 2`, `sheet "Q3"`.
 #[pg_extern(immutable, parallel_safe)]
 pub fn rag_extract_sections(
-    data: &[u8],
+    data: Option<&[u8]>,
     filename: default!(Option<&str>, "NULL"),
 ) -> TableIterator<
     'static,
@@ -455,6 +456,7 @@ pub fn rag_extract_sections(
         name!(text, String),
     ),
 > {
+    let data = crate::error::required(data, "data").unwrap_or_raise();
     let extracted = extract_or_raise(data, filename);
     let format = extracted.format.to_string();
     TableIterator::new(
@@ -476,12 +478,20 @@ type BodyOrPages = (
 /// Extracts a file and ingests its text; each page, slide or sheet becomes a page whose label citations use.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_ingest_file(
-    collection: &str,
-    filename: &str,
-    data: &[u8],
+    collection: Option<&str>,
+    filename: Option<&str>,
+    data: Option<&[u8]>,
     metadata: default!(Option<JsonB>, "'{}'"),
     title: default!(Option<&str>, "NULL"),
 ) -> i64 {
+    let (collection, filename, data) = (|| {
+        Ok::<_, crate::error::RagError>((
+            crate::error::required(collection, "collection")?,
+            crate::error::required(filename, "filename")?,
+            crate::error::required(data, "data")?,
+        ))
+    })()
+    .unwrap_or_raise();
     let extracted = extract_or_raise(data, Some(filename));
     let format = extracted.format.to_string();
     let mut metadata = metadata

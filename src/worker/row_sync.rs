@@ -46,6 +46,9 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
         Err(RagError::LimitExceeded(message)) => (message, true),
         Err(error) => (error.to_string(), false),
     };
+    // What is kept of it (rag._row_done keeps 2,000 chars): a table owner's expression can raise an error of
+    // any length (100 MB was stored whole), and each copy on the way costs the worker that much.
+    let error = bounded_error(error);
     let recorded = steps.run(|| match for_good {
         true => store::row_refused(row.id, row.version, &error),
         false => store::row_done(row.id, row.version, Some(error.clone())),
@@ -55,5 +58,15 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
             "rag worker: could not record the failure of watched row {}: {again} (after: {error})",
             row.id
         );
+    }
+}
+
+/// The most of a row's error that is stored.
+const ROW_ERROR_MAX_CHARS: usize = 2000;
+
+fn bounded_error(error: String) -> String {
+    match error.char_indices().nth(ROW_ERROR_MAX_CHARS) {
+        Some((cut, _)) => error[..cut].to_string(),
+        None => error,
     }
 }

@@ -172,3 +172,63 @@ class HostileWatch(InItsOwnDatabase):
             self.assertEqual(scalar(WORKER, db=DB), pid, "the worker was replaced")
         finally:
             psql("ALTER SYSTEM RESET rag.extraction_memory; SELECT pg_reload_conf()", db="postgres")
+
+    def test_f_a_row_larger_than_a_document_may_be_is_refused_and_its_error_is_bounded(self):
+        # rag_ingest refuses a text over rag.max_document_size; a watched row did not: a 121 MB row became a
+        # document of twice the limit, and a 206 MB one was put into one JSON value (an allocation of 1.7 GB,
+        # failed at every retry, the worker at 1.4 GB each time). Now the row fails at once with the reason,
+        # for good until it is written again, and nothing of the row's text is read past the limit. And an
+        # expression's error of 10 MB was kept whole as the row's error: 2,000 chars are kept.
+        psql("ALTER SYSTEM SET rag.max_document_size = '1MB'; SELECT pg_reload_conf()", db="postgres")
+        try:
+            time.sleep(0.5)
+            psql("""
+                SET ROLE hw_owner;
+                CREATE TABLE hw.big (id int PRIMARY KEY, body text);
+                CREATE FUNCTION hw.shout(t text) RETURNS text LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF t = 'shout' THEN
+                        RAISE EXCEPTION '%', repeat('E', 10 * 1024 * 1024);
+                    END IF;
+                    RETURN t;
+                END $$;
+                SELECT rag_create_collection('hw_big', embedding_model => 'hash-384');
+                SELECT rag_watch('hw.big', 'hw_big', content => 'hw.shout(body)');
+                INSERT INTO hw.big VALUES (1, repeat('lorem ipsum ', 200000)), (2, 'shout'), (3, 'A small row.');
+            """, db=DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.big' "
+                                       "AND source_key = '{\"id\": 3}' AND status = 'ready')", db=DB, seconds=30))
+            self.assertTrue(wait_until("SELECT count(*) = 2 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                                       "WHERE w.source_name = 'hw.big' AND q.last_error IS NOT NULL", db=DB, seconds=30))
+            rows = psql("SELECT q.key ->> 'id', q.not_before = 'infinity', length(q.last_error), left(q.last_error, 60) "
+                        "FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                        "WHERE w.source_name = 'hw.big' ORDER BY 1", db=DB)
+            self.assertEqual(rows[0], ["1", "t", rows[0][2],
+                                       "the row's content is 2400000 bytes, above rag.max_document_s"])
+            self.assertEqual((rows[1][0], rows[1][2]), ("2", "2000"))
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source = 'hw.big' "
+                                    "AND source_key = '{\"id\": 1}'", db=DB), "0")
+            # Under the limit once written again: indexed.
+            psql("SET ROLE hw_owner; UPDATE hw.big SET body = 'Now a short row.' WHERE id = 1", db=DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.big' "
+                                       "AND source_key = '{\"id\": 1}' AND status = 'ready')", db=DB, seconds=30))
+        finally:
+            psql("ALTER SYSTEM RESET rag.max_document_size; SELECT pg_reload_conf()", db="postgres")
+
+    def test_g_a_watch_of_many_metadata_columns_indexes_its_rows(self):
+        # jsonb_build_object takes at most 100 arguments: a watch of 51 metadata columns was accepted and then
+        # failed on every row.
+        columns = ", ".join(f"m{i} int DEFAULT {i}" for i in range(60))
+        names = ", ".join(f"'m{i}'" for i in range(60))
+        psql(f"""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.wide (id int PRIMARY KEY, body text, {columns});
+            SELECT rag_create_collection('hw_wide', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.wide', 'hw_wide', content => 'body', metadata => ARRAY[{names}]);
+            INSERT INTO hw.wide (id, body) VALUES (1, 'A row of a wide table.');
+        """, db=DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.wide' "
+                                   "AND status = 'ready')", db=DB, seconds=30),
+                        repr(psql("SELECT * FROM rag.watch_status WHERE source = 'hw.wide'", db=DB)))
+        self.assertEqual(scalar("SELECT (metadata ->> 'm0') || ',' || (metadata ->> 'm59') FROM rag.documents "
+                                "WHERE source = 'hw.wide'", db=DB), "0,59")

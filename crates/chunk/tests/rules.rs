@@ -444,3 +444,21 @@ fn a_heading_before_a_block_that_must_be_cut_leads_its_first_piece() {
         .iter()
         .any(|chunk| chunk.starts_with("Table 19.1. System V IPC Parameters\n\nSHMMAX 1 |")));
 }
+
+#[test]
+fn graphemes_longer_than_a_chunk_are_cut_and_nothing_is_lost() {
+    // One grapheme of thousands of combining marks (or of emoji joined by U+200D) is cut at the window's end
+    // (the only cut there is), and a run of spaces that each carry marks is text, not blank: skipped as blank
+    // after a hard cut, everything after the first chunk was lost.
+    let config = chars(100, 20);
+    for text in [
+        format!("b{}", "\u{301}".repeat(5_000)),
+        "\u{1F468}\u{200D}".repeat(2_000),
+        format!("b{}", "\u{301}\u{301}\u{301} ".repeat(1_000)),
+        format!(" {}", "\u{301}".repeat(5_000)),
+    ] {
+        let chunks = chunk_text(&text, &config);
+        assert_invariants(&text, &config, &chunks, false);
+        assert!(chunks.len() > 10, "{} chunks", chunks.len());
+    }
+}

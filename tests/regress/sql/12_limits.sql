@@ -16,6 +16,49 @@ SELECT count(*) FROM rag_query('limits', 'notice', k => 1001);
 SELECT outcome FROM rag_ask('limits', 'notice', k => 1001);
 SELECT prompt FROM rag_prompt('limits', 'notice', k => 0);
 
+-- A caller's distance ceiling is a distance: NaN passed every chunk (no ceiling, where rag_create_collection
+-- refuses it) and a negative one none; 2 and up is no ceiling, asked for on purpose.
+SELECT count(*) FROM rag_query('limits', 'notice', max_distance => 'NaN');
+SELECT count(*) FROM rag_query('limits', 'notice', max_distance => -1);
+SELECT outcome FROM rag_ask('limits', 'notice', max_distance => 'NaN');
+SELECT prompt FROM rag_prompt('limits', 'notice', max_distance => -0.5);
+SELECT count(*) AS found FROM rag_query('limits', 'thirty days notice', max_distance => 'Infinity');
+
+-- NULL where a value is needed: an error naming the argument (pgrx's own was "argument 0 must not be null",
+-- XX000, for the functions written in Rust).
+SELECT outcome FROM rag_ask(NULL, 'notice');
+SELECT outcome FROM rag_ask('limits', NULL);
+SELECT outcome FROM rag_ask('limits', 'notice', NULL);
+SELECT prompt FROM rag_prompt('limits', NULL);
+SELECT rag_extract_text(NULL, 'a.txt');
+SELECT * FROM rag_extract_sections(NULL);
+SELECT rag_ingest_file('limits', NULL, 'text'::bytea);
+SELECT rag_create_collection('limits-null-unit', embedding_model => 'hash-384', chunk_unit => NULL);
+SELECT rag_create_collection('limits-negative', embedding_model => 'hash-384', retry_deadline => '-1 day');
+-- A token count that overflowed integer arithmetic (22003) is measured as the bigint it is.
+SELECT rag_create_collection('limits-huge', embedding_provider => 'local', chunk_unit => 'tokens', chunk_size => 1073741824);
+
+-- Model names and prefixes go into every provider request and come back with every answer: bounded (a 10 MB
+-- document prefix made the worker build a 320 MB request, a 50 MB query prefix every reader's question).
+SELECT rag_create_collection('limits-prefix', embedding_model => 'hash-384', document_prefix => repeat('x', 1025));
+SELECT rag_create_collection('limits-prefix', embedding_model => 'hash-384', query_prefix => repeat('q', 1025));
+SELECT rag_create_collection('limits-model', embedding_model => repeat('m', 257));
+SELECT rag_create_collection('limits-model', embedding_model => 'hash-384', chat_model => repeat('c', 257));
+SELECT rag_set_embedding_model('limits', repeat('m', 257));
+SELECT rag_set_reranker('limits', repeat('r', 257));
+SELECT rag_create_collection('limits-prefix', embedding_model => 'hash-384', document_prefix => repeat('x', 1024)) > 0
+       AS at_the_limit;
+SELECT rag_drop_collection('limits-prefix');
+-- A local model that is not there is refused when it is chosen, as rag_create_collection refuses it.
+DO $$
+BEGIN
+    PERFORM rag_set_embedding_model('limits', 'no-such-model', embedding_provider => 'local');
+EXCEPTION WHEN undefined_file THEN
+    RAISE NOTICE 'refused: %', SQLSTATE;
+END $$;
+SELECT count(*) AS no_change_started FROM rag.migrations m JOIN rag.collections c ON c.id = m.collection_id
+ WHERE c.name = 'limits';
+
 -- A new collection's answering defaults and ranges are the same limits.
 SELECT context_budget::text = rag._limit('context_budget_default') AS budget_default,
        max_answer_tokens::text = rag._limit('max_answer_tokens_default') AS answer_default

@@ -187,6 +187,8 @@ fn run() -> Result<(), BenchError> {
         }
     }
 
+    print_long_graphemes(iterations)?;
+
     println!("\nNot exactly comparable:");
     println!(
         "- Overlap: both treat it as a ceiling. rag_chunk starts an overlap only on a sentence (else word) boundary \
@@ -259,5 +261,38 @@ fn print_row(
         m.stats.under_quarter,
         m.stats.expansion(input_chars),
     );
+    Ok(())
+}
+
+/// Texts whose graphemes are longer than a chunk, at two lengths: the time must double with the length, not
+/// quadruple (a hard cut inside a grapheme of a million combining marks once measured the rest of it at every
+/// cut, and a 6 MB such document held the worker for five minutes).
+fn print_long_graphemes(iterations: usize) -> Result<(), BenchError> {
+    let config = rag_chunk::ChunkConfig::new(1000, 150, SizeUnit::Characters)
+        .map_err(|e| BenchError(format!("rag_chunk rejects size 1000, overlap 150: {e}")))?;
+    println!("\n### Graphemes longer than a chunk (size 1000 chars, overlap 150): time at n and 2n\n");
+    println!("| text | n | median ms at n | median ms at 2n | 2n / n |");
+    println!("|---|---:|---:|---:|---:|");
+    let cases: [(&str, &str, &str); 3] = [
+        ("one letter and n combining marks (one grapheme)", "b", "\u{301}"),
+        ("n emoji joined by U+200D (one grapheme)", "", "\u{1F468}\u{200D}"),
+        ("n spaces that each carry three marks", "b", "\u{301}\u{301}\u{301} "),
+    ];
+    let n = 100_000;
+    for (name, prefix, unit) in cases {
+        let median_ms = |count: usize| {
+            let text = format!("{prefix}{}", unit.repeat(count));
+            let mut samples = Samples::new();
+            for _ in 0..iterations {
+                samples.time(|| std::hint::black_box(chunk_text(&text, &config)).len());
+            }
+            samples
+                .median()
+                .map(|median| median.as_secs_f64() * 1e3)
+                .ok_or_else(|| BenchError("no timed run: iterations must be at least 1".into()))
+        };
+        let (at_n, at_2n) = (median_ms(n)?, median_ms(2 * n)?);
+        println!("| {name} | {n} | {at_n:.1} | {at_2n:.1} | {:.2} |", at_2n / at_n);
+    }
     Ok(())
 }
