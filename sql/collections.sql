@@ -171,6 +171,8 @@ BEGIN
             USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
     END IF;
     chat_model := nullif(coalesce(chat_model, rag._setting('rag.chat_model')), '');
+    -- Checked again as the setting (which any role may SET) filled it in.
+    PERFORM rag._require_short_model_texts(ARRAY[chat_model], '{}');
     IF chat_model IS NOT NULL
        AND chat_model = coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')) THEN
         RAISE EXCEPTION 'chat_model "%" is the embedding model', chat_model
@@ -1130,6 +1132,10 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    IF p_name IS NULL THEN
+        RAISE EXCEPTION 'collection must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Name a collection; rag.status lists those you may use.';
+    END IF;
     SELECT * INTO c FROM rag.collections WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'collection "%" does not exist', p_name

@@ -14,6 +14,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Any OpenAI-compatible server (vLLM, llama.cpp, LM Studio, LiteLLM) is kind openai.';
     END IF;
+    -- It goes into every request to the provider, and is shown to every reader of rag.providers.
+    IF octet_length(base_url) > 2048 THEN
+        RAISE EXCEPTION 'base_url may be at most 2048 bytes, not %', octet_length(base_url)
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Give the server''s address and the API''s path, such as http://host:8080/v1.';
+    END IF;
     IF base_url IS NOT NULL AND base_url !~ '^https?://[^/\s]+' THEN
         RAISE EXCEPTION 'base_url must be an http or https URL, not %', quote_literal(base_url)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example http://127.0.0.1:11434 or https://api.openai.com/v1.';

@@ -581,12 +581,14 @@ pub fn rag_markdown_to_text(markdown: &str) -> String {
 
 #[pg_schema]
 pub mod rag {
+    use crate::error::UnwrapOrRaise;
     use pgrx::prelude::*;
 
     /// Text in the given format ('text', 'html', 'markdown') as plain text for chunking.
     #[pg_extern(immutable, parallel_safe, name = "_to_text")]
-    pub fn to_text(text: Option<&str>, format: &str) -> Option<String> {
+    pub fn to_text(text: Option<&str>, format: Option<&str>) -> Option<String> {
         let text = text?;
+        let format = crate::error::required(format, "format").unwrap_or_raise();
         Some(match format {
             "html" => super::convert_markup(text, rag_extract::Format::Html),
             "markdown" => super::convert_markup(text, rag_extract::Format::Markdown),

@@ -37,6 +37,7 @@ unsafe extern "C-unwind" fn forget_row_lookups(
 
 #[pg_schema]
 pub mod rag {
+    use crate::error::UnwrapOrRaise;
     use crate::security::{require_single_expression, RestrictedIdentity};
     use pgrx::prelude::*;
     use pgrx::{JsonB, PgSqlErrorCode};
@@ -44,7 +45,8 @@ pub mod rag {
 
     /// Raises unless `expression` is one SQL expression; NULL (an absent title or filter) passes.
     #[pg_extern(stable, parallel_safe, name = "_check_expression")]
-    pub fn check_expression(expression: Option<&str>, role: &str) {
+    pub fn check_expression(expression: Option<&str>, role: Option<&str>) {
+        let role = crate::error::required(role, "role").unwrap_or_raise();
         if let Some(expression) = expression {
             require_single_expression(expression, role);
         }

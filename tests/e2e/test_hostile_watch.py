@@ -215,6 +215,28 @@ class HostileWatch(InItsOwnDatabase):
         finally:
             psql("ALTER SYSTEM RESET rag.max_document_size; SELECT pg_reload_conf()", db="postgres")
 
+    def test_f2_a_rows_expressions_run_once(self):
+        # Bounding the content by its size put the expression in three places of the row's query, and the
+        # planner copied it into each: three calls a row, and an expression that fit rag.expression_timeout
+        # failed. Counted by a function of the owner's that PostgreSQL believes immutable.
+        psql("""
+            SET ROLE hw_owner;
+            CREATE SEQUENCE hw.calls;
+            CREATE FUNCTION hw.counted(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+            BEGIN
+                PERFORM nextval('hw.calls');
+                RETURN t;
+            END $$;
+            CREATE TABLE hw.counted_rows (id int PRIMARY KEY, body text, heading text);
+            SELECT rag_create_collection('hw_counted', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.counted_rows', 'hw_counted', content => 'hw.counted(body)',
+                             title => 'hw.counted(heading)');
+            INSERT INTO hw.counted_rows VALUES (1, 'A row whose expressions are counted.', 'Counted');
+        """, db=DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.counted_rows' "
+                                   "AND status = 'ready')", db=DB, seconds=30))
+        self.assertEqual(scalar("SELECT last_value FROM hw.calls", db=DB), "2")
+
     def test_g_a_watch_of_many_metadata_columns_indexes_its_rows(self):
         # jsonb_build_object takes at most 100 arguments: a watch of 51 metadata columns was accepted and then
         # failed on every row.

@@ -220,8 +220,10 @@ pub(crate) const TIERS: [Tier; 4] = [
 /// Calls `visit`, in text order, with every position strictly inside `span` where a chunk may start
 /// under `tier`; stops early when `visit` breaks.
 ///
-/// Segmentation begins at `span.start`, which callers only ever set on a boundary, so the boundaries
-/// found are those of the whole text. Cost is linear in the span.
+/// Segmentation begins at `span.start`, which callers set on a boundary, so the boundaries found are those of
+/// the whole text; the one exception is a chunk that starts after whitespace carrying combining marks (a space
+/// followed by U+0301: whitespace is trimmed by the char, so the chunk starts at the mark, inside the
+/// grapheme), where segmenting from the mark still finds every later boundary. Cost is linear in the span.
 pub(crate) fn for_each_start(
     text: &str,
     span: Span,

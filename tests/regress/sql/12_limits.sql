@@ -49,6 +49,14 @@ SELECT rag_set_reranker('limits', repeat('r', 257));
 SELECT rag_create_collection('limits-prefix', embedding_model => 'hash-384', document_prefix => repeat('x', 1024)) > 0
        AS at_the_limit;
 SELECT rag_drop_collection('limits-prefix');
+-- The chat model that rag.chat_model (which any role may SET) fills in is bounded too, and so is a provider's
+-- base_url, which goes into every request.
+SET rag.chat_model = 'cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc';
+SELECT rag_create_collection('limits-chat-setting', embedding_model => 'hash-384');
+RESET rag.chat_model;
+SELECT rag_create_provider('limits-long-url', 'openai', base_url => 'http://127.0.0.1:9/' || repeat('v', 2100));
+-- NULL for a collection's name.
+SELECT count(*) FROM rag_query(NULL, 'notice');
 -- A local model that is not there is refused when it is chosen, as rag_create_collection refuses it.
 DO $$
 BEGIN
