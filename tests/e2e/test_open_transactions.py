@@ -333,8 +333,13 @@ class OneCollectionHeld(InItsOwnDatabase):
                             "the free collection's model change waited behind the failing one")
             self.assertEqual(scalar("SELECT embedding_model FROM rag.collections WHERE name = 'mf-failing'", db=self.DB),
                              "hash-384")
+            # The failing switch rests (a minute after its first failure) and rag.status says why.
+            self.assertTrue(wait_until("SELECT upkeep_error LIKE 'model change failed 1 time in a row: no space left%' "
+                                       "FROM rag.status WHERE collection = 'mf-failing'", db=self.DB, seconds=30))
         finally:
             psql("DROP EVENT TRIGGER IF EXISTS refuse_switch; DROP FUNCTION IF EXISTS public.refuse_switch()",
                  db=self.DB)
+        # The cause mended, the admin asks for the switch again rather than waiting out the rest.
+        self.assertEqual(scalar("SELECT rag_retry_upkeep('mf-failing')", db=self.DB), "1")
         self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mf-failing'",
                                    db=self.DB, seconds=60))
