@@ -626,14 +626,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_to_text"(
-	"text" TEXT, /* Option < & str > */
-	"format" TEXT /* & str */
-) RETURNS TEXT /* Option < String > */
-IMMUTABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'to_text_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_watch_keys_taken"(
 	"watch_id" INT, /* i32 */
 	"source" oid /* pg_sys :: Oid */
@@ -662,6 +654,14 @@ CREATE OR REPLACE FUNCTION rag."_ledger_row_written"(
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ledger_row_written_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_to_text"(
+	"text" TEXT, /* Option < & str > */
+	"format" TEXT /* Option < & str > */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
 STRICT STABLE PARALLEL RESTRICTED 
@@ -757,14 +757,6 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'model_window_wrapper';
 
-CREATE OR REPLACE FUNCTION rag."_check_expression"(
-	"expression" TEXT, /* Option < & str > */
-	"role" TEXT /* & str */
-) RETURNS void
-STABLE PARALLEL SAFE 
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'check_expression_wrapper';
-
 CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"role" oid, /* pg_sys :: Oid */
 	"sql" TEXT, /* & str */
@@ -794,6 +786,14 @@ CREATE OR REPLACE FUNCTION rag."_expression_columns"(
 STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'expression_columns_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_check_expression"(
+	"expression" TEXT, /* Option < & str > */
+	"role" TEXT /* Option < & str > */
+) RETURNS void
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_expression_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_written_by_this_transaction"(
 	"xmin" bigint /* i64 */
@@ -993,6 +993,8 @@ BEGIN
             USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
     END IF;
     chat_model := nullif(coalesce(chat_model, rag._setting('rag.chat_model')), '');
+    -- Checked again as the setting (which any role may SET) filled it in.
+    PERFORM rag._require_short_model_texts(ARRAY[chat_model], '{}');
     IF chat_model IS NOT NULL
        AND chat_model = coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')) THEN
         RAISE EXCEPTION 'chat_model "%" is the embedding model', chat_model
@@ -1781,6 +1783,10 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    IF p_name IS NULL THEN
+        RAISE EXCEPTION 'collection must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Name a collection; rag.status lists those you may use.';
+    END IF;
     SELECT * INTO c FROM rag.collections WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'collection "%" does not exist', p_name
@@ -2164,6 +2170,11 @@ BEGIN
         RAISE EXCEPTION 'provider kind must be ''ollama'' or ''openai'', not %', coalesce(quote_literal(kind), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Any OpenAI-compatible server (vLLM, llama.cpp, LM Studio, LiteLLM) is kind openai.';
+    END IF;
+    -- It goes into every request to the provider, and is shown to every reader of rag.providers.
+    IF octet_length(base_url) > 2048 THEN
+        RAISE EXCEPTION 'base_url may be at most 2048 bytes, not %', octet_length(base_url)
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Give the server''s address and the API''s path, such as http://host:8080/v1.';
     END IF;
     IF base_url IS NOT NULL AND base_url !~ '^https?://[^/\s]+' THEN
         RAISE EXCEPTION 'base_url must be an http or https URL, not %', quote_literal(base_url)
@@ -5085,6 +5096,8 @@ DECLARE
     v_found boolean := false;
     v_content text;
     v_content_bytes bigint;
+    v_title_bytes bigint;
+    v_metadata_bytes bigint;
     v_raw_limit bigint;
     v_title text;
     v_pass boolean;
@@ -5108,29 +5121,39 @@ BEGIN
     -- became a document of twice the largest rag_ingest takes (red team 20).
     v_raw_limit := pg_size_bytes(rag._setting(CASE WHEN w.format = 'text' THEN 'rag.max_document_size'
                                                     ELSE 'rag.max_file_size' END));
-    SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'pass')::boolean, x->'metadata'
-      INTO v_found, v_content, v_content_bytes, v_title, v_pass, v_metadata
+    -- Likewise the title and the metadata, within what rag_ingest takes (checked below from their sizes). The
+    -- expressions are evaluated once (OFFSET 0 keeps the planner from copying them into each use: a content
+    -- expression ran three times, and one that fit rag.expression_timeout no longer did).
+    SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
+           (x->>'pass')::boolean, x->'metadata', (x->>'metadata_bytes')::bigint
+      INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_pass, v_metadata, v_metadata_bytes
       FROM rag._query_as(rag._watch_owner(w),
-             format($q$SELECT jsonb_build_object('content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
-                                                 'content_bytes', octet_length(s.content), 'title', s.title,
-                                                 'pass', s.pass, 'metadata', s.metadata)
+             format($q$SELECT jsonb_build_object(
+                                  'content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
+                                  'content_bytes', octet_length(s.content),
+                                  'title', CASE WHEN octet_length(s.title) <= %s THEN s.title END,
+                                  'title_bytes', octet_length(s.title),
+                                  'pass', s.pass,
+                                  'metadata', CASE WHEN octet_length(s.metadata::text) <= %s THEN s.metadata END,
+                                  'metadata_bytes', octet_length(s.metadata::text))
                          FROM (SELECT %s AS content, %s AS title, %s AS pass, %s AS metadata
-                                 FROM ONLY %s AS r WHERE %s) s$q$,
-                    v_raw_limit, e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
+                                 FROM ONLY %s AS r WHERE %s OFFSET 0) s$q$,
+                    v_raw_limit, rag._limit('document_title_max_bytes'), rag._limit('document_metadata_max_bytes'),
+                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
     IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
         RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
                         CASE WHEN w.format = 'text' THEN 'rag.max_document_size' ELSE 'rag.max_file_size' END,
                         pg_size_pretty(v_raw_limit)
             USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser).';
+                  HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
     v_content := rag._to_text(v_content, w.format);
     IF octet_length(v_content) > pg_size_bytes(rag._setting('rag.max_document_size')) THEN
         RAISE EXCEPTION 'the row''s text is % bytes, above rag.max_document_size (%)', octet_length(v_content),
-                        rag._setting('rag.max_document_size')
+                        pg_size_pretty(pg_size_bytes(rag._setting('rag.max_document_size')))
             USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser).';
+                  HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
@@ -5147,14 +5170,14 @@ BEGIN
     END IF;
     -- The bounds rag_ingest puts on what every search result and answer carries: whoever may write to the
     -- watched table would otherwise set them for every reader of the collection.
-    IF octet_length(v_title) > rag._limit('document_title_max_bytes')::integer THEN
+    IF v_title_bytes > rag._limit('document_title_max_bytes')::integer THEN
         RAISE EXCEPTION 'the row''s title is % bytes, above the % a document''s title may be',
-                        octet_length(v_title), rag._limit('document_title_max_bytes')
+                        v_title_bytes, rag._limit('document_title_max_bytes')
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Shorten the watch''s title expression (left(..., n)).';
     END IF;
-    IF octet_length(v_metadata::text) > rag._limit('document_metadata_max_bytes')::integer THEN
+    IF v_metadata_bytes > rag._limit('document_metadata_max_bytes')::integer THEN
         RAISE EXCEPTION 'the row''s metadata is % bytes of JSON, above the % a document''s metadata may be',
-                        octet_length(v_metadata::text), rag._limit('document_metadata_max_bytes')
+                        v_metadata_bytes, rag._limit('document_metadata_max_bytes')
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Watch fewer or shorter metadata columns.';
     END IF;
     v_sha := sha256(convert_to(v_content, 'UTF8'));
