@@ -136,10 +136,13 @@ pub(crate) fn parse_tags(body: &[u8]) -> serde_json::Result<Vec<ModelInfo>> {
         .models
         .into_iter()
         .map(|tag| ModelInfo {
-            name: tag.name,
+            name: crate::validate::storable_text(tag.name),
             size_bytes: tag.size,
-            modified_at: tag.modified_at,
-            family: tag.details.and_then(|details| details.family),
+            modified_at: tag.modified_at.map(crate::validate::storable_text),
+            family: tag
+                .details
+                .and_then(|details| details.family)
+                .map(crate::validate::storable_text),
         })
         .collect())
 }

@@ -271,7 +271,7 @@ pub(crate) fn parse_models(body: &[u8]) -> serde_json::Result<Vec<ModelInfo>> {
         .data
         .into_iter()
         .map(|model| ModelInfo {
-            name: model.id,
+            name: crate::validate::storable_text(model.id),
             size_bytes: None,
             modified_at: model.created.and_then(format_rfc3339),
             family: None,

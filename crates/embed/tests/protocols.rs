@@ -201,11 +201,17 @@ fn ollama_lists_models() {
             {"name": "nomic-embed-text:latest", "model": "nomic-embed-text:latest", "size": 274302450,
              "modified_at": "2024-05-01T10:00:00.1+02:00", "digest": "abc",
              "details": {"family": "nomic-bert", "parameter_size": "137M"}},
-            {"name": "bare"}
+            {"name": "bare"},
+            {"name": "nul\u{0}hidden", "details": {"family": "a\u{0}b"}}
         ]}),
     )]);
     let models = ollama(&server).list_models(&mut never()).unwrap();
-    assert_eq!(models.len(), 2);
+    assert_eq!(models.len(), 3);
+    // A NUL would end the name a client reads (red team 20).
+    assert_eq!(
+        (models[2].name.as_str(), models[2].family.as_deref()),
+        ("nul\u{FFFD}hidden", Some("a\u{FFFD}b"))
+    );
     assert_eq!(models[0].name, "nomic-embed-text:latest");
     assert_eq!(models[0].size_bytes, Some(274302450));
     assert_eq!(
