@@ -964,6 +964,12 @@ BEGIN
         -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
         -- time, for every collection after it (red team 19): each on its own, tried again next time.
         CONTINUE WHEN rag._upkeep_held(v_id, 'index build');
+        -- The collection's row first, without waiting, as the other builds take it (rag._build_index_after_load,
+        -- rag._rebuild_index): the build ends by recording the index in that row, and a session holding it (an
+        -- admin's open rag_set_search) made that wait time out after every whole build, thrown away and tried
+        -- again at the next round, unrecorded (red team 20). Held, the collection waits for a later round.
+        PERFORM 1 FROM rag.collections c WHERE c.id = v_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
         BEGIN
             PERFORM rag._ensure_index(v_id);
             PERFORM rag._upkeep_forget(v_id, 'index build');

@@ -169,6 +169,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
 BEGIN
+    -- The bounds every collection's texts have: the model's name, and a text no longer than a document may be
+    -- (a 5 MB model name and a 40 MB input went to the provider as they were: red team 20).
+    PERFORM rag._require_short_model_texts(ARRAY[model], '{}');
+    IF octet_length(input) > pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')) THEN
+        RAISE EXCEPTION 'the input is % bytes, above rag.max_document_size (%)', octet_length(input),
+                        pg_catalog.pg_size_pretty(pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')))
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Embed passages of the size a model reads.';
+    END IF;
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
         IF NOT rag._caller_controls_provider(v_provider) THEN

@@ -1651,6 +1651,12 @@ BEGIN
         -- One collection's writers holding its partition past the lock_timeout gave up the whole repair, every
         -- time, for every collection after it (red team 19): each on its own, tried again next time.
         CONTINUE WHEN rag._upkeep_held(v_id, 'index build');
+        -- The collection's row first, without waiting, as the other builds take it (rag._build_index_after_load,
+        -- rag._rebuild_index): the build ends by recording the index in that row, and a session holding it (an
+        -- admin's open rag_set_search) made that wait time out after every whole build, thrown away and tried
+        -- again at the next round, unrecorded (red team 20). Held, the collection waits for a later round.
+        PERFORM 1 FROM rag.collections c WHERE c.id = v_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
         BEGIN
             PERFORM rag._ensure_index(v_id);
             PERFORM rag._upkeep_forget(v_id, 'index build');
@@ -2313,6 +2319,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
 BEGIN
+    -- The bounds every collection's texts have: the model's name, and a text no longer than a document may be
+    -- (a 5 MB model name and a 40 MB input went to the provider as they were: red team 20).
+    PERFORM rag._require_short_model_texts(ARRAY[model], '{}');
+    IF octet_length(input) > pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')) THEN
+        RAISE EXCEPTION 'the input is % bytes, above rag.max_document_size (%)', octet_length(input),
+                        pg_catalog.pg_size_pretty(pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')))
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Embed passages of the size a model reads.';
+    END IF;
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
     IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
         IF NOT rag._caller_controls_provider(v_provider) THEN

@@ -267,6 +267,58 @@ class BuildParametersChanged(InItsOwnDatabase):
         finally:
             self.drop_refusal("refuse_unbuilt")
 
+    def test_a_missing_index_is_not_built_while_an_admin_holds_the_collection(self):
+        # The repair built the index and then recorded it in the collection's row; an admin's open transaction
+        # holding that row (an uncommitted rag_set_search) made the record time out after every whole build,
+        # each thrown away and tried again at the next round, unrecorded: 23 builds in a minute (red team 20).
+        # The repair takes the row first now, without waiting, and leaves a held collection for a later round.
+        psql("SELECT rag_create_collection('held-row', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('held-row', 'Note ' || g, 'Note ' || g || ' of a collection held open.') "
+             "FROM generate_series(1, 3) g")
+        self.assertEqual(scalar("SELECT rag_wait('held-row', '60 seconds')"), "t")
+        collection = scalar("SELECT id FROM rag.collections WHERE name = 'held-row'")
+        psql(f"""
+            CREATE SEQUENCE public.held_builds;
+            CREATE FUNCTION public.count_held_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
+                    PERFORM nextval('public.held_builds');
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER count_held_builds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.count_held_builds();""")
+        # As a restore without its indexes leaves it (the row says no index, the chunks are there), reached while
+        # a writer's open transaction keeps the repair from building (its lock_timeout on the partition ends
+        # each try before CREATE INDEX, so nothing is built or counted), and the admin's open transaction
+        # taken before the writer lets go.
+        psql(f"DROP INDEX rag.chunks_embedding_c{collection}")
+        writer = background_psql(f"BEGIN; LOCK TABLE rag.chunks_c{collection} IN ROW EXCLUSIVE MODE;")
+        holder = None
+        try:
+            self.assertTrue(wait_until(f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'rag.chunks_c{collection}'::regclass "
+                                       "AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid())", seconds=10))
+            psql(f"UPDATE rag.collections SET index_name = NULL WHERE id = {collection}")
+            holder = background_psql("BEGIN; SELECT rag_set_search('held-row', ef_search => 50);")
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction' "
+                                       "AND query LIKE '%rag_set_search%')", seconds=10))
+            writer.communicate(input="COMMIT;\n", timeout=30)
+            writer = None
+            time.sleep(4)
+            self.assertEqual(scalar("SELECT is_called FROM public.held_builds"), "f",
+                             "the index was built while the collection's row was held")
+            holder.communicate(input="ROLLBACK;\n", timeout=30)
+            holder = None
+            self.assertTrue(wait_until("SELECT index_name IS NOT NULL FROM rag.collections WHERE name = 'held-row'",
+                                       seconds=30), "the index was not built once the row was let go")
+            self.assertEqual(scalar("SELECT last_value FROM public.held_builds"), "1")
+        finally:
+            for session in (writer, holder):
+                if session is not None:
+                    session.communicate(input="ROLLBACK;\n", timeout=30)
+            psql("DROP EVENT TRIGGER IF EXISTS count_held_builds; DROP FUNCTION IF EXISTS public.count_held_builds(); "
+                 "DROP SEQUENCE IF EXISTS public.held_builds")
+
     def test_a_failure_that_no_longer_applies_is_forgotten(self):
         # Every document of the collection deleted: it needs no index any more, and the failure went from
         # rag.status (it stayed there for ever, its next try in the past).

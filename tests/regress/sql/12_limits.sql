@@ -55,6 +55,8 @@ SET rag.chat_model = 'cccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
 SELECT rag_create_collection('limits-chat-setting', embedding_model => 'hash-384');
 RESET rag.chat_model;
 SELECT rag_create_provider('limits-long-url', 'openai', base_url => 'http://127.0.0.1:9/' || repeat('v', 2100));
+-- rag_embed has the same bound on a model's name.
+SELECT rag_embed('hi', repeat('m', 257), 'ollama');
 -- NULL for a collection's name.
 SELECT count(*) FROM rag_query(NULL, 'notice');
 -- A local model that is not there is refused when it is chosen, as rag_create_collection refuses it.
