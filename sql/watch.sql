@@ -21,6 +21,14 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
+-- The SQL text of the bytes the columns of a row aliased r take as text, added up: what their metadata's JSON
+-- takes at least, known before it is built (rag._sync_row).
+CREATE FUNCTION rag._columns_size(p_columns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce((SELECT string_agg(format('coalesce(octet_length(r.%I::text), 0)', c), ' + ' ORDER BY n)
+                       FROM unnest(p_columns) WITH ORDINALITY u(c, n)), '0')
+$$;
+
 -- The SQL text of "what would be indexed" for a row aliased r: content, title, filter, metadata. Each
 -- expression was checked by PostgreSQL's parser to be exactly one expression; the newline after it ends any
 -- trailing "--" comment, so it cannot swallow the rest of the statement it is placed in.
@@ -1325,7 +1333,9 @@ BEGIN
     -- became a document of twice the largest rag_ingest takes (red team 20).
     v_raw_limit := pg_size_bytes(rag._setting(CASE WHEN w.format = 'text' THEN 'rag.max_document_size'
                                                     ELSE 'rag.max_file_size' END));
-    -- Likewise the title and the metadata, within what rag_ingest takes (checked below from their sizes). The
+    -- Likewise the title and the metadata, within what rag_ingest takes (checked below from their sizes); the
+    -- metadata's JSON is built only when its columns' text fits (three 80 MB columns took a worker to 2 GB
+    -- before the check, red team 20). The
     -- expressions are evaluated once (OFFSET 0 keeps the planner from copying them into each use: a content
     -- expression ran three times, and one that fit rag.expression_timeout no longer did).
     SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
@@ -1339,11 +1349,14 @@ BEGIN
                                   'title_bytes', octet_length(s.title),
                                   'pass', s.pass,
                                   'metadata', CASE WHEN octet_length(s.metadata::text) <= %s THEN s.metadata END,
-                                  'metadata_bytes', octet_length(s.metadata::text))
-                         FROM (SELECT %s AS content, %s AS title, %s AS pass, %s AS metadata
+                                  'metadata_bytes', coalesce(octet_length(s.metadata::text), s.columns_bytes))
+                         FROM (SELECT %s AS content, %s AS title, %s AS pass,
+                                      CASE WHEN %s <= %s THEN %s END AS metadata, %s AS columns_bytes
                                  FROM ONLY %s AS r WHERE %s OFFSET 0) s$q$,
                     v_raw_limit, rag._limit('document_title_max_bytes'), rag._limit('document_metadata_max_bytes'),
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
+                    e.content, e.title, e.filter,
+                    rag._columns_size(w.metadata_columns), rag._limit('document_metadata_max_bytes'), e.metadata,
+                    rag._columns_size(w.metadata_columns), w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
     IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
         RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
@@ -1380,7 +1393,7 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Shorten the watch''s title expression (left(..., n)).';
     END IF;
     IF v_metadata_bytes > rag._limit('document_metadata_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the row''s metadata is % bytes of JSON, above the % a document''s metadata may be',
+        RAISE EXCEPTION 'the row''s metadata takes % bytes or more as JSON, above the % a document''s metadata may be',
                         v_metadata_bytes, rag._limit('document_metadata_max_bytes')
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Watch fewer or shorter metadata columns.';
     END IF;

@@ -237,6 +237,25 @@ class HostileWatch(InItsOwnDatabase):
                                    "AND status = 'ready')", db=DB, seconds=30))
         self.assertEqual(scalar("SELECT last_value FROM hw.calls", db=DB), "2")
 
+    def test_f3_large_metadata_columns_are_measured_before_their_json_is_built(self):
+        # The metadata's JSON was built whole before its 64 kB bound was checked: three 80 MB columns took a
+        # worker to 2 GB. Their sizes are added up first now, and the row fails with them.
+        psql("""
+            SET ROLE hw_owner;
+            CREATE TABLE hw.fat (id int PRIMARY KEY, body text, m1 text, m2 text);
+            SELECT rag_create_collection('hw_fat', embedding_model => 'hash-384');
+            SELECT rag_watch('hw.fat', 'hw_fat', content => 'body', metadata => ARRAY['m1', 'm2']);
+            INSERT INTO hw.fat VALUES (1, 'A small body.', repeat('a', 40000), repeat('b', 40000)),
+                                      (2, 'Another small body.', 'x', 'y');
+        """, db=DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source = 'hw.fat' "
+                                   "AND source_key = '{\"id\": 2}' AND status = 'ready')", db=DB, seconds=30))
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                                   "WHERE w.source_name = 'hw.fat' AND q.last_error IS NOT NULL)", db=DB, seconds=30))
+        self.assertEqual(scalar("SELECT q.last_error FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id "
+                                "WHERE w.source_name = 'hw.fat'", db=DB),
+                         "the row's metadata takes 80000 bytes or more as JSON, above the 65536 a document's metadata may be")
+
     def test_g_a_watch_of_many_metadata_columns_indexes_its_rows(self):
         # jsonb_build_object takes at most 100 arguments: a watch of 51 metadata columns was accepted and then
         # failed on every row.
