@@ -3915,6 +3915,12 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
+CREATE OR REPLACE FUNCTION rag._columns_size(p_columns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce((SELECT string_agg(format('coalesce(octet_length(r.%I::text), 0)', c), ' + ' ORDER BY n)
+                       FROM unnest(p_columns) WITH ORDINALITY u(c, n)), '0')
+$$;
+
 CREATE OR REPLACE FUNCTION rag._watch_exprs(w rag.watches, OUT content text, OUT title text, OUT filter text, OUT metadata text)
 LANGUAGE sql IMMUTABLE AS $$
     SELECT format(E'(%s\n)::text', w.content_expr),
@@ -5135,7 +5141,9 @@ BEGIN
     -- became a document of twice the largest rag_ingest takes (red team 20).
     v_raw_limit := pg_size_bytes(rag._setting(CASE WHEN w.format = 'text' THEN 'rag.max_document_size'
                                                     ELSE 'rag.max_file_size' END));
-    -- Likewise the title and the metadata, within what rag_ingest takes (checked below from their sizes). The
+    -- Likewise the title and the metadata, within what rag_ingest takes (checked below from their sizes); the
+    -- metadata's JSON is built only when its columns' text fits (three 80 MB columns took a worker to 2 GB
+    -- before the check, red team 20). The
     -- expressions are evaluated once (OFFSET 0 keeps the planner from copying them into each use: a content
     -- expression ran three times, and one that fit rag.expression_timeout no longer did).
     SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
@@ -5149,11 +5157,14 @@ BEGIN
                                   'title_bytes', octet_length(s.title),
                                   'pass', s.pass,
                                   'metadata', CASE WHEN octet_length(s.metadata::text) <= %s THEN s.metadata END,
-                                  'metadata_bytes', octet_length(s.metadata::text))
-                         FROM (SELECT %s AS content, %s AS title, %s AS pass, %s AS metadata
+                                  'metadata_bytes', coalesce(octet_length(s.metadata::text), s.columns_bytes))
+                         FROM (SELECT %s AS content, %s AS title, %s AS pass,
+                                      CASE WHEN %s <= %s THEN %s END AS metadata, %s AS columns_bytes
                                  FROM ONLY %s AS r WHERE %s OFFSET 0) s$q$,
                     v_raw_limit, rag._limit('document_title_max_bytes'), rag._limit('document_metadata_max_bytes'),
-                    e.content, e.title, e.filter, e.metadata, w.source::regclass, rag._key_condition(w)),
+                    e.content, e.title, e.filter,
+                    rag._columns_size(w.metadata_columns), rag._limit('document_metadata_max_bytes'), e.metadata,
+                    rag._columns_size(w.metadata_columns), w.source::regclass, rag._key_condition(w)),
              q.key) AS x;
     IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
         RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
@@ -5190,7 +5201,7 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Shorten the watch''s title expression (left(..., n)).';
     END IF;
     IF v_metadata_bytes > rag._limit('document_metadata_max_bytes')::integer THEN
-        RAISE EXCEPTION 'the row''s metadata is % bytes of JSON, above the % a document''s metadata may be',
+        RAISE EXCEPTION 'the row''s metadata takes % bytes or more as JSON, above the % a document''s metadata may be',
                         v_metadata_bytes, rag._limit('document_metadata_max_bytes')
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Watch fewer or shorter metadata columns.';
     END IF;
