@@ -154,8 +154,6 @@ BEGIN
            coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO document_prefix, query_prefix
       FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
-    PERFORM rag._require_short_model_texts(ARRAY[embedding_model, chat_model, reranker],
-                                           ARRAY[document_prefix, query_prefix]);
     IF chunk_unit IS NULL THEN
         RAISE EXCEPTION 'chunk_unit must be characters or tokens, not NULL'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it out for characters.';
@@ -171,8 +169,9 @@ BEGIN
             USING ERRCODE = 'undefined_object', HINT = 'SELECT name, kind FROM rag.providers lists them.';
     END IF;
     chat_model := nullif(coalesce(chat_model, rag._setting('rag.chat_model')), '');
-    -- Checked again as the setting (which any role may SET) filled it in.
-    PERFORM rag._require_short_model_texts(ARRAY[chat_model], '{}');
+    -- Once the settings (which any role may SET) have filled in what the arguments left out.
+    PERFORM rag._require_short_model_texts(ARRAY[embedding_model, chat_model, reranker],
+                                           ARRAY[document_prefix, query_prefix]);
     IF chat_model IS NOT NULL
        AND chat_model = coalesce(nullif(embedding_model, ''), rag._setting('rag.embedding_model')) THEN
         RAISE EXCEPTION 'chat_model "%" is the embedding model', chat_model

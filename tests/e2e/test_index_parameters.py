@@ -133,25 +133,14 @@ class BuildParametersChanged(InItsOwnDatabase):
              "FROM generate_series(1, 3) g")
         self.assertEqual(scalar("SELECT rag_wait('failing', '60 seconds')"), "t")
         collection = scalar("SELECT id FROM rag.collections WHERE name = 'failing'")
-        psql(f"""
-            CREATE SEQUENCE public.rebuild_tries;
-            CREATE FUNCTION public.refuse_rebuilds() RETURNS event_trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
-                            WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
-                    PERFORM nextval('public.rebuild_tries');
-                    RAISE EXCEPTION 'no space left on device (made up by the test)';
-                END IF;
-            END $$;
-            CREATE EVENT TRIGGER refuse_rebuilds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
-                EXECUTE FUNCTION public.refuse_rebuilds();""")
+        self.refuse_builds_of(collection, "refuse_rebuilds")
         try:
             psql("SELECT rag_set_search('failing', m => 8, ef_construction => 40)")
-            self.assertTrue(wait_until("SELECT last_value = 1 AND is_called FROM public.rebuild_tries", seconds=30),
+            self.assertTrue(wait_until("SELECT last_value = 1 AND is_called FROM public.refuse_rebuilds_tries", seconds=30),
                             "the worker never tried the rebuild")
             # The idle worker looks every 200 ms here: about 30 more tries in 6 s without the pause.
             time.sleep(6)
-            self.assertEqual(scalar("SELECT last_value FROM public.rebuild_tries"), "1")
+            self.assertEqual(scalar("SELECT last_value FROM public.refuse_rebuilds_tries"), "1")
             # Searches kept the index in use meanwhile.
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('failing', 'failing rebuild', 3, max_distance => 2)"),
                              "3")
@@ -168,10 +157,10 @@ class BuildParametersChanged(InItsOwnDatabase):
                                        f"AND datname = '{DB}' AND pid <> {worker})", seconds=30),
                             "no worker came back")
             time.sleep(3)
-            self.assertEqual(scalar("SELECT last_value FROM public.rebuild_tries"), "1")
+            self.assertEqual(scalar("SELECT last_value FROM public.refuse_rebuilds_tries"), "1")
             # New build parameters are a new try, at once; its failure is the second in a row (two minutes).
             psql("SELECT rag_set_search('failing', m => 10, ef_construction => 40)")
-            self.assertTrue(wait_until("SELECT last_value = 2 FROM public.rebuild_tries", seconds=30),
+            self.assertTrue(wait_until("SELECT last_value = 2 FROM public.refuse_rebuilds_tries", seconds=30),
                             "new build parameters were not tried while the old ones rested")
             self.assertTrue(wait_until("SELECT upkeep_error LIKE 'index rebuild failed 1 time in a row:%' "
                                        "FROM rag.status WHERE collection = 'failing'", seconds=10))
@@ -184,12 +173,12 @@ class BuildParametersChanged(InItsOwnDatabase):
                                        "WHERE collection = 'failing'", seconds=10))
             self.assertEqual(scalar(f"SELECT count(*) FROM rag.upkeep_failures WHERE collection_id = {collection}"), "0")
         finally:
-            psql("DROP EVENT TRIGGER IF EXISTS refuse_rebuilds; DROP FUNCTION IF EXISTS public.refuse_rebuilds(); "
-                 "DROP SEQUENCE IF EXISTS public.rebuild_tries")
+            self.drop_refusal("refuse_rebuilds")
 
-    def refuse_builds_of(self, collection, name):
-        """An event trigger that refuses the collection's HNSW index builds, counting the tries in a sequence
-        (which a rollback does not undo)."""
+    def refuse_builds_of(self, collection, name, refuse=True):
+        """An event trigger that refuses the collection's HNSW index builds (or only counts them, refuse=False),
+        counting the tries in the sequence public.<name>_tries (which a rollback does not undo)."""
+        refusal = "RAISE EXCEPTION 'no space left on device (made up by the test)';" if refuse else ""
         psql(f"""
             CREATE SEQUENCE public.{name}_tries;
             CREATE FUNCTION public.{name}() RETURNS event_trigger LANGUAGE plpgsql AS $$
@@ -197,7 +186,7 @@ class BuildParametersChanged(InItsOwnDatabase):
                 IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
                             WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
                     PERFORM nextval('public.{name}_tries');
-                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                    {refusal}
                 END IF;
             END $$;
             CREATE EVENT TRIGGER {name} ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
@@ -277,17 +266,7 @@ class BuildParametersChanged(InItsOwnDatabase):
              "FROM generate_series(1, 3) g")
         self.assertEqual(scalar("SELECT rag_wait('held-row', '60 seconds')"), "t")
         collection = scalar("SELECT id FROM rag.collections WHERE name = 'held-row'")
-        psql(f"""
-            CREATE SEQUENCE public.held_builds;
-            CREATE FUNCTION public.count_held_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
-                            WHERE object_identity LIKE 'rag.chunks_embedding_c{collection}%') THEN
-                    PERFORM nextval('public.held_builds');
-                END IF;
-            END $$;
-            CREATE EVENT TRIGGER count_held_builds ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
-                EXECUTE FUNCTION public.count_held_builds();""")
+        self.refuse_builds_of(collection, "count_held_builds", refuse=False)
         # As a restore without its indexes leaves it (the row says no index, the chunks are there), reached while
         # a writer's open transaction keeps the repair from building (its lock_timeout on the partition ends
         # each try before CREATE INDEX, so nothing is built or counted), and the admin's open transaction
@@ -305,19 +284,18 @@ class BuildParametersChanged(InItsOwnDatabase):
             writer.communicate(input="COMMIT;\n", timeout=30)
             writer = None
             time.sleep(4)
-            self.assertEqual(scalar("SELECT is_called FROM public.held_builds"), "f",
+            self.assertEqual(scalar("SELECT is_called FROM public.count_held_builds_tries"), "f",
                              "the index was built while the collection's row was held")
             holder.communicate(input="ROLLBACK;\n", timeout=30)
             holder = None
             self.assertTrue(wait_until("SELECT index_name IS NOT NULL FROM rag.collections WHERE name = 'held-row'",
                                        seconds=30), "the index was not built once the row was let go")
-            self.assertEqual(scalar("SELECT last_value FROM public.held_builds"), "1")
+            self.assertEqual(scalar("SELECT last_value FROM public.count_held_builds_tries"), "1")
         finally:
             for session in (writer, holder):
                 if session is not None:
                     session.communicate(input="ROLLBACK;\n", timeout=30)
-            psql("DROP EVENT TRIGGER IF EXISTS count_held_builds; DROP FUNCTION IF EXISTS public.count_held_builds(); "
-                 "DROP SEQUENCE IF EXISTS public.held_builds")
+            self.drop_refusal("count_held_builds")
 
     def test_a_failure_that_no_longer_applies_is_forgotten(self):
         # Every document of the collection deleted: it needs no index any more, and the failure went from
