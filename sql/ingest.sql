@@ -204,7 +204,6 @@ CREATE FUNCTION @extschema@.rag_ingest(
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'write');
-    v_body text := body;
     v_offsets integer[];
     v_position integer := 0;
     v_page text;
@@ -228,7 +227,7 @@ BEGIN
             v_offsets := v_offsets || v_position;
             v_position := v_position + char_length(coalesce(v_page, '')) + 2;
         END LOOP;
-        v_body := array_to_string(pages, E'\n\n', '');
+        body := array_to_string(pages, E'\n\n', '');
     END IF;
     IF format IS NULL OR format NOT IN ('text', 'html', 'markdown') THEN
         RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
@@ -250,15 +249,19 @@ BEGIN
     END IF;
     -- The conversion bounds its own input (rag.max_file_size) and runs a large one in the bounded child
     -- (src/api/extract.rs convert_markup); its text is measured below.
-    v_body := rag._to_text(v_body, format);
-    IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
+    -- The body is used in place, never copied to a variable, and plain text is not converted: a 64 MB document
+    -- is held a few times over here, and a copy fewer is 64 MB less for the backend.
+    IF format <> 'text' THEN
+        body := rag._to_text(body, format);
+    END IF;
+    IF body IS NULL OR NOT rag._has_text(body) THEN
         RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'rag_ingest needs non-empty text; for files use rag_ingest_file.';
     END IF;
-    IF octet_length(v_body) > v_limit THEN
+    IF octet_length(body) > v_limit THEN
         RAISE EXCEPTION 'document "%" is % bytes, above rag.max_document_size (%)',
-                        coalesce(title, ''), octet_length(v_body), pg_size_pretty(v_limit)
+                        coalesce(title, ''), octet_length(body), pg_size_pretty(v_limit)
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'Split the document, or raise rag.max_document_size (superuser).';
     END IF;
@@ -267,9 +270,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass ''{}'' for no metadata.';
     END IF;
 
-    v_sha := sha256(convert_to(v_body, 'UTF8'));
+    v_sha := sha256(convert_to(body, 'UTF8'));
     INSERT INTO rag.documents (collection_id, title, source, metadata, body, page_offsets, content_sha256)
-    VALUES (v_collection, coalesce(title, ''), source, metadata, v_body, v_offsets, v_sha)
+    VALUES (v_collection, coalesce(title, ''), source, metadata, body, v_offsets, v_sha)
     ON CONFLICT (collection_id, content_sha256) WHERE source_key IS NULL DO NOTHING
     RETURNING id INTO v_id;
 

@@ -663,6 +663,13 @@ IMMUTABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'to_text_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_has_text"(
+	"text" TEXT /* & str */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'has_text_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_calling_role"() RETURNS TEXT /* String */
 STRICT STABLE PARALLEL RESTRICTED 
 LANGUAGE c /* Rust */
@@ -762,7 +769,7 @@ CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"sql" TEXT, /* & str */
 	"argument" jsonb DEFAULT NULL, /* Option < JsonB > */
 	"search_path" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS SETOF jsonb /* JsonB */
+) RETURNS SETOF jsonb /* super :: QueriedJsonb */
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
@@ -2050,6 +2057,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- A failed switch's rest (up to an hour) is not the clearing's: the new vectors go at once (red team 21).
+    PERFORM rag._upkeep_forget(v_collection, 'model change');
     PERFORM rag._wake_worker();
     RETURN true;
 END $$;
@@ -2354,7 +2363,6 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_ingest(
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'write');
-    v_body text := body;
     v_offsets integer[];
     v_position integer := 0;
     v_page text;
@@ -2378,7 +2386,7 @@ BEGIN
             v_offsets := v_offsets || v_position;
             v_position := v_position + char_length(coalesce(v_page, '')) + 2;
         END LOOP;
-        v_body := array_to_string(pages, E'\n\n', '');
+        body := array_to_string(pages, E'\n\n', '');
     END IF;
     IF format IS NULL OR format NOT IN ('text', 'html', 'markdown') THEN
         RAISE EXCEPTION 'format must be text, html or markdown, not %', coalesce(quote_literal(format), 'NULL')
@@ -2400,15 +2408,19 @@ BEGIN
     END IF;
     -- The conversion bounds its own input (rag.max_file_size) and runs a large one in the bounded child
     -- (src/api/extract.rs convert_markup); its text is measured below.
-    v_body := rag._to_text(v_body, format);
-    IF v_body IS NULL OR btrim(v_body, E' \t\r\n\f\v') = '' THEN
+    -- The body is used in place, never copied to a variable, and plain text is not converted: a 64 MB document
+    -- is held a few times over here, and a copy fewer is 64 MB less for the backend.
+    IF format <> 'text' THEN
+        body := rag._to_text(body, format);
+    END IF;
+    IF body IS NULL OR NOT rag._has_text(body) THEN
         RAISE EXCEPTION 'document "%" has no text', coalesce(title, '')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'rag_ingest needs non-empty text; for files use rag_ingest_file.';
     END IF;
-    IF octet_length(v_body) > v_limit THEN
+    IF octet_length(body) > v_limit THEN
         RAISE EXCEPTION 'document "%" is % bytes, above rag.max_document_size (%)',
-                        coalesce(title, ''), octet_length(v_body), pg_size_pretty(v_limit)
+                        coalesce(title, ''), octet_length(body), pg_size_pretty(v_limit)
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'Split the document, or raise rag.max_document_size (superuser).';
     END IF;
@@ -2417,9 +2429,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass ''{}'' for no metadata.';
     END IF;
 
-    v_sha := sha256(convert_to(v_body, 'UTF8'));
+    v_sha := sha256(convert_to(body, 'UTF8'));
     INSERT INTO rag.documents (collection_id, title, source, metadata, body, page_offsets, content_sha256)
-    VALUES (v_collection, coalesce(title, ''), source, metadata, v_body, v_offsets, v_sha)
+    VALUES (v_collection, coalesce(title, ''), source, metadata, body, v_offsets, v_sha)
     ON CONFLICT (collection_id, content_sha256) WHERE source_key IS NULL DO NOTHING
     RETURNING id INTO v_id;
 
@@ -3493,7 +3505,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._require_search_request(p_query text, p_k integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF p_query IS NULL OR btrim(p_query) = '' THEN
+    IF p_query IS NULL OR NOT rag._has_text(p_query) THEN
         RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass the question to search for.';
     END IF;
@@ -5172,7 +5184,10 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
-    v_content := rag._to_text(v_content, w.format);
+    -- Plain text is not passed through rag._to_text, which would hand back a copy of it.
+    IF w.format <> 'text' THEN
+        v_content := rag._to_text(v_content, w.format);
+    END IF;
     IF octet_length(v_content) > pg_size_bytes(rag._setting('rag.max_document_size')) THEN
         RAISE EXCEPTION 'the row''s text is % bytes, above rag.max_document_size (%)', octet_length(v_content),
                         pg_size_pretty(pg_size_bytes(rag._setting('rag.max_document_size')))
@@ -5181,7 +5196,7 @@ BEGIN
     END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
-    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
+    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN
             DELETE FROM rag.documents WHERE id = d.id;
@@ -5760,14 +5775,14 @@ BEGIN
                                '_migration_chunks_embedded', '_key_is_unique')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
-                               '_to_text')
+                               '_to_text', '_has_text')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
-            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
+            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',

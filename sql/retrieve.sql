@@ -630,7 +630,7 @@ END $$;
 CREATE FUNCTION rag._require_search_request(p_query text, p_k integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF p_query IS NULL OR btrim(p_query) = '' THEN
+    IF p_query IS NULL OR NOT rag._has_text(p_query) THEN
         RAISE EXCEPTION 'the query is empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass the question to search for.';
     END IF;

@@ -326,14 +326,14 @@ BEGIN
                                '_migration_chunks_embedded', '_key_is_unique')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
-                               '_to_text')
+                               '_to_text', '_has_text')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
                                '_has_collection_privilege', '_require_privilege')
                 THEN 'rag_reader'
-            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue', '_ensure_index',
+            WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',
                                'rag_unwatch', 'rag_reindex', 'rag_watch_status', '_check_expression',
                                'rag_set_embedding_model', 'rag_cancel_embedding_model', 'rag_set_reranker',

@@ -1365,7 +1365,10 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'Index less of the row (the watch''s content expression), or raise the setting (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
-    v_content := rag._to_text(v_content, w.format);
+    -- Plain text is not passed through rag._to_text, which would hand back a copy of it.
+    IF w.format <> 'text' THEN
+        v_content := rag._to_text(v_content, w.format);
+    END IF;
     IF octet_length(v_content) > pg_size_bytes(rag._setting('rag.max_document_size')) THEN
         RAISE EXCEPTION 'the row''s text is % bytes, above rag.max_document_size (%)', octet_length(v_content),
                         pg_size_pretty(pg_size_bytes(rag._setting('rag.max_document_size')))
@@ -1374,7 +1377,7 @@ BEGIN
     END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
-    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR btrim(v_content) = '' THEN
+    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN
             DELETE FROM rag.documents WHERE id = d.id;

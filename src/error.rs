@@ -137,7 +137,7 @@ impl RagError {
             | RagError::MissingFile { hint, .. }
             | RagError::ReadOnly { hint, .. }
             | RagError::ProviderSetup { hint, .. } => hint.clone(),
-            RagError::Extraction { error, .. } => error.hint().unwrap_or("").to_string(),
+            RagError::Extraction { error, .. } => error.hint().to_string(),
             RagError::Provider { error, .. } => match error {
                 ProviderError::Transient { .. } => {
                     "The provider is busy or unreachable; try again, or raise rag.http_timeout."

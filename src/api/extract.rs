@@ -492,6 +492,14 @@ pub fn rag_ingest_file(
         ))
     })()
     .unwrap_or_raise();
+    // Refused before the file is read: extraction may hold hundreds of megabytes (a small archive can name one
+    // slide thousands of times) that a caller without the write privilege must not make the server spend.
+    Spi::get_one_with_args::<i32>(
+        "SELECT rag._collection_id($1, 'write')",
+        &[collection.into()],
+    )
+    .doing(|| format!("checking the collection \"{collection}\""))
+    .unwrap_or_raise();
     let extracted = extract_or_raise(data, Some(filename));
     let format = extracted.format.to_string();
     let mut metadata = metadata
@@ -583,6 +591,14 @@ pub fn rag_markdown_to_text(markdown: &str) -> String {
 pub mod rag {
     use crate::error::UnwrapOrRaise;
     use pgrx::prelude::*;
+
+    /// Whether `text` holds anything but whitespace (Unicode's, as the chunker and rag_ask see it). PostgreSQL's
+    /// `btrim` would answer the same with twelve bytes of pointers per byte of a multibyte database's text: 770 MB
+    /// for a 64 MB document, in the ingesting backend or in a worker reading a watched row.
+    #[pg_extern(immutable, parallel_safe, strict, name = "_has_text")]
+    pub fn has_text(text: &str) -> bool {
+        !text.chars().all(char::is_whitespace)
+    }
 
     /// Text in the given format ('text', 'html', 'markdown') as plain text for chunking.
     #[pg_extern(immutable, parallel_safe, name = "_to_text")]

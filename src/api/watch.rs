@@ -11,6 +11,59 @@ struct RowLookups {
     by_watch: HashMap<i32, String>,
 }
 
+/// A jsonb value that a watch's query made, handed back as PostgreSQL's own datum. `JsonB` would print it,
+/// parse it into serde values, print that and parse it again: four copies of a watched row's content (the
+/// worker held a 20 MB row about ten times over).
+pub struct QueriedJsonb(pg_sys::Datum);
+
+impl QueriedJsonb {
+    /// The value of a column of an SPI result row, copied out of SPI's memory into the memory that was current
+    /// when the connection opened (a set-returning function's own, which lasts until its last row is read).
+    fn transferred(datum: pg_sys::Datum) -> QueriedJsonb {
+        // SAFETY: `datum` is a non-null jsonb (a varlena) of the open SPI connection's current result, as its
+        // column's type says; SPI_datumTransfer copies it into the upper executor context and returns the copy.
+        QueriedJsonb(unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
+    }
+}
+
+impl IntoDatum for QueriedJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: the datum is a jsonb allocated in memory that outlives the call (see `transferred`), returned as is.
+unsafe impl pgrx::callconv::BoxRet for QueriedJsonb {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        // SAFETY: a valid jsonb datum, see above.
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
+// SAFETY: it is a jsonb in SQL, as `type_oid` says.
+unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for QueriedJsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(QueriedJsonb);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+    ));
+}
+
 thread_local! {
     // PostgreSQL runs a backend's SQL on one thread.
     static ROW_LOOKUPS: RefCell<Option<RowLookups>> = const { RefCell::new(None) };
@@ -167,7 +220,7 @@ pub mod rag {
         sql: &str,
         argument: default!(Option<JsonB>, "NULL"),
         search_path: default!(Option<&str>, "NULL"),
-    ) -> SetOfIterator<'static, JsonB> {
+    ) -> SetOfIterator<'static, super::QueriedJsonb> {
         let in_worker = crate::pg::is_background_worker();
         let timeout_ms = if in_worker {
             crate::settings::EXPRESSION_TIMEOUT_MS.get()
@@ -179,12 +232,23 @@ pub mod rag {
             let _identity = RestrictedIdentity::enter(role, timeout_ms, search_path);
             Spi::connect(|client| {
                 let statement = crate::kept::statement(client, sql, &[pg_sys::JSONBOID])?;
-                let table = client.select(&*statement, None, &[argument.clone().map(JsonB).into()])?;
-                table
-                    .map(|row| row.get::<JsonB>(1))
-                    .filter_map(|value| value.transpose())
-                    .map(|value| value.map(|JsonB(value)| value))
-                    .collect::<Result<Vec<_>, _>>()
+                let mut table = client.select(&*statement, None, &[argument.clone().map(JsonB).into()])?;
+                let mut rows = Vec::with_capacity(table.len());
+                if !table.is_empty() && table.column_type_oid(1)? != PgOid::from(pg_sys::JSONBOID) {
+                    return Err(pgrx::spi::Error::DatumError(pgrx::datum::TryFromDatumError::IncompatibleTypes {
+                        rust_type: "jsonb",
+                        rust_oid: pg_sys::JSONBOID,
+                        datum_type: format!("{:?}", table.column_type_oid(1)?),
+                        datum_oid: table.column_type_oid(1)?.value(),
+                    }));
+                }
+                // The table's cursor moves to each row in turn; its raw column is read where it stands.
+                while table.next().is_some() {
+                    if let Some(datum) = table.get_datum_by_ordinal(1)? {
+                        rows.push(super::QueriedJsonb::transferred(datum));
+                    }
+                }
+                Ok::<_, pgrx::spi::Error>(rows)
             })
         })
         .catch_when(PgSqlErrorCode::ERRCODE_QUERY_CANCELED, |caught| {
@@ -205,6 +269,6 @@ pub mod rag {
             }
             .raise()
         });
-        SetOfIterator::new(rows.into_iter().map(JsonB))
+        SetOfIterator::new(rows)
     }
 }

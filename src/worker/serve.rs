@@ -97,6 +97,10 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
+    // A model change whose vectors are all made switches now, not when the database next has nothing to do: any
+    // writer's backlog in another collection held a finished change back for minutes (red team 21), its new
+    // documents embedded twice meanwhile.
+    advance_migrations(steps);
     // A worker that stays busy for days still keeps the ledger to its retention.
     prune_ledger(steps);
 }
@@ -108,6 +112,14 @@ fn prune_ledger(steps: &WorkerTransactions) {
         if let Err(error) = steps.run(|| store::prune_ledger(retention)) {
             pgrx::log!("rag worker: pruning the ledger: {error}");
         }
+    }
+}
+
+/// Model changes whose vectors are all made switch, and the columns they leave behind are cleared a slice at a
+/// time (store::advance_migrations).
+fn advance_migrations(steps: &WorkerTransactions) {
+    if let Err(error) = steps.run(store::advance_migrations) {
+        pgrx::log!("rag worker: advancing model changes: {error}");
     }
 }
 
@@ -227,11 +239,8 @@ fn rest(
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
-    // Model changes switch, and the columns they leave behind are cleared, when the worker has nothing else to do;
-    // before it may leave, so that databases taking turns still get them.
-    if let Err(error) = steps.run(store::advance_migrations) {
-        pgrx::log!("rag worker: advancing model changes: {error}");
-    }
+    // Before it may leave, so that databases taking turns still get them.
+    advance_migrations(steps);
     // How common each collection's words are, for the full-text side of its searches.
     if let Err(error) = steps.run(store::measure_lexemes) {
         pgrx::log!("rag worker: measuring lexemes: {error}");

@@ -288,6 +288,29 @@ class OneCollectionHeld(InItsOwnDatabase):
             reader.communicate(input="COMMIT;\n", timeout=30)
         self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations)", db=self.DB, seconds=60))
 
+    def test_a2_a_model_change_switches_while_another_collection_keeps_the_worker_busy(self):
+        # Switches happened only when the database had nothing queued: a backlog anywhere else held a finished
+        # change back until it was gone (four minutes behind 150 slow documents, red team 21).
+        psql("SELECT rag_create_collection('mc-busy-switch', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('mc-busy-switch', 'Note ' || g, 'Note ' || g || ' of a switch.') FROM generate_series(1, 3) g",
+             db=self.DB)
+        self.assertEqual(scalar("SELECT rag_wait('mc-busy-switch', '60 seconds')", db=self.DB), "t")
+        psql("SELECT rag_create_collection('mc-backlog', embedding_model => 'hash-384@slow1000'); "
+             "SELECT rag_ingest('mc-backlog', 'Slow ' || g, 'Slow note ' || g || ' keeps the worker busy.') "
+             "FROM generate_series(1, 400) g", db=self.DB)
+        psql("SELECT rag_set_embedding_model('mc-busy-switch', 'hash-256')", db=self.DB)
+        try:
+            self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections "
+                                       "WHERE name = 'mc-busy-switch'", db=self.DB, seconds=30),
+                            "the model change waited for another collection's backlog")
+            self.assertGreater(int(scalar("SELECT count(*) FROM rag.documents d JOIN rag.collections c "
+                                          "ON c.id = d.collection_id WHERE c.name = 'mc-backlog' "
+                                          "AND d.status <> 'ready'", db=self.DB)), 0,
+                               "the switch came only once the other collection's backlog was gone")
+        finally:
+            psql("SELECT rag_drop_collection('mc-backlog')", db=self.DB)
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations)", db=self.DB, seconds=60))
+
     def test_b_words_are_counted_while_another_collection_is_held(self):
         # Never measured, the lower id: the oldest due, and an admin's open rag_set_search holds its row.
         psql("SELECT rag_create_collection('lx-held', embedding_model => 'hash-384')", db=self.DB)
@@ -306,6 +329,21 @@ class OneCollectionHeld(InItsOwnDatabase):
         finally:
             admin.communicate(input="COMMIT;\n", timeout=30)
 
+    def refuse_index_builds_of(self, collection, trigger):
+        """An event trigger `trigger` (and its function of the same name) failing every index build on the
+        collection's partition, as a full disk would; the test drops both."""
+        collection_id = scalar(f"SELECT id FROM rag.collections WHERE name = '{collection}'", db=self.DB)
+        psql(f"""
+            CREATE FUNCTION public.{trigger}() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity ~ '^rag\.chunks_\w+_c{collection_id}(_r)?$') THEN
+                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER {trigger} ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.{trigger}();""", db=self.DB)
+
     def test_c_a_model_change_that_fails_does_not_hold_the_others(self):
         # The switch's index build failing (out of disk, made up here by an event trigger) raised out of the whole
         # step, every time, and no collection after it in id order switched.
@@ -314,17 +352,7 @@ class OneCollectionHeld(InItsOwnDatabase):
                  f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
                  db=self.DB)
             self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
-        failing = scalar("SELECT id FROM rag.collections WHERE name = 'mf-failing'", db=self.DB)
-        psql(f"""
-            CREATE FUNCTION public.refuse_switch() RETURNS event_trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
-                            WHERE object_identity ~ '^rag\.chunks_\w+_c{failing}(_r)?$') THEN
-                    RAISE EXCEPTION 'no space left on device (made up by the test)';
-                END IF;
-            END $$;
-            CREATE EVENT TRIGGER refuse_switch ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
-                EXECUTE FUNCTION public.refuse_switch();""", db=self.DB)
+        self.refuse_index_builds_of("mf-failing", "refuse_switch")
         try:
             psql("SELECT rag_set_embedding_model('mf-failing', 'hash-256'); "
                  "SELECT rag_set_embedding_model('mf-free', 'hash-256')", db=self.DB)
@@ -343,3 +371,27 @@ class OneCollectionHeld(InItsOwnDatabase):
         self.assertEqual(scalar("SELECT rag_retry_upkeep('mf-failing')", db=self.DB), "1")
         self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mf-failing'",
                                    db=self.DB, seconds=60))
+
+    def test_d_a_cancelled_model_change_does_not_wait_out_its_failed_switch(self):
+        # The cancel left the failed switch's rest in place: the new vectors stayed until it ended (up to an hour).
+        psql("SELECT rag_create_collection('mf-cancelled', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('mf-cancelled', 'Note ' || g, 'Note ' || g || ' of a cancel.') FROM generate_series(1, 3) g",
+             db=self.DB)
+        self.assertEqual(scalar("SELECT rag_wait('mf-cancelled', '60 seconds')", db=self.DB), "t")
+        self.refuse_index_builds_of("mf-cancelled", "refuse_cancelled_switch")
+        try:
+            psql("SELECT rag_set_embedding_model('mf-cancelled', 'hash-256')", db=self.DB)
+            self.assertTrue(wait_until("SELECT upkeep_error LIKE 'model change failed 1 time in a row%' "
+                                       "FROM rag.status WHERE collection = 'mf-cancelled'", db=self.DB, seconds=30))
+        finally:
+            psql("DROP EVENT TRIGGER IF EXISTS refuse_cancelled_switch; "
+                 "DROP FUNCTION IF EXISTS public.refuse_cancelled_switch()", db=self.DB)
+        self.assertEqual(scalar("SELECT rag_cancel_embedding_model('mf-cancelled')", db=self.DB), "t")
+        # Well within the minute the failed switch rests.
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations m JOIN rag.collections c "
+                                   "ON c.id = m.collection_id WHERE c.name = 'mf-cancelled')", db=self.DB, seconds=20),
+                        "the cancelled change's new vectors waited out the failed switch's rest")
+        self.assertEqual(scalar("SELECT upkeep_error IS NULL AND embedding_model = 'hash-384' FROM rag.status "
+                                "WHERE collection = 'mf-cancelled'", db=self.DB), "t")
+        self.assertEqual(scalar("SELECT count(*) FROM rag_query('mf-cancelled', 'note', 5, max_distance => 2)",
+                                db=self.DB), "3")

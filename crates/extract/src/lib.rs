@@ -207,22 +207,25 @@ pub enum ExtractError {
 }
 
 impl ExtractError {
-    /// A short suggestion for the user on how to get past this error, when there is one.
-    pub fn hint(&self) -> Option<&'static str> {
+    /// A short suggestion for the user on how to get past this error.
+    pub fn hint(&self) -> &'static str {
         match self {
             ExtractError::NoTextLayer => {
-                Some("the PDF looks scanned; run it through OCR (e.g. ocrmypdf) and ingest the result")
+                "the PDF looks scanned; run it through OCR (e.g. ocrmypdf) and ingest the result"
             }
-            ExtractError::Encrypted { .. } => Some("remove the password protection and ingest the file again"),
-            ExtractError::Corrupt { .. } => Some("check that the file is complete and opens in its usual application"),
-            ExtractError::TooLarge { .. } => Some("split the document or raise the corresponding limit setting"),
+            ExtractError::Encrypted { .. } => "remove the password protection and ingest the file again",
+            ExtractError::Corrupt { .. } => "check that the file is complete and opens in its usual application",
+            ExtractError::TooLarge { .. } => "split the document or raise the corresponding limit setting",
             ExtractError::UnsupportedFormat { .. } => {
-                Some("convert the file to PDF, an Office Open XML or OpenDocument format, HTML or plain text")
+                "convert the file to PDF, an Office Open XML or OpenDocument format, HTML or plain text"
             }
-            ExtractError::Encoding { .. } => Some("re-save the file as UTF-8"),
-            ExtractError::TooDeep { .. } => Some("the file is nested unusually deeply; it may be malicious"),
-            ExtractError::OutOfResources { .. } => Some("the extraction had too little memory; try again, or split the file"),
-            ExtractError::Empty | ExtractError::NoText { .. } => None,
+            ExtractError::Encoding { .. } => "re-save the file as UTF-8",
+            ExtractError::TooDeep { .. } => "the file is nested unusually deeply; it may be malicious",
+            ExtractError::OutOfResources { .. } => "the extraction had too little memory; try again, or split the file",
+            ExtractError::Empty => "the file has no bytes; check that it was read or uploaded completely",
+            ExtractError::NoText { .. } => {
+                "the file holds no text to index; if its text is in pictures, run it through OCR and ingest the result"
+            }
         }
     }
 

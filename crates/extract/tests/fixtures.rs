@@ -89,7 +89,7 @@ fn pdf_encryption_with_and_without_user_password() {
             "{locked}"
         );
         assert!(err.to_string().contains("encrypted"));
-        assert!(err.hint().is_some());
+        assert!(!err.hint().is_empty());
     }
 }
 
@@ -103,6 +103,29 @@ fn pdf_scan_without_text_layer_needs_ocr() {
     .unwrap_err();
     assert_eq!(err, ExtractError::NoTextLayer);
     assert!(err.to_string().contains("OCR"));
+}
+
+#[test]
+fn every_extraction_error_has_a_hint() {
+    let empty = extract(b"", Some("empty.txt"), &Limits::default()).unwrap_err();
+    assert_eq!(empty, ExtractError::Empty);
+    assert!(
+        empty.hint().contains("uploaded completely"),
+        "{}",
+        empty.hint()
+    );
+    let blank = extract(
+        b"<html><body>  </body></html>",
+        Some("blank.html"),
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(blank, ExtractError::NoText { .. }), "{blank}");
+    assert!(
+        blank.hint().contains("no text to index"),
+        "{}",
+        blank.hint()
+    );
 }
 
 #[test]

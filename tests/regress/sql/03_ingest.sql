@@ -36,6 +36,9 @@ SELECT count(*) AS documents_before FROM rag.documents \gset
 SELECT rag_ingest('docs', 'Empty', '');
 SELECT rag_ingest('docs', 'Blank', E'  \n\t ');
 SELECT rag_ingest('docs', 'Null', NULL);
+-- Any whitespace is blank, as the chunker sees it: no-break, ideographic and line-separator spaces too.
+SELECT rag_ingest('docs', 'Unicode blank', E'\u00a0\u3000\u2028 \u2003');
+SELECT rag._has_text(E'\u00a0\u3000'), rag._has_text(E' \u00a0x'), rag._has_text(''), rag._has_text(NULL);
 SELECT rag_ingest('nope', 'Unknown collection', 'text');
 SELECT rag_ingest('docs', 'NUL byte', E'abc\000def');
 SELECT rag_ingest('docs', 'Bad metadata', 'text', '[1, 2]');

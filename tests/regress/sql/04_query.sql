@@ -24,6 +24,7 @@ RESET enable_seqscan;
 
 -- Bad calls.
 SELECT * FROM rag_query('docs', '');
+SELECT * FROM rag_query('docs', E'\n\u3000');
 SELECT * FROM rag_query('docs', 'x', 0);
 SELECT * FROM rag_query('missing', 'x');
 SELECT * FROM rag_query('docs', 'x', filter => '[1]');

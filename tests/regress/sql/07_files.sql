@@ -29,6 +29,8 @@ SELECT rag_ingest_file('files', 'secret.pdf', pg_read_binary_file(:'fixtures' ||
 SELECT rag_ingest_file('files', 'scan.pdf', pg_read_binary_file(:'fixtures' || 'imagemagick-lzw.pdf'));
 SELECT rag_ingest_file('files', 'truncated.pdf', substring(pg_read_binary_file(:'fixtures' || 'crazyones.pdf') FROM 1 FOR 600));
 SELECT rag_ingest_file('files', 'random.pdf', decode(repeat('deadbeef', 64), 'hex'));
+-- The collection is checked before the file is read: not a file's error, and no extraction spent.
+SELECT rag_ingest_file('no such collection', 'random.pdf', decode(repeat('deadbeef', 64), 'hex'));
 SELECT rag_ingest_file('files', 'empty.txt', ''::bytea);
 SELECT rag_ingest_file('files', 'latin1.txt', '\xe974e9'::bytea);
 SET rag.max_file_size = '1kB';

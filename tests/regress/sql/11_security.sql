@@ -1557,6 +1557,16 @@ DROP OWNED BY sec_curious, sec_delegate;
 DROP ROLE sec_curious, sec_delegate;
 
 ------------------------------------------------------------------------------------------------------------
+-- 5. Index builds are not an admin's to start on any collection (red team 21): rag._ensure_index checks no
+-- privilege, and was callable by every rag_admin. It named collections by id, built HNSW indexes during
+-- another owner's bulk load, and held a SHARE lock on their partition for as long as a transaction stayed open.
+SET ROLE sec_attacker;
+SELECT rag._ensure_index(1);
+SELECT count(*) AS ensure_index_callers FROM pg_catalog.pg_roles r
+ WHERE NOT r.rolsuper AND has_function_privilege(r.oid, 'rag._ensure_index(integer)', 'EXECUTE');
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
