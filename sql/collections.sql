@@ -114,7 +114,7 @@ BEGIN
     context_budget := coalesce(context_budget, rag._limit('context_budget_default')::integer);
     max_answer_tokens := coalesce(max_answer_tokens, rag._limit('max_answer_tokens_default')::integer);
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
-        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
+        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(left(name, 100) || CASE WHEN char_length(name) > 100 THEN '…' ELSE '' END), 'NULL')  -- at most 100 characters of it back (red team 21)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A name is 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit.';
     END IF;
@@ -900,6 +900,11 @@ CREATE FUNCTION rag._upkeep_resting(p_step text) RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(f.collection_id), '{}') FROM rag.upkeep_failures f
      WHERE f.step = p_step AND f.next_try > now()
+       -- A failed switch's rest is not the clearing's: a change cancelled while a worker held the failure's row
+       -- (the cancel's forget skips it) would otherwise keep its new vectors until the rest ends (review of
+       -- red team 21's fix).
+       AND NOT (p_step = 'model change'
+                AND EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = f.collection_id AND m.state = 'clearing'))
 $$;
 
 -- The collections whose failure of p_step no longer applies: the collection is gone, or the step is no longer

@@ -153,6 +153,23 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- Raises unless the caller may call the provider directly (rag_embed, rag_models): one that sends an API key
+-- bills every call to that key, and its model list shows the account behind it, so only its creator (or a role
+-- with its privileges) or a superuser may. Collections use it through rag_query and rag_ask, which record every call.
+CREATE FUNCTION rag._require_direct_use(p_provider text) RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_provider rag.providers;
+BEGIN
+    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = p_provider;
+    IF FOUND AND v_provider.api_key_setting IS NOT NULL AND NOT rag._caller_controls_provider(v_provider) THEN
+        RAISE EXCEPTION 'permission denied for provider "%"', p_provider USING ERRCODE = 'insufficient_privilege',
+            DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
+                            coalesce(v_provider.created_by::text, 'the extension')),
+            HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
+    END IF;
+END $$;
+
 -- An embedding of any text, e.g. to compare texts or to search your own tables with pgvector directly. The
 -- model defaults to the local provider's default model. A provider that sends an API key bills every call to
 -- that key, and here the caller chooses the text and the model: only its creator (or a role with its
@@ -177,15 +194,7 @@ BEGIN
                         pg_catalog.pg_size_pretty(pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')))
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Embed passages of the size a model reads.';
     END IF;
-    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
-    IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
-        IF NOT rag._caller_controls_provider(v_provider) THEN
-            RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
-                DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
-                                coalesce(v_provider.created_by::text, 'the extension')),
-                HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
-        END IF;
-    END IF;
+    PERFORM rag._require_direct_use(provider);
     -- Text (pgvector's input form) to the function's vector: PL/pgSQL's RETURN converts through the types'
     -- text forms where no cast applies, so pgvector's type need not be named (it is off rag's search_path).
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
@@ -372,6 +381,11 @@ DECLARE
     v_collection integer := rag._collection_id(collection);
     v_deadline timestamptz := clock_timestamp() + timeout;
 BEGIN
+    IF timeout IS NULL THEN
+        -- A NULL deadline is never reached: it waited until statement_timeout, or for ever (red team 21).
+        RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
+    END IF;
     LOOP
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.

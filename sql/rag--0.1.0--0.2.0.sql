@@ -943,7 +943,7 @@ BEGIN
     context_budget := coalesce(context_budget, rag._limit('context_budget_default')::integer);
     max_answer_tokens := coalesce(max_answer_tokens, rag._limit('max_answer_tokens_default')::integer);
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
-        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(name), 'NULL')
+        RAISE EXCEPTION 'invalid collection name %', coalesce(quote_literal(left(name, 100) || CASE WHEN char_length(name) > 100 THEN '…' ELSE '' END), 'NULL')  -- at most 100 characters of it back (red team 21)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A name is 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit.';
     END IF;
@@ -1606,6 +1606,11 @@ CREATE OR REPLACE FUNCTION rag._upkeep_resting(p_step text) RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(f.collection_id), '{}') FROM rag.upkeep_failures f
      WHERE f.step = p_step AND f.next_try > now()
+       -- A failed switch's rest is not the clearing's: a change cancelled while a worker held the failure's row
+       -- (the cancel's forget skips it) would otherwise keep its new vectors until the rest ends (review of
+       -- red team 21's fix).
+       AND NOT (p_step = 'model change'
+                AND EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = f.collection_id AND m.state = 'clearing'))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._upkeep_unsettled(p_step text) RETURNS integer[]
@@ -2316,6 +2321,20 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._require_direct_use(p_provider text) RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_provider rag.providers;
+BEGIN
+    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = p_provider;
+    IF FOUND AND v_provider.api_key_setting IS NOT NULL AND NOT rag._caller_controls_provider(v_provider) THEN
+        RAISE EXCEPTION 'permission denied for provider "%"', p_provider USING ERRCODE = 'insufficient_privilege',
+            DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
+                            coalesce(v_provider.created_by::text, 'the extension')),
+            HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
+    END IF;
+END $$;
+
 SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, %I, pg_temp', n.nspname), true)
        AS path_for_rag_embed
   FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
@@ -2335,15 +2354,7 @@ BEGIN
                         pg_catalog.pg_size_pretty(pg_catalog.pg_size_bytes(rag._setting('rag.max_document_size')))
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Embed passages of the size a model reads.';
     END IF;
-    SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_embed.provider;
-    IF FOUND AND v_provider.api_key_setting IS NOT NULL THEN
-        IF NOT rag._caller_controls_provider(v_provider) THEN
-            RAISE EXCEPTION 'permission denied for provider "%"', provider USING ERRCODE = 'insufficient_privilege',
-                DETAIL = format('It sends the key %s with every call; it was created by %s.', v_provider.api_key_setting,
-                                coalesce(v_provider.created_by::text, 'the extension')),
-                HINT = 'Search a collection that uses it with rag_query, or ask its creator or a superuser.';
-        END IF;
-    END IF;
+    PERFORM rag._require_direct_use(provider);
     -- Text (pgvector's input form) to the function's vector: PL/pgSQL's RETURN converts through the types'
     -- text forms where no cast applies, so pgvector's type need not be named (it is off rag's search_path).
     RETURN rag._embed_text(provider, coalesce(model, rag._limit('local_model_default')), input);
@@ -2512,6 +2523,11 @@ DECLARE
     v_collection integer := rag._collection_id(collection);
     v_deadline timestamptz := clock_timestamp() + timeout;
 BEGIN
+    IF timeout IS NULL THEN
+        -- A NULL deadline is never reached: it waited until statement_timeout, or for ever (red team 21).
+        RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
+    END IF;
     LOOP
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.
@@ -3542,6 +3558,7 @@ DECLARE
     v_lexemes tsquery;
     v_keyword_slots integer;
     v_vector_schema text := rag._vector_schema();
+    v_failed rag.upkeep_failures;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     PERFORM rag._require_search_request(query, k);
@@ -3553,7 +3570,12 @@ BEGIN
     IF v_mode <> 'vector' THEN
         v_lexemes := rag._keyword_query(c, query);
     END IF;
-    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
+    -- A build that fails is the reason, not a load (rag.status shows the same row as upkeep_error).
+    SELECT * INTO v_failed FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'index build';
+    IF c.index_name IS NULL AND v_mode <> 'keyword' AND v_failed.collection_id IS NOT NULL THEN
+        RETURN NEXT format('Vector side: exact search: building its HNSW index failed %s time(s) in a row (%s); the workers try again at %s, and rag_retry_upkeep(%L) tries at once once the cause is mended',
+                           v_failed.failures, v_failed.last_error, v_failed.next_try, c.name);
+    ELSIF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
                          ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; without the workers, rag_process_queue builds it, also after rag_set_search changed its build parameters)',
@@ -5780,7 +5802,7 @@ BEGIN
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
-                               '_has_collection_privilege', '_require_privilege')
+                               '_has_collection_privilege', '_require_privilege', '_require_direct_use')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',

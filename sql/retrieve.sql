@@ -674,6 +674,7 @@ DECLARE
     v_lexemes tsquery;
     v_keyword_slots integer;
     v_vector_schema text := rag._vector_schema();
+    v_failed rag.upkeep_failures;
 BEGIN
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection);
     PERFORM rag._require_search_request(query, k);
@@ -685,7 +686,12 @@ BEGIN
     IF v_mode <> 'vector' THEN
         v_lexemes := rag._keyword_query(c, query);
     END IF;
-    IF c.index_name IS NULL AND v_mode <> 'keyword' THEN
+    -- A build that fails is the reason, not a load (rag.status shows the same row as upkeep_error).
+    SELECT * INTO v_failed FROM rag.upkeep_failures f WHERE f.collection_id = c.id AND f.step = 'index build';
+    IF c.index_name IS NULL AND v_mode <> 'keyword' AND v_failed.collection_id IS NOT NULL THEN
+        RETURN NEXT format('Vector side: exact search: building its HNSW index failed %s time(s) in a row (%s); the workers try again at %s, and rag_retry_upkeep(%L) tries at once once the cause is mended',
+                           v_failed.failures, v_failed.last_error, v_failed.next_try, c.name);
+    ELSIF c.index_name IS NULL AND v_mode <> 'keyword' THEN
         RETURN NEXT CASE WHEN c.dimensions > 2000
                          THEN format('Vector side: exact search (%s dimensions is above HNSW''s 2000)', c.dimensions)
                          ELSE format('Vector side: exact search: no HNSW index now (a bulk load builds it when fewer than %s of the collection''s documents are waiting, or, once %s are ready or waiting, when fewer than %s are due, after they are ready; rag.status shows them; without the workers, rag_process_queue builds it, also after rag_set_search changed its build parameters)',

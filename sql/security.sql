@@ -331,7 +331,7 @@ BEGIN
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
-                               '_has_collection_privilege', '_require_privilege')
+                               '_has_collection_privilege', '_require_privilege', '_require_direct_use')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',

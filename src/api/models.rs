@@ -1,6 +1,6 @@
 //! `rag_models()`: what a provider serves (Ollama's /api/tags, OpenAI's /models).
 use super::query::provider_error;
-use crate::error::{RagError, UnwrapOrRaise};
+use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use crate::provider;
 use pgrx::prelude::*;
 
@@ -22,6 +22,10 @@ pub fn rag_models(
     ),
 > {
     let row = provider::row_or_raise(provider);
+    // A keyed provider's list is fetched with its key, and shows the account behind it: its creator's to ask.
+    Spi::run_with_args("SELECT rag._require_direct_use($1)", &[provider.into()])
+        .doing(|| format!("checking provider \"{provider}\""))
+        .unwrap_or_raise();
     if row.kind == provider::Kind::Local {
         return TableIterator::new(local_models());
     }

@@ -18,10 +18,15 @@ pub struct QueriedJsonb(pg_sys::Datum);
 
 impl QueriedJsonb {
     /// The value of a column of an SPI result row, copied out of SPI's memory into the memory that was current
-    /// when the connection opened (a set-returning function's own, which lasts until its last row is read).
-    fn transferred(datum: pg_sys::Datum) -> QueriedJsonb {
-        // SAFETY: `datum` is a non-null jsonb (a varlena) of the open SPI connection's current result, as its
-        // column's type says; SPI_datumTransfer copies it into the upper executor context and returns the copy.
+    /// when the connection opened. In `rag._query_as` that is the set-returning function's own
+    /// (pgrx runs its first call in `multi_call_memory_ctx`), which lasts until its last row is read; called
+    /// from Rust directly, the copy would live only as long as the caller's context.
+    ///
+    /// # Safety
+    /// An SPI connection is open, and `datum` is a non-null varlena (a jsonb) of its current result.
+    unsafe fn transferred(datum: pg_sys::Datum) -> QueriedJsonb {
+        // SAFETY: the caller's promise above; SPI_datumTransfer copies the value into the upper executor context
+        // and returns the copy.
         QueriedJsonb(unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
     }
 }
@@ -245,7 +250,8 @@ pub mod rag {
                 // The table's cursor moves to each row in turn; its raw column is read where it stands.
                 while table.next().is_some() {
                     if let Some(datum) = table.get_datum_by_ordinal(1)? {
-                        rows.push(super::QueriedJsonb::transferred(datum));
+                        // SAFETY: inside Spi::connect; a non-null value of a column checked to be jsonb above.
+                        rows.push(unsafe { super::QueriedJsonb::transferred(datum) });
                     }
                 }
                 Ok::<_, pgrx::spi::Error>(rows)

@@ -224,9 +224,14 @@ class BuildParametersChanged(InItsOwnDatabase):
             self.assertEqual(scalar(tries), "1")
             self.assertEqual(scalar("SELECT upkeep_error FROM rag.status WHERE collection = 'unbuilt'"),
                              "index build failed 1 time in a row: no space left on device (made up by the test)")
-            # Searched exactly meanwhile.
+            # Searched exactly meanwhile, and rag_explain gives the failing build as the reason, not a load.
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('unbuilt', 'index built', 3, max_distance => 2)"),
                              "3")
+            self.assertRegex(scalar("SELECT line FROM rag_explain('unbuilt', 'index built') AS line "
+                                    "WHERE line LIKE 'Vector side:%'"),
+                             r"^Vector side: exact search: building its HNSW index failed 1 time\(s\) in a row "
+                             r"\(no space left on device \(made up by the test\)\); the workers try again at .*"
+                             r"rag_retry_upkeep\('unbuilt'\)")
             # Its rest over while a session holds the failure's row (a worker trying it, a rag_reindex): the
             # worker neither waits for the row (a rag_reindex that held it deadlocked with a store) nor builds
             # the index at every look meanwhile (a storm of builds), and its other work goes on.

@@ -395,3 +395,40 @@ class OneCollectionHeld(InItsOwnDatabase):
                                 "WHERE collection = 'mf-cancelled'", db=self.DB), "t")
         self.assertEqual(scalar("SELECT count(*) FROM rag_query('mf-cancelled', 'note', 5, max_distance => 2)",
                                 db=self.DB), "3")
+
+    def test_e_a_model_change_cancelled_while_its_switch_fails_clears_at_once(self):
+        # The cancel came while the worker was building the switch's index and held the failure's row: the
+        # cancel's forget skipped the row, the build failed, and the failure's rest kept the clearing waiting.
+        psql("SELECT rag_create_collection('mf-racing', embedding_model => 'hash-384'); "
+             "SELECT rag_ingest('mf-racing', 'Note ' || g, 'Note ' || g || ' of a race.') FROM generate_series(1, 3) g",
+             db=self.DB)
+        self.assertEqual(scalar("SELECT rag_wait('mf-racing', '60 seconds')", db=self.DB), "t")
+        racing = scalar("SELECT id FROM rag.collections WHERE name = 'mf-racing'", db=self.DB)
+        psql(f"""
+            CREATE SEQUENCE public.slow_failing_switches;
+            CREATE FUNCTION public.slow_failing_switch() RETURNS event_trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                            WHERE object_identity ~ '^rag\.chunks_\w+_c{racing}(_r)?$') THEN
+                    PERFORM nextval('public.slow_failing_switches');
+                    PERFORM pg_sleep(3);
+                    RAISE EXCEPTION 'no space left on device (made up by the test)';
+                END IF;
+            END $$;
+            CREATE EVENT TRIGGER slow_failing_switch ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+                EXECUTE FUNCTION public.slow_failing_switch();""", db=self.DB)
+        try:
+            psql("SELECT rag_set_embedding_model('mf-racing', 'hash-256')", db=self.DB)
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                       f"AND datname = '{self.DB}' AND wait_event = 'PgSleep')", db=self.DB, seconds=30),
+                            "the worker never started the switch's build")
+            # Cancelled while the worker sleeps inside the switch's build, which then fails.
+            self.assertEqual(scalar("SELECT rag_cancel_embedding_model('mf-racing')", db=self.DB), "t")
+            self.assertEqual(scalar("SELECT last_value FROM public.slow_failing_switches", db=self.DB), "1")
+        finally:
+            psql("DROP EVENT TRIGGER IF EXISTS slow_failing_switch; "
+                 "DROP FUNCTION IF EXISTS public.slow_failing_switch(); DROP SEQUENCE IF EXISTS public.slow_failing_switches",
+                 db=self.DB)
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations m JOIN rag.collections c "
+                                   "ON c.id = m.collection_id WHERE c.name = 'mf-racing')", db=self.DB, seconds=20),
+                        "the cancelled change's new vectors waited out the failed switch's rest")

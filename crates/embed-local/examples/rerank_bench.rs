@@ -31,18 +31,28 @@ fn main() {
     model.score(question, &refs).expect("warm-up");
     let mut times = Vec::new();
     let mut tokens = 0;
+    // The longest time between two interrupt checks: how late a cancel can be acted on.
+    let mut longest_between_checks: f64 = 0.0;
     for _ in 0..5 {
         let started = Instant::now();
+        let mut last_check = Instant::now();
         let scored = model
-            .score_interruptible(question, &refs, &mut || false)
+            .score_interruptible(question, &refs, &mut || {
+                longest_between_checks =
+                    longest_between_checks.max(last_check.elapsed().as_secs_f64() * 1000.0);
+                last_check = Instant::now();
+                false
+            })
             .expect("score");
+        longest_between_checks =
+            longest_between_checks.max(last_check.elapsed().as_secs_f64() * 1000.0);
         times.push(started.elapsed().as_secs_f64() * 1000.0);
         tokens = scored.tokens;
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     println!(
-        "{candidates} pairs of a question and {passage_chars}-character passages ({} tokens per pair), {} threads: median {median:.1} ms per call, {:.1} ms per pair",
+        "{candidates} pairs of a question and {passage_chars}-character passages ({} tokens per pair), {} threads: median {median:.1} ms per call, {:.1} ms per pair; at most {longest_between_checks:.0} ms between two interrupt checks",
         tokens / candidates,
         model.threads(),
         median / candidates as f64

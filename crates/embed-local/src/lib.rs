@@ -51,6 +51,11 @@ pub const POOLING_CONFIG_FILE: &str = "1_Pooling/config.json";
 
 /// Upper bound on tokens in one forward pass, whatever the caller's batch size.
 const MAX_TOKENS_PER_PASS: usize = 2048;
+/// The same for the cross-encoder, whose passes are where a cancel of a search waits: its twelve layers take
+/// about three times MiniLM's six-layer time a token, and a pass of 2,048 tokens made a cancel up to 1.5 s late
+/// (red team 20). At 1,024 the longest pass here is 155-177 ms instead of 302-348 ms, at the same time a pair
+/// (`rerank_bench`, interleaved runs: 17.3-18.7 ms against 15.8-18.4 ms); 512 cost a quarter more a pair.
+pub(crate) const MAX_RERANK_TOKENS_PER_PASS: usize = 1024;
 /// Upper bound on inputs in one forward pass, so short inputs still go in reasonably sized groups.
 const MAX_INPUTS_PER_PASS: usize = 64;
 
@@ -363,7 +368,7 @@ impl LocalModel {
         }
 
         let mut vectors = Vec::with_capacity(encoded.len());
-        for pass in passes(&encoded) {
+        for pass in passes(&encoded, MAX_TOKENS_PER_PASS) {
             if interrupted() {
                 release_freed_memory();
                 return Err(LocalModelError::Interrupted);
@@ -395,7 +400,7 @@ impl LocalModel {
 /// Splits inputs, in order, into forward passes. Inputs are not padded, so a pass is any run of them;
 /// the caps bound the activations (intermediate layer: tokens × intermediate_size × 4 bytes, 12 MB for
 /// MiniLM at the cap). An input over the token cap gets a pass of its own.
-fn passes(encoded: &[Vec<u32>]) -> Vec<std::ops::Range<usize>> {
+fn passes(encoded: &[Vec<u32>], max_tokens: usize) -> Vec<std::ops::Range<usize>> {
     let mut passes = Vec::new();
     let mut start = 0;
     while start < encoded.len() {
@@ -403,7 +408,7 @@ fn passes(encoded: &[Vec<u32>]) -> Vec<std::ops::Range<usize>> {
         let mut tokens = 0;
         while end < encoded.len()
             && end - start < MAX_INPUTS_PER_PASS
-            && (end == start || tokens + encoded[end].len() <= MAX_TOKENS_PER_PASS)
+            && (end == start || tokens + encoded[end].len() <= max_tokens)
         {
             tokens += encoded[end].len();
             end += 1;

@@ -144,7 +144,7 @@ impl CrossEncoder {
             types.push(encoding.get_type_ids().to_vec());
         }
         let mut scores = Vec::with_capacity(passages.len());
-        for pass in passes(&ids) {
+        for pass in passes(&ids, crate::MAX_RERANK_TOKENS_PER_PASS) {
             if interrupted() {
                 release_freed_memory();
                 return Err(LocalModelError::Interrupted);

@@ -93,6 +93,28 @@ fn an_interrupt_stops_before_the_first_pass() {
 }
 
 #[test]
+fn a_cancel_is_looked_for_at_least_every_thousand_tokens() {
+    // Thirty pairs of about 90 tokens: two passes of 2,048 tokens made a cancel wait for the first, up to
+    // 1.5 s on a loaded machine; passes of at most 1,024 tokens are looked between at least three times.
+    let passage =
+        "Berlin has about three and a half million inhabitants and many museums. ".repeat(6);
+    let passages: Vec<&str> = (0..30).map(|_| passage.as_str()).collect();
+    let mut checks = 0;
+    let scored = reranker()
+        .score_interruptible(BERLIN, &passages, &mut || {
+            checks += 1;
+            false
+        })
+        .expect("scores");
+    assert!(scored.tokens > 2048, "tokens {}", scored.tokens);
+    assert!(
+        checks >= scored.tokens.div_ceil(1024),
+        "{checks} checks for {} tokens",
+        scored.tokens
+    );
+}
+
+#[test]
 fn an_embedding_model_is_not_taken_for_a_cross_encoder() {
     let error = CrossEncoder::load_with(
         &rag_embed_local::default_model_dir(),

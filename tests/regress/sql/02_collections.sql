@@ -14,6 +14,7 @@ RESET rag.embedding_model;
 -- Bad input: clear errors with hints.
 SELECT rag_create_collection('docs');
 SELECT rag_create_collection('bad name!');
+SELECT rag_create_collection(repeat('y', 100000));
 SELECT rag_create_collection('x', chunk_size => 500, chunk_overlap => 500);
 SELECT rag_create_collection('x', chunk_size => 20000);
 SELECT rag_create_collection('x', chunk_unit => 'words');

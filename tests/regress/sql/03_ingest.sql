@@ -15,6 +15,7 @@ SELECT rag_ingest('docs', 'Canteen menu',
 SELECT rag_ingest('docs', 'Parking', 'Parking permits for the staff car park are issued by reception.') AS parking \gset
 
 SELECT rag_wait('docs', '30 seconds') AS all_done;
+SELECT rag_wait('docs', NULL);
 SELECT title, status, failure_reason, chunks_total = chunks_embedded AS complete, embed_calls, metadata
   FROM rag.documents WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'docs') ORDER BY id;
 

@@ -513,6 +513,8 @@ RESET ROLE;
 -- rag_embed, nor call the function behind rag_embed; nor write the ledger but through a call it records.
 SET ROLE sec_reader;
 SELECT rag_embed('spend', 'text-embedding-3-small', 'allowed');
+-- Nor list its models: the list is fetched with the key and shows the account behind it (red team 21).
+SELECT name FROM rag_models('allowed');
 SELECT rag._embed_text('allowed', 'text-embedding-3-small', 'spend');
 SELECT rag._record_query(p_collection_id => rag._collection_id('owner-docs', 'read'), p_kind => 'query',
                          p_question => 'forged', p_outcome => 'retrieved', p_embed_tokens => 1000000000);
