@@ -201,6 +201,21 @@ BEGIN
 END $$;
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_embed;
 
+-- Raises unless a document's metadata is within its bound as JSON text. rag_ingest_file asks first, before it
+-- reads the file or adds the file's format to the metadata (jsonb's || builds a tree of the whole value: 44 MB
+-- of metadata took the backend to 1.4 GB before this check refused it; red team 22).
+CREATE FUNCTION rag._require_metadata_fits(p_metadata jsonb) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_bytes integer := octet_length(p_metadata::text);
+BEGIN
+    IF v_bytes > rag._limit('document_metadata_max_bytes')::integer THEN
+        RAISE EXCEPTION 'a document''s metadata may be at most % bytes as JSON text, not %',
+                        rag._limit('document_metadata_max_bytes'), v_bytes
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
+    END IF;
+END $$;
+
 CREATE FUNCTION @extschema@.rag_ingest(
     collection text,
     title      text,
@@ -251,11 +266,7 @@ BEGIN
                         coalesce(octet_length(source), 0)
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Put long text in the body.';
     END IF;
-    IF octet_length(metadata::text) > rag._limit('document_metadata_max_bytes')::integer THEN
-        RAISE EXCEPTION 'a document''s metadata may be at most % bytes as JSON text, not %',
-                        rag._limit('document_metadata_max_bytes'), octet_length(metadata::text)
-            USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
-    END IF;
+    PERFORM rag._require_metadata_fits(metadata);
     -- The conversion bounds its own input (rag.max_file_size) and runs a large one in the bounded child
     -- (src/api/extract.rs convert_markup); its text is measured below.
     -- The body is used in place, never copied to a variable, and plain text is not converted: a 64 MB document

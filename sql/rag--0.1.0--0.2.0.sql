@@ -556,7 +556,7 @@ CREATE OR REPLACE FUNCTION @extschema@."rag_ingest_file"(
 	"collection" TEXT, /* Option < & str > */
 	"filename" TEXT, /* Option < & str > */
 	"data" bytea, /* Option < & [u8] > */
-	"metadata" jsonb DEFAULT '{}', /* Option < JsonB > */
+	"metadata" jsonb DEFAULT '{}', /* Option < crate :: pg :: RawJsonb > */
 	"title" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS bigint /* i64 */
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
@@ -769,7 +769,7 @@ CREATE OR REPLACE FUNCTION rag."_query_as"(
 	"sql" TEXT, /* & str */
 	"argument" jsonb DEFAULT NULL, /* Option < JsonB > */
 	"search_path" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS SETOF jsonb /* super :: QueriedJsonb */
+) RETURNS SETOF jsonb /* crate :: pg :: RawJsonb */
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'query_as_wrapper';
@@ -2362,6 +2362,18 @@ END $$;
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_embed;
 
+CREATE OR REPLACE FUNCTION rag._require_metadata_fits(p_metadata jsonb) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_bytes integer := octet_length(p_metadata::text);
+BEGIN
+    IF v_bytes > rag._limit('document_metadata_max_bytes')::integer THEN
+        RAISE EXCEPTION 'a document''s metadata may be at most % bytes as JSON text, not %',
+                        rag._limit('document_metadata_max_bytes'), v_bytes
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION @extschema@.rag_ingest(
     collection text,
     title      text,
@@ -2412,11 +2424,7 @@ BEGIN
                         coalesce(octet_length(source), 0)
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Put long text in the body.';
     END IF;
-    IF octet_length(metadata::text) > rag._limit('document_metadata_max_bytes')::integer THEN
-        RAISE EXCEPTION 'a document''s metadata may be at most % bytes as JSON text, not %',
-                        rag._limit('document_metadata_max_bytes'), octet_length(metadata::text)
-            USING ERRCODE = 'program_limit_exceeded', HINT = 'Keep metadata to what filters need; put long text in the body.';
-    END IF;
+    PERFORM rag._require_metadata_fits(metadata);
     -- The conversion bounds its own input (rag.max_file_size) and runs a large one in the bounded child
     -- (src/api/extract.rs convert_markup); its text is measured below.
     -- The body is used in place, never copied to a variable, and plain text is not converted: a 64 MB document

@@ -526,3 +526,97 @@ unsafe extern "C-unwind" fn rag_process_utility(
     // SAFETY: as above; the statement is the one that just ran.
     crate::api::roles::after_command(pstmt);
 }
+
+/// A jsonb value as PostgreSQL holds it, passed through without pgrx's `JsonB`, which prints it and parses it
+/// into serde values (and back again to return it). `rag._query_as` returns its query's value this way (four
+/// copies of a watched row's content fewer: the worker held a 20 MB row about ten times over), and
+/// `rag_ingest_file` takes its metadata this way, so that 44 MB of JSON is measured against its 64 kB bound before
+/// anything copies it (the serde tree took 880 MB more, and a failed allocation there aborted the server: red
+/// team 22).
+pub struct RawJsonb(pg_sys::Datum);
+
+impl RawJsonb {
+    /// The same datum again, to pass to a query while this one is kept for another.
+    pub fn borrowed(&self) -> RawJsonb {
+        RawJsonb(self.0)
+    }
+
+    /// The value of a column of an SPI result row, copied out of SPI's memory into the memory that was current
+    /// when the connection opened. In `rag._query_as` that is the set-returning function's own (pgrx runs its
+    /// first call in `multi_call_memory_ctx`), which lasts until its last row is read; called from Rust
+    /// directly, the copy would live only as long as the caller's context.
+    ///
+    /// # Safety
+    /// An SPI connection is open, and `datum` is a non-null varlena (a jsonb) of its current result.
+    pub unsafe fn transferred(datum: pg_sys::Datum) -> RawJsonb {
+        // SAFETY: the caller's promise above; SPI_datumTransfer copies the value into the upper executor context
+        // and returns the copy.
+        RawJsonb(unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
+    }
+}
+
+impl pgrx::datum::IntoDatum for RawJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+impl pgrx::datum::FromDatum for RawJsonb {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        // The datum stays the caller's: valid for the call it is an argument of, which is as long as it is used.
+        (!is_null).then_some(RawJsonb(datum))
+    }
+}
+
+// SAFETY: an argument declared jsonb (SqlTranslatable below), taken as its datum; NULL is None.
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for RawJsonb {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        // SAFETY: the caller's promise that the argument is a jsonb datum.
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: as above.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+// SAFETY: the datum is a jsonb allocated in memory that outlives the call (see `transferred`), returned as is.
+unsafe impl pgrx::callconv::BoxRet for RawJsonb {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        // SAFETY: a valid jsonb datum, see above.
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
+// SAFETY: it is a jsonb in SQL, as `type_oid` says.
+unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for RawJsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(RawJsonb);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+    ));
+}

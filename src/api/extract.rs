@@ -2,7 +2,6 @@
 //! anything is written, so a scan, an encrypted PDF or a zip bomb is an ERROR and leaves no row behind.
 use crate::error::{RagError, SpiContext, UnwrapOrRaise};
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use rag_extract::{extract, Extracted, Limits};
 
 fn limits() -> Limits {
@@ -481,7 +480,7 @@ pub fn rag_ingest_file(
     collection: Option<&str>,
     filename: Option<&str>,
     data: Option<&[u8]>,
-    metadata: default!(Option<JsonB>, "'{}'"),
+    metadata: default!(Option<crate::pg::RawJsonb>, "'{}'"),
     title: default!(Option<&str>, "NULL"),
 ) -> i64 {
     let (collection, filename, data) = (|| {
@@ -494,22 +493,18 @@ pub fn rag_ingest_file(
     .unwrap_or_raise();
     // Refused before the file is read: extraction may hold hundreds of megabytes (a small archive can name one
     // slide thousands of times) that a caller without the write privilege must not make the server spend.
+    // So is metadata over its bound, which rag_ingest refuses too, but only after the file's format joins it.
     Spi::get_one_with_args::<i32>(
-        "SELECT rag._collection_id($1, 'write')",
-        &[collection.into()],
+        "SELECT rag._collection_id($1, 'write') FROM rag._require_metadata_fits($2)",
+        &[
+            collection.into(),
+            metadata.as_ref().map(|raw| raw.borrowed()).into(),
+        ],
     )
     .doing(|| format!("checking the collection \"{collection}\""))
     .unwrap_or_raise();
     let extracted = extract_or_raise(data, Some(filename));
     let format = extracted.format.to_string();
-    let mut metadata = metadata
-        .map(|JsonB(value)| value)
-        .unwrap_or_else(|| serde_json::json!({}));
-    if let Some(object) = metadata.as_object_mut() {
-        object
-            .entry("format")
-            .or_insert_with(|| serde_json::Value::String(format));
-    }
     let title = title.unwrap_or(filename).to_string();
     let has_parts = extracted
         .sections
@@ -531,16 +526,23 @@ pub fn rag_ingest_file(
         (Some(extracted.text()), None, None)
     };
     Spi::connect_mut(|client| {
+        // The file's format joins metadata that is an object and does not name one; rag_ingest checks the
+        // metadata's size and shape, as it does for every document.
         let rows = client.update(
-            "SELECT rag_definer.rag_ingest($1, $2, $3, $4, $5, $6)",
+            "SELECT rag_definer.rag_ingest($1, $2, $3,
+                        CASE WHEN jsonb_typeof(coalesce($4, '{}')) = 'object' AND NOT coalesce($4, '{}') ? 'format'
+                             THEN coalesce($4, '{}') || jsonb_build_object('format', $7::text)
+                             ELSE $4 END,
+                        $5, $6)",
             Some(1),
             &[
                 collection.into(),
                 title.into(),
                 body.into(),
-                JsonB(metadata).into(),
+                metadata.into(),
                 pages.into(),
                 filename.into(),
+                format.into(),
             ],
         )?;
         let id = rows.first().get_one::<i64>()?.unwrap_or_default();

@@ -11,64 +11,6 @@ struct RowLookups {
     by_watch: HashMap<i32, String>,
 }
 
-/// A jsonb value that a watch's query made, handed back as PostgreSQL's own datum. `JsonB` would print it,
-/// parse it into serde values, print that and parse it again: four copies of a watched row's content (the
-/// worker held a 20 MB row about ten times over).
-pub struct QueriedJsonb(pg_sys::Datum);
-
-impl QueriedJsonb {
-    /// The value of a column of an SPI result row, copied out of SPI's memory into the memory that was current
-    /// when the connection opened. In `rag._query_as` that is the set-returning function's own
-    /// (pgrx runs its first call in `multi_call_memory_ctx`), which lasts until its last row is read; called
-    /// from Rust directly, the copy would live only as long as the caller's context.
-    ///
-    /// # Safety
-    /// An SPI connection is open, and `datum` is a non-null varlena (a jsonb) of its current result.
-    unsafe fn transferred(datum: pg_sys::Datum) -> QueriedJsonb {
-        // SAFETY: the caller's promise above; SPI_datumTransfer copies the value into the upper executor context
-        // and returns the copy.
-        QueriedJsonb(unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
-    }
-}
-
-impl IntoDatum for QueriedJsonb {
-    fn into_datum(self) -> Option<pg_sys::Datum> {
-        Some(self.0)
-    }
-
-    fn type_oid() -> pg_sys::Oid {
-        pg_sys::JSONBOID
-    }
-}
-
-// SAFETY: the datum is a jsonb allocated in memory that outlives the call (see `transferred`), returned as is.
-unsafe impl pgrx::callconv::BoxRet for QueriedJsonb {
-    unsafe fn box_into<'fcx>(
-        self,
-        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
-    ) -> pgrx::datum::Datum<'fcx> {
-        // SAFETY: a valid jsonb datum, see above.
-        unsafe { fcinfo.return_raw_datum(self.0) }
-    }
-}
-
-// SAFETY: it is a jsonb in SQL, as `type_oid` says.
-unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for QueriedJsonb {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(QueriedJsonb);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
-    ));
-}
-
 thread_local! {
     // PostgreSQL runs a backend's SQL on one thread.
     static ROW_LOOKUPS: RefCell<Option<RowLookups>> = const { RefCell::new(None) };
@@ -225,7 +167,7 @@ pub mod rag {
         sql: &str,
         argument: default!(Option<JsonB>, "NULL"),
         search_path: default!(Option<&str>, "NULL"),
-    ) -> SetOfIterator<'static, super::QueriedJsonb> {
+    ) -> SetOfIterator<'static, crate::pg::RawJsonb> {
         let in_worker = crate::pg::is_background_worker();
         let timeout_ms = if in_worker {
             crate::settings::EXPRESSION_TIMEOUT_MS.get()
@@ -251,7 +193,7 @@ pub mod rag {
                 while table.next().is_some() {
                     if let Some(datum) = table.get_datum_by_ordinal(1)? {
                         // SAFETY: inside Spi::connect; a non-null value of a column checked to be jsonb above.
-                        rows.push(unsafe { super::QueriedJsonb::transferred(datum) });
+                        rows.push(unsafe { crate::pg::RawJsonb::transferred(datum) });
                     }
                 }
                 Ok::<_, pgrx::spi::Error>(rows)

@@ -49,6 +49,12 @@ pub const SENTENCE_CONFIG_FILE: &str = "sentence_bert_config.json";
 /// Optional sentence-transformers pooling configuration; without it the model is mean-pooled.
 pub const POOLING_CONFIG_FILE: &str = "1_Pooling/config.json";
 
+/// Most bytes an input may have per token of the model's window. A text that fits the window almost never comes
+/// near it (English averages four or five bytes a token; a chunk is at most 10,000 characters); one far over it
+/// cost the tokenizer about 215 bytes of memory a byte before the window was checked, with no interrupt check
+/// (a 16 MB `rag_embed` input: 3.4 GB and a cancel 10 s late; red team 22).
+pub const MAX_BYTES_PER_WINDOW_TOKEN: usize = 256;
+
 /// Upper bound on tokens in one forward pass, whatever the caller's batch size.
 const MAX_TOKENS_PER_PASS: usize = 2048;
 /// The same for the cross-encoder, whose passes are where a cancel of a search waits: its twelve layers take
@@ -145,6 +151,17 @@ pub enum LocalModelError {
         /// The model's window ([`LocalModel::max_tokens`]).
         max: usize,
     },
+    /// The input has more bytes than the model takes for its window ([`MAX_BYTES_PER_WINDOW_TOKEN`] a token),
+    /// refused before it is tokenized: the tokenizer holds about 200 bytes a byte of its input, and checks no
+    /// interrupt.
+    TooManyBytes {
+        /// Position of the input in the batch.
+        index: usize,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The most the model takes.
+        max_bytes: usize,
+    },
     /// The forward pass failed.
     Inference {
         /// The tensor library's message.
@@ -178,6 +195,14 @@ impl fmt::Display for LocalModelError {
             LocalModelError::TooLong { index, tokens, max } => write!(
                 f,
                 "input {index} has {tokens} tokens, more than the model's window of {max} tokens"
+            ),
+            LocalModelError::TooManyBytes {
+                index,
+                bytes,
+                max_bytes,
+            } => write!(
+                f,
+                "input {index} is {bytes} bytes, more than the {max_bytes} this model takes ({MAX_BYTES_PER_WINDOW_TOKEN} a token of its window)"
             ),
             LocalModelError::Inference { message } => {
                 write!(f, "embedding forward pass failed: {message}")
@@ -348,6 +373,14 @@ impl LocalModel {
     ) -> Result<Embedded, LocalModelError> {
         let mut encoded = Vec::with_capacity(texts.len());
         for (index, text) in texts.iter().enumerate() {
+            let max_bytes = self.max_tokens.saturating_mul(MAX_BYTES_PER_WINDOW_TOKEN);
+            if text.len() > max_bytes {
+                return Err(LocalModelError::TooManyBytes {
+                    index,
+                    bytes: text.len(),
+                    max_bytes,
+                });
+            }
             let ids = self.encode(index, text)?;
             if ids.is_empty() {
                 // Only a tokenizer without [CLS]/[SEP] post-processing gets here; a mean over no

@@ -253,6 +253,26 @@ fn input_longer_than_the_window_is_an_error() {
 }
 
 #[test]
+fn an_input_far_over_the_window_is_refused_before_it_is_tokenized() {
+    let model = model();
+    let max_bytes = model.max_tokens() * rag_embed_local::MAX_BYTES_PER_WINDOW_TOKEN;
+    // One long word is a single [UNK] token however long: the byte bound applies all the same.
+    let at_the_bound = "x".repeat(max_bytes);
+    assert!(model.embed(&[&at_the_bound]).is_ok());
+    let over = "a ".repeat(8 * 1024 * 1024);
+    match model.embed(&["short", &over]) {
+        Err(LocalModelError::TooManyBytes {
+            index: 1,
+            bytes,
+            max_bytes: reported,
+        }) => {
+            assert_eq!((bytes, reported), (over.len(), max_bytes));
+        }
+        other => panic!("expected TooManyBytes, got {other:?}"),
+    }
+}
+
+#[test]
 fn empty_batch_and_empty_text() {
     assert!(model().embed(&[]).expect("empty batch").is_empty());
     let vector = embed_one("");

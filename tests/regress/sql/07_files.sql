@@ -22,6 +22,14 @@ SELECT title, source, metadata, page_labels, status FROM rag.documents WHERE id 
 SELECT ordinal, page, left(replace(content, E'\n', ' / '), 40) AS content FROM rag.chunks WHERE document_id = :deck ORDER BY ordinal;
 -- The same file again costs nothing.
 SELECT rag_ingest_file('files', 'copy.pptx', pg_read_binary_file(:'fixtures' || 'tbl-cell.pptx')) = :deck AS deduplicated;
+-- The file's format joins the metadata unless the metadata names one; no metadata gets the format alone;
+-- metadata that is not an object, or too large, is refused as rag_ingest refuses it.
+SELECT rag_ingest_file('files', 'a.txt', convert_to('Alpha file.', 'UTF8'), metadata => '{"format": "memo"}') > 0 AS a,
+       rag_ingest_file('files', 'b.txt', convert_to('Beta file.', 'UTF8'), metadata => NULL) > 0 AS b;
+SELECT title, metadata FROM rag.documents WHERE title IN ('a.txt', 'b.txt') ORDER BY title;
+SELECT rag_ingest_file('files', 'c.txt', convert_to('Gamma file.', 'UTF8'), metadata => '[1, 2]');
+SELECT rag_ingest_file('files', 'd.txt', convert_to('Delta file.', 'UTF8'),
+                       metadata => jsonb_build_object('big', repeat('x', 70000)));
 
 -- Files that cannot be read: an ERROR naming the problem, with a hint, and nothing written.
 SELECT count(*) AS documents_before FROM rag.documents \gset

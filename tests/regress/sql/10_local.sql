@@ -59,6 +59,8 @@ EXCEPTION WHEN OTHERS THEN
         replace(v_message, (SELECT setting FROM pg_catalog.pg_config WHERE name = 'SHAREDIR'), '<sharedir>'), v_hint;
 END $$;
 SELECT rag_embed('x', 'no/such/../path');
+-- A text far over the model's window is refused before the tokenizer holds two hundred bytes a byte of it.
+SELECT rag_embed(repeat('a ', 4000000));
 
 -- Digits and punctuation give about one token per two characters, so 700-character chunks, which the
 -- creation check accepts, would overflow the 256-token window. The worker measures every chunk with the
