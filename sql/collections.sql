@@ -1458,7 +1458,7 @@ BEGIN
 END $$;
 
 -- Model changes whose worker step is due: one whose every ready document has its vectors in the new space, with
--- nothing of the collection queued, or one clearing the column left behind. The idle worker's read-only look.
+-- nothing of the collection queued, or one clearing the column left behind. The worker's read-only look (idle, and every few seconds while busy).
 CREATE FUNCTION rag._migrations_due() RETURNS integer[]
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -1502,12 +1502,12 @@ DECLARE
     v_steps integer := 0;
 BEGIN
     -- Building and dropping an index wait for locks on the collection's partition; behind long queries the step gives
-    -- up at once and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    -- up at once and the worker tries again at its next upkeep (a waiting AccessExclusive request would queue every other reader).
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Each collection's step on its own (a subtransaction), its row taken without waiting: one collection whose
     -- partition a reader's open transaction holds (its old index cannot be dropped), or whose row another
     -- change holds, gave up the whole call at its lock_timeout, every time, and no collection after it in id
-    -- order ever switched (red team 19). It is tried again at the next idle moment; the others go on.
+    -- order ever switched (red team 19). It is tried again at the next upkeep; the others go on.
     PERFORM rag._settle_upkeep('model change');
     FOREACH v_id IN ARRAY ARRAY(SELECT d.id FROM unnest(rag._migrations_due()) d(id)
                                  WHERE NOT d.id = ANY (rag._upkeep_resting('model change'))) LOOP

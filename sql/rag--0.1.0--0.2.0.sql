@@ -2125,12 +2125,12 @@ DECLARE
     v_steps integer := 0;
 BEGIN
     -- Building and dropping an index wait for locks on the collection's partition; behind long queries the step gives
-    -- up at once and the idle worker tries again (a waiting AccessExclusive request would queue every other reader).
+    -- up at once and the worker tries again at its next upkeep (a waiting AccessExclusive request would queue every other reader).
     PERFORM set_config('lock_timeout', '100ms', true);
     -- Each collection's step on its own (a subtransaction), its row taken without waiting: one collection whose
     -- partition a reader's open transaction holds (its old index cannot be dropped), or whose row another
     -- change holds, gave up the whole call at its lock_timeout, every time, and no collection after it in id
-    -- order ever switched (red team 19). It is tried again at the next idle moment; the others go on.
+    -- order ever switched (red team 19). It is tried again at the next upkeep; the others go on.
     PERFORM rag._settle_upkeep('model change');
     FOREACH v_id IN ARRAY ARRAY(SELECT d.id FROM unnest(rag._migrations_due()) d(id)
                                  WHERE NOT d.id = ANY (rag._upkeep_resting('model change'))) LOOP
@@ -3486,6 +3486,14 @@ BEGIN
     IF filter IS NOT NULL AND jsonb_typeof(filter) <> 'object' THEN
         RAISE EXCEPTION 'filter must be a JSON object matched against document metadata'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"department": "hr"}''.';
+    END IF;
+    -- Bounded as the metadata it is matched against: jsonb's containment test checks no interrupt, and a filter of
+    -- a million array elements held a search for 77 s after its cancel (red team 22).
+    IF octet_length(filter::text) > rag._limit('document_metadata_max_bytes')::integer THEN
+        RAISE EXCEPTION 'filter is % bytes as JSON text; at most % are allowed', octet_length(filter::text),
+                        rag._limit('document_metadata_max_bytes')
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'A filter names the metadata a document must have, which is itself at most that long.';
     END IF;
     IF c.dimensions IS NOT NULL THEN
         -- Embedded for the model of the row read above, whose vector column the search reads: a switch to

@@ -563,3 +563,62 @@ fn a_content_stream_of_millions_of_operands_is_refused_before_decoding() {
     let err = timed(|| extract(&pdf, Some("operands.pdf"), &Limits::default())).unwrap_err();
     assert_too_large(&err, 2_000_000);
 }
+
+/// A presentation and a workbook whose every entry names one and the same part: each part is read once, so a
+/// small file cannot repeat one slide's or sheet's text thousands of times (an 18 kB .pptx made 63 MB of text
+/// and took the ingesting backend to 1.1 GB; red teams 20 and 22).
+#[test]
+fn a_part_named_many_times_is_read_once() {
+    const P: &str = "http://schemas.openxmlformats.org/officeDocument/2006/relationships";
+    let repeated = |element: &str| -> String {
+        (0..5000)
+            .map(|i| element.replace("{i}", &(256 + i).to_string()))
+            .collect()
+    };
+    let presentation = format!(
+        r#"<p:presentation xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" xmlns:r="{P}"><p:sldIdLst>{}</p:sldIdLst></p:presentation>"#,
+        repeated(r#"<p:sldId id="{i}" r:id="rId1"/>"#)
+    );
+    let presentation_rels = format!(
+        r#"<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="{P}/slide" Target="slides/slide1.xml"/></Relationships>"#
+    );
+    let slide = r#"<p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"><p:cSld><p:spTree><p:sp><p:txBody><a:p><a:r><a:t>The only slide.</a:t></a:r></a:p></p:txBody></p:sp></p:spTree></p:cSld></p:sld>"#;
+    let deck = zip_of(
+        &[
+            ("ppt/presentation.xml", presentation.as_bytes()),
+            (
+                "ppt/_rels/presentation.xml.rels",
+                presentation_rels.as_bytes(),
+            ),
+            ("ppt/slides/slide1.xml", slide.as_bytes()),
+        ],
+        CompressionMethod::Deflated,
+    );
+    let extracted = extract(&deck, Some("deck.pptx"), &Limits::default()).expect("extracts");
+    assert_eq!(extracted.sections.len(), 1);
+    assert_eq!(extracted.sections[0].text, "The only slide.");
+
+    let workbook = format!(
+        r#"<workbook xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" xmlns:r="{P}"><sheets>{}</sheets></workbook>"#,
+        repeated(r#"<sheet name="S{i}" sheetId="{i}" r:id="rId1"/>"#)
+    );
+    let workbook_rels = format!(
+        r#"<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="{P}/worksheet" Target="worksheets/sheet1.xml"/></Relationships>"#
+    );
+    let sheet = r#"<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main"><sheetData><row r="1"><c r="A1" t="inlineStr"><is><t>alpha</t></is></c></row></sheetData></worksheet>"#;
+    let book = zip_of(
+        &[
+            ("xl/workbook.xml", workbook.as_bytes()),
+            ("xl/_rels/workbook.xml.rels", workbook_rels.as_bytes()),
+            ("xl/worksheets/sheet1.xml", sheet.as_bytes()),
+        ],
+        CompressionMethod::Deflated,
+    );
+    let extracted = extract(&book, Some("book.xlsx"), &Limits::default()).expect("extracts");
+    assert_eq!(extracted.sections.len(), 1);
+    assert_eq!(
+        extracted.sections[0].locator.as_deref(),
+        Some("sheet \"S256\"")
+    );
+    assert_eq!(extracted.sections[0].text, "alpha");
+}

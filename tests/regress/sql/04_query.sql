@@ -28,6 +28,7 @@ SELECT * FROM rag_query('docs', E'\n\u3000');
 SELECT * FROM rag_query('docs', 'x', 0);
 SELECT * FROM rag_query('missing', 'x');
 SELECT * FROM rag_query('docs', 'x', filter => '[1]');
+SELECT * FROM rag_query('docs', 'x', filter => jsonb_build_object('a', (SELECT jsonb_agg(g) FROM generate_series(1, 20000) g)));
 
 -- A hung provider cannot hang a backend beyond statement_timeout.
 SELECT rag_create_collection('hung', embedding_model => 'hash-384@timeout', dimensions => 384) > 0 AS created;
