@@ -2062,8 +2062,6 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    -- A failed switch's rest (up to an hour) is not the clearing's: the new vectors go at once (red team 21).
-    PERFORM rag._upkeep_forget(v_collection, 'model change');
     PERFORM rag._wake_worker();
     RETURN true;
 END $$;

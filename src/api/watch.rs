@@ -181,12 +181,13 @@ pub mod rag {
                 let statement = crate::kept::statement(client, sql, &[pg_sys::JSONBOID])?;
                 let mut table = client.select(&*statement, None, &[argument.clone().map(JsonB).into()])?;
                 let mut rows = Vec::with_capacity(table.len());
-                if !table.is_empty() && table.column_type_oid(1)? != PgOid::from(pg_sys::JSONBOID) {
+                let column_type = if table.is_empty() { None } else { Some(table.column_type_oid(1)?) };
+                if let Some(other) = column_type.filter(|oid| *oid != PgOid::from(pg_sys::JSONBOID)) {
                     return Err(pgrx::spi::Error::DatumError(pgrx::datum::TryFromDatumError::IncompatibleTypes {
                         rust_type: "jsonb",
                         rust_oid: pg_sys::JSONBOID,
-                        datum_type: format!("{:?}", table.column_type_oid(1)?),
-                        datum_oid: table.column_type_oid(1)?.value(),
+                        datum_type: format!("{other:?}"),
+                        datum_oid: other.value(),
                     }));
                 }
                 // The table's cursor moves to each row in turn; its raw column is read where it stands.

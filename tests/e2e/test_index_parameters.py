@@ -104,9 +104,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         # after the rebuild, so it stays due. Taken first every time, it kept every other collection's rebuild
         # waiting for as long as it was held; the worker draws among the due ones.
         for name in ("first-held", "second-free"):
-            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
-                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g")
-            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
+            self.three_notes(name)
         first = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'first-held'")
         holder = background_psql(f"BEGIN; LOCK TABLE rag.{first} IN ACCESS SHARE MODE; SELECT 'held';")
         try:
@@ -128,11 +126,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         # when idle: a whole index build each time, and a WARNING each. The worker leaves the collection alone for
         # a minute now, then twice as long after each failure in a row. Made to fail here by an event trigger
         # that refuses its indexes, counting the tries in a sequence (which a rollback does not undo).
-        psql("SELECT rag_create_collection('failing', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('failing', 'Note ' || g, 'Note ' || g || ' of a failing rebuild.') "
-             "FROM generate_series(1, 3) g")
-        self.assertEqual(scalar("SELECT rag_wait('failing', '60 seconds')"), "t")
-        collection = scalar("SELECT id FROM rag.collections WHERE name = 'failing'")
+        collection = self.three_notes("failing")
         self.refuse_builds_of(collection, "refuse_rebuilds")
         try:
             psql("SELECT rag_set_search('failing', m => 8, ef_construction => 40)")
@@ -175,6 +169,13 @@ class BuildParametersChanged(InItsOwnDatabase):
         finally:
             self.drop_refusal("refuse_rebuilds")
 
+    def three_notes(self, name):
+        """A collection `name` of three ready notes; its id."""
+        psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
+             f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g")
+        self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
+        return scalar(f"SELECT id FROM rag.collections WHERE name = '{name}'")
+
     def refuse_builds_of(self, collection, name, refuse=True):
         """An event trigger that refuses the collection's HNSW index builds (or only counts them, refuse=False),
         counting the tries in the sequence public.<name>_tries (which a rollback does not undo)."""
@@ -200,11 +201,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         """A collection of three ready documents whose HNSW index is missing and cannot be built (dropped by hand
         and forgotten by rag_reindex, as after a load whose last build failed, or a restore without its indexes):
         its first failed try done. Returns its id."""
-        psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
-             f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of an index that cannot be built.') "
-             "FROM generate_series(1, 3) g")
-        self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')"), "t")
-        collection = scalar(f"SELECT id FROM rag.collections WHERE name = '{name}'")
+        collection = self.three_notes(name)
         self.refuse_builds_of(collection, f"refuse_{name}")
         psql(f"DROP INDEX rag.chunks_embedding_c{collection}")
         psql(f"SELECT rag_reindex('{name}')")
@@ -266,11 +263,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         # holding that row (an uncommitted rag_set_search) made the record time out after every whole build,
         # each thrown away and tried again at the next round, unrecorded: 23 builds in a minute (red team 20).
         # The repair takes the row first now, without waiting, and leaves a held collection for a later round.
-        psql("SELECT rag_create_collection('held-row', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('held-row', 'Note ' || g, 'Note ' || g || ' of a collection held open.') "
-             "FROM generate_series(1, 3) g")
-        self.assertEqual(scalar("SELECT rag_wait('held-row', '60 seconds')"), "t")
-        collection = scalar("SELECT id FROM rag.collections WHERE name = 'held-row'")
+        collection = self.three_notes("held-row")
         self.refuse_builds_of(collection, "count_held_builds", refuse=False)
         # As a restore without its indexes leaves it (the row says no index, the chunks are there), reached while
         # a writer's open transaction keeps the repair from building (its lock_timeout on the partition ends

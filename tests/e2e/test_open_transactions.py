@@ -266,10 +266,7 @@ class OneCollectionHeld(InItsOwnDatabase):
 
     def test_a_model_changes_switch_while_another_collection_is_held(self):
         for name in ("mc-held", "mc-free"):
-            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
-                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
-                 db=self.DB)
-            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
+            self.three_notes(name)
         psql("SELECT rag_set_embedding_model('mc-held', 'hash-256')", db=self.DB)
         # Switched, its old space's index still to drop: a reader's open search holds its partition.
         self.assertTrue(wait_until("SELECT state = 'clearing' FROM rag.migrations m JOIN rag.collections c "
@@ -291,10 +288,7 @@ class OneCollectionHeld(InItsOwnDatabase):
     def test_a2_a_model_change_switches_while_another_collection_keeps_the_worker_busy(self):
         # Switches happened only when the database had nothing queued: a backlog anywhere else held a finished
         # change back until it was gone (four minutes behind 150 slow documents, red team 21).
-        psql("SELECT rag_create_collection('mc-busy-switch', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('mc-busy-switch', 'Note ' || g, 'Note ' || g || ' of a switch.') FROM generate_series(1, 3) g",
-             db=self.DB)
-        self.assertEqual(scalar("SELECT rag_wait('mc-busy-switch', '60 seconds')", db=self.DB), "t")
+        self.three_notes("mc-busy-switch")
         psql("SELECT rag_create_collection('mc-backlog', embedding_model => 'hash-384@slow1000'); "
              "SELECT rag_ingest('mc-backlog', 'Slow ' || g, 'Slow note ' || g || ' keeps the worker busy.') "
              "FROM generate_series(1, 400) g", db=self.DB)
@@ -329,29 +323,42 @@ class OneCollectionHeld(InItsOwnDatabase):
         finally:
             admin.communicate(input="COMMIT;\n", timeout=30)
 
-    def refuse_index_builds_of(self, collection, trigger):
-        """An event trigger `trigger` (and its function of the same name) failing every index build on the
-        collection's partition, as a full disk would; the test drops both."""
+    def three_notes(self, name, model="hash-384"):
+        """A collection `name` of three ready notes; its id."""
+        psql(f"SELECT rag_create_collection('{name}', embedding_model => '{model}'); "
+             f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
+             db=self.DB)
+        self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
+        return scalar(f"SELECT id FROM rag.collections WHERE name = '{name}'", db=self.DB)
+
+    def refuse_index_builds_of(self, collection, trigger, sleep_first=0):
+        """An event trigger `trigger` (and its function and counting sequence of the same name) failing every
+        index build on the collection's partition, as a full disk would, after `sleep_first` seconds; the test
+        drops them with `drop_refusal`."""
         collection_id = scalar(f"SELECT id FROM rag.collections WHERE name = '{collection}'", db=self.DB)
         psql(f"""
+            CREATE SEQUENCE public.{trigger};
             CREATE FUNCTION public.{trigger}() RETURNS event_trigger LANGUAGE plpgsql AS $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
                             WHERE object_identity ~ '^rag\.chunks_\w+_c{collection_id}(_r)?$') THEN
+                    PERFORM nextval('public.{trigger}');
+                    PERFORM pg_sleep({sleep_first});
                     RAISE EXCEPTION 'no space left on device (made up by the test)';
                 END IF;
             END $$;
             CREATE EVENT TRIGGER {trigger} ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
                 EXECUTE FUNCTION public.{trigger}();""", db=self.DB)
 
+    def drop_refusal(self, trigger):
+        psql(f"DROP EVENT TRIGGER IF EXISTS {trigger}; DROP FUNCTION IF EXISTS public.{trigger}(); "
+             f"DROP SEQUENCE IF EXISTS public.{trigger}", db=self.DB)
+
     def test_c_a_model_change_that_fails_does_not_hold_the_others(self):
         # The switch's index build failing (out of disk, made up here by an event trigger) raised out of the whole
         # step, every time, and no collection after it in id order switched.
         for name in ("mf-failing", "mf-free"):
-            psql(f"SELECT rag_create_collection('{name}', embedding_model => 'hash-384'); "
-                 f"SELECT rag_ingest('{name}', 'Note ' || g, 'Note ' || g || ' of {name}.') FROM generate_series(1, 3) g",
-                 db=self.DB)
-            self.assertEqual(scalar(f"SELECT rag_wait('{name}', '60 seconds')", db=self.DB), "t")
+            self.three_notes(name)
         self.refuse_index_builds_of("mf-failing", "refuse_switch")
         try:
             psql("SELECT rag_set_embedding_model('mf-failing', 'hash-256'); "
@@ -365,8 +372,7 @@ class OneCollectionHeld(InItsOwnDatabase):
             self.assertTrue(wait_until("SELECT upkeep_error LIKE 'model change failed 1 time in a row: no space left%' "
                                        "FROM rag.status WHERE collection = 'mf-failing'", db=self.DB, seconds=30))
         finally:
-            psql("DROP EVENT TRIGGER IF EXISTS refuse_switch; DROP FUNCTION IF EXISTS public.refuse_switch()",
-                 db=self.DB)
+            self.drop_refusal("refuse_switch")
         # The cause mended, the admin asks for the switch again rather than waiting out the rest.
         self.assertEqual(scalar("SELECT rag_retry_upkeep('mf-failing')", db=self.DB), "1")
         self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mf-failing'",
@@ -374,18 +380,14 @@ class OneCollectionHeld(InItsOwnDatabase):
 
     def test_d_a_cancelled_model_change_does_not_wait_out_its_failed_switch(self):
         # The cancel left the failed switch's rest in place: the new vectors stayed until it ended (up to an hour).
-        psql("SELECT rag_create_collection('mf-cancelled', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('mf-cancelled', 'Note ' || g, 'Note ' || g || ' of a cancel.') FROM generate_series(1, 3) g",
-             db=self.DB)
-        self.assertEqual(scalar("SELECT rag_wait('mf-cancelled', '60 seconds')", db=self.DB), "t")
+        self.three_notes("mf-cancelled")
         self.refuse_index_builds_of("mf-cancelled", "refuse_cancelled_switch")
         try:
             psql("SELECT rag_set_embedding_model('mf-cancelled', 'hash-256')", db=self.DB)
             self.assertTrue(wait_until("SELECT upkeep_error LIKE 'model change failed 1 time in a row%' "
                                        "FROM rag.status WHERE collection = 'mf-cancelled'", db=self.DB, seconds=30))
         finally:
-            psql("DROP EVENT TRIGGER IF EXISTS refuse_cancelled_switch; "
-                 "DROP FUNCTION IF EXISTS public.refuse_cancelled_switch()", db=self.DB)
+            self.drop_refusal("refuse_cancelled_switch")
         self.assertEqual(scalar("SELECT rag_cancel_embedding_model('mf-cancelled')", db=self.DB), "t")
         # Well within the minute the failed switch rests.
         self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations m JOIN rag.collections c "
@@ -397,26 +399,10 @@ class OneCollectionHeld(InItsOwnDatabase):
                                 db=self.DB), "3")
 
     def test_e_a_model_change_cancelled_while_its_switch_fails_clears_at_once(self):
-        # The cancel came while the worker was building the switch's index and held the failure's row: the
-        # cancel's forget skipped the row, the build failed, and the failure's rest kept the clearing waiting.
-        psql("SELECT rag_create_collection('mf-racing', embedding_model => 'hash-384'); "
-             "SELECT rag_ingest('mf-racing', 'Note ' || g, 'Note ' || g || ' of a race.') FROM generate_series(1, 3) g",
-             db=self.DB)
-        self.assertEqual(scalar("SELECT rag_wait('mf-racing', '60 seconds')", db=self.DB), "t")
-        racing = scalar("SELECT id FROM rag.collections WHERE name = 'mf-racing'", db=self.DB)
-        psql(f"""
-            CREATE SEQUENCE public.slow_failing_switches;
-            CREATE FUNCTION public.slow_failing_switch() RETURNS event_trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
-                            WHERE object_identity ~ '^rag\.chunks_\w+_c{racing}(_r)?$') THEN
-                    PERFORM nextval('public.slow_failing_switches');
-                    PERFORM pg_sleep(3);
-                    RAISE EXCEPTION 'no space left on device (made up by the test)';
-                END IF;
-            END $$;
-            CREATE EVENT TRIGGER slow_failing_switch ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
-                EXECUTE FUNCTION public.slow_failing_switch();""", db=self.DB)
+        # The cancel came while the worker was building the switch's index: the build then failed and recorded
+        # its rest, which kept the clearing waiting (a clearing now never rests on a switch's failure).
+        self.three_notes("mf-racing")
+        self.refuse_index_builds_of("mf-racing", "slow_failing_switch", sleep_first=3)
         try:
             psql("SELECT rag_set_embedding_model('mf-racing', 'hash-256')", db=self.DB)
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
@@ -424,11 +410,9 @@ class OneCollectionHeld(InItsOwnDatabase):
                             "the worker never started the switch's build")
             # Cancelled while the worker sleeps inside the switch's build, which then fails.
             self.assertEqual(scalar("SELECT rag_cancel_embedding_model('mf-racing')", db=self.DB), "t")
-            self.assertEqual(scalar("SELECT last_value FROM public.slow_failing_switches", db=self.DB), "1")
+            self.assertEqual(scalar("SELECT last_value FROM public.slow_failing_switch", db=self.DB), "1")
         finally:
-            psql("DROP EVENT TRIGGER IF EXISTS slow_failing_switch; "
-                 "DROP FUNCTION IF EXISTS public.slow_failing_switch(); DROP SEQUENCE IF EXISTS public.slow_failing_switches",
-                 db=self.DB)
+            self.drop_refusal("slow_failing_switch")
         self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.migrations m JOIN rag.collections c "
                                    "ON c.id = m.collection_id WHERE c.name = 'mf-racing')", db=self.DB, seconds=20),
                         "the cancelled change's new vectors waited out the failed switch's rest")
