@@ -12,6 +12,7 @@ CREATE FUNCTION @extschema@.rag_set_price(model text, input_usd_per_million nume
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_set_price');
     IF NOT rag._caller_is_superuser() THEN
         RAISE EXCEPTION 'only a superuser may set prices' USING ERRCODE = 'insufficient_privilege',
             HINT = 'Prices apply to the ledger of every collection; ask a superuser to run rag_set_price.';
@@ -188,37 +189,12 @@ LANGUAGE sql AS $$
      WHERE v.id = p_conversation_id AND q.id = p_query_id AND q.watches_ended < v.watches_ended;
 $$;
 
--- Conversations are written as they go, so they live on the primary; on a hot standby they are refused, with
--- the primary's address (host and port from primary_conninfo, never its password) for a caller who may read
--- that setting (pg_read_all_settings): rag's owner reads it for everyone, and it is not everyone's to read (red
--- team 15). Its keywords are matched at their starts, so another keyword's value (a password) is never taken.
-CREATE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
-        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
-                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
-    ELSE
-        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
-    END IF;
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
 CREATE FUNCTION @extschema@.rag_conversation_start(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
+    PERFORM rag._require_writable('a conversation');
     INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
     SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
       FROM rag.collections c, pg_catalog.pg_roles r
@@ -260,8 +236,10 @@ END $$;
 CREATE FUNCTION @extschema@.rag_conversation_delete(conversation bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+    v_id bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_conversation_delete');
+    v_id := (rag._conversation_of_caller(conversation)).id;
     DELETE FROM rag.conversations WHERE id = v_id;
     RETURN FOUND;
 END $$;

@@ -17,6 +17,38 @@ ALTER TABLE rag.collections
         CHECK (rerank_candidates BETWEEN rag._limit('rerank_candidates_min')::integer
                                      AND rag._limit('rerank_candidates_max')::integer);
 
+-- Every function that writes says so first, on a hot standby and in a read-only transaction alike, instead of
+-- PostgreSQL's "cannot execute INSERT in a read-only transaction" from somewhere inside it (red team 21). On a
+-- standby it gives the primary's address (host and port from primary_conninfo, never its password) to a caller
+-- who may read that setting (pg_read_all_settings): rag's owner reads it for everyone, and it is not everyone's
+-- to read (red team 15). Its keywords are matched at their starts, so another keyword's value (a password) is
+-- never taken.
+CREATE FUNCTION rag._require_writable(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        IF current_setting('transaction_read_only')::boolean THEN
+            RAISE EXCEPTION '% needs a read-write transaction: this one is read-only', p_what
+                USING ERRCODE = 'read_only_sql_transaction',
+                      HINT = 'Run it outside BEGIN READ ONLY (and with default_transaction_read_only off); rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work in a read-only one.';
+        END IF;
+        RETURN;
+    END IF;
+    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
+        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
+                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
+    ELSE
+        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
+    END IF;
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
 -- The reranker arguments of rag_create_collection and rag_set_reranker, checked in one place. A local reranker
 -- must load here (so a typo fails now, not at the first question); a server's is not called until a question
 -- needs it, as an embedding model is not; the candidates are within src/limits.rs's range.
@@ -111,6 +143,7 @@ DECLARE
     v_window integer;
     v_local_default text := rag._limit('local_model_default');
 BEGIN
+    PERFORM rag._require_writable('rag_create_collection');
     context_budget := coalesce(context_budget, rag._limit('context_budget_default')::integer);
     max_answer_tokens := coalesce(max_answer_tokens, rag._limit('max_answer_tokens_default')::integer);
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
@@ -154,6 +187,9 @@ BEGIN
            coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO document_prefix, query_prefix
       FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
+    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
+        PERFORM rag._require_local_prefixes_fit(embedding_model, document_prefix, query_prefix);
+    END IF;
     IF chunk_unit IS NULL THEN
         RAISE EXCEPTION 'chunk_unit must be characters or tokens, not NULL'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it out for characters.';
@@ -288,6 +324,7 @@ DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_grantee oid;
 BEGIN
+    PERFORM rag._require_writable('rag_grant');
     IF privilege IS NULL OR privilege NOT IN ('read', 'write', 'admin') THEN
         RAISE EXCEPTION 'privilege must be read, write or admin, not %', coalesce(quote_literal(privilege), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -311,6 +348,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
 BEGIN
+    PERFORM rag._require_writable('rag_revoke');
     DELETE FROM rag.collection_grants g
      WHERE g.collection_id = v_collection
        AND g.grantee = rag._grantee_oid(rag_revoke.grantee);
@@ -409,6 +447,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    PERFORM rag._require_writable('rag_drop_collection');
     SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
@@ -1165,6 +1204,7 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -1210,6 +1250,7 @@ DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_count integer;
 BEGIN
+    PERFORM rag._require_writable('rag_retry_upkeep');
     v_count := rag._upkeep_forget(v_collection, NULL);
     IF v_count > 0 THEN
         PERFORM rag._wake_worker();
@@ -1232,6 +1273,7 @@ DECLARE
     v_ef_construction integer;
     v_lock_timeout text;
 BEGIN
+    PERFORM rag._require_writable('rag_set_search');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -1301,6 +1343,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    PERFORM rag._require_writable('rag_set_reranker');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -1339,6 +1382,7 @@ DECLARE
     v_max_distance double precision;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_set_embedding_model');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -1369,7 +1413,8 @@ BEGIN
                                            ARRAY[v_document_prefix, v_query_prefix]);
     -- A local model is looked for now, as rag_create_collection does, rather than failing the change later.
     IF (SELECT p.kind FROM rag.providers p WHERE p.name = v_provider) = 'local' THEN
-        PERFORM rag._local_model_window(rag_set_embedding_model.embedding_model);
+        PERFORM rag._require_local_prefixes_fit(rag_set_embedding_model.embedding_model, v_document_prefix,
+                                                v_query_prefix);
     END IF;
     -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
     -- rag_known_models()); one chosen by argument or setting is kept.
@@ -1423,6 +1468,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
 BEGIN
+    PERFORM rag._require_writable('rag_cancel_embedding_model');
     UPDATE rag.migrations SET state = 'clearing', failure_reason = NULL
      WHERE collection_id = v_collection AND state IN ('embedding', 'failed');
     IF NOT FOUND THEN

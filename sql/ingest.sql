@@ -9,6 +9,7 @@ CREATE FUNCTION @extschema@.rag_create_provider(name text, kind text, base_url t
                                     api_key_setting text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_create_provider');
     IF kind IS NULL OR kind NOT IN ('ollama', 'openai') THEN
         RAISE EXCEPTION 'provider kind must be ''ollama'' or ''openai'', not %', coalesce(quote_literal(kind), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -81,6 +82,7 @@ END $$;
 CREATE FUNCTION @extschema@.rag_allow_key(api_key_setting text, base_url text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_allow_key');
     PERFORM rag._require_superuser_for_keys();
     IF api_key_setting IS NULL OR (api_key_setting <> 'rag.openai_api_key' AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$') THEN
         RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', coalesce(quote_literal(api_key_setting), 'NULL')
@@ -104,6 +106,7 @@ END $$;
 CREATE FUNCTION @extschema@.rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_disallow_key');
     PERFORM rag._require_superuser_for_keys();
     DELETE FROM rag.key_grants g WHERE g.api_key_setting = rag_disallow_key.api_key_setting
                                    AND g.base_url = rtrim(rag_disallow_key.base_url, '/');
@@ -133,6 +136,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
 BEGIN
+    PERFORM rag._require_writable('rag_drop_provider');
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     IF NOT FOUND THEN
         RETURN false;
@@ -236,6 +240,7 @@ DECLARE
     v_id bigint;
     v_status text;
 BEGIN
+    PERFORM rag._require_writable('rag_ingest');
     IF pages IS NOT NULL THEN
         IF body IS NOT NULL AND body <> '' THEN
             RAISE EXCEPTION 'give the text either as body or as pages, not both'
@@ -245,6 +250,12 @@ BEGIN
         IF cardinality(pages) = 0 THEN
             RAISE EXCEPTION 'pages is an empty array' USING ERRCODE = 'invalid_parameter_value',
                 HINT = 'Pass at least one page, or pass the text as body.';
+        END IF;
+        IF cardinality(pages) > rag._limit('document_pages_max')::integer THEN
+            RAISE EXCEPTION 'a document may have at most % pages, not %', rag._limit('document_pages_max'),
+                            cardinality(pages)
+                USING ERRCODE = 'program_limit_exceeded',
+                      HINT = 'Split the document, or join pages into larger parts.';
         END IF;
         v_offsets := ARRAY[]::integer[];
         FOREACH v_page IN ARRAY pages LOOP
@@ -324,6 +335,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer;
 BEGIN
+    PERFORM rag._require_writable('rag_delete_document');
     SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
     -- A document of a collection the caller may not even read is answered as one that does not exist: the
     -- refusal named its collection and owner, so trying ids listed every collection (red team 16).
@@ -345,7 +357,7 @@ END $$;
 -- A document's chunks go with it, whatever deletes it (rag_delete_document, a watched row deleted, a reindex of
 -- a watch, a dropped collection's cascade), as a foreign key's cascade would: rag.chunks has none
 -- (rag._ensure_partition says why). One statement per collection of the deleted documents, with the
--- collection's id as a value, planned for that value (plan_cache_mode: rag._replace_chunks says why) over that
+-- collection's id as a value, planned for that value (plan_cache_mode: rag._set_aside_chunks says why) over that
 -- collection's partition alone. Every writer of
 -- a document's chunks holds the document's row locked (FOR UPDATE) while it writes them, so none adds chunks to
 -- a document being deleted. As the table's owner, as a foreign key's cascade runs: whoever may delete a
@@ -659,14 +671,18 @@ BEGIN
          WHERE id = p_document_id;
         RETURN -2;
     END IF;
+    -- A changed document's old chunks were set aside (rag._set_aside_chunks): a chunk of the same text and
+    -- header takes the vectors they had.
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
-                            char_end, tsv)
+                            char_end, embedding, embedding_alt, tsv)
     SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
+           t.char_start, t.char_end, k.embedding, k.embedding_alt,
+           to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
-           rag.collections c
-     WHERE c.id = d.collection_id;
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal)
+      JOIN rag.collections c ON c.id = d.collection_id
+      LEFT JOIN rag.set_aside_chunks k
+             ON k.document_id = p_document_id AND k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
     v_count := p_first_ordinal + coalesce(cardinality(p_contents), 0);
     UPDATE rag.documents SET chunks_total = v_count,
            chunks_embedded = CASE WHEN p_first_ordinal = 0 THEN 0 ELSE chunks_embedded END,

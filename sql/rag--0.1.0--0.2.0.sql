@@ -178,6 +178,16 @@ SELECT pg_catalog.set_config('search_path', pg_catalog.format('pg_catalog, rag, 
   FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
  WHERE e.extname = 'vector';
 ALTER TABLE rag.chunks ADD COLUMN embedding_alt vector;
+-- A changed document's old vectors while its new chunks are stored a batch at a time (rag._set_aside_chunks).
+CREATE UNLOGGED TABLE rag.set_aside_chunks (
+    document_id   bigint NOT NULL,
+    content       text NOT NULL,
+    header        text,
+    embedding     vector,
+    embedding_alt vector
+);
+CREATE INDEX set_aside_chunks_document ON rag.set_aside_chunks (document_id);
+REVOKE ALL ON rag.set_aside_chunks FROM PUBLIC;
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_embedding_alt;
 -- Chunks stay whole in the heap up to a page (schema.sql says why); rows written before keep their layout (an
 -- UPDATE keeps an already toasted vector where it is; VACUUM FULL rewrites it inline: README, Upgrades).
@@ -641,6 +651,32 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
+CREATE OR REPLACE FUNCTION rag._require_writable(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_primary text;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        IF current_setting('transaction_read_only')::boolean THEN
+            RAISE EXCEPTION '% needs a read-write transaction: this one is read-only', p_what
+                USING ERRCODE = 'read_only_sql_transaction',
+                      HINT = 'Run it outside BEGIN READ ONLY (and with default_transaction_read_only off); rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work in a read-only one.';
+        END IF;
+        RETURN;
+    END IF;
+    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
+        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
+                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
+    ELSE
+        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
+    END IF;
+    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
+        USING ERRCODE = 'read_only_sql_transaction',
+              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
+              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
+END $$;
+
 CREATE OR REPLACE FUNCTION rag."_acting_for"(
 	"role" TEXT /* Option < & str > */
 ) RETURNS TEXT /* String */
@@ -852,6 +888,15 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_require_local_prefixes_fit"(
+	"model" TEXT, /* & str */
+	"document_prefix" TEXT, /* Option < & str > */
+	"query_prefix" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_local_prefixes_fit_wrapper';
+
 CREATE OR REPLACE FUNCTION rag._validate_reranker(p_provider text, p_reranker text, p_candidates integer, p_min_relevance real,
                                        p_min_lead real)
 RETURNS void
@@ -940,6 +985,7 @@ DECLARE
     v_window integer;
     v_local_default text := rag._limit('local_model_default');
 BEGIN
+    PERFORM rag._require_writable('rag_create_collection');
     context_budget := coalesce(context_budget, rag._limit('context_budget_default')::integer);
     max_answer_tokens := coalesce(max_answer_tokens, rag._limit('max_answer_tokens_default')::integer);
     IF name IS NULL OR name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
@@ -983,6 +1029,9 @@ BEGIN
            coalesce(rag_create_collection.query_prefix, nullif(rag._setting('rag.query_prefix'), ''), m.query_prefix)
       INTO document_prefix, query_prefix
       FROM rag._model_prefixes(rag_create_collection.embedding_model) m;
+    IF (SELECT kind FROM rag.providers p WHERE p.name = embedding_provider) = 'local' THEN
+        PERFORM rag._require_local_prefixes_fit(embedding_model, document_prefix, query_prefix);
+    END IF;
     IF chunk_unit IS NULL THEN
         RAISE EXCEPTION 'chunk_unit must be characters or tokens, not NULL'
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Leave it out for characters.';
@@ -1113,6 +1162,7 @@ DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_grantee oid;
 BEGIN
+    PERFORM rag._require_writable('rag_grant');
     IF privilege IS NULL OR privilege NOT IN ('read', 'write', 'admin') THEN
         RAISE EXCEPTION 'privilege must be read, write or admin, not %', coalesce(quote_literal(privilege), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -1135,6 +1185,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
 BEGIN
+    PERFORM rag._require_writable('rag_revoke');
     DELETE FROM rag.collection_grants g
      WHERE g.collection_id = v_collection
        AND g.grantee = rag._grantee_oid(rag_revoke.grantee);
@@ -1219,6 +1270,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    PERFORM rag._require_writable('rag_drop_collection');
     SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
@@ -1821,6 +1873,7 @@ DECLARE
     v_watch integer;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -1862,6 +1915,7 @@ DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
     v_count integer;
 BEGIN
+    PERFORM rag._require_writable('rag_retry_upkeep');
     v_count := rag._upkeep_forget(v_collection, NULL);
     IF v_count > 0 THEN
         PERFORM rag._wake_worker();
@@ -1879,6 +1933,7 @@ DECLARE
     v_ef_construction integer;
     v_lock_timeout text;
 BEGIN
+    PERFORM rag._require_writable('rag_set_search');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -1943,6 +1998,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
 BEGIN
+    PERFORM rag._require_writable('rag_set_reranker');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -1975,6 +2031,7 @@ DECLARE
     v_max_distance double precision;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_set_embedding_model');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -2005,7 +2062,8 @@ BEGIN
                                            ARRAY[v_document_prefix, v_query_prefix]);
     -- A local model is looked for now, as rag_create_collection does, rather than failing the change later.
     IF (SELECT p.kind FROM rag.providers p WHERE p.name = v_provider) = 'local' THEN
-        PERFORM rag._local_model_window(rag_set_embedding_model.embedding_model);
+        PERFORM rag._require_local_prefixes_fit(rag_set_embedding_model.embedding_model, v_document_prefix,
+                                                v_query_prefix);
     END IF;
     -- A ceiling that is the old model's default becomes the new model's (bi-encoders' distances differ widely:
     -- rag_known_models()); one chosen by argument or setting is kept.
@@ -2057,6 +2115,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
 BEGIN
+    PERFORM rag._require_writable('rag_cancel_embedding_model');
     UPDATE rag.migrations SET state = 'clearing', failure_reason = NULL
      WHERE collection_id = v_collection AND state IN ('embedding', 'failed');
     IF NOT FOUND THEN
@@ -2183,6 +2242,7 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_create_provider(name text, kind text,
                                     api_key_setting text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_create_provider');
     IF kind IS NULL OR kind NOT IN ('ollama', 'openai') THEN
         RAISE EXCEPTION 'provider kind must be ''ollama'' or ''openai'', not %', coalesce(quote_literal(kind), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -2253,6 +2313,7 @@ END $$;
 CREATE OR REPLACE FUNCTION @extschema@.rag_allow_key(api_key_setting text, base_url text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_allow_key');
     PERFORM rag._require_superuser_for_keys();
     IF api_key_setting IS NULL OR (api_key_setting <> 'rag.openai_api_key' AND api_key_setting !~ '^file:[A-Za-z0-9_.-]{1,63}$') THEN
         RAISE EXCEPTION 'api_key_setting must be ''rag.openai_api_key'' or ''file:NAME'', not %', coalesce(quote_literal(api_key_setting), 'NULL')
@@ -2275,6 +2336,7 @@ END $$;
 CREATE OR REPLACE FUNCTION @extschema@.rag_disallow_key(api_key_setting text, base_url text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_disallow_key');
     PERFORM rag._require_superuser_for_keys();
     DELETE FROM rag.key_grants g WHERE g.api_key_setting = rag_disallow_key.api_key_setting
                                    AND g.base_url = rtrim(rag_disallow_key.base_url, '/');
@@ -2299,6 +2361,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_provider rag.providers;
 BEGIN
+    PERFORM rag._require_writable('rag_drop_provider');
     SELECT * INTO v_provider FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     IF NOT FOUND THEN
         RETURN false;
@@ -2392,6 +2455,7 @@ DECLARE
     v_id bigint;
     v_status text;
 BEGIN
+    PERFORM rag._require_writable('rag_ingest');
     IF pages IS NOT NULL THEN
         IF body IS NOT NULL AND body <> '' THEN
             RAISE EXCEPTION 'give the text either as body or as pages, not both'
@@ -2401,6 +2465,12 @@ BEGIN
         IF cardinality(pages) = 0 THEN
             RAISE EXCEPTION 'pages is an empty array' USING ERRCODE = 'invalid_parameter_value',
                 HINT = 'Pass at least one page, or pass the text as body.';
+        END IF;
+        IF cardinality(pages) > rag._limit('document_pages_max')::integer THEN
+            RAISE EXCEPTION 'a document may have at most % pages, not %', rag._limit('document_pages_max'),
+                            cardinality(pages)
+                USING ERRCODE = 'program_limit_exceeded',
+                      HINT = 'Split the document, or join pages into larger parts.';
         END IF;
         v_offsets := ARRAY[]::integer[];
         FOREACH v_page IN ARRAY pages LOOP
@@ -2479,6 +2549,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_collection integer;
 BEGIN
+    PERFORM rag._require_writable('rag_delete_document');
     SELECT d.collection_id INTO v_collection FROM rag.documents d WHERE d.id = rag_delete_document.document_id;
     -- A document of a collection the caller may not even read is answered as one that does not exist: the
     -- refusal named its collection and owner, so trying ids listed every collection (red team 16).
@@ -2758,14 +2829,18 @@ BEGIN
          WHERE id = p_document_id;
         RETURN -2;
     END IF;
+    -- A changed document's old chunks were set aside (rag._set_aside_chunks): a chunk of the same text and
+    -- header takes the vectors they had.
     INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, page, char_start,
-                            char_end, tsv)
+                            char_end, embedding, embedding_alt, tsv)
     SELECT p_document_id, d.collection_id, p_first_ordinal + t.ordinal - 1, t.content, t.header, t.tokens, t.page,
-           t.char_start, t.char_end, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
+           t.char_start, t.char_end, k.embedding, k.embedding_alt,
+           to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
       FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_pages, p_headers)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal),
-           rag.collections c
-     WHERE c.id = d.collection_id;
+           WITH ORDINALITY AS t(content, char_start, char_end, tokens, page, header, ordinal)
+      JOIN rag.collections c ON c.id = d.collection_id
+      LEFT JOIN rag.set_aside_chunks k
+             ON k.document_id = p_document_id AND k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
     v_count := p_first_ordinal + coalesce(cardinality(p_contents), 0);
     UPDATE rag.documents SET chunks_total = v_count,
            chunks_embedded = CASE WHEN p_first_ordinal = 0 THEN 0 ELSE chunks_embedded END,
@@ -3638,6 +3713,7 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_set_price(model text, input_usd_per_m
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_writable('rag_set_price');
     IF NOT rag._caller_is_superuser() THEN
         RAISE EXCEPTION 'only a superuser may set prices' USING ERRCODE = 'insufficient_privilege',
             HINT = 'Prices apply to the ledger of every collection; ask a superuser to run rag_set_price.';
@@ -3801,33 +3877,12 @@ LANGUAGE sql AS $$
      WHERE v.id = p_conversation_id AND q.id = p_query_id AND q.watches_ended < v.watches_ended;
 $$;
 
-CREATE OR REPLACE FUNCTION rag._refuse_writes_on_standby(p_what text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
-    v_primary text;
-BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
-        v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
-                                           'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
-    ELSE
-        v_primary := 'the address in primary_conninfo, which members of pg_read_all_settings may read';
-    END IF;
-    RAISE EXCEPTION '% needs the primary: this server is a read-only standby', p_what
-        USING ERRCODE = 'read_only_sql_transaction',
-              DETAIL = coalesce('The primary is at ' || v_primary || '.', 'This standby does not know its primary.'),
-              HINT = 'Run it on the primary; rag_query, rag_prompt, rag_ask without a conversation, rag_embed and rag_explain work here.';
-END $$;
-
 CREATE OR REPLACE FUNCTION @extschema@.rag_conversation_start(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    PERFORM rag._refuse_writes_on_standby('a conversation');
+    PERFORM rag._require_writable('a conversation');
     INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
     SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
       FROM rag.collections c, pg_catalog.pg_roles r
@@ -3869,8 +3924,10 @@ END $$;
 CREATE OR REPLACE FUNCTION @extschema@.rag_conversation_delete(conversation bigint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
-    v_id bigint := (rag._conversation_of_caller(conversation)).id;
+    v_id bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_conversation_delete');
+    v_id := (rag._conversation_of_caller(conversation)).id;
     DELETE FROM rag.conversations WHERE id = v_id;
     RETURN FOUND;
 END $$;
@@ -4709,6 +4766,7 @@ DECLARE
     v_watch rag.watches;
     v_exprs record;
 BEGIN
+    PERFORM rag._require_writable('rag_watch');
     -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
     -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
     -- statement triggers. Each partition is watched instead.
@@ -4781,13 +4839,16 @@ BEGIN
     v_id := v_watch.id;
     SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
     BEGIN
+        -- In a WHERE clause, where PostgreSQL's parser refuses what is not one value of one row: an aggregate
+        -- content ("count(*)") made a deleted row's document read as present, with a count of nothing (review
+        -- of session 35), and a set-returning one kept its first value only.
         PERFORM rag._query_as(rag._watch_owner(v_watch),
-                              format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
-                                     v_exprs.content, v_exprs.title, v_exprs.filter, source));
+                              format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE ROW(%s, %s, %s) IS NOT NULL LIMIT 0',
+                                     source, v_exprs.content, v_exprs.title, v_exprs.filter));
     EXCEPTION WHEN OTHERS THEN
         RAISE EXCEPTION 'invalid content, title or filter expression for %: %', rag._table_name(source), SQLERRM
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
+                  HINT = 'They are SQL expressions giving one value for one row (no aggregate, window or set-returning function), evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
     PERFORM rag._watch_install(v_id);
     PERFORM rag._reindex_watch(v_id);
@@ -4856,6 +4917,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
     IF v_id IS NULL THEN
         RAISE EXCEPTION '% is not watched', rag._table_name(source) USING ERRCODE = 'undefined_object',
@@ -4870,6 +4932,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    PERFORM rag._require_writable('rag_unwatch');
     SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
     IF NOT FOUND THEN
         RETURN false;
@@ -5151,9 +5214,9 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._sync_row(p_row_queue_id bigint,
-    OUT action text, OUT document_id bigint, OUT body text,
+    OUT action text, OUT document_id bigint,
     OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
-    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text, OUT title text)
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
@@ -5167,7 +5230,6 @@ DECLARE
     v_metadata_bytes bigint;
     v_raw_limit bigint;
     v_title text;
-    v_pass boolean;
     v_metadata jsonb;
     v_sha bytea;
     d rag.documents;
@@ -5181,7 +5243,12 @@ BEGIN
     SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
     embedding_model := c.embedding_model; document_prefix := c.document_prefix;
     -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
-    -- they cannot change role), under rag.expression_timeout.
+    -- they cannot change role), under rag.expression_timeout. The filter is a condition of the row's query, so
+    -- the content, title and metadata of a row it leaves out are never built (an unpublished row of a large
+    -- text cost the worker as much as a published one, and one whose content expression failed failed its
+    -- sync), and such a row is read as gone. It is asked only of the row with the key (CASE): a qual of its
+    -- own could run first on other rows of a scanned table, and fail on them. It adds no name the
+    -- expressions could mean (a column of the owner's named like it made them ambiguous: review of session 35).
     -- The content comes back only when it is within the bound rag_ingest puts on the same text (the markup's
     -- rag.max_file_size, plain text's rag.max_document_size), and its size always: a 206 MB row was put in the
     -- reply's JSON whole (an allocation of 1.7 GB that failed, and again at every retry), and a 121 MB one
@@ -5194,26 +5261,26 @@ BEGIN
     -- expressions are evaluated once (OFFSET 0 keeps the planner from copying them into each use: a content
     -- expression ran three times, and one that fit rag.expression_timeout no longer did).
     SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
-           (x->>'pass')::boolean, x->'metadata', (x->>'metadata_bytes')::bigint
-      INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_pass, v_metadata, v_metadata_bytes
+           x->'metadata', (x->>'metadata_bytes')::bigint
+      INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_metadata, v_metadata_bytes
       FROM rag._query_as(rag._watch_owner(w),
              format($q$SELECT jsonb_build_object(
                                   'content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
                                   'content_bytes', octet_length(s.content),
                                   'title', CASE WHEN octet_length(s.title) <= %s THEN s.title END,
                                   'title_bytes', octet_length(s.title),
-                                  'pass', s.pass,
                                   'metadata', CASE WHEN octet_length(s.metadata::text) <= %s THEN s.metadata END,
                                   'metadata_bytes', coalesce(octet_length(s.metadata::text), s.columns_bytes))
-                         FROM (SELECT %s AS content, %s AS title, %s AS pass,
+                         FROM (SELECT %s AS content, %s AS title,
                                       CASE WHEN %s <= %s THEN %s END AS metadata, %s AS columns_bytes
-                                 FROM ONLY %s AS r WHERE %s OFFSET 0) s$q$,
+                                 FROM ONLY %s AS r WHERE %s AND CASE WHEN %s THEN %s END OFFSET 0) s$q$,
                     v_raw_limit, rag._limit('document_title_max_bytes'), rag._limit('document_metadata_max_bytes'),
-                    e.content, e.title, e.filter,
+                    e.content, e.title,
                     rag._columns_size(w.metadata_columns), rag._limit('document_metadata_max_bytes'), e.metadata,
-                    rag._columns_size(w.metadata_columns), w.source::regclass, rag._key_condition(w)),
+                    rag._columns_size(w.metadata_columns), w.source::regclass,
+                    rag._key_condition(w), rag._key_condition(w), e.filter),
              q.key) AS x;
-    IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
+    IF v_content_bytes > v_raw_limit THEN
         RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
                         CASE WHEN w.format = 'text' THEN 'rag.max_document_size' ELSE 'rag.max_file_size' END,
                         pg_size_pretty(v_raw_limit)
@@ -5232,7 +5299,7 @@ BEGIN
     END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
-    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
+    IF NOT coalesce(v_found, false) OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN
             DELETE FROM rag.documents WHERE id = d.id;
@@ -5270,51 +5337,52 @@ BEGIN
         RETURN;
     END IF;
     IF d.id IS NULL THEN
+        -- A new row's document takes the way an ingested one does: queued, then chunked and stored a batch at a
+        -- time, and embedded with other new documents in one call and one transaction. Handed back to the
+        -- worker, its text was held again for the reply and its chunks all at once (a 20 MB row took a worker
+        -- to 176 MB, an ingested 20 MB document to 38 MB), and each row stored its chunks alone.
         INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
         VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
         RETURNING id INTO document_id;
-    ELSE
-        UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
-               content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
-         WHERE id = d.id;
-        document_id := d.id;
+        INSERT INTO rag.queue (document_id, collection_id) VALUES (document_id, c.id);
+        action := 'queued';
+        RETURN;
     END IF;
+    UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
+           content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
+     WHERE id = d.id;
+    document_id := d.id;
     action := 'chunk';
-    body := v_content;
-    -- The chunks' headers name it (rag_chunk::chunk_header).
-    title := coalesce(v_title, '');
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
-                                    p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
+CREATE OR REPLACE FUNCTION rag._set_aside_chunks(p_document_id bigint) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer;
-    v_total integer;
-    v_embedded integer;
-    v_missing integer;
 BEGIN
-    -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
-    -- then deletes these chunks with it (rag._documents_deleted).
     SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id FOR UPDATE;
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
         DELETE FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id
         RETURNING content, header, embedding, embedding_alt
-    ), kept AS (
-        SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
-         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
-         ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
-                            embedding, embedding_alt, tsv)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
-           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
-      JOIN rag.collections c ON c.id = v_collection
-      LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
+    INSERT INTO rag.set_aside_chunks (document_id, content, header, embedding, embedding_alt)
+    SELECT DISTINCT ON (content, header) p_document_id, content, header, embedding, embedding_alt FROM old
+     WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
+     ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._end_replacing_chunks(p_document_id bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_total integer;
+    v_embedded integer;
+    v_missing integer;
+BEGIN
+    DELETE FROM rag.set_aside_chunks WHERE document_id = p_document_id;
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
     SELECT k.total, k.embedded INTO v_total, v_embedded FROM rag._chunk_counts(p_document_id) k;
     v_missing := v_total - v_embedded;
     UPDATE rag.documents SET
@@ -5427,10 +5495,16 @@ BEGIN
         ELSE
             -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone
             -- else's), so past the table's row-level security: shown only to callers who may read it whole.
-            SELECT x::text::bigint INTO rows_watched
-              FROM rag._query_as(rag._watch_owner(w),
-                                 format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
-                                        (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+            -- A filter that fails on a row fails the count: that watch's count is unknown (and says why), the
+            -- other watches are still listed (one row of one table had made the whole call fail).
+            BEGIN
+                SELECT x::text::bigint INTO rows_watched
+                  FROM rag._query_as(rag._watch_owner(w),
+                                     format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
+                                            (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+            EXCEPTION WHEN OTHERS THEN
+                last_error := coalesce(last_error, left('counting the rows failed: ' || SQLERRM, 2000));
+            END;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -5804,7 +5878,7 @@ BEGIN
                                '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
-                               '_refuse_writes_on_standby',
+                               '_require_writable',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',

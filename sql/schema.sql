@@ -279,6 +279,18 @@ CREATE TABLE rag.chunks (
     -- search (the GIN index on each collection's partition).
     tsv            tsvector
 ) PARTITION BY LIST (collection_id);
+-- The vectors of a changed document's old chunks while its new chunks are stored a batch at a time
+-- (rag._set_aside_chunks says how): rows live only inside the transaction that replaces the chunks, which
+-- deletes them before it commits. So it is unlogged (nothing of it needs the WAL, and it is empty after a
+-- crash), and never dumped.
+CREATE UNLOGGED TABLE rag.set_aside_chunks (
+    document_id   bigint NOT NULL,
+    content       text NOT NULL,
+    header        text,
+    embedding     vector,
+    embedding_alt vector
+);
+CREATE INDEX set_aside_chunks_document ON rag.set_aside_chunks (document_id);
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_chunks;
 -- A chunk's row stays whole in the heap up to a full page rather than the default quarter: a 384-d vector
 -- (1.5 kB) with a 1,000-character chunk and its lexemes passes the default target, and PostgreSQL then

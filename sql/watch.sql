@@ -820,6 +820,7 @@ DECLARE
     v_watch rag.watches;
     v_exprs record;
 BEGIN
+    PERFORM rag._require_writable('rag_watch');
     -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
     -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
     -- statement triggers. Each partition is watched instead.
@@ -892,13 +893,16 @@ BEGIN
     v_id := v_watch.id;
     SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
     BEGIN
+        -- In a WHERE clause, where PostgreSQL's parser refuses what is not one value of one row: an aggregate
+        -- content ("count(*)") made a deleted row's document read as present, with a count of nothing (review
+        -- of session 35), and a set-returning one kept its first value only.
         PERFORM rag._query_as(rag._watch_owner(v_watch),
-                              format('SELECT to_jsonb(ROW(%s, %s, %s)) FROM ONLY %s AS r LIMIT 0',
-                                     v_exprs.content, v_exprs.title, v_exprs.filter, source));
+                              format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE ROW(%s, %s, %s) IS NOT NULL LIMIT 0',
+                                     source, v_exprs.content, v_exprs.title, v_exprs.filter));
     EXCEPTION WHEN OTHERS THEN
         RAISE EXCEPTION 'invalid content, title or filter expression for %: %', rag._table_name(source), SQLERRM
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'They are SQL expressions over the row, evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
+                  HINT = 'They are SQL expressions giving one value for one row (no aggregate, window or set-returning function), evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
     PERFORM rag._watch_install(v_id);
     PERFORM rag._reindex_watch(v_id);
@@ -969,6 +973,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
     IF v_id IS NULL THEN
         RAISE EXCEPTION '% is not watched', rag._table_name(source) USING ERRCODE = 'undefined_object',
@@ -983,6 +988,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    PERFORM rag._require_writable('rag_unwatch');
     SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
     IF NOT FOUND THEN
         RETURN false;
@@ -1294,11 +1300,13 @@ BEGIN
 END $$;
 
 -- Reads the row's current content by key, as the table's owner, and brings its document up to date.
--- Returns the action taken and, for 'chunk', what the worker needs to chunk the new text.
+-- Returns the action taken (nothing, deleted, relabelled, unchanged, queued: a new document, chunked as ingested
+-- ones are; chunk: a changed one) and, for 'chunk', the settings the worker chunks the new text with. The text
+-- itself the worker reads from the document once this function's copies of it are gone.
 CREATE FUNCTION rag._sync_row(p_row_queue_id bigint,
-    OUT action text, OUT document_id bigint, OUT body text,
+    OUT action text, OUT document_id bigint,
     OUT chunk_size integer, OUT chunk_overlap integer, OUT chunk_unit text,
-    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text, OUT title text)
+    OUT provider_kind text, OUT embedding_model text, OUT document_prefix text)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.row_queue;
@@ -1312,7 +1320,6 @@ DECLARE
     v_metadata_bytes bigint;
     v_raw_limit bigint;
     v_title text;
-    v_pass boolean;
     v_metadata jsonb;
     v_sha bytea;
     d rag.documents;
@@ -1326,7 +1333,12 @@ BEGIN
     SELECT p.kind INTO provider_kind FROM rag.providers p WHERE p.name = c.embedding_provider;
     embedding_model := c.embedding_model; document_prefix := c.document_prefix;
     -- The expressions run with the table owner's rights and nothing more (a security-restricted operation, so
-    -- they cannot change role), under rag.expression_timeout.
+    -- they cannot change role), under rag.expression_timeout. The filter is a condition of the row's query, so
+    -- the content, title and metadata of a row it leaves out are never built (an unpublished row of a large
+    -- text cost the worker as much as a published one, and one whose content expression failed failed its
+    -- sync), and such a row is read as gone. It is asked only of the row with the key (CASE): a qual of its
+    -- own could run first on other rows of a scanned table, and fail on them. It adds no name the
+    -- expressions could mean (a column of the owner's named like it made them ambiguous: review of session 35).
     -- The content comes back only when it is within the bound rag_ingest puts on the same text (the markup's
     -- rag.max_file_size, plain text's rag.max_document_size), and its size always: a 206 MB row was put in the
     -- reply's JSON whole (an allocation of 1.7 GB that failed, and again at every retry), and a 121 MB one
@@ -1339,26 +1351,26 @@ BEGIN
     -- expressions are evaluated once (OFFSET 0 keeps the planner from copying them into each use: a content
     -- expression ran three times, and one that fit rag.expression_timeout no longer did).
     SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
-           (x->>'pass')::boolean, x->'metadata', (x->>'metadata_bytes')::bigint
-      INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_pass, v_metadata, v_metadata_bytes
+           x->'metadata', (x->>'metadata_bytes')::bigint
+      INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_metadata, v_metadata_bytes
       FROM rag._query_as(rag._watch_owner(w),
              format($q$SELECT jsonb_build_object(
                                   'content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
                                   'content_bytes', octet_length(s.content),
                                   'title', CASE WHEN octet_length(s.title) <= %s THEN s.title END,
                                   'title_bytes', octet_length(s.title),
-                                  'pass', s.pass,
                                   'metadata', CASE WHEN octet_length(s.metadata::text) <= %s THEN s.metadata END,
                                   'metadata_bytes', coalesce(octet_length(s.metadata::text), s.columns_bytes))
-                         FROM (SELECT %s AS content, %s AS title, %s AS pass,
+                         FROM (SELECT %s AS content, %s AS title,
                                       CASE WHEN %s <= %s THEN %s END AS metadata, %s AS columns_bytes
-                                 FROM ONLY %s AS r WHERE %s OFFSET 0) s$q$,
+                                 FROM ONLY %s AS r WHERE %s AND CASE WHEN %s THEN %s END OFFSET 0) s$q$,
                     v_raw_limit, rag._limit('document_title_max_bytes'), rag._limit('document_metadata_max_bytes'),
-                    e.content, e.title, e.filter,
+                    e.content, e.title,
                     rag._columns_size(w.metadata_columns), rag._limit('document_metadata_max_bytes'), e.metadata,
-                    rag._columns_size(w.metadata_columns), w.source::regclass, rag._key_condition(w)),
+                    rag._columns_size(w.metadata_columns), w.source::regclass,
+                    rag._key_condition(w), rag._key_condition(w), e.filter),
              q.key) AS x;
-    IF v_content_bytes > v_raw_limit AND coalesce(v_pass, false) THEN
+    IF v_content_bytes > v_raw_limit THEN
         RAISE EXCEPTION 'the row''s content is % bytes, above % (%)', v_content_bytes,
                         CASE WHEN w.format = 'text' THEN 'rag.max_document_size' ELSE 'rag.max_file_size' END,
                         pg_size_pretty(v_raw_limit)
@@ -1377,7 +1389,7 @@ BEGIN
     END IF;
 
     SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
-    IF NOT coalesce(v_found, false) OR NOT v_pass OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
+    IF NOT coalesce(v_found, false) OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN
             DELETE FROM rag.documents WHERE id = d.id;
@@ -1415,57 +1427,64 @@ BEGIN
         RETURN;
     END IF;
     IF d.id IS NULL THEN
+        -- A new row's document takes the way an ingested one does: queued, then chunked and stored a batch at a
+        -- time, and embedded with other new documents in one call and one transaction. Handed back to the
+        -- worker, its text was held again for the reply and its chunks all at once (a 20 MB row took a worker
+        -- to 176 MB, an ingested 20 MB document to 38 MB), and each row stored its chunks alone.
         INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
         VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
         RETURNING id INTO document_id;
-    ELSE
-        UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
-               content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
-         WHERE id = d.id;
-        document_id := d.id;
+        INSERT INTO rag.queue (document_id, collection_id) VALUES (document_id, c.id);
+        action := 'queued';
+        RETURN;
     END IF;
+    UPDATE rag.documents SET title = coalesce(v_title, ''), metadata = v_metadata, body = v_content,
+           content_sha256 = v_sha, status = 'processing', failure_reason = NULL, updated_at = now()
+     WHERE id = d.id;
+    document_id := d.id;
     action := 'chunk';
-    body := v_content;
-    -- The chunks' headers name it (rag_chunk::chunk_header).
-    title := coalesce(v_title, '');
 END $$;
 
--- Replaces a document's chunks, keeping the vector of every chunk whose text and header are unchanged (what was
--- embedded), and queues the document for the chunks that need one. Its DELETE is planned for the collection at
--- hand: a generic plan of an UPDATE or DELETE of rag.chunks takes a ROW EXCLUSIVE lock on every partition when
--- it starts, so an index build of another collection (its SHARE lock held for seconds, or until the end of a
+-- A changed document's chunks are replaced in three steps in one transaction, so that its new chunks are stored
+-- a batch at a time as a new document's are (all at once, a 20 MB row took the worker to 176 MB), and a chunk
+-- whose text and header did not change keeps what was embedded. First its old chunks are set aside: deleted,
+-- with the vectors of each distinct text and header kept in rag.set_aside_chunks, where rag._store_chunks finds
+-- them. The document's row is locked first, as every writer of its chunks does: a delete of it waits, and then
+-- deletes these chunks with it (rag._documents_deleted). The DELETE is planned for the collection at hand: a
+-- generic plan of an UPDATE or DELETE of rag.chunks takes a ROW EXCLUSIVE lock on every partition when it
+-- starts, so an index build of another collection (its SHARE lock held for seconds, or until the end of a
 -- creating admin's transaction) held the writes of every collection. The other writers of rag.chunks' rows
 -- plan per call the same way (rag._documents_deleted, rag_reindex) or run built statements (EXECUTE).
-CREATE FUNCTION rag._replace_chunks(p_document_id bigint, p_contents text[], p_starts integer[], p_ends integer[],
-                                    p_tokens integer[], p_headers text[] DEFAULT NULL) RETURNS integer
+CREATE FUNCTION rag._set_aside_chunks(p_document_id bigint) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer;
-    v_total integer;
-    v_embedded integer;
-    v_missing integer;
 BEGIN
-    -- Locked before its chunks are written, as every writer of chunks does: a delete of the document waits, and
-    -- then deletes these chunks with it (rag._documents_deleted).
     SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id FOR UPDATE;
     -- Both vector columns are kept for unchanged text: the searched one, and the other one while a model change
     -- fills it.
     WITH old AS (
         DELETE FROM rag.chunks WHERE collection_id = v_collection AND document_id = p_document_id
         RETURNING content, header, embedding, embedding_alt
-    ), kept AS (
-        SELECT DISTINCT ON (content, header) content, header, embedding, embedding_alt FROM old
-         WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
-         ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC
     )
-    INSERT INTO rag.chunks (document_id, collection_id, ordinal, content, header, token_estimate, char_start, char_end,
-                            embedding, embedding_alt, tsv)
-    SELECT p_document_id, v_collection, t.ordinal - 1, t.content, t.header, t.tokens, t.char_start, t.char_end,
-           k.embedding, k.embedding_alt, to_tsvector(c.text_search_config::regconfig, rag._with_header(t.header, t.content))
-      FROM unnest(p_contents, p_starts, p_ends, p_tokens, p_headers)
-           WITH ORDINALITY AS t(content, char_start, char_end, tokens, header, ordinal)
-      JOIN rag.collections c ON c.id = v_collection
-      LEFT JOIN kept k ON k.content = t.content AND k.header IS NOT DISTINCT FROM t.header;
+    INSERT INTO rag.set_aside_chunks (document_id, content, header, embedding, embedding_alt)
+    SELECT DISTINCT ON (content, header) p_document_id, content, header, embedding, embedding_alt FROM old
+     WHERE embedding IS NOT NULL OR embedding_alt IS NOT NULL
+     ORDER BY content, header, (embedding IS NOT NULL AND embedding_alt IS NOT NULL) DESC;
+END $$;
+
+-- The last step of a replacement, once every new chunk is stored: forgets what was set aside, counts what is
+-- embedded, and queues the document for the chunks that need a vector. Returns how many do.
+CREATE FUNCTION rag._end_replacing_chunks(p_document_id bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_total integer;
+    v_embedded integer;
+    v_missing integer;
+BEGIN
+    DELETE FROM rag.set_aside_chunks WHERE document_id = p_document_id;
+    SELECT collection_id INTO v_collection FROM rag.documents WHERE id = p_document_id;
     SELECT k.total, k.embedded INTO v_total, v_embedded FROM rag._chunk_counts(p_document_id) k;
     v_missing := v_total - v_embedded;
     UPDATE rag.documents SET
@@ -1588,10 +1607,16 @@ BEGIN
         ELSE
             -- Counted with the owner's rights (the filter is the owner's code and never runs with anyone
             -- else's), so past the table's row-level security: shown only to callers who may read it whole.
-            SELECT x::text::bigint INTO rows_watched
-              FROM rag._query_as(rag._watch_owner(w),
-                                 format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
-                                        (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+            -- A filter that fails on a row fails the count: that watch's count is unknown (and says why), the
+            -- other watches are still listed (one row of one table had made the whole call fail).
+            BEGIN
+                SELECT x::text::bigint INTO rows_watched
+                  FROM rag._query_as(rag._watch_owner(w),
+                                     format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
+                                            (SELECT filter FROM rag._watch_exprs(w)))) AS x;
+            EXCEPTION WHEN OTHERS THEN
+                last_error := coalesce(last_error, left('counting the rows failed: ' || SQLERRM, 2000));
+            END;
         END IF;
         RETURN NEXT;
     END LOOP;

@@ -93,6 +93,9 @@ impl RagError {
                 ProviderError::Permanent { .. } => {
                     PgSqlErrorCode::ERRCODE_EXTERNAL_ROUTINE_EXCEPTION
                 }
+                ProviderError::InputTooLong { .. } => {
+                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED
+                }
                 ProviderError::Interrupted => PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
             },
             RagError::ProviderReply { .. } => PgSqlErrorCode::ERRCODE_DATA_EXCEPTION,
@@ -144,6 +147,9 @@ impl RagError {
                 }
                 ProviderError::Permanent { .. } => {
                     "Check the model name and the provider's credentials; rag_models() lists what the provider serves."
+                }
+                ProviderError::InputTooLong { .. } => {
+                    "Pass a shorter text: a model reads at most its window (rag_known_models() lists window_tokens), and rag_chunk() cuts a text into pieces that fit."
                 }
                 ProviderError::Interrupted => "",
             }

@@ -25,6 +25,10 @@ pub const DOCUMENT_TITLE_MAX_BYTES: usize = 4096;
 pub const DOCUMENT_SOURCE_MAX_BYTES: usize = 4096;
 /// A document's metadata as jsonb text: it travels with every search result the same way.
 pub const DOCUMENT_METADATA_MAX_BYTES: usize = 64 * 1024;
+/// Pages `rag_ingest` takes for one document: each costs the call an offset and the joined text's separator,
+/// and 8 million blank pages took a backend to 753 MB (red team 22). Far above what a file can give
+/// (`rag.max_pdf_pages`, `rag.max_archive_entries`).
+pub const DOCUMENT_PAGES_MAX: usize = 100_000;
 
 /// Tokens the chat model may answer with, when the collection does not say.
 pub const MAX_ANSWER_TOKENS_DEFAULT: i32 = 1024;
@@ -176,6 +180,7 @@ fn for_sql(name: &str) -> Option<String> {
         "document_title_max_bytes" => DOCUMENT_TITLE_MAX_BYTES.to_string(),
         "document_source_max_bytes" => DOCUMENT_SOURCE_MAX_BYTES.to_string(),
         "document_metadata_max_bytes" => DOCUMENT_METADATA_MAX_BYTES.to_string(),
+        "document_pages_max" => DOCUMENT_PAGES_MAX.to_string(),
         // A collection's prompt template (rag_answer::validate_template says why).
         "prompt_template_max_bytes" => rag_answer::MAX_TEMPLATE_BYTES.to_string(),
         "prompt_query_placeholders_max" => rag_answer::MAX_QUERY_PLACEHOLDERS.to_string(),

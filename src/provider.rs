@@ -190,6 +190,12 @@ impl Embedder {
                     .embed_interruptible(&texts, interrupt)
                     .map_err(|error| match error {
                         rag_embed_local::LocalModelError::Interrupted => ProviderError::Interrupted,
+                        error @ (rag_embed_local::LocalModelError::TooLong { .. }
+                        | rag_embed_local::LocalModelError::TooManyBytes { .. }) => {
+                            ProviderError::InputTooLong {
+                                message: format!("local model \"{model}\": {error}"),
+                            }
+                        }
                         error => ProviderError::Permanent {
                             status: None,
                             message: format!("local model \"{model}\": {error}"),

@@ -76,7 +76,7 @@ def code_of(statement):
 KEEP = (r"CREATE\s+FUNCTION", r"CREATE\s+OR\s+REPLACE\s+FUNCTION", r"CREATE\s+(OR\s+REPLACE\s+)?VIEW",
         r"COMMENT\s+ON", r"GRANT", r"REVOKE", r"SELECT\s+pg_catalog\.pg_extension_config_dump", r"DO\b")
 POLICY = (r"CREATE\s+POLICY", r"ALTER\s+TABLE\s+\S+\s+ENABLE\s+ROW\s+LEVEL\s+SECURITY")
-SKIP = (r"CREATE\s+TABLE", r"CREATE\s+(UNIQUE\s+)?INDEX", r"CREATE\s+SCHEMA", r"CREATE\s+(EVENT\s+)?TRIGGER",
+SKIP = (r"CREATE\s+(UNLOGGED\s+)?TABLE", r"CREATE\s+(UNIQUE\s+)?INDEX", r"CREATE\s+SCHEMA", r"CREATE\s+(EVENT\s+)?TRIGGER",
         r"INSERT\s+INTO", r"CREATE\s+SEQUENCE", r"CREATE\s+TYPE", r"ALTER\s+TABLE")
 
 

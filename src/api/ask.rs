@@ -2,6 +2,7 @@
 //! decisions (which sources, what the prompt says, which citations survive) are pure functions in
 //! `crates/answer`; this module fetches, calls and records.
 use super::query::{embed_in_space, query_space, QuerySpace};
+use super::require_writable;
 use crate::error::{not_null, RagError, SpiContext, UnwrapOrRaise};
 use crate::limits;
 use crate::provider::{self, ProviderRow};
@@ -884,26 +885,9 @@ fn ask(
     require_question(question)?;
     let collection = load_collection(collection)?;
     if conversation.is_some() {
-        // Its messages are written as it goes; a hot standby refuses it with the primary's address.
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT rag._refuse_writes_on_standby('a conversation')",
-                    None,
-                    &[],
-                )
-                .map(|_| ())
-        })
-        .doing(|| "checking for a standby".to_string())?;
-        // SAFETY: PostgreSQL's flag for the open transaction, read on its only thread.
-        if unsafe { pgrx::pg_sys::XactReadOnly } {
-            return Err(RagError::ReadOnly {
-                message: "a conversation needs a read-write transaction: its messages are written as it goes"
-                    .into(),
-                hint: "Ask without conversation => in a read-only transaction, or continue it in a read-write one."
-                    .into(),
-            });
-        }
+        // Its messages are written as it goes: a hot standby (with the primary's address) and a read-only
+        // transaction refuse it before any provider call.
+        require_writable("a conversation")?;
     }
     let conversation = conversation
         .map(|id| load_conversation(id, &collection))

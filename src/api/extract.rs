@@ -491,6 +491,7 @@ pub fn rag_ingest_file(
         ))
     })()
     .unwrap_or_raise();
+    crate::api::require_writable("rag_ingest_file").unwrap_or_raise();
     // Refused before the file is read: extraction may hold hundreds of megabytes (a small archive can name one
     // slide thousands of times) that a caller without the write privilege must not make the server spend.
     // So is metadata over its bound, which rag_ingest refuses too, but only after the file's format joins it.

@@ -23,6 +23,18 @@ pub fn on_cancel() -> impl FnMut() -> bool {
     }
 }
 
+/// Refuses a call that writes on a hot standby or in a read-only transaction, before it does anything, the way
+/// the SQL functions do (`rag._require_writable`): what is refused, where to run it, the primary's address.
+pub fn require_writable(what: &str) -> Result<(), crate::error::RagError> {
+    use crate::error::SpiContext;
+    pgrx::Spi::connect(|client| {
+        client
+            .select("SELECT rag._require_writable($1)", None, &[what.into()])
+            .map(|_| ())
+    })
+    .doing(|| format!("checking that {what} may write here"))
+}
+
 /// `rag._load_library(internal)`, the planner support function of every function of rag. It never helps the
 /// planner (it answers every request with NULL, "no simplification"); it exists so that planning a call to
 /// rag loads the library, in the frame of whoever wrote the call. Without `shared_preload_libraries` the

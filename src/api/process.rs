@@ -169,11 +169,19 @@ impl Steps for Subtransactions {
                 })
                 .execute();
             match outcome {
-                Ok(result) => {
+                Ok(Ok(value)) => {
                     pg_sys::ReleaseCurrentSubTransaction();
                     pg_sys::MemoryContextSwitchTo(context);
                     pg_sys::CurrentResourceOwner = owner;
-                    result.map_err(Into::into)
+                    Ok(value)
+                }
+                // An error the body returned rolls its writes back, as one it raised does (the worker's steps
+                // do the same: `crate::worker::transaction::run`).
+                Ok(Err(error)) => {
+                    pg_sys::RollbackAndReleaseCurrentSubTransaction();
+                    pg_sys::MemoryContextSwitchTo(context);
+                    pg_sys::CurrentResourceOwner = owner;
+                    Err(error.into())
                 }
                 Err(error) => {
                     pg_sys::RollbackAndReleaseCurrentSubTransaction();
@@ -263,21 +271,9 @@ fn release_claims() {
 /// Processes up to `max_items` due documents in this session; returns how many it worked on.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
-    // A hot standby cannot write: said with the primary's address rather than with PostgreSQL's "cannot assign
-    // TransactionIds during recovery" from the first step.
-    if crate::pg::in_recovery() {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT rag._refuse_writes_on_standby('rag_process_queue')",
-                    None,
-                    &[],
-                )
-                .map(|_| ())
-        })
-        .doing(|| "checking for a standby".to_string())
-        .unwrap_or_raise();
-    }
+    // A hot standby or a read-only transaction cannot write: said at once (with the primary's address on a
+    // standby) rather than with PostgreSQL's "cannot assign TransactionIds during recovery" from the first step.
+    crate::api::require_writable("rag_process_queue").unwrap_or_raise();
     if STOPPED_STATEMENT.get() == Some(statement_started()) {
         return 0;
     }

@@ -224,14 +224,51 @@ pub mod rag {
     /// Local model facts for SQL validation: the model's window in tokens (0 when the model is missing).
     #[pg_extern(volatile, parallel_unsafe, name = "_local_model_window")]
     pub fn local_model_window(model: &str) -> i32 {
-        match crate::provider::local_model(model) {
-            Ok(local) => local.max_tokens() as i32,
-            Err(message) => RagError::MissingFile {
+        loaded_local_model(model).max_tokens() as i32
+    }
+
+    fn loaded_local_model(model: &str) -> &'static rag_embed_local::LocalModel {
+        crate::provider::local_model(model).unwrap_or_else(|message| {
+            RagError::MissingFile {
                 message,
                 hint: "Run scripts/fetch-model, or point rag.model_path at a directory holding the model."
                     .to_string(),
             }
-            .raise(),
+            .raise()
+        })
+    }
+
+    /// Refuses prefixes that leave a local model too little of its window: the query prefix goes in front of
+    /// every question, the document prefix in front of every chunk, and one as long as the window made every
+    /// search fail with "input too long" (review of session 35), a reader's short question included. Each may
+    /// take at most half the window.
+    #[pg_extern(volatile, parallel_unsafe, name = "_require_local_prefixes_fit")]
+    pub fn require_local_prefixes_fit(
+        model: &str,
+        document_prefix: Option<&str>,
+        query_prefix: Option<&str>,
+    ) {
+        let local = loaded_local_model(model);
+        let window = local.max_tokens();
+        for (name, prefix) in [
+            ("document_prefix", document_prefix),
+            ("query_prefix", query_prefix),
+        ] {
+            let Some(prefix) = prefix.filter(|prefix| !prefix.is_empty()) else {
+                continue;
+            };
+            // Prefixes are at most rag's prefix limit (1 kB), far below what the tokenizer refuses by size.
+            let tokens = local.count_tokens(prefix).unwrap_or(usize::MAX);
+            if tokens > window / 2 {
+                RagError::invalid(
+                    format!(
+                        "{name} takes {} tokens of model \"{model}\"'s window of {window}, more than half of it",
+                        if tokens == usize::MAX { "too many".to_string() } else { tokens.to_string() }
+                    ),
+                    "Shorten it: every question (query_prefix) or chunk (document_prefix) must fit beside it in the model's window.",
+                )
+                .raise();
+            }
         }
     }
 

@@ -734,13 +734,12 @@ pub fn claim_row(worker_pid: i32) -> Result<Option<RowItem>, SpiError> {
     }))
 }
 
-/// What `_sync_row` decided for a row; `Chunk` carries the new text to split.
+/// What `_sync_row` decided for a row: settled, or a changed document to chunk again.
 pub enum RowSync {
     Settled,
+    /// A changed document: its new text is in `rag.documents`, to be chunked with these settings.
     Chunk {
         document_id: i64,
-        title: String,
-        body: String,
         size: i32,
         overlap: i32,
         unit: String,
@@ -753,8 +752,8 @@ pub enum RowSync {
 pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT action, document_id, body, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
-             embedding_model, document_prefix, title FROM rag._sync_row($1)",
+            "SELECT action, document_id, chunk_size, chunk_overlap, chunk_unit, provider_kind, \
+             embedding_model, document_prefix FROM rag._sync_row($1)",
             Some(1),
             &[row_queue_id.into()],
         )?;
@@ -764,9 +763,6 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
         }
         Ok(RowSync::Chunk {
             document_id: not_null(row.get_by_name("document_id")?, "documents.id")?,
-            title: row.get_by_name::<String, _>("title")?.unwrap_or_default(),
-            // An empty text is a text: the chunker makes no chunk of it.
-            body: row.get_by_name::<String, _>("body")?.unwrap_or_default(),
             size: not_null(row.get_by_name("chunk_size")?, "collections.chunk_size")?,
             overlap: not_null(
                 row.get_by_name("chunk_overlap")?,
@@ -789,29 +785,28 @@ pub fn sync_row(row_queue_id: i64) -> Result<RowSync, RagError> {
     })
 }
 
-pub fn replace_chunks(document_id: i64, chunks: Vec<NewChunk>) -> Result<(), SpiError> {
-    let ChunkColumns {
-        contents,
-        headers,
-        starts,
-        ends,
-        tokens,
-        ..
-    } = columns(chunks);
+/// Sets a changed document's chunks aside (`rag._set_aside_chunks`) before its new ones are stored a batch at a
+/// time (`store_chunks`), which take the vectors of unchanged text from them.
+pub fn set_aside_chunks(document_id: i64) -> Result<(), SpiError> {
     Spi::connect_mut(|client| {
-        let rows = client.update(
-            "SELECT rag._replace_chunks($1, $2, $3, $4, $5, $6)",
-            Some(1),
-            &[
-                document_id.into(),
-                contents.into(),
-                starts.into(),
-                ends.into(),
-                tokens.into(),
-                headers.into(),
-            ],
+        client.update(
+            "SELECT rag._set_aside_chunks($1)",
+            None,
+            &[document_id.into()],
         )?;
-        rows.first().get_one::<i32>()?;
+        Ok(())
+    })
+}
+
+/// Ends a replacement once every new chunk is stored (`rag._end_replacing_chunks`): the document is queued for
+/// the chunks that still need a vector.
+pub fn end_replacing_chunks(document_id: i64) -> Result<(), SpiError> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "SELECT rag._end_replacing_chunks($1)",
+            None,
+            &[document_id.into()],
+        )?;
         Ok(())
     })
 }

@@ -404,7 +404,7 @@ fn embed_whole<'a>(
             return Call::Stored;
         }
         Err(ProviderError::Interrupted) => return Call::Stopped(call),
-        Err(error @ ProviderError::Permanent { .. }) => {
+        Err(error @ (ProviderError::Permanent { .. } | ProviderError::InputTooLong { .. })) => {
             if call.len() == 1 {
                 fail(
                     steps,
@@ -622,11 +622,13 @@ fn embed_batch(
             release(steps, item);
             Batch::Done(Step::Stopped)
         }
-        Err(error @ ProviderError::Permanent { .. }) => Batch::Done(fail(
-            steps,
-            item,
-            format!("embedding provider \"{}\": {error}", item.provider.name),
-        )),
+        Err(error @ (ProviderError::Permanent { .. } | ProviderError::InputTooLong { .. })) => {
+            Batch::Done(fail(
+                steps,
+                item,
+                format!("embedding provider \"{}\": {error}", item.provider.name),
+            ))
+        }
         Err(error @ ProviderError::Transient { .. }) => {
             Batch::Done(back_off(steps, providers, rng, item, error))
         }

@@ -1,17 +1,16 @@
 //! Watched rows: bringing the document of one changed row up to date in one step.
 use crate::error::RagError;
 use crate::store::{self, RowItem, RowSync};
-use crate::worker::chunking::{chunk_config, plan};
+use crate::worker::chunking::{chunk_config, plan, store_plan};
 use crate::worker::steps::Steps;
 
-/// Reads the row as its table's owner, upserts or deletes the document, and re-chunks it keeping the vectors
-/// of unchanged chunks. A failure is recorded on the row (it backs off and is tried again).
+/// Reads the row as its table's owner, and inserts (then queues, as an ingested one), updates or deletes the
+/// document; a changed one is chunked again here, keeping the vectors of unchanged chunks. A failure is
+/// recorded on the row (it backs off and is tried again).
 pub fn sync_row(steps: &impl Steps, row: &RowItem) {
     let synced = steps.run(|| {
         let RowSync::Chunk {
             document_id,
-            title,
-            body,
             size,
             overlap,
             unit,
@@ -21,26 +20,33 @@ pub fn sync_row(steps: &impl Steps, row: &RowItem) {
         } = store::sync_row(row.id)?
         else {
             store::row_done(row.id, row.version, None)?;
-            return Ok::<_, RagError>(None);
+            return Ok::<_, RagError>(());
         };
-        let text = store::DocumentText {
-            title,
-            body,
-            page_offsets: None,
+        // Read back from the document this transaction just wrote (and holds locked), once the sync's own copies
+        // of the text are gone: handed back in its reply, they were all held at once.
+        let Some(text) = store::load_text(document_id)? else {
+            return Err(RagError::Internal(format!(
+                "the document {document_id} of watched row {} was gone right after its sync",
+                row.id
+            )));
         };
-        let chunks = match chunk_config(size, overlap, &unit)
+        // A text that cannot be chunked fails the step, which rolls the document back to what it was: kept, its
+        // new text sat beside its old chunks and, read again at the retry as unchanged, stayed so (review of
+        // session 35).
+        let plan = chunk_config(size, overlap, &unit)
             .and_then(|config| plan(text, &config, &provider_kind, &model, &document_prefix))
-        {
-            Ok(plan) => plan.into_batches().flatten().collect(),
-            Err(reason) => return Ok(Some(reason)),
-        };
-        store::replace_chunks(document_id, chunks)?;
+            .map_err(RagError::Aborted)?;
+        // The old chunks go aside and the new ones are stored a batch at a time, taking the vectors of unchanged
+        // text: the document's row stays locked from the first step to the commit, so nothing else writes its
+        // chunks meanwhile.
+        store::set_aside_chunks(document_id)?;
+        store_plan(document_id, plan)?;
+        store::end_replacing_chunks(document_id)?;
         store::row_done(row.id, row.version, None)?;
-        Ok(None)
+        Ok(())
     });
     let (error, for_good) = match synced {
-        Ok(None) => return,
-        Ok(Some(reason)) => (reason, false),
+        Ok(()) => return,
         // Over a limit (a title or text too large, markup too deep): the same row gives the same answer, so it
         // waits to be written again (or rag_reindex) instead of being read again at every back-off.
         Err(RagError::LimitExceeded(message)) => (message, true),

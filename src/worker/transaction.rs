@@ -32,7 +32,13 @@ pub(crate) fn limit_exceeded(caught: &pg_sys::panic::CaughtError) -> bool {
     sqlstate(caught) == Some(PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED)
 }
 
-pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R, StepFailure> {
+/// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when it returns Err (its
+/// error handed back as it is) or raises (the ERROR caught, as a `StepFailure`). A step that found it could not
+/// go on (a text it cannot chunk) and said so by returning Err had its writes committed all the same (review of
+/// session 35: a changed watched row kept its new text beside its old chunks).
+pub fn run<R, E>(
+    body: impl FnOnce() -> Result<R, E> + UnwindSafe + RefUnwindSafe,
+) -> Result<Result<R, E>, StepFailure> {
     // SAFETY: called from a background worker's main loop between transactions, the state in which
     // PostgreSQL's own workers start one; the snapshot pushed here is popped or released by abort below.
     unsafe {
@@ -50,23 +56,31 @@ pub fn run<R>(body: impl FnOnce() -> R + UnwindSafe + RefUnwindSafe) -> Result<R
         })
         .execute();
     match outcome {
-        Ok(value) => {
+        Ok(Ok(value)) => {
             // SAFETY: the transaction and snapshot started above are still current: the body ran to its end.
             unsafe {
                 pg_sys::PopActiveSnapshot();
                 pg_sys::CommitTransactionCommand();
             }
             crate::pg::flush_statistics(false);
-            Ok(value)
+            Ok(Ok(value))
         }
-        Err(message) => {
+        Ok(Err(error)) => {
+            // SAFETY: the body returned without raising, so no error state is pending: the transaction is
+            // aborted as a background worker aborts one after an error it has handled, releasing the snapshot,
+            // locks, SPI state and transaction memory.
+            unsafe { pg_sys::AbortCurrentTransaction() };
+            crate::pg::flush_statistics(false);
+            Ok(Err(error))
+        }
+        Err(failure) => {
             // Abort releases the snapshot, locks, SPI state and transaction memory in one go.
             // SAFETY: PgTryBuilder caught the error and flushed PostgreSQL's error state, which is the state
             // AbortCurrentTransaction expects, as in PostgreSQL's own error recovery.
             unsafe { pg_sys::AbortCurrentTransaction() };
             // An aborted insert's rows are dead rows for vacuum to find.
             crate::pg::flush_statistics(false);
-            Err(message)
+            Err(failure)
         }
     }
 }

@@ -149,9 +149,10 @@ class HostileWatch(InItsOwnDatabase):
     def test_e_a_large_markup_row_is_converted_under_the_extraction_bounds(self):
         # The worker converted a watched row's Markdown in its own process whatever its size: a table owner's
         # 63 MB row took 2.3 GB and, under a memory limit, aborted the server, and the worker took the row up
-        # again after every restart (red team 18). Past a megabyte it converts in a bounded child now: 12 MB of
-        # two-character lines (about 37 bytes of memory a byte) outgrow rag.extraction_memory at its least, and
-        # the row fails with the reason while the worker and the other rows go on.
+        # again after every restart (red team 18). Past a megabyte it converts in a bounded child now: a line of
+        # 60 million characters (read as a list of characters, four bytes each, beside the text and its
+        # conversion) outgrows rag.extraction_memory at its least, and the row fails with the reason while the
+        # worker and the other rows go on. (Short lines no longer do: they were a string each, now one buffer.)
         psql("ALTER SYSTEM SET rag.extraction_memory = 256; SELECT pg_reload_conf()", db="postgres")
         try:
             time.sleep(0.5)
@@ -160,7 +161,7 @@ class HostileWatch(InItsOwnDatabase):
                 CREATE TABLE hw.pages (id int PRIMARY KEY, body text);
                 SELECT rag_create_collection('hw_pages', embedding_model => 'hash-384');
                 SELECT rag_watch('hw.pages', 'hw_pages', content => 'body', format => 'markdown');
-                INSERT INTO hw.pages VALUES (1, repeat(E'a\\n', 6 * 1024 * 1024));
+                INSERT INTO hw.pages VALUES (1, repeat('a', 60000000));
             """, db=DB)
             pid = scalar(WORKER, db=DB)
             self.assertTrue(wait_until("SELECT last_error ~ 'memory' FROM rag.watch_status WHERE source = 'hw.pages'",

@@ -129,9 +129,10 @@ class Isolation(InItsOwnDatabase):
         self.assertLess(elapsed, 2.5, f"extraction ran {elapsed:.1f} s past a 300 ms statement_timeout")
 
     def test_markup_conversion_is_bounded_and_stops_at_statement_timeout(self):
-        # Markdown of two-character lines takes the converter about 42 bytes a byte: past a megabyte it runs in
-        # a child under the extraction bounds, which a cancel ends at once (in the backend it ran to the end).
-        text = "repeat(E'#\\n', 8000000)"
+        # A line of 60 million characters takes the converter about a second and six bytes of memory a byte (its
+        # characters read as a list): past a megabyte it runs in a child under the extraction bounds, which a
+        # cancel ends at once (in the backend it ran to the end).
+        text = "repeat('a', 60000000)"
         started = time.time()
         code, _, stderr = psql(f"SET statement_timeout = '300ms';\nSELECT length(rag_markdown_to_text({text}));",
                                db=DB, check=False)

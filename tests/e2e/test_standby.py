@@ -138,6 +138,38 @@ class Standby(unittest.TestCase):
         self.assertNotEqual(code, 0)
         self.assertIn("needs the primary", stderr)
 
+    def test_2b_every_call_that_writes_says_it_needs_the_primary(self):
+        # Before, only the queue and conversations did; the rest failed inside with PostgreSQL's "cannot execute
+        # INSERT in a read-only transaction", some after an extraction or a provider call (red team 21).
+        for call in ("rag_ingest('kb', 'On standby', 'A text.')",
+                     "rag_ingest_file('kb', 'a.txt', convert_to('A text.', 'UTF8'))",
+                     "rag_delete_document(1)",
+                     "rag_create_collection('standby-new', embedding_model => 'hash-384')",
+                     "rag_drop_collection('kb')",
+                     "rag_grant('kb', 'standby_reader')",
+                     "rag_revoke('kb', 'standby_reader')",
+                     "rag_reindex('kb')",
+                     "rag_retry_upkeep('kb')",
+                     "rag_set_search('kb', 'vector')",
+                     "rag_set_reranker('kb', 'none')",
+                     "rag_set_embedding_model('kb', 'hash-256')",
+                     "rag_cancel_embedding_model('kb')",
+                     "rag_create_provider('standby-new', 'ollama', 'http://127.0.0.1:1')",
+                     "rag_drop_provider('standby-new')",
+                     "rag_allow_key('rag.standby_key', 'http://127.0.0.1:1')",
+                     "rag_disallow_key('rag.standby_key', 'http://127.0.0.1:1')",
+                     "rag_set_price('hash-384', 1)",
+                     "rag_watch('standby_pages', 'kb', 'body')",
+                     "rag_reindex('standby_pages'::regclass)",
+                     "rag_unwatch('standby_pages')",
+                     "rag_conversation_delete(1)"):
+            name = call.split("(")[0]
+            with self.subTest(call=name):
+                code, _, stderr = self.on_standby(f"SELECT {call}", check=False)
+                self.assertNotEqual(code, 0)
+                self.assertIn(f"{name} needs the primary: this server is a read-only standby", stderr)
+                self.assertIn("HINT:  Run it on the primary", stderr)
+
     def test_3_no_worker_on_the_standby_until_promoted(self):
         self.assertEqual(self.on_standby("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'rag %'",
                                          check=True), [["0"]])

@@ -24,6 +24,12 @@ pub enum ProviderError {
         /// Human-readable cause: kind, route, model, status and an excerpt of the provider's error text.
         message: String,
     },
+    /// An input is longer than the model takes (a model run in-process knows its window exactly): never
+    /// succeeds as sent, and is the caller's to shorten, not a problem with the model or its credentials.
+    InputTooLong {
+        /// Which input, how long, and what the model takes.
+        message: String,
+    },
     /// The caller's interrupt hook asked us to stop (query cancel, statement_timeout, SIGTERM).
     Interrupted,
 }
@@ -40,7 +46,7 @@ impl ProviderError {
             ProviderError::Transient { status, .. } | ProviderError::Permanent { status, .. } => {
                 *status
             }
-            ProviderError::Interrupted => None,
+            ProviderError::InputTooLong { .. } | ProviderError::Interrupted => None,
         }
     }
 
@@ -55,9 +61,9 @@ impl ProviderError {
     /// The human-readable cause (empty for [`ProviderError::Interrupted`]).
     pub fn message(&self) -> &str {
         match self {
-            ProviderError::Transient { message, .. } | ProviderError::Permanent { message, .. } => {
-                message
-            }
+            ProviderError::Transient { message, .. }
+            | ProviderError::Permanent { message, .. }
+            | ProviderError::InputTooLong { message } => message,
             ProviderError::Interrupted => "",
         }
     }
@@ -88,7 +94,9 @@ impl fmt::Display for ProviderError {
                 }
                 Ok(())
             }
-            ProviderError::Permanent { message, .. } => write!(f, "{message}"),
+            ProviderError::Permanent { message, .. } | ProviderError::InputTooLong { message } => {
+                write!(f, "{message}")
+            }
             ProviderError::Interrupted => write!(f, "provider call interrupted"),
         }
     }

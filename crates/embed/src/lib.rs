@@ -546,6 +546,9 @@ impl Provider {
                 status,
                 message: message.replace(key, "[redacted]"),
             },
+            ProviderError::InputTooLong { message } => ProviderError::InputTooLong {
+                message: message.replace(key, "[redacted]"),
+            },
             ProviderError::Interrupted => ProviderError::Interrupted,
         })
     }

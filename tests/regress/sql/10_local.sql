@@ -45,6 +45,12 @@ SELECT (SELECT title FROM rag_query('local-docs', 'Where can I park my car at wo
 
 -- Chunks that could overflow the model's window are refused when the collection is made.
 SELECT rag_create_collection('too-big', embedding_provider => 'local', chunk_size => 5000);
+-- So are prefixes that leave too little of it: a query prefix of the whole window made every search fail, a
+-- reader's short question included, with a hint to shorten the question (review of session 35).
+SELECT rag_create_collection('long-prefix', embedding_provider => 'local', query_prefix => repeat('q ', 500));
+SELECT rag_create_collection('long-prefix', embedding_provider => 'local', document_prefix => repeat('d ', 200));
+SELECT rag_create_collection('short-prefix', embedding_provider => 'local', query_prefix => 'query: ') > 0 AS created;
+SELECT rag_drop_collection('short-prefix');
 -- The message names the default model directory, under the server's share directory (shown as <sharedir>, so
 -- the expected output holds for every PostgreSQL installation).
 DO $$
@@ -61,6 +67,12 @@ END $$;
 SELECT rag_embed('x', 'no/such/../path');
 -- A text far over the model's window is refused before the tokenizer holds two hundred bytes a byte of it.
 SELECT rag_embed(repeat('a ', 4000000));
+-- So is one of more tokens than the window: the text is the caller's to shorten, a limit (54000), not a
+-- problem with the model name or credentials (red team 21).
+SELECT rag_embed(repeat('word ', 400));
+\set VERBOSITY sqlstate
+SELECT rag_embed(repeat('word ', 400));
+\set VERBOSITY default
 
 -- Digits and punctuation give about one token per two characters, so 700-character chunks, which the
 -- creation check accepts, would overflow the 256-token window. The worker measures every chunk with the

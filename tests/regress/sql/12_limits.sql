@@ -78,11 +78,78 @@ SELECT rag_create_collection('limits-big', embedding_model => 'hash-384', contex
 -- A chunk unit nobody knows is an error for rag_create_collection and for the worker alike (the worker took
 -- it for characters before). The table's check keeps such a unit out; a superuser forces one in to show it.
 SELECT rag_create_collection('limits-words', embedding_model => 'hash-384', chunk_unit => 'words');
+CREATE TABLE limits_rows (id integer PRIMARY KEY, body text);
+INSERT INTO limits_rows VALUES (1, 'The first version of the watched row.');
+SELECT rag_watch('limits_rows', 'limits', 'body') > 0 AS watching;
+SELECT rag_wait('limits', '60 seconds') AS settled;
 ALTER TABLE rag.collections DROP CONSTRAINT collections_chunk_unit_check;
 UPDATE rag.collections SET chunk_unit = 'words' WHERE name = 'limits';
 SELECT rag_ingest('limits', 'Odd', 'A document of a collection whose chunk unit nobody knows.') > 0 AS ingested;
 SELECT rag_wait('limits', '60 seconds') AS settled;
 SELECT d.status, d.failure_reason FROM rag.documents d WHERE d.title = 'Odd';
+-- A changed watched row that cannot be chunked leaves its document as it was, and the row waits with the reason:
+-- its new text was kept beside the old chunks, and at the retry the row read as unchanged and was marked done,
+-- so searches kept the old text for good (review of session 35).
+UPDATE limits_rows SET body = 'The second version of the watched row.';
+SELECT rag_wait('limits', '60 seconds') AS settled;
+SELECT d.body, d.status, (SELECT string_agg(ch.content, ' ') FROM rag.chunks ch WHERE ch.document_id = d.id) AS chunks
+  FROM rag.documents d WHERE d.source = 'limits_rows';
+SELECT q.last_error FROM rag.row_queue q JOIN rag.watches w ON w.id = q.watch_id WHERE w.source_name = 'limits_rows';
 UPDATE rag.collections SET chunk_unit = 'characters' WHERE name = 'limits';
 ALTER TABLE rag.collections ADD CONSTRAINT collections_chunk_unit_check CHECK (chunk_unit IN ('characters', 'tokens'));
+-- Read again (here at once, by rag_reindex; else after its back-off), it is indexed with its new text.
+SELECT rag_reindex('limits_rows'::regclass) >= 1 AS queued;
+SELECT rag_wait('limits', '60 seconds') AS settled;
+SELECT d.body, d.status, (SELECT string_agg(ch.content, ' ') FROM rag.chunks ch WHERE ch.document_id = d.id) AS chunks
+  FROM rag.documents d WHERE d.source = 'limits_rows';
+SELECT rag_unwatch('limits_rows', drop_documents => true);
+DROP TABLE limits_rows;
+
+-- A document's pages are bounded (8 million blank pages took a backend to 753 MB: red team 22).
+SELECT rag_ingest('limits', 'Many pages', NULL, pages => array_fill(''::text, ARRAY[100001]));
+SELECT rag_ingest('limits', 'Enough pages', NULL, pages => array_fill('A page.'::text, ARRAY[3])) > 0 AS ingested;
+
+-- Markdown of many short lines converts within a small extraction memory: it was held as a string per line
+-- (sixty million lines took the child 1.5 GB: red team 22; the list of twenty million alone is 480 MB), now as
+-- one buffer.
+SET rag.extraction_memory = '256MB';
+SELECT length(rag_markdown_to_text(repeat(E'a\n', 20000000))) AS converted_length;
+RESET rag.extraction_memory;
+
+-- Every call that writes refuses a read-only transaction first, naming itself, with what works there instead:
+-- before, PostgreSQL's "cannot execute INSERT in a read-only transaction" came from somewhere inside it, and
+-- some calls did work (an extraction, a provider call) before they got there (red team 21).
+CREATE TABLE limits_pages (id integer PRIMARY KEY, body text);
+SET default_transaction_read_only = on;
+\set VERBOSITY default
+SELECT rag_ingest('limits', 'Read only', 'A text.');
+\set VERBOSITY terse
+SELECT rag_ingest_file('limits', 'a.txt', convert_to('A text.', 'UTF8'));
+SELECT rag_delete_document(1);
+SELECT rag_create_collection('limits-ro', embedding_model => 'hash-384');
+SELECT rag_drop_collection('limits');
+SELECT rag_grant('limits', 'rag_reader');
+SELECT rag_revoke('limits', 'rag_reader');
+SELECT rag_reindex('limits');
+SELECT rag_retry_upkeep('limits');
+SELECT rag_set_search('limits', 'vector');
+SELECT rag_set_reranker('limits', 'none');
+SELECT rag_set_embedding_model('limits', 'hash-256');
+SELECT rag_cancel_embedding_model('limits');
+SELECT rag_create_provider('limits-ro', 'ollama', 'http://127.0.0.1:1');
+SELECT rag_drop_provider('limits-ro');
+SELECT rag_allow_key('rag.limits_key', 'http://127.0.0.1:1');
+SELECT rag_disallow_key('rag.limits_key', 'http://127.0.0.1:1');
+SELECT rag_set_price('hash-384', 1);
+SELECT rag_watch('limits_pages', 'limits', 'body');
+SELECT rag_reindex('limits_pages'::regclass);
+SELECT rag_unwatch('limits_pages');
+SELECT rag_conversation_start('limits');
+SELECT rag_conversation_delete(1);
+SELECT rag_process_queue();
+-- What reads still works in it.
+SELECT count(*) >= 0 AS searched FROM rag_query('limits', 'notice');
+RESET default_transaction_read_only;
+\set VERBOSITY default
+DROP TABLE limits_pages;
 SELECT rag_drop_collection('limits');
