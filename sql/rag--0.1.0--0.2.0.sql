@@ -5338,9 +5338,9 @@ BEGIN
     END IF;
     IF d.id IS NULL THEN
         -- A new row's document takes the way an ingested one does: queued, then chunked and stored a batch at a
-        -- time, and embedded with other new documents in one call and one transaction. Handed back to the
-        -- worker, its text was held again for the reply and its chunks all at once (a 20 MB row took a worker
-        -- to 176 MB, an ingested 20 MB document to 38 MB), and each row stored its chunks alone.
+        -- time by the worker's next step. Handed back to the worker here, its text was held again for the
+        -- reply and its chunks all at once (a 20 MB row took a worker to 176 MB, an ingested 20 MB document
+        -- to 38 MB).
         INSERT INTO rag.documents (collection_id, title, source, metadata, body, content_sha256, watch_id, source_key)
         VALUES (c.id, coalesce(v_title, ''), w.source_name, v_metadata, v_content, v_sha, w.id, q.key)
         RETURNING id INTO document_id;
