@@ -26,7 +26,7 @@ ALTER TABLE rag.collections
 CREATE FUNCTION rag._require_writable(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_conninfo text;
     v_primary text;
 BEGIN
     IF NOT pg_catalog.pg_is_in_recovery() THEN
@@ -37,6 +37,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Read here, not in DECLARE: every write on a primary passes through this function and needs none of it.
+    v_conninfo := coalesce(current_setting('primary_conninfo', true), '');
     IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
         v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
                                            'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');

@@ -654,7 +654,7 @@ AS 'MODULE_PATHNAME', 'setting_wrapper';
 CREATE OR REPLACE FUNCTION rag._require_writable(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_conninfo text := coalesce(current_setting('primary_conninfo', true), '');
+    v_conninfo text;
     v_primary text;
 BEGIN
     IF NOT pg_catalog.pg_is_in_recovery() THEN
@@ -665,6 +665,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- Read here, not in DECLARE: every write on a primary passes through this function and needs none of it.
+    v_conninfo := coalesce(current_setting('primary_conninfo', true), '');
     IF pg_catalog.pg_has_role(rag._calling_role(), 'pg_read_all_settings', 'USAGE') THEN
         v_primary := nullif(concat_ws(' ', 'host=' || substring(v_conninfo FROM '(?:^|\s)host\s*=\s*''?([^'' ]+)'),
                                            'port=' || substring(v_conninfo FROM '(?:^|\s)port\s*=\s*''?([0-9]+)')), '');
@@ -5232,7 +5234,7 @@ DECLARE
     v_title text;
     v_metadata jsonb;
     v_sha bytea;
-    d rag.documents;
+    d record;
 BEGIN
     SELECT * INTO q FROM rag.row_queue WHERE id = p_row_queue_id;
     SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
@@ -5298,7 +5300,9 @@ BEGIN
                   HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
 
-    SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
+    -- Not the body: a row variable holds its columns' values detoasted, so the old text was held beside the new.
+    SELECT dd.id, dd.content_sha256, dd.title, dd.metadata INTO d
+      FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
     IF NOT coalesce(v_found, false) OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN

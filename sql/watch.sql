@@ -1322,7 +1322,7 @@ DECLARE
     v_title text;
     v_metadata jsonb;
     v_sha bytea;
-    d rag.documents;
+    d record;
 BEGIN
     SELECT * INTO q FROM rag.row_queue WHERE id = p_row_queue_id;
     SELECT * INTO w FROM rag.watches WHERE id = q.watch_id;
@@ -1388,7 +1388,9 @@ BEGIN
                   HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
 
-    SELECT * INTO d FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
+    -- Not the body: a row variable holds its columns' values detoasted, so the old text was held beside the new.
+    SELECT dd.id, dd.content_sha256, dd.title, dd.metadata INTO d
+      FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
     IF NOT coalesce(v_found, false) OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
         -- Gone, unpublished or empty: it leaves the index.
         IF d.id IS NOT NULL THEN

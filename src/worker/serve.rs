@@ -299,6 +299,21 @@ fn rest(
     }
 }
 
+/// Blocks of a megabyte or more are mapped and unmapped on their own. glibc's default raises that bound to the
+/// size of the largest block freed so far (up to 32 MB), after which a large text's copies come from the heap,
+/// which keeps the pages once they are freed: a worker that had taken one 20 MB watched row held its pages
+/// while it took the next. A worker's large blocks are a text and its copies, few and short-lived, so a
+/// mapping each costs next to nothing beside what is done with them.
+fn return_large_blocks_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const LARGE_BLOCK_BYTES: libc::c_int = 1 << 20;
+        // SAFETY: mallopt only changes the allocator's parameters; this process (the worker) has no other
+        // threads yet, and glibc takes its own lock for it anyway.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES) };
+    }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
@@ -310,6 +325,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         return;
     }
     let slot = slot as usize;
+    return_large_blocks_to_the_system();
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     crate::pg::terminate_on_sigterm();
     crate::security::register_hard_deadline();

@@ -371,6 +371,11 @@ fn settle(
                 message.push_str(": ");
                 message.push_str(&text);
             }
+            // Whatever the status: llama.cpp's server answers 500 for it, which would be retried until the
+            // deadline, and as a 400 it read as a wrong model name or key.
+            if says_input_too_long(&text) {
+                return Err(ProviderError::InputTooLong { message });
+            }
             match classify_status(status) {
                 StatusClass::Transient => {
                     // The standard header wins; OpenAI's millisecond variant is a fallback.
@@ -553,6 +558,29 @@ pub(crate) fn provider_error_text(body: &[u8], key: Option<&str>) -> String {
     }
 }
 
+/// How servers say that an input is longer than their model reads, lower-cased: Ollama ("the input length
+/// exceeds the context length"), llama.cpp's server ("input is too large to process. increase the physical
+/// batch size", later "the request exceeds the available context size"), OpenAI and vLLM ("This model's
+/// maximum context length is 8192 tokens"), Cohere ("too many tokens"). Hugging Face's text-embeddings-inference
+/// says "must have less than 512 tokens", matched by its two halves.
+const INPUT_TOO_LONG_PHRASES: &[&str] = &[
+    "exceeds the context length",
+    "is too large to process",
+    "exceeds the available context size",
+    "maximum context length",
+    "too many tokens",
+];
+
+/// True when a provider's error text says an input was too long for the model: the caller's to shorten, never
+/// worth a retry.
+pub(crate) fn says_input_too_long(text: &str) -> bool {
+    let text = text.to_lowercase();
+    INPUT_TOO_LONG_PHRASES
+        .iter()
+        .any(|phrase| text.contains(phrase))
+        || (text.contains("must have less than") && text.contains("tokens"))
+}
+
 /// Collapses whitespace and control characters to single spaces and cuts at `max_chars` characters.
 pub(crate) fn excerpt(text: &str, max_chars: usize) -> String {
     let mut out = String::new();
@@ -581,6 +609,32 @@ pub(crate) fn excerpt(text: &str, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_too_long_are_told_apart_from_other_errors() {
+        for said in [
+            "the input length exceeds the context length",
+            "input is too large to process. increase the physical batch size",
+            "input (992 tokens) is too large to process. increase the physical batch size (current batch size: 512)",
+            "the request exceeds the available context size, try increasing it",
+            "This model's maximum context length is 8192 tokens, however you requested 9000 tokens",
+            "Input validation error: `inputs` must have less than 512 tokens. Given: 600",
+            "too many tokens: total number of tokens in the prompt cannot exceed 4081",
+        ] {
+            assert!(says_input_too_long(said), "{said}");
+        }
+        for said in [
+            "",
+            "model \"x\" not found, try pulling it first",
+            "Incorrect API key provided",
+            "the request took too long",
+            "server busy, please try again.  maximum pending requests exceeded",
+            "Rate limit reached: too many requests",
+            "must have less than 3 inputs",
+        ] {
+            assert!(!says_input_too_long(said), "{said}");
+        }
+    }
 
     #[test]
     fn error_text_from_each_dialect() {

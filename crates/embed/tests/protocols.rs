@@ -252,16 +252,38 @@ fn ollama_missing_model_is_permanent_with_route_model_and_reason() {
     }
 }
 
+fn expect_too_long(result: Result<impl std::fmt::Debug, ProviderError>) -> String {
+    match result {
+        Err(ProviderError::InputTooLong { message }) => message,
+        other => panic!("expected an input-too-long error, got {other:?}"),
+    }
+}
+
 #[test]
-fn ollama_context_overflow_error_is_permanent() {
+fn ollama_context_overflow_is_an_input_too_long() {
     let server = TestServer::start(vec![Behaviour::json(
         400,
         json!({"error": "the input length exceeds the context length"}),
     )]);
-    let (status, message) =
-        expect_permanent(ollama(&server).embed("m", &inputs(&["long"]), None, &mut never()));
-    assert_eq!(status, Some(400));
+    let message =
+        expect_too_long(ollama(&server).embed("m", &inputs(&["long"]), None, &mut never()));
+    assert!(message.contains("HTTP 400"), "{message}");
     assert!(message.contains("exceeds the context length"), "{message}");
+    assert_eq!(server.requests().len(), 1);
+}
+
+/// llama.cpp's server answers a 500 for an input over its batch: not retried (a 500 otherwise is, until the
+/// deadline), and not read as a wrong model or key.
+#[test]
+fn llama_cpp_input_over_its_batch_is_an_input_too_long_not_a_server_error() {
+    let server = TestServer::start(vec![Behaviour::json(
+        500,
+        json!({"error": {"code": 500, "message": "input is too large to process. increase the physical batch size", "type": "server_error"}}),
+    )]);
+    let message =
+        expect_too_long(openai(&server).embed("m", &inputs(&["long"]), None, &mut never()));
+    assert!(message.contains("HTTP 500"), "{message}");
+    assert!(message.contains("too large to process"), "{message}");
 }
 
 // ---------------------------------------------------------------- OpenAI

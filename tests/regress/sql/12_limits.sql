@@ -57,6 +57,13 @@ RESET rag.chat_model;
 SELECT rag_create_provider('limits-long-url', 'openai', base_url => 'http://127.0.0.1:9/' || repeat('v', 2100));
 -- rag_embed has the same bound on a model's name.
 SELECT rag_embed('hi', repeat('m', 257), 'ollama');
+-- A server's word that an input is longer than its model reads is a limit (54000) with the hint to shorten it,
+-- whatever the status: Ollama's 400 read as a wrong model name or key, and llama.cpp's 500 was retried until
+-- the deadline (session 36).
+SELECT rag_embed(repeat('x', 8193), 'hash-384', 'ollama');
+\set VERBOSITY sqlstate
+SELECT rag_embed(repeat('x', 8193), 'hash-384', 'ollama');
+\set VERBOSITY default
 -- NULL for a collection's name.
 SELECT count(*) FROM rag_query(NULL, 'notice');
 -- A local model that is not there is refused when it is chosen, as rag_create_collection refuses it.
