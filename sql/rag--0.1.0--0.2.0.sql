@@ -3743,6 +3743,17 @@ LANGUAGE sql STABLE AS $$
            + coalesce(p_completion_tokens, 0) * coalesce((rag._price_in_force(p_chat_model)).output_usd_per_million, 0) / 1000000)
 $$;
 
+CREATE OR REPLACE FUNCTION rag._log_text(p_key text, p_text text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_text IS NULL THEN '{}'::jsonb
+        WHEN length(p_text) <= rag._limit('ledger_log_text_max_chars')::integer THEN jsonb_build_object(p_key, p_text)
+        ELSE jsonb_build_object(p_key, left(p_text, rag._limit('ledger_log_text_max_chars')::integer),
+                                p_key || '_chars', length(p_text),
+                                p_key || '_sha256', encode(sha256(convert_to(p_text, 'UTF8')), 'hex'))
+    END
+$$;
+
 CREATE OR REPLACE FUNCTION rag._record_query(
     p_collection_id integer, p_kind text, p_question text, p_outcome text,
     p_rewritten text DEFAULT NULL, p_conversation_id bigint DEFAULT NULL, p_answer text DEFAULT NULL,
@@ -3772,14 +3783,15 @@ BEGIN
     -- what the server log gets if the row is rolled back (src/api/ledger_trail.rs).
     v_line := jsonb_strip_nulls(jsonb_build_object(
         'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-        'kind', p_kind, 'question', p_question, 'rewritten_question', p_rewritten, 'outcome', p_outcome,
-        'answer', p_answer, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+        'kind', p_kind, 'outcome', p_outcome, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
         'sources_sent', p_sources_sent,
         'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
         'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
         'completion_tokens', p_completion_tokens, 'chat_calls', p_chat_calls, 'embed_ms', p_embed_ms,
         'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
-        'role', v_role));
+        'role', v_role))
+        || rag._log_text('question', p_question) || rag._log_text('rewritten_question', p_rewritten)
+        || rag._log_text('answer', p_answer);
     IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only')::boolean THEN
         -- A hot standby, or a read-only transaction, cannot write the ledger. The call is recorded in the
         -- server log instead, one line of JSON per call with the columns of rag.queries (README,

@@ -166,6 +166,12 @@ pub const MODEL_NAME_MAX_BYTES: i32 = 256;
 /// (e5's and bge's are about 100 bytes); a 10 MB one made the worker build 320 MB requests.
 pub const PREFIX_MAX_BYTES: i32 = 1024;
 
+/// The most of a question, rewritten question or answer that a `rag ledger:` line of the server log carries (a
+/// standby's call, a read-only transaction's, a rolled-back one); a longer text is cut there, with its length and
+/// SHA-256 beside it. The ledger's row keeps it whole. A reader's loop of 32 kB questions grew the log by 32 kB
+/// a call, and no retention bounds the log (red team 19).
+pub const LEDGER_LOG_TEXT_MAX_CHARS: i32 = 2000;
+
 /// The value of a limit SQL reads, by name, as text (SQL casts it); built from the constants above.
 fn for_sql(name: &str) -> Option<String> {
     Some(match name {
@@ -181,6 +187,7 @@ fn for_sql(name: &str) -> Option<String> {
         "document_source_max_bytes" => DOCUMENT_SOURCE_MAX_BYTES.to_string(),
         "document_metadata_max_bytes" => DOCUMENT_METADATA_MAX_BYTES.to_string(),
         "document_pages_max" => DOCUMENT_PAGES_MAX.to_string(),
+        "ledger_log_text_max_chars" => LEDGER_LOG_TEXT_MAX_CHARS.to_string(),
         // A collection's prompt template (rag_answer::validate_template says why).
         "prompt_template_max_bytes" => rag_answer::MAX_TEMPLATE_BYTES.to_string(),
         "prompt_query_placeholders_max" => rag_answer::MAX_QUERY_PLACEHOLDERS.to_string(),

@@ -2,6 +2,7 @@
 those rows came from ends while an answer is being given (the end is counted, not timed: README, Security). Ledger
 rows, conversations and providers belong to a role, not to a name: a role created later under a dropped role's
 name, after a DROP ROLE in a database rag's hook does not see, gets nothing of them."""
+import hashlib
 import json
 import os
 import time
@@ -274,6 +275,38 @@ class CallsThatRollBack(InItsOwnDatabase):
         self.assertNotEqual(code, 0)
         self.assertIn("a conversation needs a read-write transaction", stderr)
         self.assertEqual([line for line in self.log_lines_since(start) if "read-only-five" in json.dumps(line)], [])
+
+    def test_a_long_question_is_cut_in_its_log_line_and_kept_whole_in_its_row(self):
+        # The log has no retention: a reader's loop of 32 kB questions grew it by 32 kB a call (red team 19).
+        # A line carries 2,000 characters of a text, with its length and SHA-256 to match it by.
+        start = os.path.getsize(self.log_path)
+        question = "long-six notice " + "é" * 5000
+        rows = psql(f"BEGIN READ ONLY; SELECT count(*) >= 0 FROM rag_query('rb', '{question}', max_distance => 2); COMMIT;",
+                    db=self.DB, user="rb_reader")
+        self.assertEqual(rows, [["t"]])
+        lines = self.wait_for_lines(start, lambda line: line.get("question", "").startswith("long-six"))
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual(lines[0]["question"], question[:2000])
+        self.assertEqual(lines[0]["question_chars"], len(question))
+        self.assertEqual(lines[0]["question_sha256"], hashlib.sha256(question.encode()).hexdigest())
+        # Rolled back, a row's line is cut the same way; committed, the row keeps the question whole.
+        psql(f"BEGIN; SELECT count(*) >= 0 FROM rag_query('rb', 'long-seven {question}', max_distance => 2); ROLLBACK;",
+             db=self.DB, user="rb_reader")
+        lines = self.wait_for_lines(start, lambda line: line.get("question", "").startswith("long-seven"))
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0]["rolled_back"])
+        self.assertEqual((len(lines[0]["question"]), lines[0]["question_chars"]), (2000, len(question) + 11))
+        psql(f"SELECT count(*) >= 0 FROM rag_query('rb', 'long-eight {question}', max_distance => 2)",
+             db=self.DB, user="rb_reader")
+        self.assertEqual(scalar("SELECT length(question) FROM rag.queries WHERE question LIKE 'long-eight%'", db=self.DB),
+                         str(len(question) + 11))
+        # A short one has no length or hash beside it.
+        psql("BEGIN READ ONLY; SELECT count(*) >= 0 FROM rag_query('rb', 'short-nine notice'); COMMIT;",
+             db=self.DB, user="rb_reader")
+        lines = self.wait_for_lines(start, lambda line: line.get("question") == "short-nine notice")
+        self.assertEqual(len(lines), 1, lines)
+        self.assertNotIn("question_chars", lines[0])
+        self.assertNotIn("question_sha256", lines[0])
 
     def test_a_call_cancelled_while_the_provider_works_is_logged(self):
         start = os.path.getsize(self.log_path)
