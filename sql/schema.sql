@@ -290,7 +290,8 @@ CREATE UNLOGGED TABLE rag.set_aside_chunks (
     embedding     vector,
     embedding_alt vector
 );
-CREATE INDEX set_aside_chunks_document ON rag.set_aside_chunks (document_id);
+-- By the text's hash too, so that finding a new chunk's old vectors is an index probe whatever the plan.
+CREATE INDEX set_aside_chunks_text ON rag.set_aside_chunks (document_id, hashtextextended(content, 0));
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, rag, pg_temp', true) AS path_after_rag_chunks;
 -- A chunk's row stays whole in the heap up to a full page rather than the default quarter: a 384-d vector
 -- (1.5 kB) with a 1,000-character chunk and its lexemes passes the default target, and PostgreSQL then

@@ -371,20 +371,29 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', p_owner);
 END $$;
 
--- After REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that command): the watched tables'
--- owners now may be roles rag_watch never granted to. Granted to no role.
+-- Owners of watched tables who lack what the watch's triggers need (rag._grant_watch_owner): REASSIGN OWNED gave
+-- a table to a role rag_watch never granted to, or a restore without privileges (pg_restore --no-acl, pg_dump -x)
+-- left the grants out, after which every write to the table failed, a superuser's too (red team 23).
+CREATE FUNCTION rag._watch_owners_lacking() RETURNS name[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT r.rolname ORDER BY r.rolname), '{}')
+      FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+     WHERE NOT pg_catalog.has_schema_privilege(c.relowner, 'rag', 'USAGE')
+        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
+        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._watch_key()', 'EXECUTE')
+        OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
+$$;
+
+-- Grants them what they lack: after REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that
+-- command), at rag_reindex of a watched table, and from the idle worker once no pg_restore is connected to the
+-- database (src/store/mod.rs grant_watch_owners). Granted to no role.
 CREATE FUNCTION rag._grant_watch_owners() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_owner name;
 BEGIN
-    FOR v_owner IN
-        SELECT DISTINCT r.rolname
-          FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-          JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-         WHERE NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
-            OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
-    LOOP
+    FOREACH v_owner IN ARRAY rag._watch_owners_lacking() LOOP
         PERFORM rag._grant_watch_owner(v_owner);
     END LOOP;
 END $$;
@@ -980,6 +989,9 @@ BEGIN
             HINT = 'Watch it with rag_watch first.';
     END IF;
     PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
+    -- Also the way to mend a watched table whose owner lost the triggers' rights (a restore without
+    -- privileges), should the worker not have done it yet.
+    PERFORM rag._grant_watch_owners();
     RETURN rag._reindex_watch(v_id);
 END $$;
 

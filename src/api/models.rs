@@ -23,9 +23,19 @@ pub fn rag_models(
 > {
     let row = provider::row_or_raise(provider);
     // A keyed provider's list is fetched with its key, and shows the account behind it: its creator's to ask.
-    Spi::run_with_args("SELECT rag._require_direct_use($1)", &[provider.into()])
-        .doing(|| format!("checking provider \"{provider}\""))
-        .unwrap_or_raise();
+    // Read-only SPI: `Spi::run_with_args` assigns a transaction id, which a hot standby refuses ("cannot
+    // assign TransactionIds during recovery", red team 23), and a primary spent one on every call.
+    Spi::connect(|client| {
+        client
+            .select(
+                "SELECT rag._require_direct_use($1)",
+                None,
+                &[provider.into()],
+            )
+            .map(|_| ())
+    })
+    .doing(|| format!("checking provider \"{provider}\""))
+    .unwrap_or_raise();
     if row.kind == provider::Kind::Local {
         return TableIterator::new(local_models());
     }

@@ -182,6 +182,21 @@ pub fn drop_partitions() -> Result<Option<i32>, SpiError> {
     Spi::get_one::<i32>("SELECT rag._drop_partitions()")
 }
 
+/// Grants the owners of watched tables what the watches' triggers need, where they lack it
+/// (`rag._grant_watch_owners`); returns 1 when it granted. Not while a pg_restore is connected to the database:
+/// a restore with privileges grants the same in its last section, and two sessions granting on one object at
+/// once fail the second ("tuple concurrently updated"), which would stop a restore run with --exit-on-error.
+pub fn grant_watch_owners() -> Result<Option<i32>, SpiError> {
+    let look = "SELECT pg_catalog.cardinality(rag._watch_owners_lacking()) > 0 \
+                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a \
+                                 WHERE a.datname = pg_catalog.current_database() AND a.application_name = 'pg_restore')";
+    if idle_read::<bool>(look)? != Some(true) {
+        return Ok(Some(0));
+    }
+    Spi::run("SELECT rag._grant_watch_owners()")?;
+    Ok(Some(1))
+}
+
 /// The same repair from a session that has written in its transaction (rag_process_queue), where the idle
 /// worker's read-only look could miss the chunks it stored.
 pub fn repair_indexes_after_writes(idle: bool) -> Result<Option<i32>, SpiError> {

@@ -86,6 +86,18 @@ const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 /// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
 /// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
 /// work for other collections can put off for hours.
+/// A restore without privileges (pg_restore --no-acl) left watched tables' owners without what their triggers
+/// need, and every write to those tables failing (red team 23); so can REASSIGN OWNED.
+fn grant_watch_owners(steps: &WorkerTransactions) {
+    match steps.run(store::grant_watch_owners) {
+        Ok(Some(1)) => pgrx::log!(
+            "rag worker: granted the owners of watched tables what the watches' triggers need (after a restore without privileges, or a new owner)"
+        ),
+        Ok(_) => {}
+        Err(error) => pgrx::log!("rag worker: granting watched tables' owners: {error}"),
+    }
+}
+
 fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.
@@ -97,6 +109,7 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
+    grant_watch_owners(steps);
     // A model change whose vectors are all made switches now, not when the database next has nothing to do: any
     // writer's backlog in another collection held a finished change back for minutes (red team 21), its new
     // documents embedded twice meanwhile.
@@ -239,6 +252,7 @@ fn rest(
     if let Err(error) = steps.run(store::drop_partitions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
+    grant_watch_owners(steps);
     // Before it may leave, so that databases taking turns still get them.
     advance_migrations(steps);
     // How common each collection's words are, for the full-text side of its searches.

@@ -7,6 +7,7 @@ worker picks up pending work without a restart."""
 import os
 import shutil
 import subprocess
+import time
 import unittest
 
 from support import drop_database, fresh_database, psql, scalar, wait_until
@@ -171,6 +172,64 @@ class Backup(unittest.TestCase):
 
     def test_plain_sql_dump_replayed_with_psql(self):
         self.restore_and_check("rag_e2e_plain", lambda db: psql(self.plain, db=db))
+
+
+class WithoutPrivileges(unittest.TestCase):
+    """A watched table's triggers run as its owner, with rights of schema rag that rag_watch granted: a restore
+    without privileges (pg_restore --no-acl, pg_dump -x) leaves those out, and every write to the table failed,
+    a superuser's too (red team 23). The idle worker grants them again once the restore has ended."""
+    SOURCE = "rag_e2e_backup_acl"
+    TARGET = "rag_e2e_restored_acl"
+    OWNER = "rag_e2e_backup_owner"
+
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(cls.SOURCE)
+        psql(f"""
+            DROP ROLE IF EXISTS {cls.OWNER};
+            CREATE ROLE {cls.OWNER} LOGIN IN ROLE rag_admin;
+            GRANT CREATE ON SCHEMA public TO {cls.OWNER};
+        """, db=cls.SOURCE)
+        psql("""
+            SELECT rag_create_collection('notes', embedding_model => 'hash-384', max_distance => 2);
+            CREATE TABLE notes (id int PRIMARY KEY, body text);
+            INSERT INTO notes VALUES (1, 'Parking is free for staff.');
+            SELECT rag_watch('notes', 'notes', content => 'body');
+        """, db=cls.SOURCE, user=cls.OWNER)
+        assert wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE status = 'ready') "
+                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue)", cls.SOURCE), "the source did not settle"
+        cls.dump = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_backup_acl.dump")
+        run(["pg_dump", "-Fc", "-f", cls.dump, cls.SOURCE])
+
+    @classmethod
+    def tearDownClass(cls):
+        drop(cls.SOURCE)
+        drop(cls.TARGET)
+        psql(f"DROP ROLE IF EXISTS {cls.OWNER}", db="postgres")
+
+    def test_a_restore_without_privileges_leaves_watched_tables_writable(self):
+        drop(self.TARGET)
+        psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
+        run(["pg_restore", "--exit-on-error", "--no-acl", "-d", self.TARGET, self.dump])
+        # The owner writes to their own table again, without anyone's help, and the row is indexed.
+        deadline = time.time() + 60
+        while True:
+            code, _, stderr = psql("INSERT INTO notes VALUES (2, 'Visitors sign in at the front desk.')",
+                                   db=self.TARGET, user=self.OWNER, check=False)
+            if code == 0:
+                break
+            self.assertIn("permission denied", stderr)
+            self.assertLess(time.time(), deadline, f"the watched table stayed unwritable: {stderr}")
+            time.sleep(0.2)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 2}' "
+                                   "AND status = 'ready')", self.TARGET), "the new row was not indexed")
+        self.assertEqual(scalar("SELECT rag._watch_owners_lacking()", db=self.TARGET), "{}")
+        # rag_reindex mends it at once too: the same rights taken away by hand come back with it.
+        psql(f"REVOKE EXECUTE ON FUNCTION rag._restrict_to_current_user() FROM {self.OWNER}; "
+             f"REVOKE INSERT ON rag.row_batches FROM {self.OWNER}", db=self.TARGET)
+        self.assertEqual(scalar("SELECT rag._watch_owners_lacking()", db=self.TARGET), f"{{{self.OWNER}}}")
+        psql("SELECT rag_reindex('notes'::regclass)", db=self.TARGET, user=self.OWNER)
+        psql("INSERT INTO notes VALUES (3, 'The office opens at eight.')", db=self.TARGET, user=self.OWNER)
 
 
 if __name__ == "__main__":
