@@ -635,15 +635,19 @@ BEGIN
      LIMIT p_limit;
 END $$;
 
--- Seconds until the next deferred item is due (NULL when the queue is empty), so an idle worker sleeps
--- exactly as long as it may. The empty case is spelled out: greatest() ignores a NULL argument, so
--- greatest(0, NULL) is 0, and an idle worker told "due now" woke every 10 ms (about a fifth of a core for each
--- idle worker of every database with the extension).
+-- Seconds until the next deferred item is due (NULL when nothing waits), a queued document or a watched row,
+-- so an idle worker sleeps exactly as long as it may. Rows count too: a written row waits rag.sync_delay, and
+-- with only the documents looked at, the worker slept its naptime (5 s) past it unless another write woke it, so
+-- a table written now and then had each row searchable 5 s after its commit, not the half second the setting
+-- says (session 36, scripts/bench section 9). A row that waits for its next write (infinity) is not due. The
+-- empty case is spelled out: greatest() ignores a NULL argument, so greatest(0, NULL) is 0, and an idle worker
+-- told "due now" woke every 10 ms (about a fifth of a core for each idle worker of every database with the
+-- extension).
 CREATE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN min(not_before) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(not_before) - now()))::double precision END
-      FROM rag.queue
+    SELECT CASE WHEN n.first IS NOT NULL THEN greatest(0, extract(epoch FROM n.first - now()))::double precision END
+      FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
+                         (SELECT min(r.not_before) FROM rag.row_queue r WHERE r.not_before < 'infinity')) AS first) n
 $$;
 
 -- A document's chunks arrive in batches, all in the worker's one transaction for the document, so that a

@@ -2806,9 +2806,9 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN min(not_before) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(not_before) - now()))::double precision END
-      FROM rag.queue
+    SELECT CASE WHEN n.first IS NOT NULL THEN greatest(0, extract(epoch FROM n.first - now()))::double precision END
+      FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
+                         (SELECT min(r.not_before) FROM rag.row_queue r WHERE r.not_before < 'infinity')) AS first) n
 $$;
 
 CREATE OR REPLACE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],

@@ -10,7 +10,9 @@ transaction that marks it ready). The latency of a write is from its commit retu
 poll (every 20 ms) that finds it. Times are the client's clock, so they include the poll's own round trip.
 
 Usage: bench_trickle.py RATE SECONDS SYNCHRONOUS_COMMIT (the libpq environment names the database).
-Prints one markdown table row.
+Prints one markdown table row: the writer's synchronous_commit, writes a second, writes, p50 / p95 / max
+latency in ms, writes slower than 2 s, writes rewritten before they were searchable (never waited for), writes
+never seen within a minute after the last.
 """
 import random
 import statistics
@@ -37,6 +39,10 @@ def main() -> None:
     words = ("notice period staff leave holiday policy manager contract salary review office remote travel "
              "expense security password access badge training onboarding benefit pension health").split()
     committed: dict[str, float] = {}
+    # A row rewritten before its last write was searchable: that write's text is never indexed, by design (a
+    # burst costs one embedding of the final text), so it is counted apart and not waited for.
+    pending_of_row: dict[int, str] = {}
+    superseded = 0
     latencies: list[float] = []
     rows = 0
     writes = 0
@@ -50,12 +56,18 @@ def main() -> None:
             tag = f"trickletag{writes}"
             body = " ".join(random.choice(words) for _ in range(120)) + f" {tag}."
             if rows and writes % 3 == 0:
-                writer.execute("UPDATE trickle_rows SET tag = %s, body = %s WHERE id = %s",
-                               (tag, body, random.randint(1, rows)))
+                row = random.randint(1, rows)
+                writer.execute("UPDATE trickle_rows SET tag = %s, body = %s WHERE id = %s", (tag, body, row))
+                earlier = pending_of_row.get(row)
+                if earlier in committed:
+                    del committed[earlier]
+                    superseded += 1
             else:
                 rows += 1
-                writer.execute("INSERT INTO trickle_rows VALUES (%s, %s, %s)", (rows, tag, body))
+                row = rows
+                writer.execute("INSERT INTO trickle_rows VALUES (%s, %s, %s)", (row, tag, body))
             committed[tag] = time.monotonic()
+            pending_of_row[row] = tag
             next_write += 1.0 / rate
         if committed:
             found = {title for (title,) in reader.execute(
@@ -74,7 +86,7 @@ def main() -> None:
     quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
     over = sum(1 for latency in latencies if latency > 2.0)
     print(f"| {commit_mode} | {rate:g} | {writes} | {quantile(0.5):.0f} | {quantile(0.95):.0f} | "
-          f"{latencies[-1] * 1000:.0f} | {over} | {lost} |")
+          f"{latencies[-1] * 1000:.0f} | {over} | {superseded} | {lost} |")
     setup.execute("SELECT rag_unwatch('trickle_rows', drop_documents => true)")
     setup.execute("SELECT rag_drop_collection('trickle')")
     setup.execute("DROP TABLE trickle_rows")

@@ -38,6 +38,24 @@ class Watch(unittest.TestCase):
         self.assertEqual(provider_calls(model)[1] - before, 1)
         self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'burst'", db=DB), "version 1000 of the text")
 
+    def test_a_lone_write_is_indexed_after_the_sync_delay_not_the_naptime(self):
+        # An idle worker slept until the next queued document was due, or its naptime: a written row waiting out
+        # rag.sync_delay was not counted, so a table written now and then had each row indexed a naptime (5 s by
+        # default) after its commit unless another write woke the worker (session 36). With a naptime of an hour
+        # such a row would wait an hour; it waits its sync delay.
+        psql("SELECT rag_create_collection('lone', embedding_model => 'hash-384');"
+             "CREATE TABLE lone (id int PRIMARY KEY, body text);"
+             "SELECT rag_watch('lone', 'lone', content => 'body')", db=DB)
+        psql("ALTER SYSTEM SET rag.naptime = '1h'; SELECT pg_reload_conf()", db=DB)
+        try:
+            time.sleep(1)  # the worker rests now, until the next thing due or an hour
+            psql("INSERT INTO lone VALUES (1, 'A row written on its own.')", db=DB)
+            # Ten seconds: twenty times the sync delay, and short of whatever else woke the idle worker in a run of the old code (25 s).
+            self.assertEqual(scalar("SELECT rag_wait('lone', '10 seconds')", db=DB), "t")
+            self.assertEqual(scalar("SELECT status FROM rag.documents WHERE source = 'lone'", db=DB), "ready")
+        finally:
+            psql("ALTER SYSTEM RESET rag.naptime; SELECT pg_reload_conf()", db=DB)
+
     def test_editing_one_paragraph_embeds_only_what_changed(self):
         model = "hash-384@slow2"
         psql(f"SELECT rag_create_collection('long', embedding_model => '{model}', chunk_size => 200, chunk_overlap => 0)", db=DB)

@@ -247,6 +247,17 @@ SELECT d.id, d.collection_id, now() + interval '1 hour' FROM rag.documents d ORD
 SELECT round(rag._seconds_until_due()) AS seconds_until_due;
 UPDATE rag.queue SET not_before = now() - interval '1 minute';
 SELECT rag._seconds_until_due() AS overdue;
+-- A watched row waiting out rag.sync_delay counts too (the worker slept its naptime past it), one waiting for
+-- its next write (infinity) does not.
+DELETE FROM rag.queue;
+INSERT INTO rag.watches (source, source_name, collection_id, key_columns, content_expr)
+SELECT 'pg_class'::regclass, 'pg_class', id, '{oid}', 'relname' FROM rag.collections ORDER BY id LIMIT 1;
+INSERT INTO rag.row_queue (watch_id, key, not_before)
+SELECT max(id), '{"oid": 1}', 'infinity' FROM rag.watches;
+SELECT rag._seconds_until_due() IS NULL AS only_a_row_waiting_for_its_next_write;
+INSERT INTO rag.row_queue (watch_id, key, not_before)
+SELECT max(id), '{"oid": 2}', now() + interval '30 minutes' FROM rag.watches;
+SELECT round(rag._seconds_until_due()) AS seconds_until_the_row_is_due;
 ROLLBACK;
 
 -- Title, source and metadata come back with every search result and answer: a writer may not make them huge
