@@ -5341,7 +5341,7 @@ BEGIN
                   HINT = 'Index less of the row (the watch''s content expression), or raise rag.max_document_size (superuser); the row is tried again when it is next written, or at rag_reindex of its table.';
     END IF;
 
-    -- Not the body: a row variable holds its columns' values detoasted, so the old text was held beside the new.
+    -- Only what is compared: the old body is not needed here.
     SELECT dd.id, dd.content_sha256, dd.title, dd.metadata INTO d
       FROM rag.documents dd WHERE dd.watch_id = w.id AND dd.source_key = q.key;
     IF NOT coalesce(v_found, false) OR v_content IS NULL OR NOT rag._has_text(v_content) THEN
