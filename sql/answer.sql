@@ -88,7 +88,7 @@ BEGIN
     -- what the server log gets if the row is rolled back (src/api/ledger_trail.rs).
     v_line := jsonb_strip_nulls(jsonb_build_object(
         'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-        'kind', p_kind, 'outcome', p_outcome, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+        'kind', p_kind, 'outcome', p_outcome, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
         'sources_sent', p_sources_sent,
         'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
         'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
@@ -96,7 +96,7 @@ BEGIN
         'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
         'role', v_role))
         || rag._log_text('question', p_question) || rag._log_text('rewritten_question', p_rewritten)
-        || rag._log_text('answer', p_answer);
+        || rag._log_text('answer', p_answer) || rag._log_text('reason', p_reason);
     IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only')::boolean THEN
         -- A hot standby, or a read-only transaction, cannot write the ledger. The call is recorded in the
         -- server log instead, one line of JSON per call with the columns of rag.queries (README,

@@ -647,7 +647,11 @@ CREATE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN n.first IS NOT NULL THEN greatest(0, extract(epoch FROM n.first - now()))::double precision END
       FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
-                         (SELECT min(r.not_before) FROM rag.row_queue r WHERE r.not_before < 'infinity')) AS first) n
+                         (SELECT min(r.not_before) FROM rag.row_queue r
+                           WHERE r.not_before < 'infinity'
+                             -- One a live worker or session holds is theirs: counted, it kept an idle worker
+                             -- waking every second for as long as they held it (review of session 36).
+                             AND (r.claimed_by IS NULL OR NOT rag._claim_held(r.claimed_by)))) AS first) n
 $$;
 
 -- A document's chunks arrive in batches, all in the worker's one transaction for the document, so that a

@@ -2808,7 +2808,11 @@ CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN n.first IS NOT NULL THEN greatest(0, extract(epoch FROM n.first - now()))::double precision END
       FROM (SELECT least((SELECT min(q.not_before) FROM rag.queue q),
-                         (SELECT min(r.not_before) FROM rag.row_queue r WHERE r.not_before < 'infinity')) AS first) n
+                         (SELECT min(r.not_before) FROM rag.row_queue r
+                           WHERE r.not_before < 'infinity'
+                             -- One a live worker or session holds is theirs: counted, it kept an idle worker
+                             -- waking every second for as long as they held it (review of session 36).
+                             AND (r.claimed_by IS NULL OR NOT rag._claim_held(r.claimed_by)))) AS first) n
 $$;
 
 CREATE OR REPLACE FUNCTION rag._store_chunks(p_document_id bigint, p_first_ordinal integer, p_contents text[],
@@ -3804,7 +3808,7 @@ BEGIN
     -- what the server log gets if the row is rolled back (src/api/ledger_trail.rs).
     v_line := jsonb_strip_nulls(jsonb_build_object(
         'created_at', now(), 'collection', (SELECT c.name FROM rag.collections c WHERE c.id = p_collection_id),
-        'kind', p_kind, 'outcome', p_outcome, 'reason', p_reason, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
+        'kind', p_kind, 'outcome', p_outcome, 'nearest_distance', p_nearest, 'best_relevance', p_best_relevance,
         'sources_sent', p_sources_sent,
         'citations', p_citations, 'citations_stripped', p_citations_stripped, 'embedding_model', p_embedding_model,
         'chat_model', p_chat_model, 'embed_tokens', p_embed_tokens, 'prompt_tokens', p_prompt_tokens,
@@ -3812,7 +3816,7 @@ BEGIN
         'search_ms', p_search_ms, 'generate_ms', p_generate_ms, 'latency_ms', p_latency_ms, 'cost_usd', v_cost,
         'role', v_role))
         || rag._log_text('question', p_question) || rag._log_text('rewritten_question', p_rewritten)
-        || rag._log_text('answer', p_answer);
+        || rag._log_text('answer', p_answer) || rag._log_text('reason', p_reason);
     IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only')::boolean THEN
         -- A hot standby, or a read-only transaction, cannot write the ledger. The call is recorded in the
         -- server log instead, one line of JSON per call with the columns of rag.queries (README,
@@ -4371,15 +4375,29 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_function text;
 BEGIN
-    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
-    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', p_owner);
+    -- Only what the role lacks: a GRANT rewrites the object's catalog row even when nothing changes, and waits
+    -- for any other transaction that is changing it (review of session 36).
+    IF NOT pg_catalog.has_schema_privilege(p_owner, 'rag', 'USAGE') THEN
+        EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
+    END IF;
+    IF NOT pg_catalog.has_table_privilege(p_owner, 'rag.row_batches', 'INSERT') THEN
+        EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
+    END IF;
+    FOREACH v_function IN ARRAY rag._watch_owner_functions() LOOP
+        IF NOT pg_catalog.has_function_privilege(p_owner, v_function, 'EXECUTE') THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
+        END IF;
+    END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._watch_owner_functions() RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name)',
+                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
+$$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owners_lacking() RETURNS name[]
 LANGUAGE sql STABLE AS $$
@@ -4387,9 +4405,9 @@ LANGUAGE sql STABLE AS $$
       FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
       JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
      WHERE NOT pg_catalog.has_schema_privilege(c.relowner, 'rag', 'USAGE')
-        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
-        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._watch_key()', 'EXECUTE')
         OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
+        OR EXISTS (SELECT 1 FROM unnest(rag._watch_owner_functions()) f
+                    WHERE NOT pg_catalog.has_function_privilege(c.relowner, f, 'EXECUTE'))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owners() RETURNS void
@@ -4965,8 +4983,10 @@ BEGIN
     END IF;
     PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
     -- Also the way to mend a watched table whose owner lost the triggers' rights (a restore without
-    -- privileges), should the worker not have done it yet.
-    PERFORM rag._grant_watch_owners();
+    -- privileges), should the worker not have done it yet: this table's owner only.
+    PERFORM rag._grant_watch_owner(r.rolname)
+       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+      WHERE c.oid = rag_reindex.source AND r.rolname = ANY (rag._watch_owners_lacking());
     RETURN rag._reindex_watch(v_id);
 END $$;
 

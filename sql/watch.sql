@@ -361,15 +361,30 @@ $$;
 -- the table as its owner, create the row trigger (CREATE TRIGGER needs EXECUTE on its function).
 CREATE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_function text;
 BEGIN
-    EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
-    EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._wake_worker() TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._restrict_to_current_user() TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._may_queue_batch(integer, name) TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_keys_taken(integer, oid) TO %I', p_owner);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION rag._watch_key() TO %I', p_owner);
+    -- Only what the role lacks: a GRANT rewrites the object's catalog row even when nothing changes, and waits
+    -- for any other transaction that is changing it (review of session 36).
+    IF NOT pg_catalog.has_schema_privilege(p_owner, 'rag', 'USAGE') THEN
+        EXECUTE format('GRANT USAGE ON SCHEMA rag TO %I', p_owner);
+    END IF;
+    IF NOT pg_catalog.has_table_privilege(p_owner, 'rag.row_batches', 'INSERT') THEN
+        EXECUTE format('GRANT INSERT ON rag.row_batches TO %I', p_owner);
+    END IF;
+    FOREACH v_function IN ARRAY rag._watch_owner_functions() LOOP
+        IF NOT pg_catalog.has_function_privilege(p_owner, v_function, 'EXECUTE') THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
+        END IF;
+    END LOOP;
 END $$;
+
+-- The functions a watched table's owner must be able to run for the watch's triggers.
+CREATE FUNCTION rag._watch_owner_functions() RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name)',
+                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
+$$;
 
 -- Owners of watched tables who lack what the watch's triggers need (rag._grant_watch_owner): REASSIGN OWNED gave
 -- a table to a role rag_watch never granted to, or a restore without privileges (pg_restore --no-acl, pg_dump -x)
@@ -380,14 +395,14 @@ LANGUAGE sql STABLE AS $$
       FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
       JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
      WHERE NOT pg_catalog.has_schema_privilege(c.relowner, 'rag', 'USAGE')
-        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._restrict_to_current_user()', 'EXECUTE')
-        OR NOT pg_catalog.has_function_privilege(c.relowner, 'rag._watch_key()', 'EXECUTE')
         OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
+        OR EXISTS (SELECT 1 FROM unnest(rag._watch_owner_functions()) f
+                    WHERE NOT pg_catalog.has_function_privilege(c.relowner, f, 'EXECUTE'))
 $$;
 
 -- Grants them what they lack: after REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that
--- command), at rag_reindex of a watched table, and from the idle worker once no pg_restore is connected to the
--- database (src/store/mod.rs grant_watch_owners). Granted to no role.
+-- command), and from the worker once no superuser's pg_restore is connected to the database (src/store/mod.rs
+-- grant_watch_owners). rag_reindex grants its own table's owner. Granted to no role.
 CREATE FUNCTION rag._grant_watch_owners() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -990,8 +1005,10 @@ BEGIN
     END IF;
     PERFORM rag._require_watch_control(w) FROM rag.watches w WHERE w.id = v_id;
     -- Also the way to mend a watched table whose owner lost the triggers' rights (a restore without
-    -- privileges), should the worker not have done it yet.
-    PERFORM rag._grant_watch_owners();
+    -- privileges), should the worker not have done it yet: this table's owner only.
+    PERFORM rag._grant_watch_owner(r.rolname)
+       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+      WHERE c.oid = rag_reindex.source AND r.rolname = ANY (rag._watch_owners_lacking());
     RETURN rag._reindex_watch(v_id);
 END $$;
 

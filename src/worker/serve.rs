@@ -78,14 +78,6 @@ fn extension_present(steps: &WorkerTransactions) -> bool {
 /// How often a busy worker does its upkeep (`upkeep_while_busy`).
 const BUSY_UPKEEP: Duration = Duration::from_secs(2);
 
-/// What a busy worker does every BUSY_UPKEEP between steps. Its cached plans are made again: PL/pgSQL keeps a
-/// plan per statement for the life of the process, and the plans made while rag.chunks was empty (the first
-/// batches of a first load, or the first after a VACUUM of a table whose collections were dropped) scan it
-/// whole to look up one document's chunks: cheap at that moment, 0.5 ms a lookup 9,000 chunks later, until
-/// autovacuum's ANALYZE happens to invalidate them (a first load of 3,000 documents took 7.9 s instead of about
-/// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
-/// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
-/// work for other collections can put off for hours.
 /// A restore without privileges (pg_restore --no-acl) left watched tables' owners without what their triggers
 /// need, and every write to those tables failing (red team 23); so can REASSIGN OWNED.
 fn grant_watch_owners(steps: &WorkerTransactions) {
@@ -98,6 +90,14 @@ fn grant_watch_owners(steps: &WorkerTransactions) {
     }
 }
 
+/// What a busy worker does every BUSY_UPKEEP between steps. Its cached plans are made again: PL/pgSQL keeps a
+/// plan per statement for the life of the process, and the plans made while rag.chunks was empty (the first
+/// batches of a first load, or the first after a VACUUM of a table whose collections were dropped) scan it
+/// whole to look up one document's chunks: cheap at that moment, 0.5 ms a lookup 9,000 chunks later, until
+/// autovacuum's ANALYZE happens to invalidate them (a first load of 3,000 documents took 7.9 s instead of about
+/// 4.5 s; scripts/bench, pg_stat_statements). And indexes that a load's last batch could not build (it waits
+/// at most a second for the writers of its collection's partition) are built, rather than when this worker is next idle, which
+/// work for other collections can put off for hours.
 fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.

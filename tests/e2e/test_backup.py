@@ -224,13 +224,20 @@ class WithoutPrivileges(unittest.TestCase):
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 2}' "
                                    "AND status = 'ready')", self.TARGET), "the new row was not indexed")
         self.assertEqual(scalar("SELECT rag._watch_owners_lacking()", db=self.TARGET), "{}")
-        # rag_reindex mends it at once too: the same rights taken away by hand come back with it.
-        psql(f"REVOKE EXECUTE ON FUNCTION rag._restrict_to_current_user() FROM {self.OWNER}; "
-             f"REVOKE INSERT ON rag.row_batches FROM {self.OWNER}", db=self.TARGET)
-        self.assertEqual(scalar("SELECT rag._watch_owners_lacking()", db=self.TARGET), f"{{{self.OWNER}}}")
-        psql("SELECT rag_reindex('notes'::regclass)", db=self.TARGET, user=self.OWNER)
+        # rag_reindex mends it at once too: the same rights taken away by hand come back with it. In one
+        # transaction, so that the worker cannot grant them in between.
+        rows = psql(f"""
+            BEGIN;
+            REVOKE EXECUTE ON FUNCTION rag._restrict_to_current_user() FROM {self.OWNER};
+            REVOKE INSERT ON rag.row_batches FROM {self.OWNER};
+            SELECT rag._watch_owners_lacking();
+            SET ROLE {self.OWNER};
+            SELECT rag_reindex('notes'::regclass) >= 0;
+            RESET ROLE;
+            SELECT rag._watch_owners_lacking();
+            COMMIT;""", db=self.TARGET)
+        self.assertEqual(rows, [[f"{{{self.OWNER}}}"], ["t"], ["{}"]])
         psql("INSERT INTO notes VALUES (3, 'The office opens at eight.')", db=self.TARGET, user=self.OWNER)
-
 
 if __name__ == "__main__":
     unittest.main()

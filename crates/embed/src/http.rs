@@ -371,9 +371,10 @@ fn settle(
                 message.push_str(": ");
                 message.push_str(&text);
             }
-            // Whatever the status: llama.cpp's server answers 500 for it, which would be retried until the
-            // deadline, and as a 400 it read as a wrong model name or key.
-            if says_input_too_long(&text) {
+            // Whatever the status but those that say "later" (a rate limit's text may speak of too many tokens
+            // a minute): llama.cpp's server answers 500 for it, which would be retried until the deadline, and
+            // as a 400 it read as a wrong model name or key.
+            if !matches!(status, 408 | 425 | 429 | 502 | 503 | 504) && says_input_too_long(&text) {
                 return Err(ProviderError::InputTooLong { message });
             }
             match classify_status(status) {

@@ -286,6 +286,19 @@ fn llama_cpp_input_over_its_batch_is_an_input_too_long_not_a_server_error() {
     assert!(message.contains("too large to process"), "{message}");
 }
 
+/// A rate limit's text may speak of tokens too: a 429 stays a reason to wait, never a text to shorten.
+#[test]
+fn a_rate_limit_about_too_many_tokens_is_still_transient() {
+    let server = TestServer::start(vec![Behaviour::json(
+        429,
+        json!({"error": {"message": "Rate limit reached: too many tokens per minute", "type": "tokens"}}),
+    )]);
+    let (status, _, message) =
+        expect_transient(openai(&server).embed("m", &inputs(&["x"]), None, &mut never()));
+    assert_eq!(status, Some(429));
+    assert!(message.contains("too many tokens"), "{message}");
+}
+
 // ---------------------------------------------------------------- OpenAI
 
 #[test]
