@@ -4401,13 +4401,17 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owners_lacking() RETURNS name[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(DISTINCT r.rolname ORDER BY r.rolname), '{}')
-      FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-     WHERE NOT pg_catalog.has_schema_privilege(c.relowner, 'rag', 'USAGE')
-        OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
-        OR EXISTS (SELECT 1 FROM unnest(rag._watch_owner_functions()) f
-                    WHERE NOT pg_catalog.has_function_privilege(c.relowner, f, 'EXECUTE'))
+    WITH functions AS (
+        SELECT array_agg(f::regprocedure) AS oids FROM unnest(rag._watch_owner_functions()) f
+    ), owners AS (
+        SELECT DISTINCT c.relowner FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+    )
+    SELECT coalesce(array_agg(r.rolname ORDER BY r.rolname), '{}')
+      FROM owners o JOIN pg_catalog.pg_roles r ON r.oid = o.relowner, functions
+     WHERE NOT pg_catalog.has_schema_privilege(o.relowner, 'rag', 'USAGE')
+        OR NOT pg_catalog.has_table_privilege(o.relowner, 'rag.row_batches', 'INSERT')
+        OR EXISTS (SELECT 1 FROM unnest(functions.oids) f
+                    WHERE NOT pg_catalog.has_function_privilege(o.relowner, f::oid, 'EXECUTE'))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owners() RETURNS void

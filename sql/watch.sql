@@ -388,16 +388,22 @@ $$;
 
 -- Owners of watched tables who lack what the watch's triggers need (rag._grant_watch_owner): REASSIGN OWNED gave
 -- a table to a role rag_watch never granted to, or a restore without privileges (pg_restore --no-acl, pg_dump -x)
--- left the grants out, after which every write to the table failed, a superuser's too (red team 23).
+-- left the grants out, after which every write to the table failed, a superuser's too (red team 23). The idle
+-- worker asks at every rest: each owner once, and the functions by oid, named once per call (checked by name
+-- for each watch it took 2.5 ms with five watches, growing with every watch; session 36's reread).
 CREATE FUNCTION rag._watch_owners_lacking() RETURNS name[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(DISTINCT r.rolname ORDER BY r.rolname), '{}')
-      FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-     WHERE NOT pg_catalog.has_schema_privilege(c.relowner, 'rag', 'USAGE')
-        OR NOT pg_catalog.has_table_privilege(c.relowner, 'rag.row_batches', 'INSERT')
-        OR EXISTS (SELECT 1 FROM unnest(rag._watch_owner_functions()) f
-                    WHERE NOT pg_catalog.has_function_privilege(c.relowner, f, 'EXECUTE'))
+    WITH functions AS (
+        SELECT array_agg(f::regprocedure) AS oids FROM unnest(rag._watch_owner_functions()) f
+    ), owners AS (
+        SELECT DISTINCT c.relowner FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+    )
+    SELECT coalesce(array_agg(r.rolname ORDER BY r.rolname), '{}')
+      FROM owners o JOIN pg_catalog.pg_roles r ON r.oid = o.relowner, functions
+     WHERE NOT pg_catalog.has_schema_privilege(o.relowner, 'rag', 'USAGE')
+        OR NOT pg_catalog.has_table_privilege(o.relowner, 'rag.row_batches', 'INSERT')
+        OR EXISTS (SELECT 1 FROM unnest(functions.oids) f
+                    WHERE NOT pg_catalog.has_function_privilege(o.relowner, f::oid, 'EXECUTE'))
 $$;
 
 -- Grants them what they lack: after REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that
