@@ -56,7 +56,7 @@ LANGUAGE sql STABLE AS $$
          c.vector_column,
          CASE WHEN with_filter OR with_row_checks THEN ' JOIN rag.documents fd ON fd.id = ch.document_id' ELSE '' END,
          CASE WHEN with_filter OR with_row_checks
-              THEN '(fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))'
+              THEN format('fd.collection_id = %1$s AND (fd.watch_id IS NULL OR rag._row_visible(%1$s, fd.watch_id, fd.source_key))', c.id)
               ELSE format('NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.collection_id = %s)', c.id) END,
          pgvector.vs)
     ELSE format($q$
@@ -79,7 +79,7 @@ LANGUAGE sql STABLE AS $$
                    ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s) AS distance
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %2$s%3$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+               AND fd.collection_id = %2$s AND (fd.watch_id IS NULL OR rag._row_visible(%2$s, fd.watch_id, fd.source_key))
              ORDER BY ch.%4$I::%5$s.vector(%1$s) OPERATOR(%5$s.<=>) $1::%5$s.vector(%1$s)
              LIMIT $2$v$, c.dimensions, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END,
              c.vector_column, pgvector.vs)
@@ -89,7 +89,7 @@ LANGUAGE sql STABLE AS $$
             SELECT ch.id AS chunk_id, ch.document_id, ch.ordinal, ts_rank(ch.tsv, $4, 1) AS score
               FROM rag.chunks ch JOIN rag.documents fd ON fd.id = ch.document_id
              WHERE ch.collection_id = %1$s AND ch.tsv @@ $4%2$s
-               AND (fd.watch_id IS NULL OR rag._row_visible(fd.watch_id, fd.source_key))
+               AND fd.collection_id = %1$s AND (fd.watch_id IS NULL OR rag._row_visible(%1$s, fd.watch_id, fd.source_key))
              ORDER BY score DESC, ch.id
              LIMIT $2$k$, c.id, CASE WHEN with_filter THEN ' AND fd.metadata @> $3' ELSE '' END)
         ELSE 'SELECT NULL::bigint AS chunk_id, NULL::bigint AS document_id, NULL::integer AS ordinal,

@@ -179,6 +179,10 @@ CREATE TABLE rag.row_queue (
     -- Failures in a row: each one doubles the wait before the next try (30 s, 1 min, ... up to an hour), so a
     -- row whose expressions always time out costs the worker little.
     attempts    integer NOT NULL DEFAULT 0,
+    -- A write queued the key (false: only rag_reindex re-reads it). Until the row is synced its document may
+    -- hold an earlier version's text, which readers under the table's row-level security are not shown
+    -- (rag._row_visible).
+    changed     boolean NOT NULL DEFAULT true,
     UNIQUE (watch_id, key)
 );
 CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);

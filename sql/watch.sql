@@ -145,6 +145,39 @@ BEGIN
               JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name);
 END $$;
 
+-- Whether a write to watch w's row with key p_key waits for the worker: a trigger's batch not yet spread into
+-- rag.row_queue, or a queued key that a write put there (not one rag_reindex only re-reads), including one
+-- whose sync failed and waits out its back-off. Until then the row's document holds the text of an earlier
+-- version of the row. The batch formats are rag.row_batches': key objects, a one-column key's values as
+-- jsonb, or their array's text. A batch whose text does not read as an array counts as holding the key.
+CREATE FUNCTION rag._row_pending(w rag.watches, p_key jsonb) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_batch record;
+    v_value jsonb := CASE WHEN cardinality(w.key_columns) = 1 THEN p_key -> w.key_columns[1] END;
+BEGIN
+    IF EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.watch_id = w.id AND q.key = p_key AND q.changed) THEN
+        RETURN true;
+    END IF;
+    FOR v_batch IN SELECT b.keys, b.key_values FROM rag.row_batches b WHERE b.watch_id = w.id LOOP
+        IF v_batch.keys IS NOT NULL THEN
+            IF v_batch.keys @> pg_catalog.jsonb_build_array(p_key)
+               OR v_value IS NOT NULL AND v_batch.keys @> pg_catalog.jsonb_build_array(v_value) THEN
+                RETURN true;
+            END IF;
+        ELSIF v_value IS NOT NULL THEN
+            BEGIN
+                IF v_batch.key_values::text[] @> ARRAY[p_key ->> w.key_columns[1]] THEN
+                    RETURN true;
+                END IF;
+            EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+                RETURN true;
+            END;
+        END IF;
+    END LOOP;
+    RETURN false;
+END $$;
+
 -- May the calling role SELECT the watched row a document was made from, now? Table or column privileges on
 -- every column the index reads, and the table's row-level security policies, evaluated as the caller (in a
 -- security-restricted operation) by key: one indexed lookup. Retrieval asks this of every candidate chunk
@@ -152,7 +185,16 @@ END $$;
 -- (and the functions they call, which often name tables without a schema) run with the search_path the
 -- caller called rag with, as they would in the caller's own SELECT of the table; the query itself names
 -- everything with its schema, so that path cannot change what it reads.
-CREATE FUNCTION rag._row_visible(p_watch_id integer, p_key jsonb) RETURNS boolean
+-- p_collection_id is the searched collection: a watch of any other collection is answered false before
+-- anything of its table runs. The search's join may evaluate the check on documents of every collection
+-- before it joins them to the searched chunks, and another collection's table's policies then ran as every
+-- reader who searched anything, copying what the reader may read, and their questions, for that table's
+-- owner (red team 24).
+-- Under row-level security the check is on the row's version too: a document whose row waits for the
+-- worker after a write (rag._row_pending) holds an earlier version's text, which the policies may have kept
+-- from this reader (a row handed over and redacted in one UPDATE, a deleted row's key inserted again by
+-- the reader), so it is not shown until it is synced (red team 24).
+CREATE FUNCTION rag._row_visible(p_collection_id integer, p_watch_id integer, p_key jsonb) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
@@ -160,15 +202,18 @@ DECLARE
     v_caller_path text;
     v_caller oid;
     v_super boolean;
+    v_bypass boolean;
     v_column text;
 BEGIN
     -- Role and path from one walk of the frames, read before the lookup: compared inside the query, the
     -- function would run once per role in pg_roles.
     SELECT i.role, i.search_path INTO v_caller_name, v_caller_path FROM rag._calling_identity() i;
-    SELECT r.oid, r.rolsuper INTO v_caller, v_super FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
-    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
-    -- No such watch: nothing to check a row against, so nothing is shown (the search never asks about one:
-    -- a watch's end sets its documents' watch_id to NULL in the same transaction).
+    SELECT r.oid, r.rolsuper, r.rolbypassrls INTO v_caller, v_super, v_bypass
+      FROM pg_catalog.pg_roles r WHERE r.rolname = v_caller_name;
+    SELECT * INTO w FROM rag.watches WHERE id = p_watch_id AND collection_id = p_collection_id;
+    -- No such watch in the searched collection: nothing to check a row against, so nothing is shown (the
+    -- search never asks about a gone one: a watch's end sets its documents' watch_id to NULL in the same
+    -- transaction).
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -184,6 +229,15 @@ BEGIN
                 RETURN false;
             END IF;
         END LOOP;
+    END IF;
+    -- Privileges do not depend on the row's version; the policies do, for a role they apply to (PostgreSQL
+    -- spares BYPASSRLS roles, and the table's owner unless it forces them).
+    IF NOT v_bypass
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class t
+                    WHERE t.oid = w.source AND t.relrowsecurity
+                      AND (t.relforcerowsecurity OR NOT pg_catalog.pg_has_role(v_caller, t.relowner, 'USAGE')))
+       AND rag._row_pending(w, p_key) THEN
+        RETURN false;
     END IF;
     RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, v_caller_path));
 END $$;
@@ -762,9 +816,13 @@ BEGIN
     INSERT INTO rag.row_queue AS q (watch_id, key, not_before)
     SELECT watch_id, key, not_before FROM keys
     ON CONFLICT (watch_id, key) DO UPDATE
-       SET version = q.version + 1, attempts = 0,
-           -- A failed row waiting out its back-off is tried again as soon as it is written to again.
+       SET version = q.version + 1, attempts = 0, changed = true,
+           -- A failed row waiting out its back-off is tried again as soon as it is written to again. A write
+           -- pushes back the turn of a row still waiting out its delay (a burst is embedded once), not of one
+           -- already due: rag.sync_delay is the writer's setting, and one writer's hour must not hold back
+           -- what another wrote before (red team 24).
            not_before = CASE WHEN q.attempts > 0 THEN EXCLUDED.not_before
+                             WHEN q.not_before <= pg_catalog.now() THEN q.not_before
                              ELSE greatest(q.not_before, EXCLUDED.not_before) END;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
@@ -952,8 +1010,10 @@ BEGIN
     SELECT * INTO e FROM rag._watch_exprs(w);
     -- The filter runs as the table's owner; only the keys come back to be queued.
     BEGIN
-        INSERT INTO rag.row_queue AS q (watch_id, key)
-        SELECT w.id, k.key
+        -- Re-read, not changed: a reader keeps finding the row meanwhile (rag._row_pending); a key a write had
+        -- queued stays changed.
+        INSERT INTO rag.row_queue AS q (watch_id, key, changed)
+        SELECT w.id, k.key, false
           FROM rag._query_as(rag._watch_owner(w),
                              format('SELECT %s FROM ONLY %s AS r WHERE %s',
                                     rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
@@ -971,8 +1031,8 @@ BEGIN
                   DETAIL = 'The error is not shown: the table''s rules keep rows of it from you.',
                   HINT = 'The table''s owner sees it by running rag_reindex on the table.';
     END;
-    INSERT INTO rag.row_queue AS q (watch_id, key)
-    SELECT w.id, d.source_key FROM rag.documents d WHERE d.watch_id = w.id
+    INSERT INTO rag.row_queue AS q (watch_id, key, changed)
+    SELECT w.id, d.source_key, false FROM rag.documents d WHERE d.watch_id = w.id
     ON CONFLICT (watch_id, key) DO NOTHING;
     GET DIAGNOSTICS v_gone = ROW_COUNT;
     PERFORM rag._wake_worker();

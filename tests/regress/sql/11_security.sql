@@ -1281,7 +1281,7 @@ SELECT cardinality(rag._collections_with('sec_reader', 'read')) = (SELECT count(
        rag._ledger_keys_visible(current_user) = '{}' AS reader_administers_nothing;
 -- The row check cannot be called directly (it could not tell who asks); inside a search, a watch that does not
 -- exist shows no row (rag._row_visible fails closed).
-SELECT rag._row_visible(-1, '{"id": 1}') AS unknown_watch_row_visible;
+SELECT rag._row_visible(1, -1, '{"id": 1}') AS unknown_watch_row_visible;
 RESET ROLE;
 GRANT sec_reader TO sec_nobody;
 SET ROLE sec_nobody;
@@ -1352,7 +1352,12 @@ SELECT rag_grant('pay', 'sec_writer', 'write');
 RESET ROLE;
 SELECT d.id AS watched_document FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
  WHERE c.name = 'pay' AND d.watch_id IS NOT NULL LIMIT 1 \gset
+-- To the writer, who may not read the whole table, it is answered as a missing document: the refusal told, id
+-- by id, which documents of rows hidden from it exist (red team 24). The owner is told why.
 SET ROLE sec_writer;
+SELECT rag_delete_document(:watched_document) AS writer_deleted, rag_delete_document(-1) AS missing_deleted;
+RESET ROLE;
+SET ROLE sec_owner;
 SELECT set_config('sec.watched_document', :'watched_document', false) IS NOT NULL AS noted;
 DO $$
 BEGIN
@@ -1566,6 +1571,98 @@ SET ROLE sec_attacker;
 SELECT rag._ensure_index(1);
 SELECT count(*) AS ensure_index_callers FROM pg_catalog.pg_roles r
  WHERE NOT r.rolsuper AND has_function_privilege(r.oid, 'rag._ensure_index(integer)', 'EXECUTE');
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------------------
+-- 6. Red team 24. A reader's row checks run the policies of the searched collection's tables only. Another
+-- admin's table, watched into a collection the reader may not even read, had its policy run as every reader
+-- who searched any watched collection (the search's join checked documents of every collection), and its
+-- function recorded what the reader could read and the reader's question.
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.notes (id int PRIMARY KEY, author name NOT NULL, body text NOT NULL);
+ALTER TABLE sec_owner.notes ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_notes ON sec_owner.notes FOR SELECT USING (author = current_user);
+CREATE POLICY insert_own_notes ON sec_owner.notes FOR INSERT WITH CHECK (author = current_user);
+GRANT SELECT, INSERT ON sec_owner.notes TO sec_reader;
+GRANT USAGE ON SCHEMA sec_owner TO sec_reader;
+INSERT INTO sec_owner.notes VALUES (1, 'sec_reader', 'The reader parks in spot number seven.'),
+    (2, 'sec_owner', 'Project zebracorn: the merger with globex closes on friday.'),
+    (3, 'sec_owner', 'The mango takeover is priced at seventy dollars a share.');
+INSERT INTO sec_owner.notes SELECT i, 'sec_owner', 'Filler note ' || i || ' about the canteen menu.' FROM generate_series(4, 60) i;
+SELECT rag_create_collection('notes', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT rag_watch('sec_owner.notes', 'notes', content => 'body') > 0 AS watching;
+SELECT rag_grant('notes', 'sec_reader', 'read');
+RESET ROLE;
+SET ROLE sec_attacker;
+CREATE TABLE sec_attacker.caught (who name, what text);
+GRANT USAGE ON SCHEMA sec_attacker TO PUBLIC;
+GRANT INSERT ON sec_attacker.caught TO PUBLIC;
+CREATE FUNCTION sec_attacker.spy() RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO sec_attacker.caught VALUES (current_user, current_query());
+    RETURN true;
+END $f$;
+CREATE TABLE sec_attacker.bait (id int PRIMARY KEY, body text NOT NULL);
+ALTER TABLE sec_attacker.bait ENABLE ROW LEVEL SECURITY;
+CREATE POLICY spying ON sec_attacker.bait FOR SELECT USING (sec_attacker.spy());
+GRANT SELECT ON sec_attacker.bait TO PUBLIC;
+INSERT INTO sec_attacker.bait SELECT i, 'Bait text number ' || i FROM generate_series(1, 20) i;
+SELECT rag_create_collection('bait', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_watch('sec_attacker.bait', 'bait', content => 'body') > 0 AS watching;
+RESET ROLE;
+SELECT rag_wait('notes', '30 seconds') AND rag_wait('bait', '30 seconds') AS indexed;
+-- What autovacuum does in time: with the tables' sizes known the planner hashes rag.documents for the join (the
+-- plan that checked every collection's documents), where it probed them by key before.
+ANALYZE rag.documents, rag.chunks;
+SET ROLE sec_reader;
+SELECT mode, count(*) AS hits, count(*) FILTER (WHERE content LIKE '%spot number seven%') AS own_note
+  FROM unnest(ARRAY['hybrid', 'vector', 'keyword']) mode, rag_query('notes', 'where does the reader park', 5, mode => mode)
+ GROUP BY mode ORDER BY mode;
+SELECT count(*) AS answered FROM rag_ask('notes', 'where does the reader park', k => 3);
+RESET ROLE;
+SELECT count(*) AS policy_runs_for_other_collections FROM sec_attacker.caught;
+-- Under the table's row-level security the check is on the row's version too. A row handed to the reader and
+-- redacted in one UPDATE: until the worker syncs it, its document holds the earlier text, which the policy kept
+-- from the reader; it is not found meanwhile, while the write's batch waits and once its key is queued. Each
+-- case in a transaction of its own, which the worker cannot see, so that it cannot sync the row first.
+SET ROLE sec_reader;
+SELECT count(*) AS zebracorn_before FROM rag_query('notes', 'zebracorn merger globex', 5) WHERE content LIKE '%zebracorn%';
+RESET ROLE;
+BEGIN;
+SET LOCAL ROLE sec_owner;
+UPDATE sec_owner.notes SET author = 'sec_reader', body = 'Redacted.' WHERE id = 2;
+SET LOCAL ROLE sec_reader;
+SELECT count(*) AS earlier_text_while_batched FROM rag_query('notes', 'zebracorn merger globex', 5) WHERE content LIKE '%zebracorn%';
+RESET ROLE;
+SELECT rag._spread_batches() > 0 AS spread;
+SET LOCAL ROLE sec_reader;
+SELECT count(*) AS earlier_text_while_queued FROM rag_query('notes', 'zebracorn merger globex', 5) WHERE content LIKE '%zebracorn%';
+SELECT count(*) AS own_note_still_found FROM rag_query('notes', 'where does the reader park', 5) WHERE content LIKE '%spot number seven%';
+-- The table's owner, whom its policies spare, may read every version: the document is not hidden from them.
+SET LOCAL ROLE sec_owner;
+SELECT count(*) AS owner_finds_it FROM rag_query('notes', 'zebracorn merger globex', 5) WHERE content LIKE '%zebracorn%';
+ROLLBACK;
+-- A deleted row's key inserted again by the reader (its INSERT policy lets it add its own rows): the deleted
+-- row's document is not the reader's row.
+BEGIN;
+SET LOCAL ROLE sec_owner;
+DELETE FROM sec_owner.notes WHERE id = 3;
+SET LOCAL ROLE sec_reader;
+INSERT INTO sec_owner.notes VALUES (3, 'sec_reader', 'My own note.');
+SELECT count(*) AS deleted_text FROM rag_query('notes', 'mango takeover price', 5) WHERE content LIKE '%mango%';
+ROLLBACK;
+-- A key that rag_reindex only re-reads does not hide the row.
+BEGIN;
+SET LOCAL ROLE sec_owner;
+SELECT rag_reindex('sec_owner.notes'::regclass) >= 3 AS requeued;
+SET LOCAL ROLE sec_reader;
+SELECT count(*) AS own_note_while_reread FROM rag_query('notes', 'where does the reader park', 5) WHERE content LIKE '%spot number seven%';
+ROLLBACK;
+SET ROLE sec_owner;
+SELECT rag_drop_collection('notes');
+RESET ROLE;
+SET ROLE sec_attacker;
+SELECT rag_drop_collection('bait');
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
