@@ -205,6 +205,9 @@ CREATE TABLE rag.row_batches (
     -- must be something the worker can spread, or one batch would stop every watch's (rag._spread_batches).
     CONSTRAINT row_batches_keys_array CHECK (jsonb_typeof(keys) = 'array')
 );
+-- A reader's row check asks whether a watch has batches waiting (rag._row_visible), per candidate: without it
+-- each check read the whole table, which any writer of any watched table can fill (red team 25).
+CREATE INDEX row_batches_watch ON rag.row_batches (watch_id);
 
 CREATE TABLE rag.documents (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -145,20 +145,15 @@ BEGIN
               JOIN pg_catalog.pg_attribute a ON a.attrelid = w.source AND a.attname = k.column_name);
 END $$;
 
--- Whether a write to watch w's row with key p_key waits for the worker: a trigger's batch not yet spread into
--- rag.row_queue, or a queued key that a write put there (not one rag_reindex only re-reads), including one
--- whose sync failed and waits out its back-off. Until then the row's document holds the text of an earlier
--- version of the row. The batch formats are rag.row_batches': key objects, a one-column key's values as
+-- Whether a trigger's batch of watch w not yet spread into rag.row_queue holds key p_key (rag._row_visible
+-- asks the queue itself). The batch formats are rag.row_batches': key objects, a one-column key's values as
 -- jsonb, or their array's text. A batch whose text does not read as an array counts as holding the key.
-CREATE FUNCTION rag._row_pending(w rag.watches, p_key jsonb) RETURNS boolean
+CREATE FUNCTION rag._row_batched(w rag.watches, p_key jsonb) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_batch record;
     v_value jsonb := CASE WHEN cardinality(w.key_columns) = 1 THEN p_key -> w.key_columns[1] END;
 BEGIN
-    IF EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.watch_id = w.id AND q.key = p_key AND q.changed) THEN
-        RETURN true;
-    END IF;
     FOR v_batch IN SELECT b.keys, b.key_values FROM rag.row_batches b WHERE b.watch_id = w.id LOOP
         IF v_batch.keys IS NOT NULL THEN
             IF v_batch.keys @> pg_catalog.jsonb_build_array(p_key)
@@ -191,11 +186,18 @@ END $$;
 -- reader who searched anything, copying what the reader may read, and their questions, for that table's
 -- owner (red team 24).
 -- Under row-level security the check is on the row's version too: a document whose row waits for the
--- worker after a write (rag._row_pending) holds an earlier version's text, which the policies may have kept
--- from this reader (a row handed over and redacted in one UPDATE, a deleted row's key inserted again by
--- the reader), so it is not shown until it is synced (red team 24).
+-- worker after a write holds an earlier version's text, which the policies may have kept from this reader (a
+-- row handed over and redacted in one UPDATE, a deleted row's key inserted again by the reader), so it is not
+-- shown until it is synced (red team 24). Waiting: a trigger's batch not yet spread (rag._row_batched), or a
+-- key in rag.row_queue that a write put there (not one rag_reindex only re-reads), including one whose sync
+-- failed and waits out its back-off. One query per candidate, which looks into the batches only when the
+-- watch has any (the check runs for every candidate; about 20 us more a candidate as two calls).
+-- Its cost tells the planner what a call is (tens of microseconds: queries, and the owner's policies): at the
+-- default cost, once the tables were analyzed, it preferred a scan that checked every chunk of the
+-- collection before sorting them by distance to the HNSW index's ordered scan that checks a few candidates
+-- (scripts/bench-visibility, red team 25).
 CREATE FUNCTION rag._row_visible(p_collection_id integer, p_watch_id integer, p_key jsonb) RETURNS boolean
-LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER COST 10000 AS $$
 DECLARE
     w rag.watches;
     v_caller_name name;
@@ -235,8 +237,10 @@ BEGIN
     IF NOT v_bypass
        AND EXISTS (SELECT 1 FROM pg_catalog.pg_class t
                     WHERE t.oid = w.source AND t.relrowsecurity
-                      AND (t.relforcerowsecurity OR NOT pg_catalog.pg_has_role(v_caller, t.relowner, 'USAGE')))
-       AND rag._row_pending(w, p_key) THEN
+                      AND (t.relforcerowsecurity OR NOT pg_catalog.pg_has_role(v_caller, t.relowner, 'USAGE'))
+                      AND (EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.watch_id = w.id AND q.key = p_key AND q.changed)
+                           OR EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.watch_id = w.id)
+                              AND rag._row_batched(w, p_key))) THEN
         RETURN false;
     END IF;
     RETURN EXISTS (SELECT 1 FROM rag._query_as(v_caller, rag._row_lookup_sql(w.id), p_key, v_caller_path));
@@ -968,6 +972,13 @@ BEGIN
                   DETAIL = 'A reader is shown a watched row''s document when they may read the row with its key; with a key two rows share, that could be another row than the one indexed.',
                   HINT = 'Name the primary key''s columns, or columns a unique index (not partial, without expressions) covers, or add such an index.';
     END IF;
+    IF rag._key_unstable_column(source, v_key) IS NOT NULL THEN
+        RAISE EXCEPTION 'key column "%" of % has a type whose text depends on session settings',
+                        rag._key_unstable_column(source, v_key), rag._table_name(source)
+            USING ERRCODE = 'invalid_table_definition',
+                  DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval or money key is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle or lc_monetary, and the row''s document would be neither replaced nor hidden.',
+                  HINT = 'Watch the table by another unique key (an integer, numeric, text or uuid column), or add one.';
+    END IF;
     -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
     -- expression, and together they must evaluate over the table's row as its owner, with the owner's rights
     -- only (a security-restricted operation, as for index expressions).
@@ -1010,7 +1021,7 @@ BEGIN
     SELECT * INTO e FROM rag._watch_exprs(w);
     -- The filter runs as the table's owner; only the keys come back to be queued.
     BEGIN
-        -- Re-read, not changed: a reader keeps finding the row meanwhile (rag._row_pending); a key a write had
+        -- Re-read, not changed: a reader keeps finding the row meanwhile (rag._row_visible); a key a write had
         -- queued stays changed.
         INSERT INTO rag.row_queue AS q (watch_id, key, changed)
         SELECT w.id, k.key, false
@@ -1125,6 +1136,34 @@ LANGUAGE sql STABLE AS $$
                             WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                                                WHERE a.attrelid = p_table AND a.attnum = k.attnum
                                                  AND a.attname = ANY (p_key))))
+$$;
+
+-- The first key column (of p_key, in p_table) whose type spells a value differently in JSON as session
+-- settings differ (timestamptz by TimeZone, float4 and float8 by extra_float_digits, bytea by bytea_output,
+-- interval by IntervalStyle, money by lc_monetary), looked for through domains, arrays, ranges and composite
+-- types; NULL when there is none. A watch compares keys as JSON built in the writer's session: with such a
+-- key two writers spelled one row two ways, and a write from another time zone neither replaced the row's
+-- document nor hid its earlier text from readers (rag._row_visible) (red team 25).
+CREATE FUNCTION rag._key_unstable_column(p_table regclass, p_key text[]) RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE parts(column_name, type_oid, depth) AS (
+        SELECT a.attname::text, a.atttypid, 0 FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = p_table AND a.attname = ANY (p_key) AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL
+        SELECT p.column_name, n.type_oid, p.depth + 1
+          FROM parts p JOIN pg_catalog.pg_type t ON t.oid = p.type_oid
+          CROSS JOIN LATERAL (SELECT t.typbasetype WHERE t.typtype = 'd'
+                              UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
+                              UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid
+                              UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                                         WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
+                                           AND NOT a.attisdropped) AS n(type_oid)
+         WHERE p.depth < 16
+    )
+    SELECT p.column_name FROM parts p
+     WHERE p.type_oid IN ('timestamptz'::regtype, 'float4'::regtype, 'float8'::regtype, 'bytea'::regtype,
+                          'interval'::regtype, 'money'::regtype)
+     ORDER BY array_position(p_key, p.column_name) LIMIT 1
 $$;
 
 -- DROP TABLE of a watched table takes its documents and its watch along; dropping the last unique index (or
@@ -1657,6 +1696,10 @@ SELECT w.source_name AS source,
                      THEN format('the key (%s) no longer names one row (no unique index covers it): its documents '
                                  'are shown only to roles that may read the whole table',
                                  array_to_string(w.key_columns, ', ')) END,
+                CASE WHEN rag._key_unstable_column(w.source, w.key_columns) IS NOT NULL
+                     THEN format('key column "%s" has a type whose text depends on session settings: its documents '
+                                 'are shown only to roles that may read the whole table; rag_unwatch the table and '
+                                 'watch it by another unique key', rag._key_unstable_column(w.source, w.key_columns)) END,
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '

@@ -121,7 +121,11 @@ pub mod rag {
                     // dropped with CONCURRENTLY, which no event trigger can refuse) could find another row with
                     // the same key than the one indexed: such a watch's documents are shown to nobody the
                     // check is asked for (fail closed).
+                    // So are a key whose JSON a writer's session settings change (a watch made before
+                    // rag_watch refused one, or a key column's type altered since): a write from another time
+                    // zone may leave a document with an earlier version's text that no pending write hides.
                     "SELECT CASE WHEN rag._key_is_unique(w.source, w.key_columns) \
+                                  AND rag._key_unstable_column(w.source, w.key_columns) IS NULL \
                                  THEN pg_catalog.format('SELECT pg_catalog.to_jsonb(true) FROM ONLY %s AS r WHERE %s', \
                                                         rag._qualified_name(w.source), rag._key_condition(w)) \
                                  ELSE 'SELECT pg_catalog.to_jsonb(true) WHERE false' END \

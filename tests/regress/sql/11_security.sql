@@ -1658,7 +1658,18 @@ SELECT rag_reindex('sec_owner.notes'::regclass) >= 3 AS requeued;
 SET LOCAL ROLE sec_reader;
 SELECT count(*) AS own_note_while_reread FROM rag_query('notes', 'where does the reader park', 5) WHERE content LIKE '%spot number seven%';
 ROLLBACK;
+-- Red team 25: a key whose JSON a writer's session settings spell differently (TimeZone for timestamptz,
+-- extra_float_digits for floats, ...) is refused: a write from another time zone made a second document and
+-- left the first, with the earlier text, shown to the reader. Through a domain or an array too.
 SET ROLE sec_owner;
+CREATE TABLE sec_owner.events (at timestamptz PRIMARY KEY, body text NOT NULL);
+SELECT rag_watch('sec_owner.events', 'notes', content => 'body');
+CREATE DOMAIN sec_owner.reading AS float8;
+CREATE TABLE sec_owner.readings (site int, taken sec_owner.reading[], body text NOT NULL, PRIMARY KEY (site, taken));
+SELECT rag_watch('sec_owner.readings', 'notes', content => 'body');
+SELECT rag._key_unstable_column('sec_owner.readings', ARRAY['site']) IS NULL AS integer_key_is_stable;
+DROP TABLE sec_owner.events, sec_owner.readings;
+DROP DOMAIN sec_owner.reading;
 SELECT rag_drop_collection('notes');
 RESET ROLE;
 SET ROLE sec_attacker;
