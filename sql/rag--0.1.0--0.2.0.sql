@@ -5106,23 +5106,28 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._key_unstable_column(p_table regclass, p_key text[]) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE parts(column_name, type_oid, depth) AS (
-        SELECT a.attname::text, a.atttypid, 0 FROM pg_catalog.pg_attribute a
+    WITH RECURSIVE parts(column_name, type_oid, as_text, depth) AS (
+        SELECT a.attname::text, a.atttypid, false, 0 FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = p_table AND a.attname = ANY (p_key) AND a.attnum > 0 AND NOT a.attisdropped
         UNION ALL
-        SELECT p.column_name, n.type_oid, p.depth + 1
+        SELECT p.column_name, n.type_oid, p.as_text OR n.as_text, p.depth + 1
           FROM parts p JOIN pg_catalog.pg_type t ON t.oid = p.type_oid
-          CROSS JOIN LATERAL (SELECT t.typbasetype WHERE t.typtype = 'd'
-                              UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
-                              UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid
-                              UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+          CROSS JOIN LATERAL (SELECT t.typbasetype, false WHERE t.typtype = 'd'
+                              UNION ALL SELECT t.typelem, false WHERE t.typcategory = 'A' AND t.typelem <> 0
+                              UNION ALL SELECT r.rngsubtype, true FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid
+                              UNION ALL SELECT r.rngsubtype, true FROM pg_catalog.pg_range r WHERE r.rngmultitypid = t.oid
+                              UNION ALL SELECT a.atttypid, false FROM pg_catalog.pg_attribute a
                                          WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
-                                           AND NOT a.attisdropped) AS n(type_oid)
+                                           AND NOT a.attisdropped) AS n(type_oid, as_text)
          WHERE p.depth < 16
     )
     SELECT p.column_name FROM parts p
      WHERE p.type_oid IN ('timestamptz'::regtype, 'float4'::regtype, 'float8'::regtype, 'bytea'::regtype,
-                          'interval'::regtype, 'money'::regtype)
+                          'interval'::regtype, 'money'::regtype, 'regclass'::regtype, 'regproc'::regtype,
+                          'regprocedure'::regtype, 'regoper'::regtype, 'regoperator'::regtype, 'regtype'::regtype,
+                          'regconfig'::regtype, 'regdictionary'::regtype, 'regnamespace'::regtype,
+                          'regrole'::regtype, 'regcollation'::regtype)
+        OR p.as_text AND p.type_oid IN ('date'::regtype, 'timestamp'::regtype)
      ORDER BY array_position(p_key, p.column_name) LIMIT 1
 $$;
 

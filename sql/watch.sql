@@ -1138,31 +1138,39 @@ LANGUAGE sql STABLE AS $$
                                                  AND a.attname = ANY (p_key))))
 $$;
 
--- The first key column (of p_key, in p_table) whose type spells a value differently in JSON as session
--- settings differ (timestamptz by TimeZone, float4 and float8 by extra_float_digits, bytea by bytea_output,
--- interval by IntervalStyle, money by lc_monetary), looked for through domains, arrays, ranges and composite
--- types; NULL when there is none. A watch compares keys as JSON built in the writer's session: with such a
--- key two writers spelled one row two ways, and a write from another time zone neither replaced the row's
--- document nor hid its earlier text from readers (rag._row_visible) (red team 25).
+-- The first key column (of p_key, in p_table) whose value a session setting spells differently in JSON;
+-- NULL when there is none. A watch compares keys as JSON built in the writer's session: with such a key two
+-- writers spelled one row two ways, and a write from another time zone neither replaced the row's document
+-- nor hid its earlier text from readers (rag._row_visible) (red team 25). Followed through domains, arrays,
+-- composite types, ranges and multiranges. Always: timestamptz (TimeZone), float4 and float8
+-- (extra_float_digits), bytea (bytea_output), interval (IntervalStyle), money (lc_monetary) and the reg*
+-- types (search_path). Inside a range or multirange, whose JSON is its text, a date or timestamp too
+-- (DateStyle; as a value of its own, an array element or a field JSON writes it in ISO form whatever the
+-- setting) (review of red team 25).
 CREATE FUNCTION rag._key_unstable_column(p_table regclass, p_key text[]) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE parts(column_name, type_oid, depth) AS (
-        SELECT a.attname::text, a.atttypid, 0 FROM pg_catalog.pg_attribute a
+    WITH RECURSIVE parts(column_name, type_oid, as_text, depth) AS (
+        SELECT a.attname::text, a.atttypid, false, 0 FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = p_table AND a.attname = ANY (p_key) AND a.attnum > 0 AND NOT a.attisdropped
         UNION ALL
-        SELECT p.column_name, n.type_oid, p.depth + 1
+        SELECT p.column_name, n.type_oid, p.as_text OR n.as_text, p.depth + 1
           FROM parts p JOIN pg_catalog.pg_type t ON t.oid = p.type_oid
-          CROSS JOIN LATERAL (SELECT t.typbasetype WHERE t.typtype = 'd'
-                              UNION ALL SELECT t.typelem WHERE t.typcategory = 'A' AND t.typelem <> 0
-                              UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid
-                              UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+          CROSS JOIN LATERAL (SELECT t.typbasetype, false WHERE t.typtype = 'd'
+                              UNION ALL SELECT t.typelem, false WHERE t.typcategory = 'A' AND t.typelem <> 0
+                              UNION ALL SELECT r.rngsubtype, true FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid
+                              UNION ALL SELECT r.rngsubtype, true FROM pg_catalog.pg_range r WHERE r.rngmultitypid = t.oid
+                              UNION ALL SELECT a.atttypid, false FROM pg_catalog.pg_attribute a
                                          WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
-                                           AND NOT a.attisdropped) AS n(type_oid)
+                                           AND NOT a.attisdropped) AS n(type_oid, as_text)
          WHERE p.depth < 16
     )
     SELECT p.column_name FROM parts p
      WHERE p.type_oid IN ('timestamptz'::regtype, 'float4'::regtype, 'float8'::regtype, 'bytea'::regtype,
-                          'interval'::regtype, 'money'::regtype)
+                          'interval'::regtype, 'money'::regtype, 'regclass'::regtype, 'regproc'::regtype,
+                          'regprocedure'::regtype, 'regoper'::regtype, 'regoperator'::regtype, 'regtype'::regtype,
+                          'regconfig'::regtype, 'regdictionary'::regtype, 'regnamespace'::regtype,
+                          'regrole'::regtype, 'regcollation'::regtype)
+        OR p.as_text AND p.type_oid IN ('date'::regtype, 'timestamp'::regtype)
      ORDER BY array_position(p_key, p.column_name) LIMIT 1
 $$;
 

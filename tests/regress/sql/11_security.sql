@@ -1668,7 +1668,13 @@ CREATE DOMAIN sec_owner.reading AS float8;
 CREATE TABLE sec_owner.readings (site int, taken sec_owner.reading[], body text NOT NULL, PRIMARY KEY (site, taken));
 SELECT rag_watch('sec_owner.readings', 'notes', content => 'body');
 SELECT rag._key_unstable_column('sec_owner.readings', ARRAY['site']) IS NULL AS integer_key_is_stable;
-DROP TABLE sec_owner.events, sec_owner.readings;
+-- A range's JSON is its text, where a date follows DateStyle (review of red team 25); a date alone or in an
+-- array is written in ISO form whatever the setting.
+CREATE TABLE sec_owner.periods (during daterange PRIMARY KEY, booked tstzmultirange UNIQUE, days date[] UNIQUE,
+                                day date UNIQUE, owner_table regclass UNIQUE, body text NOT NULL);
+SELECT k AS key_column, rag._key_unstable_column('sec_owner.periods', ARRAY[k]) IS NOT NULL AS refused
+  FROM unnest(ARRAY['during', 'booked', 'days', 'day', 'owner_table']) k;
+DROP TABLE sec_owner.events, sec_owner.readings, sec_owner.periods;
 DROP DOMAIN sec_owner.reading;
 SELECT rag_drop_collection('notes');
 RESET ROLE;
