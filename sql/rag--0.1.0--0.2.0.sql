@@ -4946,7 +4946,7 @@ BEGIN
         RAISE EXCEPTION 'key column "%" of % has a type whose text depends on session settings',
                         rag._key_unstable_column(source, v_key), rag._table_name(source)
             USING ERRCODE = 'invalid_table_definition',
-                  DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval or money key is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle or lc_monetary, and the row''s document would be neither replaced nor hidden.',
+                  DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval, money or reg* key, or a range of dates or timestamps, is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle, lc_monetary, search_path or DateStyle, and the row''s document would be neither replaced nor hidden.',
                   HINT = 'Watch the table by another unique key (an integer, numeric, text or uuid column), or add one.';
     END IF;
     -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one

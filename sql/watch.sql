@@ -190,8 +190,7 @@ END $$;
 -- row handed over and redacted in one UPDATE, a deleted row's key inserted again by the reader), so it is not
 -- shown until it is synced (red team 24). Waiting: a trigger's batch not yet spread (rag._row_batched), or a
 -- key in rag.row_queue that a write put there (not one rag_reindex only re-reads), including one whose sync
--- failed and waits out its back-off. One query per candidate, which looks into the batches only when the
--- watch has any (the check runs for every candidate; about 20 us more a candidate as two calls).
+-- failed and waits out its back-off. One query, which looks into the batches only when the watch has some.
 -- Its cost tells the planner what a call is (tens of microseconds: queries, and the owner's policies): at the
 -- default cost, once the tables were analyzed, it preferred a scan that checked every chunk of the
 -- collection before sorting them by distance to the HNSW index's ordered scan that checks a few candidates
@@ -976,7 +975,7 @@ BEGIN
         RAISE EXCEPTION 'key column "%" of % has a type whose text depends on session settings',
                         rag._key_unstable_column(source, v_key), rag._table_name(source)
             USING ERRCODE = 'invalid_table_definition',
-                  DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval or money key is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle or lc_monetary, and the row''s document would be neither replaced nor hidden.',
+                  DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval, money or reg* key, or a range of dates or timestamps, is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle, lc_monetary, search_path or DateStyle, and the row''s document would be neither replaced nor hidden.',
                   HINT = 'Watch the table by another unique key (an integer, numeric, text or uuid column), or add one.';
     END IF;
     -- Expressions are checked now, not in the worker later: PostgreSQL's parser must read each as exactly one
