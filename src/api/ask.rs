@@ -582,11 +582,13 @@ enum ConversationRefusal {
 fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, RagError> {
     let history = Spi::connect(|client| {
         // An admin of the collection may read another role's conversation (rag._conversation_of_caller), but
-        // only its owner (or a superuser) adds to it: an answer asked into it would be written into the
-        // owner's history, and rewrite the owner's next questions.
+        // only its owner adds to it: an answer asked into it would be written into the owner's history, and
+        // rewrite the owner's next questions. A superuser too, whose answer draws on rows the owner may not
+        // read and which the owner would then read back (red team 26); SET ROLE to the owner continues it as
+        // them.
         let found = client.select(
             "SELECT v.collection_id,
-                    v.owner_id = r.oid OR r.rolsuper
+                    v.owner_id = r.oid
                FROM rag._conversation_of_caller($1) v, pg_catalog.pg_roles r
               WHERE r.rolname = rag._calling_role()",
             Some(1),
@@ -620,8 +622,9 @@ fn load_conversation(id: i64, collection: &Collection) -> Result<Conversation, R
         Ok(history) => Ok(Conversation { id, history }),
         Err(ConversationRefusal::NotOwned) => Err(RagError::InsufficientPrivilege {
             message: format!("conversation {id} is another role's"),
-            hint: "An admin of the collection may read it (rag_conversation), but only its owner continues it; \
-                   start one of your own with rag_conversation_start."
+            hint: "An admin of the collection (or a superuser) may read it with rag_conversation, but only its \
+                   owner continues it (a superuser may SET ROLE to the owner); start one of your own with \
+                   rag_conversation_start."
                 .into(),
         }),
         Err(ConversationRefusal::OtherCollection) => Err(RagError::invalid(

@@ -1125,6 +1125,18 @@ EXCEPTION WHEN insufficient_privilege THEN
     RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
 END $$;
 SELECT count(*) AS readers_conversation_unchanged FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+RESET ROLE;
+-- Nor does a superuser: their answer draws on rows the reader may not read, which the reader would then read
+-- back in their own history (red team 26). As the reader (SET ROLE) they continue it within its rights.
+DO $$
+BEGIN
+    PERFORM rag_ask('tickets', 'and on floor 3?', conversation => current_setting('sec.reader_conversation')::bigint);
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
+END $$;
+SELECT count(*) AS readers_conversation_unchanged_by_superuser
+  FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
+SET ROLE sec_owner;
 SELECT rag_set_reranker('tickets', 'stolen', reranker_provider => 'admins-reranker');
 SELECT rag_set_reranker('tickets', 'none', reranker_provider => 'local');
 SELECT rag_revoke('tickets', 'sec_attacker');
