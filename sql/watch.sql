@@ -971,9 +971,10 @@ BEGIN
                   DETAIL = 'A reader is shown a watched row''s document when they may read the row with its key; with a key two rows share, that could be another row than the one indexed.',
                   HINT = 'Name the primary key''s columns, or columns a unique index (not partial, without expressions) covers, or add such an index.';
     END IF;
-    IF rag._key_unstable_column(source, v_key) IS NOT NULL THEN
+    v_column := rag._key_unstable_column(source, v_key);
+    IF v_column IS NOT NULL THEN
         RAISE EXCEPTION 'key column "%" of % has a type whose text depends on session settings',
-                        rag._key_unstable_column(source, v_key), rag._table_name(source)
+                        v_column, rag._table_name(source)
             USING ERRCODE = 'invalid_table_definition',
                   DETAIL = 'A watch compares keys as written by each writer''s session; a timestamptz, float, bytea, interval, money or reg* key, or a range of dates or timestamps, is spelled differently under another TimeZone, extra_float_digits, bytea_output, IntervalStyle, lc_monetary, search_path or DateStyle, and the row''s document would be neither replaced nor hidden.',
                   HINT = 'Watch the table by another unique key (an integer, numeric, text or uuid column), or add one.';
@@ -1703,10 +1704,11 @@ SELECT w.source_name AS source,
                      THEN format('the key (%s) no longer names one row (no unique index covers it): its documents '
                                  'are shown only to roles that may read the whole table',
                                  array_to_string(w.key_columns, ', ')) END,
-                CASE WHEN rag._key_unstable_column(w.source, w.key_columns) IS NOT NULL
-                     THEN format('key column "%s" has a type whose text depends on session settings: its documents '
-                                 'are shown only to roles that may read the whole table; rag_unwatch the table and '
-                                 'watch it by another unique key', rag._key_unstable_column(w.source, w.key_columns)) END,
+                (SELECT format('key column "%s" has a type whose text depends on session settings: its documents '
+                               'are shown only to roles that may read the whole table; rag_unwatch the table and '
+                               'watch it by another unique key', u.column_name)
+                   FROM rag._key_unstable_column(w.source, w.key_columns) AS u(column_name)
+                  WHERE u.column_name IS NOT NULL),
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '

@@ -1095,6 +1095,13 @@ BEGIN
 EXCEPTION WHEN undefined_object THEN
     RAISE NOTICE 'the reader''s conversation is not the admin''s to read';
 END $$;
+-- Asking into the reader's conversation as whoever calls it; refused as another role's.
+CREATE FUNCTION pg_temp.try_continuing_readers_conversation() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM rag_ask('tickets', 'and on floor 3?', conversation => current_setting('sec.reader_conversation')::bigint);
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
+END $$;
 SET ROLE sec_attacker;
 SELECT rag_create_provider('admins-own', 'ollama', base_url => 'http://127.0.0.1:9') IS NULL AS created;
 SELECT rag_create_provider('admins-reranker', 'openai', base_url => 'http://127.0.0.1:9/v1') IS NULL AS created;
@@ -1118,22 +1125,12 @@ SELECT sum(calls) > 0 AS owner_sees_them_in_ledger_daily FROM rag.ledger_daily W
 SELECT count(*) AS owner_reads_readers_conversation FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 -- Reads it, but does not write into it: the reader's history (and the rewriting of their next questions) is
 -- theirs alone.
-DO $$
-BEGIN
-    PERFORM rag_ask('tickets', 'and on floor 3?', conversation => current_setting('sec.reader_conversation')::bigint);
-EXCEPTION WHEN insufficient_privilege THEN
-    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
-END $$;
+SELECT pg_temp.try_continuing_readers_conversation();
 SELECT count(*) AS readers_conversation_unchanged FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 RESET ROLE;
 -- Nor does a superuser: their answer draws on rows the reader may not read, which the reader would then read
 -- back in their own history (red team 26). As the reader (SET ROLE) they continue it within its rights.
-DO $$
-BEGIN
-    PERFORM rag_ask('tickets', 'and on floor 3?', conversation => current_setting('sec.reader_conversation')::bigint);
-EXCEPTION WHEN insufficient_privilege THEN
-    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N');
-END $$;
+SELECT pg_temp.try_continuing_readers_conversation();
 SELECT count(*) AS readers_conversation_unchanged_by_superuser
   FROM rag_conversation(current_setting('sec.reader_conversation')::bigint);
 SET ROLE sec_owner;
