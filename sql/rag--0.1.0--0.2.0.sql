@@ -4405,7 +4405,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid FROM pg_catalog.pg_trigger t
+    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable FROM pg_catalog.pg_trigger t
                   WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
         WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
@@ -4420,7 +4420,8 @@ LANGUAGE sql STABLE AS $$
             THEN 'gather_at_end'
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1)
             THEN 'rows'
-        ELSE 'statement' END
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete' AND tgtype & 1 = 0 AND tgoldtable IS NOT NULL)
+            THEN 'statement' END
 $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void

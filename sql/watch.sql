@@ -390,12 +390,14 @@ BEGIN
 END $$;
 
 -- The mode (rag._watch_trigger_mode) of the triggers a watched table has now, its own (not clones of a
--- parent's); NULL when the set is not whole: a restore creates them one at a time, in name order across
--- tables, with an ALTER TABLE … DISABLE TRIGGER between them for a disabled one, and making them here would
--- make its next CREATE TRIGGER fail.
+-- parent's); NULL when the set is not whole: a restore creates them one at a time, with an ALTER TABLE between
+-- them for a disabled or replica trigger (which runs rag._on_alter_table), and making them there would make
+-- its next CREATE TRIGGER fail. pg_restore -j creates them in no fixed order, so a set counts as whole only by
+-- its shape, never by which names are missing: the gathering statement triggers without their _key triggers
+-- are no 'statement' set, whose DELETE trigger keeps the old rows (CI, PostgreSQL 18).
 CREATE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid FROM pg_catalog.pg_trigger t
+    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable FROM pg_catalog.pg_trigger t
                   WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
         WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
@@ -410,7 +412,8 @@ LANGUAGE sql STABLE AS $$
             THEN 'gather_at_end'
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1)
             THEN 'rows'
-        ELSE 'statement' END
+        WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete' AND tgtype & 1 = 0 AND tgoldtable IS NOT NULL)
+            THEN 'statement' END
 $$;
 
 -- What a watched table's owner needs of rag to run the watch's triggers, which run as them: queue a batch,

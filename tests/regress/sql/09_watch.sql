@@ -204,6 +204,32 @@ SELECT string_agg(tgname || ' ' || tgenabled::text, ', ' ORDER BY tgname) AS rep
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
 SELECT pg_temp.watch_batches('gathered') AS batches_with_every_trigger_enabled;
 ROLLBACK;
+-- pg_restore -j creates a table's triggers one at a time but in no fixed order (its ready list is a heap), and
+-- the item of each replica trigger ends with ALTER TABLE … ENABLE REPLICA TRIGGER, which runs rag's event
+-- trigger. The gathering triggers without their _key triggers looked like a whole set of another kind: the
+-- event trigger made the watch's triggers again, and the restore's own CREATE TRIGGER of a _key trigger failed
+-- ("already exists"). Here the _key triggers come last, with the replica triggers' ALTER TABLEs before them.
+BEGIN;
+CREATE TEMP TABLE dumped_triggers ON COMMIT DROP AS
+SELECT t.tgname, pg_get_triggerdef(t.oid) AS definition, t.tgenabled
+  FROM pg_trigger t WHERE t.tgrelid = 'gathered'::regclass AND t.tgname LIKE 'rag\_watch\_%';
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT * FROM dumped_triggers LOOP
+        EXECUTE format('DROP TRIGGER %I ON gathered', t.tgname);
+    END LOOP;
+    FOR t IN SELECT * FROM dumped_triggers ORDER BY tgname LIKE '%\_key', tgname LIKE '%\_replica\_%', tgname LOOP
+        EXECUTE t.definition;
+        IF t.tgenabled = 'R' THEN
+            EXECUTE format('ALTER TABLE gathered ENABLE REPLICA TRIGGER %I', t.tgname);
+        END IF;
+    END LOOP;
+END $$;
+SELECT count(*) = (SELECT count(*) FROM dumped_triggers) AS every_trigger_restored
+  FROM pg_trigger t WHERE t.tgrelid = 'gathered'::regclass AND t.tgname LIKE 'rag\_watch\_%';
+ROLLBACK;
 -- Watches take turns at the worker: after a row of one watch, the next claim serves the next watch with due rows,
 -- however many older rows the first still has (one watch's million keys must not hold every other watch's).
 -- Uncommitted, so the worker does not see these rows.
