@@ -126,7 +126,7 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           v_role, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role)::regrole,
+           v_role, rag._lock_role((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role))::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -212,7 +212,7 @@ DECLARE
 BEGIN
     PERFORM rag._require_writable('a conversation');
     INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
-    SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
+    SELECT c.id, r.rolname, rag._lock_role(r.oid)::regrole, c.watches_ended
       FROM rag.collections c, pg_catalog.pg_roles r
      WHERE c.id = rag._collection_id(collection, 'read') AND r.rolname = rag._calling_role()
     RETURNING id INTO v_id;

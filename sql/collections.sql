@@ -283,7 +283,7 @@ BEGIN
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole, search_mode, text_search_config, reranker, rerank_candidates,
+            rag._lock_role((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()))::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     -- A new collection's partition does not exist yet. One that does belongs to a collection a restore is
@@ -334,6 +334,10 @@ BEGIN
     END IF;
     -- A role's exact name first: "Public" and "PUBLIC" may be roles of their own (only public cannot).
     v_grantee := rag._grantee_oid(rag_grant.grantee);
+    -- Held against a DROP ROLE until the grant commits (rag._lock_role); public is no role.
+    IF v_grantee <> 0 THEN
+        v_grantee := rag._lock_role(v_grantee);
+    END IF;
     IF v_grantee IS NULL THEN
         RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
             HINT = 'Name an existing role, or public.';
@@ -392,13 +396,18 @@ BEGIN
     UPDATE rag.queries q SET role = p_new WHERE q.role_id::oid = v_role;
 END $$;
 
--- DROP OWNED takes back what the roles were granted on collections and drops their conversations (the
--- ledger keeps its rows: it is the record of what was asked). Providers they made stay, since collections
--- of others may use them; the role then cannot be dropped until they are reassigned.
-CREATE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
+-- DROP OWNED takes back what the roles were granted on the collections the caller administers and drops their
+-- conversations (the ledger keeps its rows: it is the record of what was asked). Providers they made stay,
+-- since collections of others may use them; the role then cannot be dropped until they are reassigned.
+CREATE FUNCTION rag._drop_owned(p_roles oid[], p_caller oid) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
+    -- Only the grants the caller could take back with rag_revoke (an admin of the collection): PostgreSQL lets
+    -- any member of a group run DROP OWNED BY the group, and its own part revokes only what the caller could;
+    -- every member of rag_reader emptied every collection's grants to rag_reader (red team 28).
+    DELETE FROM rag.collection_grants g USING rag.collections c
+     WHERE c.id = g.collection_id AND g.grantee::oid = ANY (p_roles)
+       AND rag._has_collection_privilege(c.id, c.owner, p_caller, 'admin');
     DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 

@@ -59,7 +59,7 @@ BEGIN
     END IF;
     INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by, created_by_id)
     SELECT rag_create_provider.name, rag_create_provider.kind, rtrim(rag_create_provider.base_url, '/'),
-           rag_create_provider.api_key_setting, r.rolname, r.oid::regrole
+           rag_create_provider.api_key_setting, r.rolname, rag._lock_role(r.oid)::regrole
       FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
 END $$;
 

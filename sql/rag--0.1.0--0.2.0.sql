@@ -641,6 +641,13 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'limit_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_lock_role"(
+	"p_role" oid /* Option < pg_sys :: Oid > */
+) RETURNS oid /* Option < pg_sys :: Oid > */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lock_role_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_watch_keys_taken"(
 	"watch_id" INT, /* i32 */
 	"source" oid /* pg_sys :: Oid */
@@ -1130,7 +1137,7 @@ BEGIN
             v_size, v_overlap, chunk_unit,
             coalesce(max_distance, rag._default_max_distance(embedding_model)),
             retry_deadline, chat_provider, chat_model, prompt_template, context_budget, max_answer_tokens,
-            (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role())::regrole, search_mode, text_search_config, reranker, rerank_candidates,
+            rag._lock_role((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role()))::regrole, search_mode, text_search_config, reranker, rerank_candidates,
             min_relevance, v_min_lead, coalesce(reranker_provider, 'local'))
     RETURNING id INTO v_id;
     -- A new collection's partition does not exist yet. One that does belongs to a collection a restore is
@@ -1177,6 +1184,10 @@ BEGIN
     END IF;
     -- A role's exact name first: "Public" and "PUBLIC" may be roles of their own (only public cannot).
     v_grantee := rag._grantee_oid(rag_grant.grantee);
+    -- Held against a DROP ROLE until the grant commits (rag._lock_role); public is no role.
+    IF v_grantee <> 0 THEN
+        v_grantee := rag._lock_role(v_grantee);
+    END IF;
     IF v_grantee IS NULL THEN
         RAISE EXCEPTION 'role "%" does not exist', rag_grant.grantee USING ERRCODE = 'undefined_object',
             HINT = 'Name an existing role, or public.';
@@ -1228,10 +1239,15 @@ BEGIN
     UPDATE rag.queries q SET role = p_new WHERE q.role_id::oid = v_role;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[]) RETURNS void
+CREATE OR REPLACE FUNCTION rag._drop_owned(p_roles oid[], p_caller oid) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    DELETE FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles);
+    -- Only the grants the caller could take back with rag_revoke (an admin of the collection): PostgreSQL lets
+    -- any member of a group run DROP OWNED BY the group, and its own part revokes only what the caller could;
+    -- every member of rag_reader emptied every collection's grants to rag_reader (red team 28).
+    DELETE FROM rag.collection_grants g USING rag.collections c
+     WHERE c.id = g.collection_id AND g.grantee::oid = ANY (p_roles)
+       AND rag._has_collection_privilege(c.id, c.owner, p_caller, 'admin');
     DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
 
@@ -2299,7 +2315,7 @@ BEGIN
     END IF;
     INSERT INTO rag.providers (name, kind, base_url, api_key_setting, created_by, created_by_id)
     SELECT rag_create_provider.name, rag_create_provider.kind, rtrim(rag_create_provider.base_url, '/'),
-           rag_create_provider.api_key_setting, r.rolname, r.oid::regrole
+           rag_create_provider.api_key_setting, r.rolname, rag._lock_role(r.oid)::regrole
       FROM pg_catalog.pg_roles r WHERE r.rolname = rag._calling_role();
 END $$;
 
@@ -3857,7 +3873,7 @@ BEGIN
            jsonb_strip_nulls(jsonb_build_object(
                'embedding', CASE WHEN v_embed_price.model IS NOT NULL THEN to_jsonb(v_embed_price) END,
                'chat', CASE WHEN v_chat_price.model IS NOT NULL THEN to_jsonb(v_chat_price) END)),
-           v_role, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role)::regrole,
+           v_role, rag._lock_role((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = v_role))::regrole,
            -- As read before the search (rag.collections.watches_ended); a caller that did not say is taken to
            -- predate every count, so admins are not shown the row. In a conversation, the conversation's if
            -- lower: the question is rewritten and answered from its history, which may quote what is hidden.
@@ -3934,7 +3950,7 @@ DECLARE
 BEGIN
     PERFORM rag._require_writable('a conversation');
     INSERT INTO rag.conversations (collection_id, owner, owner_id, watches_ended)
-    SELECT c.id, r.rolname, r.oid::regrole, c.watches_ended
+    SELECT c.id, r.rolname, rag._lock_role(r.oid)::regrole, c.watches_ended
       FROM rag.collections c, pg_catalog.pg_roles r
      WHERE c.id = rag._collection_id(collection, 'read') AND r.rolname = rag._calling_role()
     RETURNING id INTO v_id;
@@ -4422,6 +4438,32 @@ LANGUAGE sql STABLE AS $$
             THEN 'rows'
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete' AND tgtype & 1 = 0 AND tgoldtable IS NOT NULL)
             THEN 'statement' END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._watch_triggers_problem(p_source oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH expected(tgname, fires) AS (
+            VALUES ('rag_watch_insert', 'OA'), ('rag_watch_update', 'OA'), ('rag_watch_delete', 'OA'),
+                   ('rag_watch_truncate', 'OA'), ('rag_watch_replica_insert', 'RA'),
+                   ('rag_watch_replica_update', 'RA'), ('rag_watch_replica_delete', 'RA'),
+                   ('rag_watch_replica_truncate', 'RA')),
+         own AS (SELECT t.tgname, t.tgenabled FROM pg_catalog.pg_trigger t
+                  WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'),
+         missing AS (SELECT string_agg(e.tgname, ', ' ORDER BY e.tgname) AS names FROM expected e
+                      WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.tgname = e.tgname)),
+         idle AS (SELECT string_agg(o.tgname, ', ' ORDER BY o.tgname) AS names
+                    FROM own o LEFT JOIN expected e ON e.tgname = o.tgname
+                   WHERE pg_catalog.strpos(coalesce(e.fires, 'OA'), o.tgenabled::text) = 0)
+    SELECT CASE
+        WHEN (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = p_source) = 'p' THEN NULL
+        WHEN m.names IS NOT NULL
+            THEN format('the table lacks the watch''s triggers %s: writes to it since are not indexed', m.names)
+        WHEN rag._watch_trigger_mode_installed(p_source) IS NULL
+            THEN 'the table lacks some of the watch''s rag_watch_*_key triggers: writes to it since are not indexed'
+        WHEN i.names IS NOT NULL
+            THEN format('the watch''s triggers %s are disabled or enabled for the wrong sessions: writes they should '
+                        'see are not indexed', i.names) END
+      FROM missing m, idle i
 $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owner(p_owner name) RETURNS void
@@ -5043,6 +5085,7 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(source regclass) RETURNS bigi
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
+    v_problem text;
 BEGIN
     PERFORM rag._require_writable('rag_reindex');
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
@@ -5056,6 +5099,19 @@ BEGIN
     PERFORM rag._grant_watch_owner(r.rolname)
        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
       WHERE c.oid = rag_reindex.source AND r.rolname = ANY (rag._watch_owners_lacking());
+    -- And of a table that lost triggers of the watch (rag._watch_triggers_problem): the rows are read again
+    -- below, which catches the writes they missed. Only its owner's call puts them back, as only the owner may
+    -- have taken them away: a collection's admin is told.
+    v_problem := rag._watch_triggers_problem(source);
+    IF v_problem IS NOT NULL THEN
+        IF (SELECT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE')
+              FROM rag.watches w WHERE w.id = v_id) THEN
+            PERFORM rag._watch_install(v_id);
+        ELSE
+            RAISE WARNING 'the watch of % is not complete: %', rag._table_name(source), v_problem
+                USING HINT = 'Only the table''s owner can put the triggers back, with rag_reindex of the table.';
+        END IF;
+    END IF;
     RETURN rag._reindex_watch(v_id);
 END $$;
 
@@ -5615,6 +5671,8 @@ SELECT w.source_name AS source,
                                'watch it by another unique key', u.column_name)
                    FROM rag._key_unstable_column(w.source, w.key_columns) AS u(column_name)
                   WHERE u.column_name IS NOT NULL),
+                rag._watch_triggers_problem(w.source)
+                    || format('; its owner puts them back with SELECT rag_reindex(%L::regclass)', w.source_name),
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '
@@ -6062,7 +6120,8 @@ BEGIN
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
-                               '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column')
+                               '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
+                               '_watch_triggers_problem', '_watch_trigger_mode_installed')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text', '_has_text')

@@ -416,6 +416,37 @@ LANGUAGE sql STABLE AS $$
             THEN 'statement' END
 $$;
 
+-- What keeps a watched table's writes from reaching its watch, in words for rag.watch_status and rag_reindex;
+-- NULL when nothing does. Its owner may drop or disable a trigger of rag's (the table is theirs), and ENABLE
+-- TRIGGER ALL, which a data-only pg_restore --disable-triggers ends with, makes the replica triggers ORIGIN ones,
+-- which a logical-replication subscriber's apply worker never fires. rag._on_alter_table leaves such a set
+-- alone (it cannot tell it from a restore half done), so nothing else would ever say so.
+CREATE FUNCTION rag._watch_triggers_problem(p_source oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH expected(tgname, fires) AS (
+            VALUES ('rag_watch_insert', 'OA'), ('rag_watch_update', 'OA'), ('rag_watch_delete', 'OA'),
+                   ('rag_watch_truncate', 'OA'), ('rag_watch_replica_insert', 'RA'),
+                   ('rag_watch_replica_update', 'RA'), ('rag_watch_replica_delete', 'RA'),
+                   ('rag_watch_replica_truncate', 'RA')),
+         own AS (SELECT t.tgname, t.tgenabled FROM pg_catalog.pg_trigger t
+                  WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'),
+         missing AS (SELECT string_agg(e.tgname, ', ' ORDER BY e.tgname) AS names FROM expected e
+                      WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.tgname = e.tgname)),
+         idle AS (SELECT string_agg(o.tgname, ', ' ORDER BY o.tgname) AS names
+                    FROM own o LEFT JOIN expected e ON e.tgname = o.tgname
+                   WHERE pg_catalog.strpos(coalesce(e.fires, 'OA'), o.tgenabled::text) = 0)
+    SELECT CASE
+        WHEN (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = p_source) = 'p' THEN NULL
+        WHEN m.names IS NOT NULL
+            THEN format('the table lacks the watch''s triggers %s: writes to it since are not indexed', m.names)
+        WHEN rag._watch_trigger_mode_installed(p_source) IS NULL
+            THEN 'the table lacks some of the watch''s rag_watch_*_key triggers: writes to it since are not indexed'
+        WHEN i.names IS NOT NULL
+            THEN format('the watch''s triggers %s are disabled or enabled for the wrong sessions: writes they should '
+                        'see are not indexed', i.names) END
+      FROM missing m, idle i
+$$;
+
 -- What a watched table's owner needs of rag to run the watch's triggers, which run as them: queue a batch,
 -- wake the worker, drop their rights for the expressions, take the statement's keys; and, restoring a dump of
 -- the table as its owner, create the row trigger (CREATE TRIGGER needs EXECUTE on its function).
@@ -1076,6 +1107,7 @@ CREATE FUNCTION @extschema@.rag_reindex(source regclass) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_id integer;
+    v_problem text;
 BEGIN
     PERFORM rag._require_writable('rag_reindex');
     SELECT id INTO v_id FROM rag.watches w WHERE w.source = rag_reindex.source;
@@ -1089,6 +1121,19 @@ BEGIN
     PERFORM rag._grant_watch_owner(r.rolname)
        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
       WHERE c.oid = rag_reindex.source AND r.rolname = ANY (rag._watch_owners_lacking());
+    -- And of a table that lost triggers of the watch (rag._watch_triggers_problem): the rows are read again
+    -- below, which catches the writes they missed. Only its owner's call puts them back, as only the owner may
+    -- have taken them away: a collection's admin is told.
+    v_problem := rag._watch_triggers_problem(source);
+    IF v_problem IS NOT NULL THEN
+        IF (SELECT pg_catalog.pg_has_role(rag._calling_role()::name, rag._watch_owner(w), 'USAGE')
+              FROM rag.watches w WHERE w.id = v_id) THEN
+            PERFORM rag._watch_install(v_id);
+        ELSE
+            RAISE WARNING 'the watch of % is not complete: %', rag._table_name(source), v_problem
+                USING HINT = 'Only the table''s owner can put the triggers back, with rag_reindex of the table.';
+        END IF;
+    END IF;
     RETURN rag._reindex_watch(v_id);
 END $$;
 
@@ -1712,6 +1757,8 @@ SELECT w.source_name AS source,
                                'watch it by another unique key', u.column_name)
                    FROM rag._key_unstable_column(w.source, w.key_columns) AS u(column_name)
                   WHERE u.column_name IS NOT NULL),
+                rag._watch_triggers_problem(w.source)
+                    || format('; its owner puts them back with SELECT rag_reindex(%L::regclass)', w.source_name),
                 CASE WHEN v.whole THEN e.reason
                      WHEN e.reason IS NOT NULL
                      THEN 'rows of this table failed to index; the reasons quote their values, so they are shown '

@@ -182,8 +182,63 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
                 .into_iter()
                 .map(|(oid, _)| oid)
                 .collect();
-            call(c"_drop_owned", &[pg_sys::OIDARRAYOID], &[oid_array(roles)]);
+            // The grants it takes back are those the role running it could revoke (rag._drop_owned).
+            let caller = pg_sys::GetUserId();
+            call(
+                c"_drop_owned",
+                &[pg_sys::OIDARRAYOID, pg_sys::OIDOID],
+                &[oid_array(roles), pg_sys::Datum::from(caller)],
+            );
         }
         _ => {}
+    }
+}
+
+#[pg_schema]
+mod rag {
+    use pgrx::prelude::*;
+
+    /// Holds `p_role` for the rest of the transaction against a `DROP ROLE`, as PostgreSQL holds a role it
+    /// records as an owner or a grantee, and returns it; NULL stays NULL. Not for `public` (0), which is no role
+    /// and which pgrx would return as NULL.
+    /// rag's rows name roles by oid, which `rag._refuse_drop_role` (and its ledger clean-up) looks for after a
+    /// `DROP ROLE`: a row written in a transaction still open was not seen, the drop went
+    /// through, and the row kept the oid, which a dump writes as a bare number (red team 28). `DropRole` takes
+    /// this lock exclusively, so a writer either commits first (and the drop then sees its row) or waits for
+    /// the drop and fails here.
+    #[pg_extern(volatile, parallel_unsafe, name = "_lock_role")]
+    fn lock_role(p_role: Option<pg_sys::Oid>) -> Option<pg_sys::Oid> {
+        let role = p_role?;
+        // SAFETY: a lock on a shared object by its catalog and oid, released at the end of the transaction;
+        // LockSharedObject takes in the invalidation messages of a drop it waited for, so the syscache lookup
+        // after it sees the catalog as the drop left it. The tuple is released at once.
+        let exists = unsafe {
+            pg_sys::LockSharedObject(
+                pg_sys::AuthIdRelationId,
+                role,
+                0,
+                pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            );
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::AUTHOID as std::ffi::c_int,
+                pg_sys::Datum::from(role),
+            );
+            let found = !tuple.is_null();
+            if found {
+                pg_sys::ReleaseSysCache(tuple);
+            }
+            found
+        };
+        if !exists {
+            crate::error::RagError::undefined(
+                format!(
+                    "role with OID {} was dropped while this statement ran",
+                    u32::from(role)
+                ),
+                "Run it again as, or for, a role that exists.",
+            )
+            .raise();
+        }
+        Some(role)
     }
 }

@@ -7,7 +7,7 @@ referencing table's owner on every major, are in tests/regress/sql/11_security.s
 role that has none of its privileges (PostgreSQL 16's WITH INHERIT FALSE, SET FALSE) is not its owner here."""
 import unittest
 
-from support import InItsOwnDatabase, psql, scalar
+from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
 
 DB = "rag_e2e_identity"
 
@@ -142,6 +142,86 @@ class Identity(InItsOwnDatabase):
             psql("SELECT rag_drop_collection(name) FROM rag.collections WHERE name IN ('owned', 'mine'); "
                  "DROP SCHEMA id_owner CASCADE; DROP OWNED BY id_owner, id_member; DROP ROLE id_member, id_owner",
                  db=DB)
+
+
+def reached(session, marker):
+    """Reads a background session's output until the line `marker` (True) or its end (False)."""
+    for line in session.stdout:
+        if line.strip() == marker:
+            return True
+    return False
+
+
+class DropRoleRacingAWrite(InItsOwnDatabase):
+    """rag records roles by oid (a collection's owner, a grantee, a conversation's owner, a ledger row's role),
+    which PostgreSQL's dependency tracking does not see: rag refuses a DROP ROLE after the fact, or empties the
+    ledger rows' role, by looking at its tables. A row written by a transaction still open was not there to
+    see, so the drop went through and the row kept an oid that a dump writes as a bare number (red team 28).
+    Each writer now holds the role as PostgreSQL holds one it records (rag._lock_role)."""
+    DB = "rag_e2e_drop_role_race"
+
+    def setUp(self):
+        psql("""
+            DROP ROLE IF EXISTS race_victim;
+            CREATE ROLE race_victim IN ROLE rag_admin;
+            SELECT rag_create_collection('race', embedding_model => 'hash-384', max_distance => 2)
+             WHERE NOT EXISTS (SELECT 1 FROM rag.collections WHERE name = 'race');
+            SELECT rag_grant('race', 'public', 'read');
+        """, db=self.DB)
+
+    def tearDown(self):
+        psql("""
+            SELECT rag_drop_collection(name) FROM rag.collections WHERE name <> 'race';
+            DELETE FROM rag.collection_grants;
+            DELETE FROM rag.conversations;
+            DELETE FROM rag.queries;
+            DROP ROLE IF EXISTS race_victim;
+        """, db=self.DB)
+
+    def drop_while_written(self, write):
+        """Runs `write` in an open transaction, then DROP ROLE in another session, then commits the write:
+        returns the drop's (exit code, stderr)."""
+        writer = background_psql(f"BEGIN; {write}; SELECT 'written';", db=self.DB)
+        self.assertTrue(reached(writer, "written"), writer.stderr.read() if writer.poll() is not None else "")
+        dropper = background_psql("DROP ROLE race_victim; SELECT 'dropped';", db=self.DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'object' AND NOT granted "
+                                   "AND classid = 'pg_authid'::regclass)", db=self.DB),
+                        "DROP ROLE did not wait for the writer")
+        _, err = writer.communicate("COMMIT;\n", timeout=60)
+        self.assertEqual(writer.returncode, 0, err)
+        out, err = dropper.communicate(timeout=60)
+        return dropper.returncode, out + err
+
+    def test_a_role_written_in_an_open_transaction_is_not_dropped(self):
+        for write in ("SELECT rag_grant('race', 'race_victim', 'read')",
+                      "SET ROLE race_victim; SELECT rag_conversation_start('race')",
+                      "SET ROLE race_victim; SELECT rag_create_collection('race_own', embedding_model => 'hash-384')"):
+            with self.subTest(write=write):
+                code, output = self.drop_while_written(write)
+                self.assertNotEqual(code, 0, output)
+                self.assertIn('role "race_victim" cannot be dropped because objects of rag depend on it', output)
+                self.tearDown()
+                self.setUp()
+
+    def test_a_ledger_row_written_in_an_open_transaction_loses_the_dropped_role(self):
+        code, output = self.drop_while_written("SET ROLE race_victim; SELECT count(*) FROM rag_query('race', 'parking')")
+        self.assertEqual(code, 0, output)
+        self.assertEqual(scalar("SELECT count(*) FILTER (WHERE role_id IS NULL) || '/' || count(*) FROM rag.queries "
+                                "WHERE role = 'race_victim'", db=self.DB), "1/1")
+
+    def test_a_write_after_the_drop_fails(self):
+        dropper = background_psql("BEGIN; DROP ROLE race_victim; SELECT 'dropped';", db=self.DB)
+        self.assertTrue(reached(dropper, "dropped"))
+        writer = background_psql("SELECT rag_grant('race', 'race_victim', 'read');", db=self.DB)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'object' AND NOT granted "
+                                   "AND classid = 'pg_authid'::regclass)", db=self.DB),
+                        "the grant did not wait for the drop")
+        _, err = dropper.communicate("COMMIT;\n", timeout=60)
+        self.assertEqual(dropper.returncode, 0, err)
+        _, err = writer.communicate(timeout=60)
+        self.assertNotEqual(writer.returncode, 0)
+        self.assertIn("was dropped while this statement ran", err)
+        self.assertEqual(scalar("SELECT count(*) FROM rag.collection_grants WHERE grantee <> 0", db=self.DB), "0")
 
 
 if __name__ == "__main__":

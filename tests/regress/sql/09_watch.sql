@@ -230,6 +230,25 @@ END $$;
 SELECT count(*) = (SELECT count(*) FROM dumped_triggers) AS every_trigger_restored
   FROM pg_trigger t WHERE t.tgrelid = 'gathered'::regclass AND t.tgname LIKE 'rag\_watch\_%';
 ROLLBACK;
+-- So rag never remakes a set it finds incomplete by itself: a trigger the owner dropped or disabled, or replica
+-- triggers that ENABLE TRIGGER ALL (a data-only pg_restore --disable-triggers ends with it) made ORIGIN ones,
+-- which a logical-replication apply worker never fires, would leave writes unindexed without a word.
+-- rag.watch_status says so, and rag_reindex of the table, by its owner, puts them back.
+BEGIN;
+DROP TRIGGER rag_watch_update_key ON gathered;
+SELECT last_error AS a_key_trigger_dropped FROM rag.watch_status WHERE source = 'gathered';
+DROP TRIGGER rag_watch_insert ON gathered;
+SELECT last_error AS two_dropped FROM rag.watch_status WHERE source = 'gathered';
+SELECT rag_reindex('gathered'::regclass) >= 0 AS reindexed;
+SELECT last_error IS NULL AS whole_again FROM rag.watch_status WHERE source = 'gathered';
+ALTER TABLE gathered DISABLE TRIGGER ALL;
+ALTER TABLE gathered ENABLE TRIGGER ALL;
+ALTER TABLE gathered DISABLE TRIGGER rag_watch_delete;
+SELECT last_error AS enabled_for_other_sessions FROM rag.watch_status WHERE source = 'gathered';
+SELECT rag_reindex('gathered'::regclass) >= 0 AS reindexed;
+SELECT string_agg(tgname || ' ' || tgenabled::text, ', ' ORDER BY tgname) AS triggers_after_reindex
+  FROM pg_trigger WHERE tgrelid = 'gathered'::regclass AND tgname LIKE 'rag\_watch\_%';
+ROLLBACK;
 -- Watches take turns at the worker: after a row of one watch, the next claim serves the next watch with due rows,
 -- however many older rows the first still has (one watch's million keys must not hold every other watch's).
 -- Uncommitted, so the worker does not see these rows.

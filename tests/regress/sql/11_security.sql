@@ -552,6 +552,29 @@ DROP ROLE sec_temporary;
 DROP OWNED BY sec_temporary;
 SELECT count(*) AS conversations_left FROM rag.conversations WHERE owner = 'sec_temporary';
 DROP ROLE sec_temporary;
+-- PostgreSQL lets any member of a group run DROP OWNED BY the group, and revokes only what the member could
+-- revoke. rag took back every grant to the group, on every collection (red team 28; a member of rag_reader
+-- emptied the grants every owner made to rag_reader): now only those on collections the caller administers.
+CREATE ROLE sec_group;
+CREATE ROLE sec_member IN ROLE sec_group, rag_reader;
+SELECT rag_grant('owner-docs', 'sec_group', 'read');
+SELECT rag_grant('owner-docs', 'rag_reader', 'read');
+SET ROLE sec_member;
+DROP OWNED BY sec_group;
+RESET ROLE;
+SELECT string_agg(g.grantee::text, ', ' ORDER BY g.grantee::text) AS grants_kept
+  FROM rag.collection_grants g JOIN rag.collections c ON c.id = g.collection_id
+ WHERE c.name = 'owner-docs' AND g.grantee::text IN ('sec_group', 'rag_reader');
+-- The collection's owner, a member of the group too, takes back the grant to the group that way.
+GRANT sec_group TO sec_owner;
+SET ROLE sec_owner;
+DROP OWNED BY sec_group;
+RESET ROLE;
+SELECT count(*) AS group_grants_left FROM rag.collection_grants WHERE grantee::text = 'sec_group';
+SELECT rag_revoke('owner-docs', 'rag_reader');
+REVOKE sec_group FROM sec_owner;
+DROP ROLE sec_member;
+DROP ROLE sec_group;
 -- Nor can a role that owns a collection, made a provider or owns a conversation (nothing PostgreSQL tracks;
 -- the last two are recorded by name, which a later role of that name would inherit); REASSIGN OWNED hands
 -- them over.
