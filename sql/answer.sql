@@ -164,7 +164,14 @@ RETURNS TABLE (chunk_id bigint, document_id bigint, title text, ordinal integer,
                relevance real, rank integer, close boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_counts text[];
 BEGIN
+    -- The looks into rag.chunks around the search are left out of the statistics as the search is
+    -- (rag._hide_search_counts): run after it, they would count its partition's rows, hidden ones too. The
+    -- search's own restore puts back the setting found, which is this one's.
+    SELECT CASE WHEN rag._watched(c) THEN rag._hide_search_counts(c) END INTO v_counts
+      FROM rag.collections c WHERE c.id = p_collection_id;
     -- PL/pgSQL, so that each look into rag.chunks is planned knowing the collection, over its partition alone
     -- (a SQL function's query is planned without its arguments' values).
     RETURN QUERY
@@ -190,6 +197,7 @@ BEGIN
       JOIN rag.chunks ch ON ch.collection_id = p_collection_id AND ch.id = w.chunk_id
       JOIN rag.documents d ON d.id = ch.document_id
      ORDER BY w.rank, w.anchor NULLS FIRST, ch.id;
+    PERFORM rag._restore_search_counts(v_counts);
 END $$;
 
 -- One exchange of a conversation: the question and what was answered (or why not), tied to its ledger row.

@@ -650,6 +650,29 @@ END $$;
 -- empty case is spelled out: greatest() ignores a NULL argument, so greatest(0, NULL) is 0, and an idle worker
 -- told "due now" woke every 10 ms (about a fifth of a core for each idle worker of every database with the
 -- extension).
+-- Whether a restore of this database is half done, so that the worker neither claims nor tidies anything
+-- (red team 27). A restore brings rag's rows in its data section and their keys and sequences' values after
+-- them: a document queued at the dump was claimed as soon as rag.queue's rows were in, its chunks were given
+-- ids the restored ones had (the sequence was not set yet, nor the key that would have refused them), and the
+-- restore's primary key then failed (a restore with --exit-on-error stopped there, without the watches'
+-- triggers); a watched row's key synced before its table's rows were in deleted the row's document for good.
+-- Three signs, whatever order a restore takes: rag.documents has no primary key yet (post-data not reached,
+-- in a serial restore or one section at a time), a partition of rag.chunks has none (likewise, for a
+-- collection's own chunks), or a superuser's pg_restore is connected to the database (pg_restore -j runs
+-- post-data items before other data items end). Another role naming its session "pg_restore" does not count.
+CREATE FUNCTION rag._restore_under_way() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                        WHERE i.indrelid = 'rag.documents'::regclass AND i.indisprimary)
+        OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
+                    WHERE h.inhparent = 'rag.chunks'::regclass
+                      AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                                       WHERE i.indrelid = h.inhrelid AND i.indisprimary))
+        OR EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                     JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid AND r.rolsuper
+                    WHERE a.datname = pg_catalog.current_database() AND a.application_name = 'pg_restore')
+$$;
+
 CREATE FUNCTION rag._seconds_until_due() RETURNS double precision
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN n.first IS NOT NULL THEN greatest(0, extract(epoch FROM n.first - now()))::double precision END

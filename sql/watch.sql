@@ -468,7 +468,27 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
         END IF;
     END LOOP;
+    FOREACH v_function IN ARRAY rag._watch_functions_public(p_owner) LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
+    END LOOP;
 END $$;
+
+-- The trigger functions of the watches of p_owner's tables that PUBLIC may run. rag_watch takes that away (they
+-- run as the table's owner and queue keys for its watch, and CREATE TRIGGER needs nothing more than EXECUTE),
+-- but a restore without privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default, PUBLIC's
+-- EXECUTE: any role could put one on a table of its own and queue keys for another owner's watch (red team 27).
+CREATE FUNCTION rag._watch_functions_public(p_owner name) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
+      FROM rag.watches w
+      JOIN pg_catalog.pg_class c ON c.oid = w.source
+      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner AND r.rolname = p_owner
+      JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
+                               AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+     WHERE p.proacl IS NULL
+        OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
+                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+$$;
 
 -- The functions a watched table's owner must be able to run for the watch's triggers.
 CREATE FUNCTION rag._watch_owner_functions() RETURNS text[]
@@ -495,6 +515,7 @@ LANGUAGE sql STABLE AS $$
         OR NOT pg_catalog.has_table_privilege(o.relowner, 'rag.row_batches', 'INSERT')
         OR EXISTS (SELECT 1 FROM unnest(functions.oids) f
                     WHERE NOT pg_catalog.has_function_privilege(o.relowner, f::oid, 'EXECUTE'))
+        OR cardinality(rag._watch_functions_public(r.rolname)) > 0
 $$;
 
 -- Grants them what they lack: after REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that
@@ -1280,6 +1301,8 @@ DECLARE
     v_watch integer;
     v_table text;
     v_column text;
+    v_replica_table text;
+    v_replica_enables text;
     -- The tables the command altered, with their partitions and inheritance children (ATTACH and a column
     -- renamed on the parent name the parent) and the tables typed by a composite type it altered (ALTER TYPE …
     -- RENAME ATTRIBUTE … CASCADE names only the type, by its pg_class row); never inside an extension's script,
@@ -1365,6 +1388,21 @@ BEGIN
          ORDER BY w.id
     LOOP
         PERFORM rag._watch_install(v_watch);
+    END LOOP;
+    -- ALTER TABLE … ENABLE TRIGGER ALL, which a data-only pg_restore --disable-triggers ends with, makes a watch's
+    -- replica triggers ORIGIN ones, which a logical-replication subscriber's apply worker never fires: the rows
+    -- it applied were not indexed from then on (red team 27). They go back to REPLICA, in one ALTER TABLE (whose
+    -- own run of this trigger then finds nothing to do); their WHEN clause keeps them idle in other sessions.
+    FOR v_replica_table, v_replica_enables IN
+        SELECT w.source::regclass::text,
+               string_agg(format('ENABLE REPLICA TRIGGER %I', t.tgname), ', ' ORDER BY t.tgname)
+          FROM rag.watches w
+          JOIN pg_catalog.pg_trigger t ON t.tgrelid = w.source AND t.tgparentid = 0 AND t.tgenabled = 'O'
+                                      AND t.tgname LIKE 'rag\_watch\_replica\_%'
+         WHERE w.source = ANY (v_altered)
+         GROUP BY w.source
+    LOOP
+        EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
     END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show). Only the watches of the tables this

@@ -257,13 +257,21 @@ pub fn seconds_until_needed() -> Result<Option<f64>, SpiError> {
 }
 
 /// Whether the worker has anything to do now: keys to spread, a due row or a due document.
+/// Nothing is, while a restore of the database is half done (`rag._restore_under_way`).
 pub fn work_waiting() -> Result<bool, SpiError> {
     Ok(idle_read::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM rag.row_batches)
-             OR EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before <= now())
-             OR EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now())",
+        "SELECT (EXISTS (SELECT 1 FROM rag.row_batches)
+                 OR EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before <= now())
+                 OR EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now()))
+            AND NOT rag._restore_under_way()",
     )?
     .unwrap_or(true))
+}
+
+/// Whether a restore of the database is half done (`rag._restore_under_way`): the idle worker's upkeep waits
+/// too.
+pub fn restore_under_way() -> Result<bool, SpiError> {
+    Ok(idle_read::<bool>("SELECT rag._restore_under_way()")?.unwrap_or(true))
 }
 
 /// Whether a bulk load waits in the queue: at least `bulk_load_documents` due documents that no worker holds,

@@ -221,6 +221,27 @@ fn free_to_leave(steps: &WorkerTransactions) -> Option<Option<Duration>> {
     }
 }
 
+/// What an idle worker keeps in order. An idle moment is when a restored database gets its indexes back, and a
+/// load gets the index its last batch could not build (rag._build_index_after_load) or whose last documents an
+/// open breaker holds back; before leaving, so that one is never left behind.
+fn upkeep_while_idle(steps: &WorkerTransactions) {
+    if let Err(error) = steps.run(|| store::repair_indexes(true)) {
+        pgrx::debug1!("rag worker: repairing indexes: {error}");
+    }
+    rebuild_step(steps);
+    if let Err(error) = steps.run(store::drop_partitions) {
+        pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
+    }
+    grant_watch_owners(steps);
+    // Before it may leave, so that databases taking turns still get them.
+    advance_migrations(steps);
+    // How common each collection's words are, for the full-text side of its searches.
+    if let Err(error) = steps.run(store::measure_lexemes) {
+        pgrx::log!("rag worker: measuring lexemes: {error}");
+    }
+    prune_ledger(steps);
+}
+
 /// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,
 /// then sleep until the next item is due, the first provider cool-down ends or the naptime passes.
 fn rest(
@@ -241,25 +262,12 @@ fn rest(
         registry::mark_stopped(slot, SlotState::Exited);
         return Rest::Left;
     }
-    // An idle moment is when a restored database gets its indexes back, and a load gets the index its last
-    // batch could not build (rag._build_index_after_load) or whose last documents an open breaker holds back;
-    // before leaving, so that one is never left behind. A restore still loading the chunks makes it give up at
-    // once (lock_timeout) and try again next time.
-    if let Err(error) = steps.run(|| store::repair_indexes(true)) {
-        pgrx::debug1!("rag worker: repairing indexes: {error}");
+    // No upkeep while a restore is half done (rag._restore_under_way): it would build an index, drop a
+    // partition or write rows that the restore is about to bring.
+    let restoring = steps.run(store::restore_under_way).unwrap_or(true);
+    if !restoring {
+        upkeep_while_idle(steps);
     }
-    rebuild_step(steps);
-    if let Err(error) = steps.run(store::drop_partitions) {
-        pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
-    }
-    grant_watch_owners(steps);
-    // Before it may leave, so that databases taking turns still get them.
-    advance_migrations(steps);
-    // How common each collection's words are, for the full-text side of its searches.
-    if let Err(error) = steps.run(store::measure_lexemes) {
-        pgrx::log!("rag worker: measuring lexemes: {error}");
-    }
-    prune_ledger(steps);
     // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher
     // when its first queued item is due, for a worker to come back then unasked. Work queued here meanwhile
     // wakes the launcher. Leaving only when nothing at all was queued let one document of a provider that never

@@ -224,6 +224,11 @@ class WithoutPrivileges(unittest.TestCase):
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 2}' "
                                    "AND status = 'ready')", self.TARGET), "the new row was not indexed")
         self.assertEqual(scalar("SELECT rag._watch_owners_lacking()", db=self.TARGET), "{}")
+        # Nor may PUBLIC run the watch's trigger functions any longer, which the restore left to it (a function's
+        # default): any role could put one on a table of its own and queue keys for this watch as its owner.
+        self.assertEqual(scalar("SELECT count(*) FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace "
+                                "AND p.proname ~ '^_watch_[0-9]+(_row)?$' AND (p.proacl IS NULL OR EXISTS "
+                                "(SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0))", db=self.TARGET), "0")
         # rag_reindex mends it at once too: the same rights taken away by hand come back with it. In one
         # transaction, so that the worker cannot grant them in between.
         rows = psql(f"""
@@ -241,3 +246,92 @@ class WithoutPrivileges(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RestoreWithWorkDue(unittest.TestCase):
+    """A restore brings rag's rows in its data section and their keys and sequences' values after them, while
+    the worker of the new database runs from CREATE EXTENSION on. A document queued at the dump and due by the
+    restore was embedded as soon as rag.queue's rows were in: its chunks took ids the restored ones had (the
+    sequence was not set yet, and the key that would refuse them is post-data), and the restore failed at the
+    partition's primary key, with --exit-on-error before the watches' triggers. A watched row's key due before
+    its table's rows were in had its document deleted for good (red team 27). The worker now waits while a
+    restore is half done (rag._restore_under_way)."""
+    SOURCE = "rag_e2e_backup_due"
+    TARGET = "rag_e2e_restored_due"
+
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(cls.SOURCE)
+        psql("""
+            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
+              FROM generate_series(1, 5) g;
+            CREATE SCHEMA web;
+            CREATE TABLE web.pages (id int PRIMARY KEY, body text);
+            INSERT INTO web.pages VALUES (1, 'Parking is free for staff.'), (2, 'Lunch is served at noon.');
+            SELECT rag_watch('web.pages', 'kb', content => 'body');
+        """, db=cls.SOURCE)
+        assert wait_until("SELECT count(*) = 7 FROM rag.documents WHERE status = 'ready' "
+                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)",
+                          cls.SOURCE), "the source did not settle"
+        # Work due a few seconds after the dump: a document waiting out a back-off, and a watched row whose
+        # writer asked for a long sync delay. A large table in a schema after rag's keeps the restore's data
+        # section going after rag's rows are in.
+        psql("""
+            SET rag.sync_delay = '5s';
+            UPDATE web.pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
+            BEGIN;
+            SELECT rag_ingest('kb', 'Pending', 'This document was waiting out a back-off when the backup was taken.');
+            UPDATE rag.queue SET not_before = now() + interval '5 seconds';
+            COMMIT;
+            CREATE SCHEMA zz;
+            CREATE TABLE zz.filler AS SELECT g AS id, md5(g::text) AS pad FROM generate_series(1, 400000) g;
+        """, db=cls.SOURCE)
+        cls.dump = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_backup_due.dump")
+        run(["pg_dump", "-Fc", "-f", cls.dump, cls.SOURCE])
+        cls.dumped_at = time.time()
+
+    @classmethod
+    def tearDownClass(cls):
+        drop(cls.SOURCE)
+        drop(cls.TARGET)
+
+    def test_work_due_during_a_restore_waits_for_its_end(self):
+        time.sleep(max(0.0, self.dumped_at + 6 - time.time()))
+        drop(self.TARGET)
+        psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
+        # The data section in two steps, with a pause between them in which the worker of the new database runs:
+        # first rag's own tables' rows, then the rest (the sequences' values, the watched table's rows). Any
+        # restore has such a moment, only shorter (its order puts the sequences after every table's rows).
+        listing = run(["pg_restore", "-l", self.dump]).splitlines()
+        rag_rows = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_backup_due.rag_rows")
+        other_rows = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_backup_due.other_rows")
+        with open(rag_rows, "w") as first, open(other_rows, "w") as rest:
+            for line in listing:
+                if line.startswith(";"):
+                    continue
+                (first if " TABLE DATA rag " in line else rest).write(line + "\n")
+        run(["pg_restore", "--exit-on-error", "--section=pre-data", "-d", self.TARGET, self.dump])
+        run(["pg_restore", "--exit-on-error", "--section=data", "-L", rag_rows, "-d", self.TARGET, self.dump])
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{self.TARGET}')", "postgres"), "no worker came")
+        time.sleep(3)
+        run(["pg_restore", "--exit-on-error", "--section=data", "-L", other_rows, "-d", self.TARGET, self.dump])
+        run(["pg_restore", "--exit-on-error", "--section=post-data", "-d", self.TARGET, self.dump])
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", self.TARGET),
+                        "the restored database did not settle")
+        self.assertEqual(scalar("SELECT count(*) || '/' || count(DISTINCT id) FROM rag.chunks", db=self.TARGET),
+                         scalar("SELECT count(*) || '/' || count(*) FROM rag.chunks c "
+                                "JOIN rag.documents d ON d.id = c.document_id", db=self.TARGET))
+        # Both rows of the watched table are indexed, the rewritten one with its new text.
+        self.assertEqual(psql("SELECT d.source_key->>'id', d.body FROM rag.documents d WHERE d.watch_id IS NOT NULL "
+                              "ORDER BY 1", db=self.TARGET),
+                         [["1", "Parking is free for staff and visitors."], ["2", "Lunch is served at noon."]])
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Pending' AND status = 'ready'",
+                                db=self.TARGET), "1")
+        # The watch's triggers are all there, and a new row is indexed.
+        psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=self.TARGET)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
+                                   "AND status = 'ready')", self.TARGET))

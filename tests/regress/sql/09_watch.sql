@@ -194,8 +194,9 @@ SELECT pg_temp.watch_batches('gathered') AS replica_batches;
 TRUNCATE gathered;
 SELECT pg_temp.watch_batches('gathered') AS batches_after_truncate;
 COMMIT;
--- ENABLE TRIGGER ALL (as pg_restore --disable-triggers ends) makes them ORIGIN triggers; their WHEN clause keeps
--- them idle outside a replica-role session, so an ordinary write still queues one batch per statement.
+-- ENABLE TRIGGER ALL (as pg_restore --disable-triggers ends) makes them ORIGIN triggers, which an apply worker
+-- never fires: rag's event trigger makes them REPLICA ones again (red team 27). Their WHEN clause would keep them
+-- idle outside a replica-role session anyway, so an ordinary write still queues one batch per statement.
 BEGIN;
 ALTER TABLE gathered DISABLE TRIGGER ALL;
 ALTER TABLE gathered ENABLE TRIGGER ALL;
@@ -230,10 +231,9 @@ END $$;
 SELECT count(*) = (SELECT count(*) FROM dumped_triggers) AS every_trigger_restored
   FROM pg_trigger t WHERE t.tgrelid = 'gathered'::regclass AND t.tgname LIKE 'rag\_watch\_%';
 ROLLBACK;
--- So rag never remakes a set it finds incomplete by itself: a trigger the owner dropped or disabled, or replica
--- triggers that ENABLE TRIGGER ALL (a data-only pg_restore --disable-triggers ends with it) made ORIGIN ones,
--- which a logical-replication apply worker never fires, would leave writes unindexed without a word.
--- rag.watch_status says so, and rag_reindex of the table, by its owner, puts them back.
+-- So rag never remakes a set it finds incomplete by itself: a trigger the owner dropped or disabled would leave
+-- writes unindexed without a word. rag.watch_status says so, and rag_reindex of the table, by its owner, puts
+-- them back.
 BEGIN;
 DROP TRIGGER rag_watch_update_key ON gathered;
 SELECT last_error AS a_key_trigger_dropped FROM rag.watch_status WHERE source = 'gathered';
