@@ -371,6 +371,9 @@ DECLARE
     v_new pg_catalog.pg_roles;
 BEGIN
     SELECT * INTO v_new FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1];
+    -- Held against a DROP ROLE of the new role until this commits, as every writer of a role's oid holds it
+    -- (rag._lock_role): PostgreSQL locks it only when it moves objects of its own (review of session 38).
+    PERFORM rag._lock_role(p_new[1]);
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
     -- Providers and conversations go to the new role. Providers not to a superuser, though: a provider a
     -- superuser created counts as the server's own, and one made by an ordinary role must not become that by
@@ -410,6 +413,17 @@ BEGIN
        AND rag._has_collection_privilege(c.id, c.owner, p_caller, 'admin');
     DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
+
+-- How many of rag's rows name one of p_roles, as the active snapshot sees them: DROP ROLE in a REPEATABLE READ
+-- or SERIALIZABLE transaction asks under the latest snapshot, after rag._refuse_drop_role (src/api/roles.rs).
+CREATE FUNCTION rag._rows_naming_roles(p_roles oid[]) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT (SELECT count(*) FROM rag.collections c WHERE c.owner::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.providers p WHERE p.created_by_id::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.conversations v WHERE v.owner_id::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.queries q WHERE q.role_id::oid = ANY (p_roles))
+$$;
 
 -- DROP ROLE of a role that owns a collection, holds a grant on one, made a provider or owns a conversation
 -- here is undone: an oid left behind would name whichever role a restore elsewhere gives it, and a name

@@ -1216,6 +1216,9 @@ DECLARE
     v_new pg_catalog.pg_roles;
 BEGIN
     SELECT * INTO v_new FROM pg_catalog.pg_roles r WHERE r.oid = p_new[1];
+    -- Held against a DROP ROLE of the new role until this commits, as every writer of a role's oid holds it
+    -- (rag._lock_role): PostgreSQL locks it only when it moves objects of its own (review of session 38).
+    PERFORM rag._lock_role(p_new[1]);
     UPDATE rag.collections c SET owner = p_new[1]::regrole WHERE c.owner::oid = ANY (p_old);
     -- Providers and conversations go to the new role. Providers not to a superuser, though: a provider a
     -- superuser created counts as the server's own, and one made by an ordinary role must not become that by
@@ -1250,6 +1253,15 @@ BEGIN
        AND rag._has_collection_privilege(c.id, c.owner, p_caller, 'admin');
     DELETE FROM rag.conversations c WHERE c.owner_id::oid = ANY (p_roles);
 END $$;
+
+CREATE OR REPLACE FUNCTION rag._rows_naming_roles(p_roles oid[]) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT (SELECT count(*) FROM rag.collections c WHERE c.owner::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.collection_grants g WHERE g.grantee::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.providers p WHERE p.created_by_id::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.conversations v WHERE v.owner_id::oid = ANY (p_roles))
+         + (SELECT count(*) FROM rag.queries q WHERE q.role_id::oid = ANY (p_roles))
+$$;
 
 CREATE OR REPLACE FUNCTION rag._refuse_drop_role(p_roles oid[], p_names text[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -2833,9 +2845,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._restore_under_way() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
-                        WHERE i.indrelid = 'rag.documents'::regclass AND i.indisprimary)
-        OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
                     WHERE h.inhparent = 'rag.chunks'::regclass
                       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                                        WHERE i.indrelid = h.inhrelid AND i.indisprimary))
@@ -4450,14 +4460,19 @@ END $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable FROM pg_catalog.pg_trigger t
+    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable, t.tgnewtable FROM pg_catalog.pg_trigger t
                   WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
         WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
                                                         'rag_watch_truncate')) < 4
             THEN NULL
+        -- Gathering: the three _key triggers, but for INSERT only where the insert trigger takes its own rows
+        -- (a filtered watch's, which keeps the new rows).
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_update_key')
-            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key') THEN 'gather' END
+            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key')
+                           AND (EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert_key')
+                                OR EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgnewtable IS NOT NULL))
+                      THEN 'gather' END
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname LIKE 'rag\_watch\_%\_key')
             THEN NULL
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1
@@ -4527,8 +4542,10 @@ LANGUAGE sql STABLE AS $$
       JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
                                AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
      WHERE p.proacl IS NULL
+        -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
+        -- and the worker would try again at every rest).
         OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
-                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner)
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owner_functions() RETURNS text[]
@@ -5380,7 +5397,9 @@ BEGIN
           FROM rag.watches w
           JOIN pg_catalog.pg_trigger t ON t.tgrelid = w.source AND t.tgparentid = 0 AND t.tgenabled = 'O'
                                       AND t.tgname LIKE 'rag\_watch\_replica\_%'
-         WHERE w.source = ANY (v_altered)
+         -- Only those this command made ORIGIN: any other ALTER TABLE (SET STATISTICS, which takes a weaker
+         -- lock, or a parent's, which names another owner's child) must not take the table's trigger lock.
+         WHERE w.source = ANY (v_altered) AND rag._written_by_this_transaction(t.xmin::text::bigint)
          GROUP BY w.source
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
@@ -5459,6 +5478,11 @@ BEGIN
          WHERE queued.id IS NOT NULL
            AND (v_scope IS NULL OR EXISTS (SELECT 1 FROM rag.watches w
                                             WHERE w.id = queued.id AND w.collection_id = ANY (v_scope)))
+           -- Not a watch whose table has none of its triggers: a restore that has not reached them (post-data)
+           -- may not have brought the table's rows either, and a key synced then deleted its row's document for
+           -- good (red team 27). The keys wait; rag.watch_status says what the table lacks.
+           AND EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_trigger t ON t.tgrelid = w.source
+                        WHERE w.id = queued.id AND t.tgname LIKE 'rag\_watch\_%')
          ORDER BY queued.id <= coalesce(p_after_watch, 0), queued.id
     LOOP
         SELECT * INTO q FROM rag.row_queue rq

@@ -397,14 +397,19 @@ END $$;
 -- are no 'statement' set, whose DELETE trigger keeps the old rows (CI, PostgreSQL 18).
 CREATE FUNCTION rag._watch_trigger_mode_installed(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable FROM pg_catalog.pg_trigger t
+    WITH own AS (SELECT t.tgname, t.tgtype, t.tgfoid, t.tgoldtable, t.tgnewtable FROM pg_catalog.pg_trigger t
                   WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
     SELECT CASE
         WHEN (SELECT count(*) FROM own WHERE tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete',
                                                         'rag_watch_truncate')) < 4
             THEN NULL
+        -- Gathering: the three _key triggers, but for INSERT only where the insert trigger takes its own rows
+        -- (a filtered watch's, which keeps the new rows).
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_update_key')
-            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key') THEN 'gather' END
+            THEN CASE WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_delete_key')
+                           AND (EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert_key')
+                                OR EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgnewtable IS NOT NULL))
+                      THEN 'gather' END
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname LIKE 'rag\_watch\_%\_key')
             THEN NULL
         WHEN EXISTS (SELECT 1 FROM own WHERE tgname = 'rag_watch_insert' AND tgtype & 1 = 1
@@ -417,10 +422,10 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- What keeps a watched table's writes from reaching its watch, in words for rag.watch_status and rag_reindex;
--- NULL when nothing does. Its owner may drop or disable a trigger of rag's (the table is theirs), and ENABLE
--- TRIGGER ALL, which a data-only pg_restore --disable-triggers ends with, makes the replica triggers ORIGIN ones,
--- which a logical-replication subscriber's apply worker never fires. rag._on_alter_table leaves such a set
--- alone (it cannot tell it from a restore half done), so nothing else would ever say so.
+-- NULL when nothing does. Its owner may drop or disable a trigger of rag's (the table is theirs), or make a
+-- replica trigger ORIGIN, which a logical-replication subscriber's apply worker never fires (the ORIGIN that
+-- ENABLE TRIGGER ALL leaves, rag._on_alter_table undoes). rag._on_alter_table leaves an incomplete set alone (it
+-- cannot tell it from a restore half done), so nothing else would ever say so.
 CREATE FUNCTION rag._watch_triggers_problem(p_source oid) RETURNS text
 LANGUAGE sql STABLE AS $$
     WITH expected(tgname, fires) AS (
@@ -486,8 +491,10 @@ LANGUAGE sql STABLE AS $$
       JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
                                AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
      WHERE p.proacl IS NULL
+        -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
+        -- and the worker would try again at every rest).
         OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
-                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner)
 $$;
 
 -- The functions a watched table's owner must be able to run for the watch's triggers.
@@ -1399,7 +1406,9 @@ BEGIN
           FROM rag.watches w
           JOIN pg_catalog.pg_trigger t ON t.tgrelid = w.source AND t.tgparentid = 0 AND t.tgenabled = 'O'
                                       AND t.tgname LIKE 'rag\_watch\_replica\_%'
-         WHERE w.source = ANY (v_altered)
+         -- Only those this command made ORIGIN: any other ALTER TABLE (SET STATISTICS, which takes a weaker
+         -- lock, or a parent's, which names another owner's child) must not take the table's trigger lock.
+         WHERE w.source = ANY (v_altered) AND rag._written_by_this_transaction(t.xmin::text::bigint)
          GROUP BY w.source
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
@@ -1495,6 +1504,11 @@ BEGIN
          WHERE queued.id IS NOT NULL
            AND (v_scope IS NULL OR EXISTS (SELECT 1 FROM rag.watches w
                                             WHERE w.id = queued.id AND w.collection_id = ANY (v_scope)))
+           -- Not a watch whose table has none of its triggers: a restore that has not reached them (post-data)
+           -- may not have brought the table's rows either, and a key synced then deleted its row's document for
+           -- good (red team 27). The keys wait; rag.watch_status says what the table lacks.
+           AND EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_trigger t ON t.tgrelid = w.source
+                        WHERE w.id = queued.id AND t.tgname LIKE 'rag\_watch\_%')
          ORDER BY queued.id <= coalesce(p_after_watch, 0), queued.id
     LOOP
         SELECT * INTO q FROM rag.row_queue rq

@@ -40,6 +40,9 @@ pub enum RagError {
     MissingFile { message: String, hint: String },
     /// The call writes, and the transaction is read-only (25006).
     ReadOnly { message: String, hint: String },
+    /// A transaction that sees one snapshot cannot do this safely given what others committed since (40001):
+    /// retried, it does.
+    SerializationFailure { message: String, hint: String },
     /// A file could not be turned into text: too large or deep (54000), a format not supported (0A000),
     /// anything else wrong with the file (22023).
     Extraction {
@@ -106,6 +109,9 @@ impl RagError {
             }
             RagError::MissingFile { .. } => PgSqlErrorCode::ERRCODE_UNDEFINED_FILE,
             RagError::ReadOnly { .. } => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            RagError::SerializationFailure { .. } => {
+                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE
+            }
             RagError::ProviderSetup { .. } => PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
             RagError::Spi { .. } | RagError::Aborted(_) | RagError::Internal(_) => {
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
@@ -139,6 +145,7 @@ impl RagError {
             | RagError::InsufficientPrivilege { hint, .. }
             | RagError::MissingFile { hint, .. }
             | RagError::ReadOnly { hint, .. }
+            | RagError::SerializationFailure { hint, .. }
             | RagError::ProviderSetup { hint, .. } => hint.clone(),
             RagError::Extraction { error, .. } => error.hint().to_string(),
             RagError::Provider { error, .. } => match error {
@@ -180,6 +187,7 @@ impl fmt::Display for RagError {
             | RagError::InsufficientPrivilege { message, .. }
             | RagError::MissingFile { message, .. }
             | RagError::ReadOnly { message, .. }
+            | RagError::SerializationFailure { message, .. }
             | RagError::ProviderSetup { message, .. } => f.write_str(message),
             RagError::Extraction {
                 filename: Some(name),

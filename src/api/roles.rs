@@ -61,6 +61,37 @@ fn call(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid], arguments: &[pg_s
     }
 }
 
+/// `rag._refuse_drop_role` looks with the statement's snapshot. A writer of a row naming the role holds the
+/// role (`rag._lock_role`), which `DropRole` waits for, so under READ COMMITTED that look, taken after the
+/// wait, sees the row. A REPEATABLE READ or SERIALIZABLE transaction keeps the snapshot it took before the
+/// wait and missed it: the drop went through with the row's bare oid left behind (review of session 38).
+/// Such a transaction looks once more under the latest snapshot and fails, as PostgreSQL fails a write that
+/// its snapshot cannot see through, when a row names a dropped role (its own ledger clean-up, done by then,
+/// is seen there too).
+///
+/// # Safety
+/// Called from the utility hook after the command, in its transaction.
+unsafe fn refuse_rows_committed_during_the_drop(roles: Vec<pg_sys::Oid>) {
+    if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+        return;
+    }
+    let function = crate::pg::rag_function(c"_rows_naming_roles", &[pg_sys::OIDARRAYOID]);
+    if function == pg_sys::InvalidOid {
+        return;
+    }
+    // A STABLE SQL function reads with the active snapshot; an ERROR in it pops this with the transaction.
+    pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+    let rows = pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, oid_array(roles));
+    pg_sys::PopActiveSnapshot();
+    if rows.value() as i64 > 0 {
+        crate::error::RagError::SerializationFailure {
+            message: "could not serialize access: a transaction that committed during DROP ROLE wrote rows of rag naming the role".into(),
+            hint: "Run the DROP ROLE again (its transaction from the start).".into(),
+        }
+        .raise();
+    }
+}
+
 /// The existing roles a `REASSIGN OWNED` names, and its new role (InvalidOid when there is none by that name).
 ///
 /// # Safety
@@ -145,10 +176,11 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
                     c"_refuse_drop_role",
                     &[pg_sys::OIDARRAYOID, pg_sys::TEXTARRAYOID],
                     &[
-                        oid_array(oids),
+                        oid_array(oids.clone()),
                         names.into_datum().expect("an array always makes a datum"),
                     ],
                 );
+                refuse_rows_committed_during_the_drop(oids);
             }
         }
         pg_sys::NodeTag::T_ReassignOwnedStmt => {

@@ -199,6 +199,29 @@ fn gives_way(slot: usize, serving_since: Instant) -> Option<&'static str> {
 /// its step (two workers sharing a load lost a third of their speed-up to a fixed second's wait: BENCHMARKS §3),
 /// a writer's open transaction may last for hours.
 const HELD_WORK_RECHECK: Duration = Duration::from_secs(1);
+
+/// How often a worker held back by a restore half done says so in the server log.
+const RESTORE_WAIT_LOG_EVERY: Duration = Duration::from_secs(300);
+
+thread_local! {
+    // When this worker last logged that it waits for a restore; None when it does not wait.
+    static RESTORE_WAIT_LOGGED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// A restore that never reaches its post-data section (one stopped by an error, or run without it) leaves a
+/// collection's partition without its primary key, and the worker waiting for good: an operator learns why
+/// from the log, at the start and every few minutes, not from a silent database.
+fn log_restore_wait() {
+    let due = RESTORE_WAIT_LOGGED
+        .get()
+        .is_none_or(|logged| logged.elapsed() >= RESTORE_WAIT_LOG_EVERY);
+    if due {
+        pgrx::log!(
+            "rag worker: waiting for a restore of this database to end (a partition of rag.chunks has no primary key yet, or a superuser's pg_restore is connected); nothing is claimed or tidied meanwhile"
+        );
+        RESTORE_WAIT_LOGGED.set(Some(Instant::now()));
+    }
+}
 const HELD_WORK_FIRST_RECHECK: Duration = Duration::from_millis(10);
 
 /// How long a worker serves a busy database while another database waits for a slot, before it gives its slot
@@ -265,7 +288,10 @@ fn rest(
     // No upkeep while a restore is half done (rag._restore_under_way): it would build an index, drop a
     // partition or write rows that the restore is about to bring.
     let restoring = steps.run(store::restore_under_way).unwrap_or(true);
-    if !restoring {
+    if restoring {
+        log_restore_wait();
+    } else {
+        RESTORE_WAIT_LOGGED.set(None);
         upkeep_while_idle(steps);
     }
     // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher

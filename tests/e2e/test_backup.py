@@ -244,9 +244,6 @@ class WithoutPrivileges(unittest.TestCase):
         self.assertEqual(rows, [[f"{{{self.OWNER}}}"], ["t"], ["{}"]])
         psql("INSERT INTO notes VALUES (3, 'The office opens at eight.')", db=self.TARGET, user=self.OWNER)
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class RestoreWithWorkDue(unittest.TestCase):
     """A restore brings rag's rows in its data section and their keys and sequences' values after them, while
@@ -335,3 +332,7 @@ class RestoreWithWorkDue(unittest.TestCase):
         psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=self.TARGET)
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
                                    "AND status = 'ready')", self.TARGET))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -235,7 +235,7 @@ ROLLBACK;
 -- writes unindexed without a word. rag.watch_status says so, and rag_reindex of the table, by its owner, puts
 -- them back.
 BEGIN;
-DROP TRIGGER rag_watch_update_key ON gathered;
+DROP TRIGGER rag_watch_insert_key ON gathered;
 SELECT last_error AS a_key_trigger_dropped FROM rag.watch_status WHERE source = 'gathered';
 DROP TRIGGER rag_watch_insert ON gathered;
 SELECT last_error AS two_dropped FROM rag.watch_status WHERE source = 'gathered';
@@ -268,6 +268,21 @@ SELECT w.source_name AS claim_after_a, q.key FROM rag._claim_row(pg_backend_pid(
 -- After the last watch the turn goes back to the first (here turns_a, unless an earlier test left a due row).
 SELECT w.source_name <> 'turns_b' AS turn_moved_on FROM rag._claim_row(pg_backend_pid(), :b_watch) c
   JOIN rag.watches w ON w.id = c.watch_id;
+ROLLBACK;
+-- A watch whose table has none of its triggers (a restore that has not reached its post-data section, which may
+-- not have brought the table's rows either) has no key synced: one synced then deleted its row's document for
+-- good (red team 27). The keys wait until the triggers are back.
+BEGIN;
+CREATE TABLE untriggered (id int PRIMARY KEY, body text);
+SELECT rag_watch('untriggered', 'site', content => 'body') AS untriggered_watch \gset
+SELECT format('DROP TRIGGER %I ON untriggered', tgname) AS drop_trigger
+  FROM pg_trigger WHERE tgrelid = 'untriggered'::regclass AND tgname LIKE 'rag\_watch\_%' \gexec
+INSERT INTO rag.row_queue (watch_id, key, not_before) VALUES (:untriggered_watch, '{"id": 1}', now() - interval '1 hour');
+SELECT coalesce((SELECT c.watch_id = :untriggered_watch
+                   FROM rag._claim_row(pg_backend_pid(), :untriggered_watch - 1) c), false) AS claimed_without_triggers;
+SELECT rag_reindex('untriggered'::regclass) >= 0 AS triggers_back;
+SELECT coalesce((SELECT c.watch_id = :untriggered_watch
+                   FROM rag._claim_row(pg_backend_pid(), :untriggered_watch - 1) c), false) AS claimed_with_triggers;
 ROLLBACK;
 -- A statement run in a subtransaction inside another statement's triggers queues only the keys gathered in that
 -- subtransaction: when it rolls back, the outer statement's keys gathered before it are still queued, once.
