@@ -23,6 +23,22 @@ ALTER TABLE rag.collections
 -- who may read that setting (pg_read_all_settings): rag's owner reads it for everyone, and it is not everyone's
 -- to read (red team 15). Its keywords are matched at their starts, so another keyword's value (a password) is
 -- never taken.
+-- Raises unless the transaction is READ COMMITTED, for the calls that read what others commit while they run
+-- (red team 29): rag_watch queues the rows its table has once its triggers are in place, and a row committed
+-- while it waited for the table, unseen by an older snapshot, was never indexed; rag_set_embedding_model
+-- queues the documents it finds, and one ready since the snapshot left the change waiting for ever;
+-- rag_wait never saw the worker's progress; rag_process_queue claimed what the worker had done already.
+CREATE FUNCTION rag._require_read_committed(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% needs a READ COMMITTED transaction, not %', p_what,
+                        pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
+            USING ERRCODE = 'invalid_transaction_state',
+                  HINT = 'It reads what other sessions commit while it runs. Call it in BEGIN ISOLATION LEVEL READ COMMITTED; … COMMIT; (also where default_transaction_isolation says otherwise).';
+    END IF;
+END $$;
+
 CREATE FUNCTION rag._require_writable(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -1408,6 +1424,7 @@ DECLARE
     v_count bigint;
 BEGIN
     PERFORM rag._require_writable('rag_set_embedding_model');
+    PERFORM rag._require_read_committed('rag_set_embedding_model');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;

@@ -416,6 +416,7 @@ BEGIN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
     END IF;
+    PERFORM rag._require_read_committed('rag_wait');
     LOOP
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.

@@ -414,7 +414,7 @@ LANGUAGE sql IMMUTABLE AS $$
                  'pg_catalog.oid'::pg_catalog.regtype, 'pg_catalog.regclass'::pg_catalog.regtype]::oid[]
 $$;
 
-CREATE OR REPLACE FUNCTION rag._require_privilege(p_collection_id integer, p_privilege text) RETURNS void
+CREATE OR REPLACE FUNCTION rag._check_privilege(p_collection_id integer, p_privilege text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
@@ -705,6 +705,22 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'ledger_row_written_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_require_privilege"(
+	"p_collection_id" INT, /* Option < i32 > */
+	"p_privilege" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'require_privilege_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_count_latest"(
+	"p_what" TEXT, /* & str */
+	"p_ids" oid[] /* Vec < pg_sys :: Oid > */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'count_latest_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_to_text"(
 	"text" TEXT, /* Option < & str > */
 	"format" TEXT /* Option < & str > */
@@ -901,6 +917,17 @@ CREATE OR REPLACE FUNCTION rag."_local_model_window"(
 STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'local_model_window_wrapper';
+
+CREATE OR REPLACE FUNCTION rag._require_read_committed(p_what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% needs a READ COMMITTED transaction, not %', p_what,
+                        pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
+            USING ERRCODE = 'invalid_transaction_state',
+                  HINT = 'It reads what other sessions commit while it runs. Call it in BEGIN ISOLATION LEVEL READ COMMITTED; … COMMIT; (also where default_transaction_isolation says otherwise).';
+    END IF;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag."_require_local_prefixes_fit"(
 	"model" TEXT, /* & str */
@@ -2067,6 +2094,7 @@ DECLARE
     v_count bigint;
 BEGIN
     PERFORM rag._require_writable('rag_set_embedding_model');
+    PERFORM rag._require_read_committed('rag_set_embedding_model');
     -- NO KEY UPDATE: the key stays, so writers' foreign key checks (KEY SHARE: an ingest, a ledger row) go on
     -- while the change is uncommitted; stores (SHARE) wait for it.
     SELECT * INTO c FROM rag.collections WHERE id = rag._collection_id(collection, 'admin') FOR NO KEY UPDATE;
@@ -2647,6 +2675,7 @@ BEGIN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
     END IF;
+    PERFORM rag._require_read_committed('rag_wait');
     LOOP
         -- A model change counts as processing until it has switched (or failed): rag_wait after
         -- rag_set_embedding_model returns once the new model serves the collection.
@@ -4931,9 +4960,34 @@ LANGUAGE sql AS $$
     DELETE FROM rag.documents WHERE watch_id = p_watch_id;
 $$;
 
+CREATE OR REPLACE FUNCTION rag._count_watches_on(p_sources oid[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM rag.watches w WHERE w.source = ANY (p_sources)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._count_documents_of_watches_on(p_sources oid[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM rag.watches w JOIN rag.documents d ON d.watch_id = w.id WHERE w.source = ANY (p_sources)
+$$;
+
+CREATE OR REPLACE FUNCTION rag._require_watches_current(p_sources oid[], p_documents boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' OR coalesce(cardinality(p_sources), 0) = 0 THEN
+        RETURN;
+    END IF;
+    IF rag._count_latest('watches_on', p_sources) <> rag._count_watches_on(p_sources)
+       OR (p_documents AND rag._count_latest('documents_of_watches_on', p_sources)
+                           <> rag._count_documents_of_watches_on(p_sources)) THEN
+        RAISE EXCEPTION 'could not serialize access: the watches of a table this command changes, or their documents, changed after this transaction began'
+            USING ERRCODE = 'serialization_failure', HINT = 'Run the transaction again.';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_watches_current(ARRAY[TG_RELID], true);
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     PERFORM rag._delete_watch_documents(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     RETURN NULL;
@@ -4989,6 +5043,7 @@ DECLARE
     v_exprs record;
 BEGIN
     PERFORM rag._require_writable('rag_watch');
+    PERFORM rag._require_read_committed('rag_watch');
     -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
     -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
     -- statement triggers. Each partition is watched instead.
@@ -5257,6 +5312,8 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    PERFORM rag._require_watches_current(ARRAY(SELECT o.objid FROM pg_event_trigger_dropped_objects() o
+                                                WHERE o.object_type = 'table'), false);
     -- A watch whose key this command left without a unique index: its rows' documents are shown to no reader
     -- who needs the row check from now on (rag._row_lookup_sql fails closed), which its owner is told here. Not
     -- refused: the drop may be someone else's command on another table, while this watch's key was left
@@ -5322,6 +5379,7 @@ DECLARE
         SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass AND NOT d.in_extension);
 BEGIN
+    PERFORM rag._require_watches_current(v_altered, false);
     -- A watch's expressions, key and metadata columns are kept as names: a column among them renamed or
     -- dropped (CASCADE drops the triggers that depend on it), on the table or through its parent, would leave
     -- the watch failing every row (or every write to the table) from then on. Refused, as PostgreSQL refuses
@@ -5409,6 +5467,10 @@ BEGIN
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
     -- looking at every watch whose name is out of date would have one role's DDL rewrite, and wait for the
     -- row locks on, another role's documents (whose owner can make the name stale on purpose).
+    PERFORM rag._require_watches_current(
+        ARRAY(SELECT w.source FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+               WHERE (w.source = ANY (v_altered) OR t.relnamespace = ANY (v_schemas))
+                 AND w.source_name IS DISTINCT FROM rag._table_name(w.source)), true);
     WITH renamed AS (
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
           FROM pg_catalog.pg_class t
@@ -6203,7 +6265,7 @@ BEGIN
                                '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
-                               '_require_writable',
+                               '_require_writable', '_require_read_committed',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
@@ -6216,7 +6278,7 @@ BEGIN
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
-                               '_has_collection_privilege', '_require_privilege', '_require_direct_use')
+                               '_has_collection_privilege', '_require_privilege', '_check_privilege', '_require_direct_use')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',

@@ -513,10 +513,11 @@ LANGUAGE sql IMMUTABLE AS $$
                  'pg_catalog.oid'::pg_catalog.regtype, 'pg_catalog.regclass'::pg_catalog.regtype]::oid[]
 $$;
 
--- Raises unless the caller holds p_privilege on the collection. The caller's oid is looked up once, into a
--- variable: passed to the check as a subquery, it made every call cost about half of what rag_ingest did
--- (BENCHMARKS.md §3).
-CREATE FUNCTION rag._require_privilege(p_collection_id integer, p_privilege text) RETURNS void
+-- Raises unless the caller holds p_privilege on the collection, as the active snapshot sees the collection
+-- and its grants: rag._require_privilege (src/api/roles.rs) calls it under the latest snapshot in a
+-- REPEATABLE READ or SERIALIZABLE transaction. The caller's oid is looked up once, into a variable: passed to
+-- the check as a subquery, it made every call cost about half of what rag_ingest did (BENCHMARKS.md §3).
+CREATE FUNCTION rag._check_privilege(p_collection_id integer, p_privilege text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;

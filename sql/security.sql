@@ -319,7 +319,7 @@ BEGIN
                                '_calling_role',
                                'rag_ask', 'rag_prompt', 'rag_conversation_start', 'rag_conversation',
                                'rag_conversation_delete', '_conversation_of_caller', 'rag_embed',
-                               '_require_writable',
+                               '_require_writable', '_require_read_committed',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
@@ -332,7 +332,7 @@ BEGIN
             WHEN f.proname IN ('rag_ingest', 'rag_ingest_file', 'rag_delete_document', '_wake_worker')
                 THEN 'rag_writer'
             WHEN f.proname IN ('rag_grant', 'rag_revoke', '_collections_with', '_collections_held_whole', '_ledger_keys_visible', '_privilege_rank',
-                               '_has_collection_privilege', '_require_privilege', '_require_direct_use')
+                               '_has_collection_privilege', '_require_privilege', '_check_privilege', '_require_direct_use')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_create_collection', 'rag_drop_collection', 'rag_process_queue',
                                'rag_set_price', 'rag_create_provider', 'rag_drop_provider', 'rag_watch',

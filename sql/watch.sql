@@ -911,9 +911,40 @@ LANGUAGE sql AS $$
     DELETE FROM rag.documents WHERE watch_id = p_watch_id;
 $$;
 
+-- The watches of p_sources, and with p_documents their documents, as counted under this transaction's snapshot
+-- and under the latest one (rag._count_latest): a REPEATABLE READ or SERIALIZABLE transaction that is about to
+-- act on them for a command of its own fails, as PostgreSQL fails a write its snapshot cannot see through,
+-- when others changed them since it began. A DROP TABLE left the watch made meanwhile pointing at a table that
+-- no longer exists, a RENAME COLUMN let every later write fail, a TRUNCATE kept documents of rows that were
+-- gone (red team 29). In READ COMMITTED each statement sees what was committed before it: nothing to do.
+CREATE FUNCTION rag._count_watches_on(p_sources oid[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM rag.watches w WHERE w.source = ANY (p_sources)
+$$;
+
+CREATE FUNCTION rag._count_documents_of_watches_on(p_sources oid[]) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM rag.watches w JOIN rag.documents d ON d.watch_id = w.id WHERE w.source = ANY (p_sources)
+$$;
+
+CREATE FUNCTION rag._require_watches_current(p_sources oid[], p_documents boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' OR coalesce(cardinality(p_sources), 0) = 0 THEN
+        RETURN;
+    END IF;
+    IF rag._count_latest('watches_on', p_sources) <> rag._count_watches_on(p_sources)
+       OR (p_documents AND rag._count_latest('documents_of_watches_on', p_sources)
+                           <> rag._count_documents_of_watches_on(p_sources)) THEN
+        RAISE EXCEPTION 'could not serialize access: the watches of a table this command changes, or their documents, changed after this transaction began'
+            USING ERRCODE = 'serialization_failure', HINT = 'Run the transaction again.';
+    END IF;
+END $$;
+
 CREATE FUNCTION rag._watch_truncated() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    PERFORM rag._require_watches_current(ARRAY[TG_RELID], true);
     PERFORM rag._forget_queued_rows(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     PERFORM rag._delete_watch_documents(w.id) FROM rag.watches w WHERE w.source = TG_RELID;
     RETURN NULL;
@@ -974,6 +1005,7 @@ DECLARE
     v_exprs record;
 BEGIN
     PERFORM rag._require_writable('rag_watch');
+    PERFORM rag._require_read_committed('rag_watch');
     -- A partitioned table holds no rows of its own: the worker reads a watched row from the table itself
     -- (FROM ONLY), which would find none, and its partitions may be written directly, which fires none of its
     -- statement triggers. Each partition is watched instead.
@@ -1257,6 +1289,8 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w rag.watches;
 BEGIN
+    PERFORM rag._require_watches_current(ARRAY(SELECT o.objid FROM pg_event_trigger_dropped_objects() o
+                                                WHERE o.object_type = 'table'), false);
     -- A watch whose key this command left without a unique index: its rows' documents are shown to no reader
     -- who needs the row check from now on (rag._row_lookup_sql fails closed), which its owner is told here. Not
     -- refused: the drop may be someone else's command on another table, while this watch's key was left
@@ -1331,6 +1365,7 @@ DECLARE
         SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass AND NOT d.in_extension);
 BEGIN
+    PERFORM rag._require_watches_current(v_altered, false);
     -- A watch's expressions, key and metadata columns are kept as names: a column among them renamed or
     -- dropped (CASCADE drops the triggers that depend on it), on the table or through its parent, would leave
     -- the watch failing every row (or every write to the table) from then on. Refused, as PostgreSQL refuses
@@ -1418,6 +1453,10 @@ BEGIN
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
     -- looking at every watch whose name is out of date would have one role's DDL rewrite, and wait for the
     -- row locks on, another role's documents (whose owner can make the name stale on purpose).
+    PERFORM rag._require_watches_current(
+        ARRAY(SELECT w.source FROM rag.watches w JOIN pg_catalog.pg_class t ON t.oid = w.source
+               WHERE (w.source = ANY (v_altered) OR t.relnamespace = ANY (v_schemas))
+                 AND w.source_name IS DISTINCT FROM rag._table_name(w.source)), true);
     WITH renamed AS (
         UPDATE rag.watches w SET source_name = rag._table_name(w.source)
           FROM pg_catalog.pg_class t

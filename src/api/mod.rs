@@ -35,6 +35,21 @@ pub fn require_writable(what: &str) -> Result<(), crate::error::RagError> {
     .doing(|| format!("checking that {what} may write here"))
 }
 
+/// Raises unless the transaction is READ COMMITTED (`rag._require_read_committed`).
+pub fn require_read_committed(what: &str) -> Result<(), crate::error::RagError> {
+    use crate::error::SpiContext;
+    pgrx::Spi::connect(|client| {
+        client
+            .select(
+                "SELECT rag._require_read_committed($1)",
+                None,
+                &[what.into()],
+            )
+            .map(|_| ())
+    })
+    .doing(|| format!("checking the isolation level {what} runs in"))
+}
+
 /// `rag._load_library(internal)`, the planner support function of every function of rag. It never helps the
 /// planner (it answers every request with NULL, "no simplification"); it exists so that planning a call to
 /// rag loads the library, in the frame of whoever wrote the call. Without `shared_preload_libraries` the

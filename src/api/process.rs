@@ -274,6 +274,9 @@ pub fn rag_process_queue(max_items: default!(i32, 100)) -> i32 {
     // A hot standby or a read-only transaction cannot write: said at once (with the primary's address on a
     // standby) rather than with PostgreSQL's "cannot assign TransactionIds during recovery" from the first step.
     crate::api::require_writable("rag_process_queue").unwrap_or_raise();
+    // Each claim needs what the worker committed since the last: one snapshot for the call claimed what was
+    // done already, and failed with a serialization error reported as an internal one (red team 29).
+    crate::api::require_read_committed("rag_process_queue").unwrap_or_raise();
     if STOPPED_STATEMENT.get() == Some(statement_started()) {
         return 0;
     }

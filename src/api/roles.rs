@@ -72,7 +72,7 @@ fn call(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid], arguments: &[pg_s
 /// # Safety
 /// Called from the utility hook after the command, in its transaction.
 unsafe fn refuse_rows_committed_during_the_drop(roles: Vec<pg_sys::Oid>) {
-    if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+    if !keeps_one_snapshot() {
         return;
     }
     let function = crate::pg::rag_function(c"_rows_naming_roles", &[pg_sys::OIDARRAYOID]);
@@ -273,4 +273,81 @@ mod rag {
         }
         Some(role)
     }
+
+    /// Raises unless the caller holds `p_privilege` on the collection (`rag._check_privilege`). A
+    /// REPEATABLE READ or SERIALIZABLE transaction keeps the snapshot it began with, where a grant revoked
+    /// since was still there: an admin who kept a transaction open went on acting after `rag_revoke`, granted
+    /// itself back for good, or dropped the collection (red team 29). PostgreSQL reads privileges from the
+    /// catalog as they are now; rag's grants are read under the latest snapshot in such a transaction too.
+    #[pg_extern(volatile, parallel_unsafe, name = "_require_privilege")]
+    fn require_privilege(p_collection_id: Option<i32>, p_privilege: Option<&str>) {
+        // As rag._check_privilege takes them: no collection is nothing to check, no privilege checks read.
+        let Some(collection_id) = p_collection_id else {
+            return;
+        };
+        let check =
+            crate::pg::rag_function(c"_check_privilege", &[pg_sys::INT4OID, pg_sys::TEXTOID]);
+        if check == pg_sys::InvalidOid {
+            crate::error::RagError::Internal("rag._check_privilege is missing".into()).raise();
+        }
+        let privilege = p_privilege
+            .unwrap_or("read")
+            .into_datum()
+            .expect("a string always makes a datum");
+        // SAFETY: the extension's own STABLE function, looked up by exactly these argument types; a STABLE
+        // PL/pgSQL function reads with the active snapshot, pushed here and popped after it (an ERROR in it
+        // pops it with its (sub)transaction).
+        unsafe {
+            let latest = super::keeps_one_snapshot();
+            if latest {
+                pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+            }
+            pg_sys::OidFunctionCall2Coll(
+                check,
+                pg_sys::InvalidOid,
+                pg_sys::Datum::from(collection_id),
+                privilege,
+            );
+            if latest {
+                pg_sys::PopActiveSnapshot();
+            }
+        }
+    }
+
+    /// How many rows `rag._count_<what>(p_ids)` counts under the latest snapshot, for the checks that a
+    /// transaction keeping one snapshot makes before it acts on rows others committed since (its event
+    /// triggers: rag._on_sql_drop, rag._on_alter_table, rag._watch_truncated). Only those functions.
+    #[pg_extern(volatile, parallel_unsafe, name = "_count_latest")]
+    fn count_latest(p_what: &str, p_ids: Vec<pg_sys::Oid>) -> i64 {
+        let name = match p_what {
+            "watches_on" => c"_count_watches_on",
+            "documents_of_watches_on" => c"_count_documents_of_watches_on",
+            _ => crate::error::RagError::invalid(
+                format!("rag._count_latest cannot count {p_what}"),
+                "Only rag's own checks call it.",
+            )
+            .raise(),
+        };
+        let function = crate::pg::rag_function(name, &[pg_sys::OIDARRAYOID]);
+        if function == pg_sys::InvalidOid {
+            return 0;
+        }
+        let ids = p_ids.into_datum().expect("an array always makes a datum");
+        // SAFETY: as in require_privilege; the counting functions are STABLE SQL, which read with the active
+        // snapshot, and return a bigint by value.
+        let counted = unsafe {
+            pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+            let counted = pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, ids);
+            pg_sys::PopActiveSnapshot();
+            counted
+        };
+        counted.value() as i64
+    }
+}
+
+/// Whether this transaction reads with one snapshot from its first statement on (REPEATABLE READ or
+/// SERIALIZABLE), so that a statement after a lock wait does not see what was committed meanwhile.
+fn keeps_one_snapshot() -> bool {
+    // SAFETY: XactIsoLevel is the backend's own setting, read on its one thread.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }

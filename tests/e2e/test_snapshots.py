@@ -1,0 +1,105 @@
+"""Transactions that keep one snapshot from their first statement on (REPEATABLE READ, SERIALIZABLE) get what
+PostgreSQL gives them: a privilege revoked since they began no longer counts, a command that would act on rows
+others committed since fails with a serialization error they can retry, and the calls that must read what
+others commit while they run refuse to run there (red team 29)."""
+import unittest
+
+from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
+
+DB = "rag_e2e_snapshots"
+
+
+def snapshot_session(role=None):
+    """A session that took its REPEATABLE READ snapshot (as `role`, when given) and waits for more input."""
+    become = f"SET ROLE {role}; " if role else ""
+    session = background_psql(f"{become}BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 'snapshot taken';", db=DB)
+    for line in session.stdout:
+        if line.strip() == "snapshot taken":
+            return session
+    raise AssertionError(f"the session did not begin: {session.stderr.read()}")
+
+
+class Snapshots(InItsOwnDatabase):
+    DB = DB
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        psql("""
+            DROP ROLE IF EXISTS sn_owner, sn_admin;
+            CREATE ROLE sn_owner IN ROLE rag_admin;
+            CREATE ROLE sn_admin IN ROLE rag_admin;
+            GRANT CREATE ON SCHEMA public TO sn_owner;
+        """, db=DB)
+
+    @classmethod
+    def tearDownClass(cls):
+        psql("SELECT rag_drop_collection(name) FROM rag.collections; DROP TABLE IF EXISTS notes, later, drafts; "
+             "DROP OWNED BY sn_owner, sn_admin; DROP ROLE sn_owner, sn_admin", db=DB)
+        super().tearDownClass()
+
+    def test_a_revoked_admin_with_an_older_snapshot_may_do_nothing(self):
+        psql("SET ROLE sn_owner; SELECT rag_create_collection('owned', embedding_model => 'hash-384'); "
+             "SELECT rag_grant('owned', 'sn_admin', 'admin')", db=DB)
+        for attempt in ("SELECT rag_grant('owned', 'sn_admin', 'admin')",
+                        "SELECT rag_ingest('owned', 'After the revoke', 'Written by a revoked admin.')",
+                        "SELECT rag_drop_collection('owned')"):
+            with self.subTest(attempt=attempt):
+                psql("SET ROLE sn_owner; SELECT rag_grant('owned', 'sn_admin', 'admin')", db=DB)
+                admin = snapshot_session("sn_admin")
+                psql("SET ROLE sn_owner; SELECT rag_revoke('owned', 'sn_admin')", db=DB)
+                _, err = admin.communicate(f"{attempt}; COMMIT;\n", timeout=60)
+                self.assertNotEqual(admin.returncode, 0)
+                self.assertIn("permission denied", err)
+                self.assertEqual(scalar("SELECT count(*) FROM rag.collection_grants g JOIN rag.collections c "
+                                        "ON c.id = g.collection_id WHERE c.name = 'owned'", db=DB), "0")
+                self.assertEqual(scalar("SELECT count(*) FROM rag.documents", db=DB), "0")
+        psql("SELECT rag_drop_collection('owned')", db=DB)
+
+    def test_a_table_watched_after_the_snapshot_is_not_dropped_or_truncated_behind_the_watch(self):
+        psql("""
+            SELECT rag_create_collection('notes', embedding_model => 'hash-384');
+            CREATE TABLE later (id int PRIMARY KEY, body text);
+            INSERT INTO later VALUES (1, 'Parking is free for staff.');
+        """, db=DB)
+        for command in ("DROP TABLE later", "TRUNCATE later", "ALTER TABLE later RENAME COLUMN body TO text_body"):
+            with self.subTest(command=command):
+                session = snapshot_session()
+                psql("SELECT rag_watch('later', 'notes', content => 'body')", db=DB)
+                self.assertTrue(wait_until("SELECT count(*) = 1 FROM rag.documents WHERE status = 'ready'", db=DB))
+                _, err = session.communicate(f"{command}; COMMIT;\n", timeout=60)
+                self.assertNotEqual(session.returncode, 0)
+                self.assertIn("could not serialize access", err)
+                # Nothing changed: the table, its watch and its document are all there, and writes still work.
+                self.assertEqual(scalar("SELECT count(*) FROM rag.watches w JOIN rag.documents d ON d.watch_id = w.id "
+                                        "WHERE w.source = 'later'::regclass", db=DB), "1")
+                psql("UPDATE later SET body = body WHERE id = 1", db=DB)
+                psql("SELECT rag_unwatch('later', drop_documents => true)", db=DB)
+        psql("DROP TABLE later; SELECT rag_drop_collection('notes')", db=DB)
+
+    def test_calls_that_read_what_others_commit_refuse_one_snapshot(self):
+        psql("""
+            SELECT rag_create_collection('drafts', embedding_model => 'hash-384');
+            CREATE TABLE drafts (id int PRIMARY KEY, body text);
+        """, db=DB)
+        for call in ("SELECT rag_watch('drafts', 'drafts', content => 'body')",
+                     "SELECT rag_wait('drafts', '1 second')",
+                     "SELECT rag_set_embedding_model('drafts', 'hash-256')",
+                     "SELECT rag_process_queue()"):
+            for isolation in ("REPEATABLE READ", "SERIALIZABLE"):
+                with self.subTest(call=call, isolation=isolation):
+                    code, _, err = psql(f"BEGIN ISOLATION LEVEL {isolation}; {call}; COMMIT;", db=DB, check=False)
+                    self.assertNotEqual(code, 0)
+                    self.assertIn("needs a READ COMMITTED transaction", err)
+        # As a single statement under a database default of SERIALIZABLE too; READ COMMITTED says it runs.
+        code, _, err = psql("SET default_transaction_isolation = 'serializable'; "
+                            "SELECT rag_watch('drafts', 'drafts', content => 'body')", db=DB, check=False)
+        self.assertIn("needs a READ COMMITTED transaction", err)
+        psql("SET default_transaction_isolation = 'serializable'; BEGIN ISOLATION LEVEL READ COMMITTED; "
+             "SELECT rag_watch('drafts', 'drafts', content => 'body'); COMMIT;", db=DB)
+        psql("SELECT rag_unwatch('drafts', drop_documents => true); DROP TABLE drafts; "
+             "SELECT rag_drop_collection('drafts')", db=DB)
+
+
+if __name__ == "__main__":
+    unittest.main()
