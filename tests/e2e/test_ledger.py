@@ -364,16 +364,18 @@ class LedgerRetention(InItsOwnDatabase):
                             "the worker did not delete the row past the retention")
             self.assertEqual(scalar("SELECT string_agg(question, ',' ORDER BY id) FROM rag.queries", db=db),
                              "ledger second,ledger third")
-            # A row another session holds (an open transaction updating it) is skipped, not waited for: the worker
-            # waited without limit, and its whole database with it.
+            # A row another session holds (an open transaction's lock on it) is skipped, not waited for: the worker
+            # waited without limit, and its whole database with it. Held before it is made old (a KEY SHARE lock
+            # lets the update of its date through): made old first, the worker could delete it before the hold,
+            # and the holder then waited for a row that was gone (session 38, once).
             for question in ("fourth", "fifth"):
                 psql(f"SELECT count(*) FROM rag_query('kept', 'ledger {question}', 1, max_distance => 2)", db=db)
-            psql("UPDATE rag.queries SET created_at = now() - interval '2 days' "
-                 "WHERE question IN ('ledger second', 'ledger fourth')", db=db)
-            holder = background_psql("BEGIN; UPDATE rag.queries SET reason = 'held' WHERE question = 'ledger second' "
-                                     "RETURNING 'held';", db=db)
+            holder = background_psql("BEGIN; SELECT 'held' FROM rag.queries WHERE question = 'ledger second' "
+                                     "FOR KEY SHARE;", db=db)
             try:
                 self.assertEqual(holder.stdout.readline().strip(), "held")
+                psql("UPDATE rag.queries SET created_at = now() - interval '2 days' "
+                     "WHERE question IN ('ledger second', 'ledger fourth')", db=db)
                 self.assertTrue(wait_until_in("SELECT NOT EXISTS (SELECT 1 FROM rag.queries "
                                               "WHERE question = 'ledger fourth')", db=db, seconds=30),
                                 "the worker stopped at the held row")
