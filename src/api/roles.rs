@@ -79,7 +79,9 @@ unsafe fn refuse_rows_committed_during_the_drop(roles: Vec<pg_sys::Oid>) {
     if function == pg_sys::InvalidOid {
         return;
     }
-    // A STABLE SQL function reads with the active snapshot; an ERROR in it pops this with the transaction.
+    // SAFETY: in the hook's transaction, with the extension's own STABLE SQL function looked up by exactly
+    // this signature (it returns a bigint by value); such a function reads with the active snapshot, pushed
+    // here and popped right after it (an ERROR in it pops it with the transaction).
     pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
     let rows = pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, oid_array(roles));
     pg_sys::PopActiveSnapshot();

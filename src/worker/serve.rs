@@ -102,7 +102,19 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
     // SAFETY: called between steps, with no transaction, portal or plan in use; ResetPlanCache only marks the
     // saved plans invalid (what DISCARD PLANS does), and each is planned again when next used.
     unsafe { pg_sys::ResetPlanCache() };
-    if let Err(error) = steps.run(|| store::repair_indexes(false)) {
+    // A model change whose vectors are all made switches now, not when the database next has nothing to do: any
+    // writer's backlog in another collection held a finished change back for minutes (red team 21), its new
+    // documents embedded twice meanwhile.
+    upkeep(steps, false);
+    // A worker that stays busy for days still keeps the ledger to its retention.
+    prune_ledger(steps);
+}
+
+/// What a worker keeps in order busy or idle: the indexes a collection waits for (`idle`: the caller has
+/// nothing it may claim), index rebuilds, dropped collections' partitions, watched tables' owners' grants, and
+/// model changes' due steps.
+fn upkeep(steps: &WorkerTransactions, idle: bool) {
+    if let Err(error) = steps.run(|| store::repair_indexes(idle)) {
         pgrx::debug1!("rag worker: repairing indexes: {error}");
     }
     rebuild_step(steps);
@@ -110,12 +122,7 @@ fn upkeep_while_busy(steps: &WorkerTransactions) {
         pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
     }
     grant_watch_owners(steps);
-    // A model change whose vectors are all made switches now, not when the database next has nothing to do: any
-    // writer's backlog in another collection held a finished change back for minutes (red team 21), its new
-    // documents embedded twice meanwhile.
     advance_migrations(steps);
-    // A worker that stays busy for days still keeps the ledger to its retention.
-    prune_ledger(steps);
 }
 
 /// Ledger rows past rag.ledger_retention go, a thousand per call (when it is set: 0 keeps every row).
@@ -248,16 +255,8 @@ fn free_to_leave(steps: &WorkerTransactions) -> Option<Option<Duration>> {
 /// load gets the index its last batch could not build (rag._build_index_after_load) or whose last documents an
 /// open breaker holds back; before leaving, so that one is never left behind.
 fn upkeep_while_idle(steps: &WorkerTransactions) {
-    if let Err(error) = steps.run(|| store::repair_indexes(true)) {
-        pgrx::debug1!("rag worker: repairing indexes: {error}");
-    }
-    rebuild_step(steps);
-    if let Err(error) = steps.run(store::drop_partitions) {
-        pgrx::debug1!("rag worker: dropping the chunks of dropped collections: {error}");
-    }
-    grant_watch_owners(steps);
-    // Before it may leave, so that databases taking turns still get them.
-    advance_migrations(steps);
+    // Before it may leave, so that databases taking turns still get model changes' steps.
+    upkeep(steps, true);
     // How common each collection's words are, for the full-text side of its searches.
     if let Err(error) = steps.run(store::measure_lexemes) {
         pgrx::log!("rag worker: measuring lexemes: {error}");
