@@ -241,6 +241,9 @@ DECLARE
     v_status text;
 BEGIN
     PERFORM rag._require_writable('rag_ingest');
+    -- A session that began on small tables would otherwise keep checking each queued document's key with
+    -- the sequential scan it planned then (src/plans.rs).
+    PERFORM rag._replan_if_tables_grew();
     IF pages IS NOT NULL THEN
         IF body IS NOT NULL AND body <> '' THEN
             RAISE EXCEPTION 'give the text either as body or as pages, not both'

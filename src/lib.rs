@@ -15,6 +15,7 @@ pub mod frames;
 pub mod kept;
 pub mod limits;
 pub mod pg;
+pub mod plans;
 pub mod provider;
 pub mod security;
 pub mod settings;
@@ -46,6 +47,7 @@ extension_sql_file!(
     requires = [
         "collections",
         worker::wake::rag::wake_worker,
+        plans::rag::replan_if_tables_grew,
         api::rag::setting,
         limits::rag::limit
     ]

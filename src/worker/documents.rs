@@ -123,6 +123,8 @@ pub fn process_next(
     let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
     let budgets = providers.claim_budgets(SLICE);
     let claimed = steps.run(|| -> Result<_, RagError> {
+        // The worker's session lasts: its claims and stores were planned for the tables as they were then.
+        crate::plans::replan_if_tables_grew();
         let Some(item) = store::claim_next(pid, skip, recent)? else {
             return Ok(None);
         };

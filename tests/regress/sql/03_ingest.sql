@@ -279,3 +279,16 @@ SELECT rag_delete_document(id) FROM rag.documents WHERE body = 'A body at the ti
 SELECT rag._claim_held(pg_backend_pid()) AS this_backend_holds,
        rag._claim_held((SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer')) AS checkpointer_holds,
        rag._claim_held(2147483647) AS no_such_process_holds;
+
+-- A session that began while rag.documents was small, after a VACUUM had counted its rows, planned the foreign
+-- key check of each queued document as a sequential scan and kept that plan for as long as the session lasted:
+-- a load in one transaction read the whole table again for every document. Once rag's tables have doubled,
+-- the session plans again (src/plans.rs), and the check goes by the key.
+VACUUM (ANALYZE) rag.documents, rag.queue;
+\c
+BEGIN;
+SELECT count(rag_ingest('docs', 'Load ' || i, i || repeat(' A sentence of a document that fills its page.', 30)))
+  FROM generate_series(1, 400) i;
+SELECT seq_scan < 200 AS documents_scanned_for_few_checks
+  FROM pg_stat_xact_user_tables WHERE relid = 'rag.documents'::regclass;
+ROLLBACK;
