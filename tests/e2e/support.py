@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import unittest
 import urllib.request
@@ -36,6 +37,21 @@ def background_psql(sql, db="rag_e2e", port=None):
     process.stdin.write(sql + "\n")
     process.stdin.flush()
     return process
+
+
+def read_line(process, seconds=120):
+    """The next line `process` (a background_psql) prints. A session that never prints it (a race the test did
+    not foresee, a lock it waits for) fails the test after `seconds` instead of hanging the whole run: it is
+    killed, which ends the read."""
+    line = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if reader.is_alive():
+        process.kill()
+        reader.join(10)
+        raise AssertionError(f"the background session printed nothing in {seconds} s: {process.stderr.read()}")
+    return line[0]
 
 
 def scalar(sql, **kwargs):

@@ -12,6 +12,7 @@ from support import InItsOwnDatabase
 from support import psql as psql_in
 from support import scalar as scalar_in
 from support import wait_until as wait_until_in
+from support import read_line
 
 DB = "rag_e2e_chunk_cascade"
 psql = partial(psql_in, db=DB)
@@ -48,7 +49,7 @@ class ChunkCascade(InItsOwnDatabase):
         document = self.document("read committed")
         store = background_psql("BEGIN;\n" + STORE.format(id=document))
         try:
-            self.assertEqual(store.stdout.readline().strip(), "2")
+            self.assertEqual(read_line(store).strip(), "2")
             delete = background_psql(f"SELECT rag_delete_document({document}) AS deleted_while_stored;")
             self.wait_for_lock("deleted_while_stored")
         finally:
@@ -65,7 +66,7 @@ class ChunkCascade(InItsOwnDatabase):
         # The delete's snapshot is taken before the store begins; it cannot see the chunks stored after it.
         delete = background_psql("BEGIN ISOLATION LEVEL REPEATABLE READ;\nSELECT 'snapshot taken';")
         try:
-            self.assertEqual(delete.stdout.readline().strip(), "snapshot taken")
+            self.assertEqual(read_line(delete).strip(), "snapshot taken")
             self.assertEqual(scalar(STORE.format(id=document)), "2")
             out, err = delete.communicate(input=f"SELECT rag_delete_document({document});\nCOMMIT;\n", timeout=60)
         finally:

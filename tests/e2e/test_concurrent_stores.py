@@ -12,6 +12,7 @@ from support import InItsOwnDatabase
 from support import psql as psql_in
 from support import scalar as scalar_in
 from support import wait_until as wait_until_in
+from support import read_line
 
 DB = "rag_e2e_concurrent_stores"
 psql = partial(psql_in, db=DB)
@@ -35,7 +36,7 @@ class ConcurrentStores(InItsOwnDatabase):
         # What another worker's store holds while it writes (rag._lock_for_store): the collection's row, shared.
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'shared' FOR SHARE;")
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             # Small documents (the whole-document path, rag._store_documents) and one of more chunks than one
             # call takes (the regular path: rag._store_chunks, rag._store_embeddings, rag._finish).
             psql("SELECT rag_ingest('shared', 'Note ' || g, 'Shared note ' || g || ' about topic ' || g % 7 || '.') "
@@ -130,7 +131,7 @@ class ConcurrentStores(InItsOwnDatabase):
         collection = scalar("SELECT id FROM rag.collections WHERE name = 'dropped-soon'")
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'dropped-soon' FOR UPDATE;")
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             # Due again (the idle worker measures too, and must step aside as well while the row is held).
             psql(f"DELETE FROM rag.lexeme_measures WHERE collection_id = {collection}")
             # Without the fix this waits for the holder (a timeout here); with it, it returns at once.
@@ -157,7 +158,7 @@ class ConcurrentStores(InItsOwnDatabase):
             "SET ROLE lexeme_squatter; "
             f"SELECT 'held' FROM pg_advisory_lock(hashtext('rag._measure_lexemes'), {collection});")
         try:
-            self.assertEqual(squatter.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(squatter).strip(), "held")
             psql(f"DELETE FROM rag.lexeme_measures WHERE collection_id = {collection}")
             self.assertEqual(scalar(f"SET statement_timeout = '10s'; SELECT rag._measure_lexemes({collection})"),
                              collection)
@@ -178,7 +179,7 @@ class ConcurrentStores(InItsOwnDatabase):
             f"UPDATE rag.lexeme_measures SET measured_at = '-infinity' WHERE collection_id = {collection}; "
             f"BEGIN; SELECT 'measuring', rag._measure_lexemes({collection});")
         try:
-            self.assertEqual(measuring.stdout.readline().strip(), f"measuring|{collection}")
+            self.assertEqual(read_line(measuring).strip(), f"measuring|{collection}")
             # Still the one due (its new measure is not committed), and taken: the idle path leaves it.
             self.assertEqual(scalar("SELECT rag._lexemes_due()"), collection)
             self.assertEqual(scalar("SET statement_timeout = '10s'; "
@@ -229,7 +230,7 @@ class ConcurrentStores(InItsOwnDatabase):
         first = background_psql(holder)
         beside = None
         try:
-            self.assertEqual(first.stdout.readline().strip(), "locked", "the holder took no locks")
+            self.assertEqual(read_line(first).strip(), "locked", "the holder took no locks")
             beside = background_psql(f"SET deadlock_timeout = '100ms'; {statement}")
             self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE "
                                        f"'%{waiter}%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())",

@@ -9,6 +9,7 @@ from support import InItsOwnDatabase
 from support import psql as psql_in
 from support import scalar as scalar_in
 from support import wait_until as wait_until_in
+from support import read_line
 
 DB = "rag_e2e_index_parameters"
 psql = partial(psql_in, db=DB)
@@ -38,7 +39,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         # then wait for the row (a store takes the row, then the partition; the other order lost whole builds).
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'race' FOR SHARE;")
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             self.assertEqual(scalar(f"SET lock_timeout = '5s'; SELECT rag._rebuild_index({collection})"), "f")
             self.assertEqual(hnsw_indexes(collection), f"{index} ")
         finally:
@@ -82,7 +83,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         # beside the old one, cannot drop the old one, and leaves it for a later try.
         reader = background_psql("BEGIN; SELECT count(*) FROM rag_query('kept', 'keeping', 3, max_distance => 2);")
         try:
-            self.assertEqual(reader.stdout.readline().strip(), "3")
+            self.assertEqual(read_line(reader).strip(), "3")
             psql("SELECT rag_set_search('kept', m => 8, ef_construction => 40)")
             self.assertTrue(wait_until(f"SELECT index_name = '{index}_r' FROM rag.collections WHERE name = 'kept'"),
                             "the worker did not build the successor: " + repr(hnsw_indexes(collection)))
@@ -108,7 +109,7 @@ class BuildParametersChanged(InItsOwnDatabase):
         first = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'first-held'")
         holder = background_psql(f"BEGIN; LOCK TABLE rag.{first} IN ACCESS SHARE MODE; SELECT 'held';")
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             psql("SELECT rag_set_search('first-held', m => 8, ef_construction => 40); "
                  "SELECT rag_set_search('second-free', m => 8, ef_construction => 40)")
             self.assertTrue(wait_until("SELECT rag._hnsw_index_current(c, c.index_name) AND "

@@ -10,6 +10,7 @@ from functools import partial
 
 from support import InItsOwnDatabase, background_psql, psql, scalar
 from support import wait_until as wait_until_in
+from support import read_line
 
 DB = "rag_e2e_ledger"
 wait_until = partial(wait_until_in, db=DB)
@@ -373,7 +374,7 @@ class LedgerRetention(InItsOwnDatabase):
             holder = background_psql("BEGIN; SELECT 'held' FROM rag.queries WHERE question = 'ledger second' "
                                      "FOR KEY SHARE;", db=db)
             try:
-                self.assertEqual(holder.stdout.readline().strip(), "held")
+                self.assertEqual(read_line(holder).strip(), "held")
                 psql("UPDATE rag.queries SET created_at = now() - interval '2 days' "
                      "WHERE question IN ('ledger second', 'ledger fourth')", db=db)
                 self.assertTrue(wait_until_in("SELECT NOT EXISTS (SELECT 1 FROM rag.queries "

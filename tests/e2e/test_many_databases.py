@@ -4,6 +4,7 @@ import time
 import unittest
 
 from support import background_psql, drop_database, fresh_database, psql, scalar, wait_until
+from support import read_line
 
 DATABASES = [f"rag_e2e_many_{n}" for n in range(5)]
 
@@ -106,7 +107,7 @@ class TurnsAmongDatabases(unittest.TestCase):
                 holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';",
                                          db=db)
                 holders.append(holder)
-                self.assertEqual(holder.stdout.readline().strip(), "held")
+                self.assertEqual(read_line(holder).strip(), "held")
                 psql("SELECT rag_drop_collection('held')", db=db)
             psql("SELECT rag_ingest('c', 'Waiting behind held work', 'A document that waits behind held work.')",
                  db=self.WAITING)

@@ -5,6 +5,7 @@ import subprocess
 import time
 
 from support import InItsOwnDatabase, background_psql, drop_database, psql, scalar, wait_until
+from support import read_line
 
 DB = "rag_e2e_open_transactions"
 
@@ -78,7 +79,7 @@ class OpenTransactions(InItsOwnDatabase):
         psql("SELECT rag_create_collection('ot_held', embedding_model => 'hash-384', dimensions => 384)", db=DB)
         holder = background_psql("BEGIN; SELECT 'held' FROM rag_set_search('ot_held', ef_search => 64);", db=DB)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             document = scalar("SELECT rag_ingest('ot_held', 'Held', 'A document of a collection held open.')", db=DB)
             # The third wait in a row is 8 s: reached only if the waits grow.
             self.assertTrue(wait_until(f"SELECT not_before > now() + interval '6 seconds' FROM rag.queue "
@@ -104,7 +105,7 @@ class OpenTransactions(InItsOwnDatabase):
         holder = background_psql("BEGIN; SELECT 'changed' FROM rag_set_search('ot_measured', m => 8, ef_construction => 40);",
                                  db=DB)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "changed")
+            self.assertEqual(read_line(holder).strip(), "changed")
             psql("UPDATE rag.lexeme_measures SET measured_at = '-infinity' "
                  "WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'ot_measured')", db=DB)
             time.sleep(1)  # the idle worker takes the measure that is due
@@ -152,7 +153,7 @@ class GenericPlans(InItsOwnDatabase):
         holder = background_psql("BEGIN; SELECT 'indexed' FROM rag_set_embedding_model('gp_open', 'hash-384', "
                                  "dimensions => 384);", db=db)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "indexed")
+            self.assertEqual(read_line(holder).strip(), "indexed")
             self.assertEqual(scalar("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
                                     "WHERE c.relname LIKE 'chunks_c%' AND l.mode = 'ShareLock' AND l.granted", db=db), "1")
             psql("UPDATE gp_notes SET body = 'The first note, changed while a collection is being created.' "
@@ -189,7 +190,7 @@ class DroppedWhileHeld(InItsOwnDatabase):
         partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'held-dropped'", db=db)
         holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';", db=db)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             # statement_timeout: a drop or a search that waited for the holder fails instead of passing slowly.
             self.assertEqual(scalar("SET statement_timeout = '5s'; SELECT rag_drop_collection('held-dropped')", db=db),
                              "t")
@@ -227,7 +228,7 @@ class DroppedWhileHeld(InItsOwnDatabase):
         partition = scalar("SELECT rag._chunk_partition(id) FROM rag.collections WHERE name = 'dumped-dropped'", db=db)
         holder = background_psql(f"BEGIN; LOCK TABLE rag.{partition} IN ACCESS SHARE MODE; SELECT 'held';", db=db)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             self.assertEqual(scalar("SELECT rag_drop_collection('dumped-dropped')", db=db), "t")
             subprocess.run(["pg_dump", "-Fc", "-f", dump, db], check=True, capture_output=True, timeout=120)
         finally:
@@ -274,7 +275,7 @@ class OneCollectionHeld(InItsOwnDatabase):
         reader = background_psql("BEGIN; SELECT count(*) FROM rag_query('mc-held', 'note', 1, max_distance => 2);",
                                  db=self.DB)
         try:
-            self.assertEqual(reader.stdout.readline().strip(), "1")
+            self.assertEqual(read_line(reader).strip(), "1")
             psql("SELECT rag_set_embedding_model('mc-free', 'hash-256')", db=self.DB)
             self.assertTrue(wait_until("SELECT embedding_model = 'hash-256' FROM rag.collections WHERE name = 'mc-free'",
                                        db=self.DB, seconds=60),
@@ -311,7 +312,7 @@ class OneCollectionHeld(InItsOwnDatabase):
         admin = background_psql("BEGIN; SELECT 'held' FROM (SELECT rag_set_search('lx-held', ef_search => 41)) s;",
                                 db=self.DB)
         try:
-            self.assertEqual(admin.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(admin).strip(), "held")
             psql("SELECT rag_create_collection('lx-free', embedding_model => 'hash-384'); "
                  "SELECT rag_ingest('lx-free', 'Note ' || g, 'Note ' || g || ' about counted words.') "
                  "FROM generate_series(1, 3) g", db=self.DB)

@@ -10,6 +10,7 @@ from functools import partial
 
 from support import (background_psql, drop_database, fresh_database, provider_calls, psql, scalar,
                      wait_for_server, wait_until)
+from support import read_line
 
 DB = "rag_e2e"
 
@@ -311,7 +312,7 @@ class Pipeline(unittest.TestCase):
         collection = "(SELECT id FROM rag.collections WHERE name = 'ready-first')"
         holder = background_psql("BEGIN; LOCK TABLE rag.chunks IN ROW EXCLUSIVE MODE; SELECT 'held';")
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             psql("SELECT rag_ingest('ready-first', 'Note ' || g, 'Ready first note ' || g || ' about topic ' || g % 13 || '.') "
                  "FROM generate_series(1, 300) g")
             self.assertEqual(scalar("SELECT rag_wait('ready-first', '120 seconds')"), "t")
@@ -582,7 +583,7 @@ class WithoutPreload(unittest.TestCase):
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.collections WHERE name = 'manual-held' FOR SHARE;",
                                  db="postgres", port=port)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             self.assertEqual(scalar("SELECT rag_process_queue()", db="postgres", port=port), "1")
             self.assertEqual(scalar(index, db="postgres", port=port), "f", "built while another store held the row")
         finally:
@@ -642,7 +643,7 @@ class WithoutPreload(unittest.TestCase):
         holder = background_psql("BEGIN; SELECT 'held' FROM rag.documents WHERE title = 'Memo' FOR UPDATE;",
                                  db="postgres", port=port)
         try:
-            self.assertEqual(holder.stdout.readline().strip(), "held")
+            self.assertEqual(read_line(holder).strip(), "held")
             started = time.time()
             # Three calls in one statement: PostgreSQL raises the statement's timeout once, so the two after the
             # stopped one return at once rather than running on past it.
@@ -699,7 +700,7 @@ class WithoutPreload(unittest.TestCase):
         run("INSERT INTO pq_rows VALUES (2, 'Another row written while another call stays open.')", user="pq_owner")
         other = background_psql("BEGIN; SET ROLE pq_other; SELECT 'held', rag_process_queue();", db="postgres", port=port)
         try:
-            self.assertEqual(other.stdout.readline().strip(), "held|0")
+            self.assertEqual(read_line(other).strip(), "held|0")
             # A written row waits a moment for more writes to it (the watch's delay) before it is due.
             deadline = time.time() + 30
             while run("SELECT count(*) FROM rag.documents WHERE source = 'pq_rows'") != [["2"]]:
