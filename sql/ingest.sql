@@ -454,13 +454,25 @@ $$;
 -- one collection's thousand documents, or one document's thousand chunks (the worker works in slices), never
 -- keep another collection's document waiting for long. Within a collection the order is first in, first out.
 -- An item whose claimant is gone counts as unclaimed, so work held by a killed worker is picked up again.
--- Returns everything the worker needs to process the item without another query.
-CREATE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}', p_recent integer[] DEFAULT '{}')
+-- Returns everything the worker needs to process the item without another query, and the item's place in the
+-- queue's order (not_before, then queue_id).
+-- The worker passes, for each collection, the place of the item it last claimed there (p_resume_*): the search
+-- starts after it, and from the front only when nothing is found after it. The items a load has finished lie at
+-- the queue's front, deleted, and their index entries stay while any snapshot may still see them (a rag_wait
+-- waiting for the load holds one): each claim from the front walked past all of them, so a load's claims cost
+-- the square of its length (1,800 buffers a claim 800 documents into a load). Items before that place are
+-- those other claims hold, or ones that came back (a claim given up, an older transaction's insert
+-- committed late); the worker forgets its places every few seconds (src/worker/documents.rs), so they wait
+-- that long at most.
+CREATE FUNCTION rag._claim_next(p_worker integer, p_skip_providers text[] DEFAULT '{}', p_recent integer[] DEFAULT '{}',
+                                p_resume_collections integer[] DEFAULT '{}',
+                                p_resume_not_before timestamptz[] DEFAULT '{}', p_resume_ids bigint[] DEFAULT '{}')
 RETURNS TABLE (queue_id bigint, document_id bigint, collection_id integer, needs_chunking boolean,
                attempts integer, failure_age_seconds double precision, retry_deadline_seconds integer,
                provider_name text, provider_kind text, provider_url text, provider_key_setting text,
                embedding_model text, dimensions integer, document_prefix text,
-               chunk_size integer, chunk_overlap integer, chunk_unit text, shadow boolean)
+               chunk_size integer, chunk_overlap integer, chunk_unit text, shadow boolean,
+               not_before timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     q rag.queue;
@@ -470,6 +482,7 @@ DECLARE
     v_passed bigint[] := '{}';
     -- rag_process_queue run by a role that is not a superuser: only the collections it may process.
     v_scope integer[] := rag._claim_scope();
+    v_resume_collections integer[] := coalesce(p_resume_collections, '{}');
 BEGIN
     LOOP
         v_found := false;
@@ -477,12 +490,18 @@ BEGIN
         FOR v_candidate IN
             SELECT h.id
               FROM rag.collections c
+              LEFT JOIN unnest(v_resume_collections, p_resume_not_before, p_resume_ids)
+                        r(collection_id, not_before, id) ON r.collection_id = c.id
              CROSS JOIN LATERAL (
-                   -- The range on (collection_id, not_before), not "collection_id = c.id": when one collection
+                   -- The range on (collection_id, not_before, id), not "collection_id = c.id": when one collection
                    -- fills the queue, its statistics make the planner walk queue_due and filter every other
                    -- collection's turn out of all of its rows, which made each claim of a bulk load cost O(queue).
+                   -- Without a place to resume from it starts after every item due at '-infinity' (none is), as
+                   -- the range (collection_id, not_before) > (c.id, '-infinity') did.
                    SELECT qu.id, qu.not_before FROM rag.queue qu
-                    WHERE (qu.collection_id, qu.not_before) > (c.id, '-infinity'::timestamptz)
+                    WHERE (qu.collection_id, qu.not_before, qu.id)
+                          > (c.id, coalesce(r.not_before, '-infinity'::timestamptz),
+                             coalesce(r.id, 9223372036854775807))
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT rag._claim_held(qu.claimed_by))
@@ -505,6 +524,11 @@ BEGIN
             END IF;
         END LOOP;
         IF NOT v_found THEN
+            IF cardinality(v_resume_collections) > 0 THEN
+                -- Nothing after the places given: from the front once more.
+                v_resume_collections := '{}';
+                CONTINUE;
+            END IF;
             RETURN;
         END IF;
         IF q.unfinished_claims >= 5 THEN
@@ -540,7 +564,7 @@ BEGIN
                CASE WHEN v_shadow THEN m.embedding_model ELSE c.embedding_model END,
                CASE WHEN v_shadow THEN m.dimensions ELSE c.dimensions END,
                CASE WHEN v_shadow THEN m.document_prefix ELSE c.document_prefix END,
-               c.chunk_size, c.chunk_overlap, c.chunk_unit, v_shadow
+               c.chunk_size, c.chunk_overlap, c.chunk_unit, v_shadow, q.not_before
           FROM rag.documents d
           JOIN rag.collections c ON c.id = d.collection_id
           LEFT JOIN rag.migrations m ON m.collection_id = c.id

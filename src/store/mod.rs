@@ -29,6 +29,33 @@ pub struct WorkItem {
     /// The vectors this claim makes are for the new space of a model change (`model`, `provider`, `dimensions`
     /// and `document_prefix` are then the new model's), not for the space the collection searches.
     pub shadow: bool,
+    /// The item's place in the queue's order, with `queue_id` (`ClaimPlaces`).
+    pub not_before: TimestampWithTimeZone,
+}
+
+/// Where a claim of a collection's items starts in the queue's order: after the item this worker last claimed
+/// there (`rag._claim_next` says why).
+#[derive(Default)]
+pub struct ClaimPlaces {
+    places: std::collections::BTreeMap<i32, (TimestampWithTimeZone, i64)>,
+}
+
+impl ClaimPlaces {
+    pub fn remember(&mut self, item: &WorkItem) {
+        self.places
+            .insert(item.collection_id, (item.not_before, item.queue_id));
+    }
+
+    pub fn forget(&mut self) {
+        self.places.clear();
+    }
+
+    fn as_arrays(&self) -> (Vec<i32>, Vec<TimestampWithTimeZone>, Vec<i64>) {
+        let collections = self.places.keys().copied().collect();
+        let not_before = self.places.values().map(|place| place.0).collect();
+        let ids = self.places.values().map(|place| place.1).collect();
+        (collections, not_before, ids)
+    }
 }
 
 /// `recently_served`: collections this worker served lately, most recent last; the others go first.
@@ -36,6 +63,7 @@ pub fn claim_next(
     worker_pid: i32,
     skip_providers: Vec<String>,
     recently_served: Vec<i32>,
+    places: &ClaimPlaces,
 ) -> Result<Option<WorkItem>, RagError> {
     type Claimed = (
         Option<i64>,
@@ -56,15 +84,20 @@ pub fn claim_next(
         Option<i32>,
         Option<String>,
         Option<bool>,
+        Option<TimestampWithTimeZone>,
     );
+    let (place_collections, place_not_before, place_ids) = places.as_arrays();
     let claimed: Option<Claimed> = Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT * FROM rag._claim_next($1, $2, $3)",
+            "SELECT * FROM rag._claim_next($1, $2, $3, $4, $5, $6)",
             Some(1),
             &[
                 worker_pid.into(),
                 skip_providers.into(),
                 recently_served.into(),
+                place_collections.into(),
+                place_not_before.into(),
+                place_ids.into(),
             ],
         )?;
         let mut claimed = None;
@@ -88,6 +121,7 @@ pub fn claim_next(
                 row.get(16)?,
                 row.get(17)?,
                 row.get(18)?,
+                row.get(19)?,
             ));
         }
         Ok::<_, SpiError>(claimed)
@@ -111,6 +145,7 @@ pub fn claim_next(
         chunk_overlap,
         chunk_unit,
         shadow,
+        not_before,
     )) = claimed
     else {
         return Ok(None);
@@ -136,6 +171,7 @@ pub fn claim_next(
         chunk_overlap: not_null(chunk_overlap, "collections.chunk_overlap")?,
         chunk_unit: not_null(chunk_unit, "collections.chunk_unit")?,
         shadow: not_null(shadow, "shadow")?,
+        not_before: not_null(not_before, "queue.not_before")?,
     }))
 }
 

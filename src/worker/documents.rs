@@ -63,7 +63,15 @@ thread_local! {
     /// Collections this process served, least recently first: the claim lets the others go first, so
     /// collections take turns.
     static RECENTLY_SERVED: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Where this process's next claim of each collection starts (`store::ClaimPlaces`), and since when it
+    /// has kept them.
+    static CLAIM_PLACES: std::cell::RefCell<(Instant, store::ClaimPlaces)> =
+        std::cell::RefCell::new((Instant::now(), store::ClaimPlaces::default()));
 }
+
+/// How long a claim's places are kept: an item behind one (a claim another process gave up, an older
+/// transaction's insert that committed late) waits at most this long while the collection has items after it.
+const CLAIM_PLACES_KEPT: Duration = Duration::from_secs(2);
 
 /// Documents claimed together at most (`rag._claim_more`): small new documents of one collection share
 /// provider calls and transactions, which per document cost more than the work itself (BENCHMARKS.md §3).
@@ -125,7 +133,14 @@ pub fn process_next(
     let claimed = steps.run(|| -> Result<_, RagError> {
         // The worker's session lasts: its claims and stores were planned for the tables as they were then.
         crate::plans::replan_if_tables_grew();
-        let Some(item) = store::claim_next(pid, skip, recent)? else {
+        let claimed = CLAIM_PLACES.with_borrow_mut(|(since, places)| {
+            if since.elapsed() >= CLAIM_PLACES_KEPT {
+                places.forget();
+                *since = Instant::now();
+            }
+            store::claim_next(pid, skip, recent, places)
+        });
+        let Some(item) = claimed? else {
             return Ok(None);
         };
         let mut companions = Vec::new();
@@ -168,6 +183,7 @@ pub fn process_next(
         item.collection_id,
         item.model
     )));
+    CLAIM_PLACES.with_borrow_mut(|(_, places)| places.remember(&item));
     RECENTLY_SERVED.with(|served| {
         let mut served = served.borrow_mut();
         served.retain(|&collection| collection != item.collection_id);

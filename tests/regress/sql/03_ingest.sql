@@ -292,3 +292,23 @@ SELECT count(rag_ingest('docs', 'Load ' || i, i || repeat(' A sentence of a docu
 SELECT seq_scan < 200 AS documents_scanned_for_few_checks
   FROM pg_stat_xact_user_tables WHERE relid = 'rag.documents'::regclass;
 ROLLBACK;
+
+-- A claim starts after the place where this process last claimed in the collection, not at the queue's front
+-- (whose finished items a long snapshot keeps as index entries to walk past), and from the front again when
+-- nothing is due after that place (rag._claim_next).
+BEGIN;
+CREATE TEMP TABLE placed_documents AS
+SELECT rag_ingest('docs', 'Placed ' || i, 'The text of placed document ' || i) AS id FROM generate_series(1, 3) i;
+CREATE TEMP TABLE placed AS
+SELECT q.id, q.not_before, q.collection_id, row_number() OVER (ORDER BY q.not_before, q.id) AS n
+  FROM rag.queue q WHERE q.document_id IN (SELECT id FROM placed_documents);
+SELECT p.n AS claimed_after_the_first
+  FROM placed first_one, rag._claim_next(pg_backend_pid(), '{}', '{}', ARRAY[first_one.collection_id],
+                                         ARRAY[first_one.not_before], ARRAY[first_one.id]) c
+  JOIN placed p ON p.id = c.queue_id
+ WHERE first_one.n = 1;
+SELECT count(*) AS claimed_from_the_front
+  FROM placed last_one, rag._claim_next(pg_backend_pid(), '{}', '{}', ARRAY[last_one.collection_id],
+                                        ARRAY['infinity'::timestamptz], ARRAY[9223372036854775807::bigint]) c
+ WHERE last_one.n = 3;
+ROLLBACK;
