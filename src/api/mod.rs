@@ -26,28 +26,29 @@ pub fn on_cancel() -> impl FnMut() -> bool {
 /// Refuses a call that writes on a hot standby or in a read-only transaction, before it does anything, the way
 /// the SQL functions do (`rag._require_writable`): what is refused, where to run it, the primary's address.
 pub fn require_writable(what: &str) -> Result<(), crate::error::RagError> {
-    use crate::error::SpiContext;
-    pgrx::Spi::connect(|client| {
-        client
-            .select("SELECT rag._require_writable($1)", None, &[what.into()])
-            .map(|_| ())
+    require("_require_writable", what, || {
+        format!("checking that {what} may write here")
     })
-    .doing(|| format!("checking that {what} may write here"))
 }
 
 /// Raises unless the transaction is READ COMMITTED (`rag._require_read_committed`).
 pub fn require_read_committed(what: &str) -> Result<(), crate::error::RagError> {
-    use crate::error::SpiContext;
-    pgrx::Spi::connect(|client| {
-        client
-            .select(
-                "SELECT rag._require_read_committed($1)",
-                None,
-                &[what.into()],
-            )
-            .map(|_| ())
+    require("_require_read_committed", what, || {
+        format!("checking the isolation level {what} runs in")
     })
-    .doing(|| format!("checking the isolation level {what} runs in"))
+}
+
+/// Runs one of rag's SQL checks, `rag.<check>(what)`, which raises its own error when the call may not go on;
+/// `doing` says what was being checked, for an error of the check itself.
+fn require(
+    check: &str,
+    what: &str,
+    doing: impl FnOnce() -> String,
+) -> Result<(), crate::error::RagError> {
+    use crate::error::SpiContext;
+    let query = format!("SELECT rag.{check}($1)");
+    pgrx::Spi::connect(|client| client.select(&query, None, &[what.into()]).map(|_| ()))
+        .doing(doing)
 }
 
 /// `rag._load_library(internal)`, the planner support function of every function of rag. It never helps the

@@ -61,6 +61,35 @@ fn call(name: &std::ffi::CStr, argument_types: &[pg_sys::Oid], arguments: &[pg_s
     }
 }
 
+/// Calls one of the extension's own STABLE functions, which read with the active snapshot, under the latest
+/// snapshot when `latest` (a transaction that keeps one snapshot must see what committed during a lock wait),
+/// else under the statement's, and returns its by-value result.
+///
+/// # Safety
+/// `function` is the extension's own STABLE function, looked up by exactly the types of `arguments` (one or
+/// two), returning a by-value type or void. The pushed snapshot is popped right after the call; an ERROR in it
+/// pops it with its (sub)transaction.
+unsafe fn call_stable(
+    function: pg_sys::Oid,
+    arguments: &[pg_sys::Datum],
+    latest: bool,
+) -> pg_sys::Datum {
+    if latest {
+        pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+    }
+    let result = match arguments {
+        [first] => pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, *first),
+        [first, second] => {
+            pg_sys::OidFunctionCall2Coll(function, pg_sys::InvalidOid, *first, *second)
+        }
+        _ => unreachable!("rag's checks take one or two arguments"),
+    };
+    if latest {
+        pg_sys::PopActiveSnapshot();
+    }
+    result
+}
+
 /// `rag._refuse_drop_role` looks with the statement's snapshot. A writer of a row naming the role holds the
 /// role (`rag._lock_role`), which `DropRole` waits for, so under READ COMMITTED that look, taken after the
 /// wait, sees the row. A REPEATABLE READ or SERIALIZABLE transaction keeps the snapshot it took before the
@@ -80,11 +109,8 @@ unsafe fn refuse_rows_committed_during_the_drop(roles: Vec<pg_sys::Oid>) {
         return;
     }
     // SAFETY: in the hook's transaction, with the extension's own STABLE SQL function looked up by exactly
-    // this signature (it returns a bigint by value); such a function reads with the active snapshot, pushed
-    // here and popped right after it (an ERROR in it pops it with the transaction).
-    pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
-    let rows = pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, oid_array(roles));
-    pg_sys::PopActiveSnapshot();
+    // this signature (it returns a bigint by value).
+    let rows = call_stable(function, &[oid_array(roles)], true);
     if rows.value() as i64 > 0 {
         crate::error::RagError::SerializationFailure {
             message: "could not serialize access: a transaction that committed during DROP ROLE wrote rows of rag naming the role".into(),
@@ -296,23 +322,14 @@ mod rag {
             .unwrap_or("read")
             .into_datum()
             .expect("a string always makes a datum");
-        // SAFETY: the extension's own STABLE function, looked up by exactly these argument types; a STABLE
-        // PL/pgSQL function reads with the active snapshot, pushed here and popped after it (an ERROR in it
-        // pops it with its (sub)transaction).
+        // SAFETY: the extension's own STABLE PL/pgSQL function, looked up by exactly these argument types; it
+        // returns void.
         unsafe {
-            let latest = super::keeps_one_snapshot();
-            if latest {
-                pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
-            }
-            pg_sys::OidFunctionCall2Coll(
+            super::call_stable(
                 check,
-                pg_sys::InvalidOid,
-                pg_sys::Datum::from(collection_id),
-                privilege,
+                &[pg_sys::Datum::from(collection_id), privilege],
+                super::keeps_one_snapshot(),
             );
-            if latest {
-                pg_sys::PopActiveSnapshot();
-            }
         }
     }
 
@@ -335,14 +352,9 @@ mod rag {
             return 0;
         }
         let ids = p_ids.into_datum().expect("an array always makes a datum");
-        // SAFETY: as in require_privilege; the counting functions are STABLE SQL, which read with the active
-        // snapshot, and return a bigint by value.
-        let counted = unsafe {
-            pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
-            let counted = pg_sys::OidFunctionCall1Coll(function, pg_sys::InvalidOid, ids);
-            pg_sys::PopActiveSnapshot();
-            counted
-        };
+        // SAFETY: the extension's own STABLE SQL counting functions, looked up by exactly this argument type;
+        // they return a bigint by value.
+        let counted = unsafe { super::call_stable(function, &[ids], true) };
         counted.value() as i64
     }
 }
