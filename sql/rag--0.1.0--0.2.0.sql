@@ -2743,12 +2743,14 @@ BEGIN
                    -- The range on (collection_id, not_before, id), not "collection_id = c.id": when one collection
                    -- fills the queue, its statistics make the planner walk queue_due and filter every other
                    -- collection's turn out of all of its rows, which made each claim of a bulk load cost O(queue).
-                   -- Without a place to resume from it starts after every item due at '-infinity' (none is), as
-                   -- the range (collection_id, not_before) > (c.id, '-infinity') did.
+                   -- From the place itself: an item released with its place kept (rag._dequeue, for its
+                   -- vectors in a model change's new space) is taken at once. Without a place it starts after
+                   -- every item due at '-infinity' (none is), as the range (collection_id, not_before) >
+                   -- (c.id, '-infinity') did.
                    SELECT qu.id, qu.not_before FROM rag.queue qu
                     WHERE (qu.collection_id, qu.not_before, qu.id)
-                          > (c.id, coalesce(r.not_before, '-infinity'::timestamptz),
-                             coalesce(r.id, 9223372036854775807))
+                          >= (c.id, coalesce(r.not_before, '-infinity'::timestamptz),
+                              coalesce(r.id, 9223372036854775807))
                       AND (qu.collection_id, qu.not_before) <= (c.id, now())
                       AND (qu.claimed_by IS NULL OR qu.claimed_by = p_worker
                            OR NOT rag._claim_held(qu.claimed_by))
@@ -3098,9 +3100,11 @@ BEGIN
             PERFORM rag._dequeue(t.queue_id, t.id)
                FROM unnest(p_queue_ids, p_document_ids) t(queue_id, id) WHERE t.id = ANY (v_ready);
         ELSE
+            -- By key, from an array: as a join with the unnest, a queue whose statistics say it is empty (see
+            -- rag._claim_more's update) was read whole once per document (1.1M buffers over a 3,000-document load).
             DELETE FROM rag.queue qu
-             USING unnest(p_queue_ids, p_document_ids) t(queue_id, id)
-             WHERE qu.id = t.queue_id AND t.id = ANY (v_ready);
+             WHERE qu.id = ANY (ARRAY(SELECT t.queue_id FROM unnest(p_queue_ids, p_document_ids) t(queue_id, id)
+                                       WHERE t.id = ANY (v_ready)));
         END IF;
     END IF;
     -- One row per document, in the order given.
@@ -3150,12 +3154,17 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    -- The items are locked once, into an array (an InitPlan), and the update takes them by key. As a join,
+    -- the planner of a queue whose statistics say it is empty (a VACUUM or ANALYZE at the end of a load while a
+    -- snapshot still saw its deleted rows: 0 rows on 24 pages) ran the locking subquery again for every row of
+    -- the queue: 284,143 buffers for one call with 3,000 items queued, a load 8 times slower (review of
+    -- session 39).
     RETURN QUERY
     UPDATE rag.queue q SET claimed_by = p_worker, claimed_at = now(), unfinished_claims = q.unfinished_claims + 1
-      FROM (SELECT qu.id FROM rag.queue qu
-             WHERE qu.id = ANY (v_ids) AND qu.claimed_by IS NULL AND qu.attempts = 0 AND qu.unfinished_claims = 0
-               FOR UPDATE SKIP LOCKED) taken
-     WHERE q.id = taken.id
+     WHERE q.id = ANY (ARRAY(SELECT qu.id FROM rag.queue qu
+                              WHERE qu.id = ANY (v_ids) AND qu.claimed_by IS NULL AND qu.attempts = 0
+                                AND qu.unfinished_claims = 0
+                                FOR UPDATE SKIP LOCKED))
     RETURNING q.id, q.document_id;
 END $$;
 

@@ -51,6 +51,10 @@ def read_line(process, seconds=120):
         process.kill()
         reader.join(10)
         raise AssertionError(f"the background session printed nothing in {seconds} s: {process.stderr.read()}")
+    if not line or not line[0]:
+        # The session ended (an error with ON_ERROR_STOP, say): what it said is the test's best clue.
+        process.kill()
+        raise AssertionError(f"the background session ended without printing: {process.stderr.read()}")
     return line[0]
 
 
