@@ -2774,7 +2774,7 @@ BEGIN
         END LOOP;
         IF NOT v_found THEN
             IF cardinality(v_resume_collections) > 0 THEN
-                -- Nothing after the places given: from the front once more.
+                -- Nothing from the places given on: from the front once more.
                 v_resume_collections := '{}';
                 CONTINUE;
             END IF;

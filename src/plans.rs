@@ -14,6 +14,13 @@
 //! marked for planning again, which the next use does with the tables' present size. Doubling keeps it to a
 //! few times in a session's life (about 15 between an empty table and a million documents).
 //!
+//! The busy worker also has every plan made again every 2 s, whatever the sizes (src/worker/serve.rs,
+//! `upkeep_while_busy`, for `rag.chunks`, which a reindex empties and refills with the documents unchanged).
+//! The worker's claims ask here as well: early in a load the tables double faster than that, and a plan made
+//! on the first batch's tables was used for the rest of the first 2 s (`_store_documents`' lookup of its
+//! documents: 855 ms and 572K buffers over a 3,000-document load before, 70 ms and 17K with this check;
+//! BENCHMARKS.md §3).
+//!
 //! It helps only where the planner scales a table's statistics to its present size, which it does from the
 //! density they record (rows per page) or, when they record no pages (a VACUUM that found the table empty
 //! and truncated it), from the rows' width. Statistics of a table found empty but not truncated (a VACUUM or

@@ -74,6 +74,9 @@ unsafe fn call_stable(
     arguments: &[pg_sys::Datum],
     latest: bool,
 ) -> pg_sys::Datum {
+    // SAFETY: the caller's contract above: the function takes exactly these datums and returns by value, so the
+    // fmgr calls read nothing beyond them; the snapshot pushed here is the one popped below, or the
+    // (sub)transaction's abort pops it if the function raises.
     if latest {
         pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
     }

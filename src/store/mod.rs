@@ -33,7 +33,7 @@ pub struct WorkItem {
     pub not_before: TimestampWithTimeZone,
 }
 
-/// Where a claim of a collection's items starts in the queue's order: after the item this worker last claimed
+/// Where a claim of a collection's items starts in the queue's order: at the item this worker last claimed
 /// there (`rag._claim_next` says why).
 #[derive(Default)]
 pub struct ClaimPlaces {

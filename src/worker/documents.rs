@@ -131,7 +131,8 @@ pub fn process_next(
     let recent = RECENTLY_SERVED.with(|served| served.borrow().clone());
     let budgets = providers.claim_budgets(SLICE);
     let claimed = steps.run(|| -> Result<_, RagError> {
-        // The worker's session lasts: its claims and stores were planned for the tables as they were then.
+        // The worker's session lasts: its claims and stores were planned for the tables as they were then (and
+        // early in a load they double between two of upkeep_while_busy's resets).
         crate::plans::replan_if_tables_grew();
         let claimed = CLAIM_PLACES.with_borrow_mut(|(since, places)| {
             if since.elapsed() >= CLAIM_PLACES_KEPT {
