@@ -405,9 +405,23 @@ BEGIN
                     WHERE w.collection_id = p_collection AND (q.attempts = 0 OR q.claimed_by IS NOT NULL));
 END $$;
 
+-- Whether anything of the collection is still being processed: a document the worker has not finished, a model
+-- change still embedding (rag_wait after rag_set_embedding_model returns once the new model serves the
+-- collection), or a row of a table it watches waiting to be indexed. Sees what the calling statement's snapshot
+-- sees, so rag_wait and rag_await ask it once per check.
+CREATE FUNCTION rag._still_processing(p_collection integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection AND d.status = 'processing')
+        OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = p_collection AND m.state = 'embedding')
+        OR rag._rows_waiting(p_collection);
+END $$;
+
 -- Polls until every document of the collection has left 'processing' and no row of a table it watches waits
 -- to be indexed, or the timeout passes. For scripts and tests that must wait for the worker; each check sees
 -- the latest committed state (and the caller's own writes, which the worker cannot see before the commit).
+-- Being one statement, it keeps that statement's snapshot for as long as it waits, which holds back the
+-- database's xmin horizon (no dead row anywhere can be removed meanwhile); rag_await below does not.
 CREATE FUNCTION @extschema@.rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -421,17 +435,61 @@ BEGIN
     END IF;
     PERFORM rag._require_read_committed('rag_wait');
     LOOP
-        -- A model change counts as processing until it has switched (or failed): rag_wait after
-        -- rag_set_embedding_model returns once the new model serves the collection.
-        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
-           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding')
-           AND NOT rag._rows_waiting(v_collection) THEN
+        IF NOT rag._still_processing(v_collection) THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN
             RETURN false;
         END IF;
         PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+
+-- rag._collection_id for a caller that has no frame of its own: rag tells who called it from the outermost of
+-- its functions that runs as the caller through PostgreSQL's SET-clause handler (src/frames.rs), and a
+-- procedure that commits may have no SET clause.
+CREATE FUNCTION rag._collection_id_for_caller(p_collection text) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN rag._collection_id(p_collection);
+END $$;
+
+-- rag_wait as a procedure: CALL rag_await('docs', '1 hour') commits between its checks, so it holds no snapshot
+-- while it waits and autovacuum and index cleanup go on everywhere during a long load, which a SELECT of
+-- rag_wait prevents for as long as it runs. Where it cannot commit (inside a transaction block, or called from
+-- a function) it waits as rag_wait does: READ COMMITTED only, holding its caller's snapshot.
+-- No SET clause: a procedure with one may not commit. It runs as its caller with the caller's search_path,
+-- so everything it names is qualified, operators included.
+CREATE PROCEDURE @extschema@.rag_await(collection text, timeout interval DEFAULT '60 seconds',
+                                       INOUT ready boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer := rag._collection_id_for_caller(collection);
+    v_deadline timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
+    v_may_commit boolean := rag._may_commit();
+BEGIN
+    IF timeout IS NULL THEN
+        RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
+    END IF;
+    IF NOT v_may_commit THEN
+        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
+    END IF;
+    LOOP
+        -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
+        -- says, so it sees what the worker has committed.
+        IF NOT rag._still_processing(v_collection) THEN
+            ready := true;
+            RETURN;
+        END IF;
+        IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_deadline THEN
+            ready := false;
+            RETURN;
+        END IF;
+        IF v_may_commit THEN
+            COMMIT;
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
 END $$;
 

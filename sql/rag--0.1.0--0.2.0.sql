@@ -662,6 +662,11 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'setting_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_may_commit"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'may_commit_wrapper';
+
 CREATE OR REPLACE FUNCTION rag._require_writable(p_what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2677,6 +2682,14 @@ BEGIN
                     WHERE w.collection_id = p_collection AND (q.attempts = 0 OR q.claimed_by IS NOT NULL));
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._still_processing(p_collection integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = p_collection AND d.status = 'processing')
+        OR EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = p_collection AND m.state = 'embedding')
+        OR rag._rows_waiting(p_collection);
+END $$;
+
 CREATE OR REPLACE FUNCTION @extschema@.rag_wait(collection text, timeout interval DEFAULT '60 seconds') RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2690,17 +2703,52 @@ BEGIN
     END IF;
     PERFORM rag._require_read_committed('rag_wait');
     LOOP
-        -- A model change counts as processing until it has switched (or failed): rag_wait after
-        -- rag_set_embedding_model returns once the new model serves the collection.
-        IF NOT EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = v_collection AND d.status = 'processing')
-           AND NOT EXISTS (SELECT 1 FROM rag.migrations m WHERE m.collection_id = v_collection AND m.state = 'embedding')
-           AND NOT rag._rows_waiting(v_collection) THEN
+        IF NOT rag._still_processing(v_collection) THEN
             RETURN true;
         END IF;
         IF clock_timestamp() >= v_deadline THEN
             RETURN false;
         END IF;
         PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._collection_id_for_caller(p_collection text) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN rag._collection_id(p_collection);
+END $$;
+
+CREATE OR REPLACE PROCEDURE @extschema@.rag_await(collection text, timeout interval DEFAULT '60 seconds',
+                                       INOUT ready boolean DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer := rag._collection_id_for_caller(collection);
+    v_deadline timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
+    v_may_commit boolean := rag._may_commit();
+BEGIN
+    IF timeout IS NULL THEN
+        RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
+    END IF;
+    IF NOT v_may_commit THEN
+        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
+    END IF;
+    LOOP
+        -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
+        -- says, so it sees what the worker has committed.
+        IF NOT rag._still_processing(v_collection) THEN
+            ready := true;
+            RETURN;
+        END IF;
+        IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_deadline THEN
+            ready := false;
+            RETURN;
+        END IF;
+        IF v_may_commit THEN
+            COMMIT;
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
 END $$;
 
@@ -6216,7 +6264,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -6243,7 +6291,17 @@ BEGIN
                              '…, then DROP FUNCTION …) and run the command again.';
         END IF;
         IF f.proowner <> v_owner THEN
-            EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
+            EXECUTE format('ALTER ROUTINE %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
+        END IF;
+        IF f.prokind = 'p' THEN
+            -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
+            -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
+            IF f.prosecdef OR f.proname <> 'rag_await' THEN
+                RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
+            END IF;
+            EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
+            EXECUTE format('GRANT EXECUTE ON PROCEDURE %s TO rag_reader', f.signature);
+            CONTINUE;
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change). Nor does the
@@ -6305,7 +6363,8 @@ BEGIN
                                '_require_writable', '_require_read_committed',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
+                               '_collection_id_for_caller', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
                                '_watch_triggers_problem', '_watch_trigger_mode_installed')
                 THEN 'rag_reader'

@@ -233,7 +233,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -260,7 +260,17 @@ BEGIN
                              '…, then DROP FUNCTION …) and run the command again.';
         END IF;
         IF f.proowner <> v_owner THEN
-            EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
+            EXECUTE format('ALTER ROUTINE %s OWNER TO %I', f.signature, pg_catalog.pg_get_userbyid(v_owner));
+        END IF;
+        IF f.prokind = 'p' THEN
+            -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
+            -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
+            IF f.prosecdef OR f.proname <> 'rag_await' THEN
+                RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
+            END IF;
+            EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
+            EXECUTE format('GRANT EXECUTE ON PROCEDURE %s TO rag_reader', f.signature);
+            CONTINUE;
         END IF;
         -- The planner support function runs no SQL; a SET clause would put every planning of a call to rag
         -- through PostgreSQL's definer call handler (a GUC nest level and a search_path change). Nor does the
@@ -322,7 +332,8 @@ BEGIN
                                '_require_writable', '_require_read_committed',
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
-                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_watches_readable_whole',
+                               '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
+                               '_collection_id_for_caller', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
                                '_watch_triggers_problem', '_watch_trigger_mode_installed')
                 THEN 'rag_reader'

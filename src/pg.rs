@@ -15,6 +15,15 @@ pub fn my_database() -> pg_sys::Oid {
     unsafe { pg_sys::MyDatabaseId }
 }
 
+/// Whether the PL/pgSQL routine running now may COMMIT: a procedure CALLed at top level outside a transaction
+/// block (or from a DO block or procedure that was). Asked from inside that routine, whose SPI connection
+/// PostgreSQL opened as atomic or not by exactly that rule.
+pub fn routine_may_commit() -> bool {
+    // SAFETY: reads the innermost SPI connection's flags (or sees there is none), which only this process's
+    // thread changes; it makes the same tests as the COMMIT it predicts.
+    unsafe { pg_sys::SPI_inside_nonatomic_context() }
+}
+
 /// True once the postmaster asked this process to shut down (SIGTERM in a background worker).
 pub fn shutdown_requested() -> bool {
     // SAFETY: the flag is a sig_atomic_t written by PostgreSQL's signal handler; a volatile read of it is how

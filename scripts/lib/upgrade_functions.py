@@ -11,8 +11,8 @@ view's name, a comment's object) and puts a new statement after the one it follo
 pgrx writes the Rust functions in a different order from one build to the next, and the script should change
 only where the SQL did.
 
-Functions become CREATE OR REPLACE (a dropped or re-typed one must be dropped by hand before this part, and
-the catalog comparison in tests/upgrade fails until it is). Tables, indexes, sequences, seeded rows, schemas and
+Functions and procedures become CREATE OR REPLACE (a dropped or re-typed one must be dropped by hand before
+this part, and the catalog comparison in tests/upgrade fails until it is). Tables, indexes, sequences, seeded rows, schemas and
 event triggers are left out: their changes are data migrations, written by hand at the top of the script.
 Policies and `ENABLE ROW LEVEL SECURITY` are kept only with --new-policies (they are not idempotent; a later
 release that changes one writes DROP POLICY / CREATE POLICY by hand). A release tool, not run by the tests."""
@@ -73,7 +73,7 @@ def code_of(statement):
             return code.strip()
 
 
-KEEP = (r"CREATE\s+FUNCTION", r"CREATE\s+OR\s+REPLACE\s+FUNCTION", r"CREATE\s+(OR\s+REPLACE\s+)?VIEW",
+KEEP = (r"CREATE\s+FUNCTION", r"CREATE\s+OR\s+REPLACE\s+FUNCTION", r"CREATE\s+(OR\s+REPLACE\s+)?PROCEDURE", r"CREATE\s+(OR\s+REPLACE\s+)?VIEW",
         r"COMMENT\s+ON", r"GRANT", r"REVOKE", r"SELECT\s+pg_catalog\.pg_extension_config_dump", r"DO\b")
 POLICY = (r"CREATE\s+POLICY", r"ALTER\s+TABLE\s+\S+\s+ENABLE\s+ROW\s+LEVEL\s+SECURITY")
 SKIP = (r"CREATE\s+(UNLOGGED\s+)?TABLE", r"CREATE\s+(UNIQUE\s+)?INDEX", r"CREATE\s+SCHEMA", r"CREATE\s+(EVENT\s+)?TRIGGER",
@@ -119,6 +119,7 @@ def generate(sql, new_policies):
             continue
         if any(re.match(p, code, re.I) for p in KEEP):
             code = re.sub(r"^CREATE\s+FUNCTION", "CREATE OR REPLACE FUNCTION", code, flags=re.I)
+            code = re.sub(r"^CREATE\s+PROCEDURE", "CREATE OR REPLACE PROCEDURE", code, flags=re.I)
             code = re.sub(r"^CREATE\s+VIEW", "CREATE OR REPLACE VIEW", code, flags=re.I)
             code = re.sub(UNQUALIFIED_FUNCTION, r"\1@extschema@.\2", code)
             print(code + "\n")
@@ -150,7 +151,8 @@ def main():
 def identity(code):
     """What a generated statement defines, so that a new version of it replaces the old one in place."""
     flat = " ".join(code.split())
-    for pattern in (r"CREATE OR REPLACE FUNCTION (.*?\))\s*RETURNS", r"CREATE OR REPLACE VIEW (\S+)",
+    for pattern in (r"CREATE OR REPLACE FUNCTION (.*?\))\s*RETURNS", r"CREATE OR REPLACE PROCEDURE (.*?\))\s*LANGUAGE",
+                    r"CREATE OR REPLACE VIEW (\S+)",
                     r"(COMMENT ON .*?) IS "):
         found = re.match(pattern, flat, re.I)
         if found:

@@ -146,6 +146,13 @@ pub mod rag {
         crate::security::restrict_current_user();
     }
 
+    /// Whether the PL/pgSQL routine calling this may COMMIT (`crate::pg::routine_may_commit`): `CALL
+    /// rag_await` commits between its checks where it may, and otherwise waits the way `rag_wait` does.
+    #[pg_extern(volatile, parallel_unsafe, name = "_may_commit")]
+    pub fn may_commit() -> bool {
+        crate::pg::routine_may_commit()
+    }
+
     /// A `rag.*` setting as text, read through Rust so that calling it loads the library first: on a server
     /// without shared_preload_libraries the settings do not exist until then, and SQL code that reads them
     /// with current_setting() would fail on the first call of a session.

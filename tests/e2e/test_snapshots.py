@@ -4,7 +4,7 @@ others committed since fails with a serialization error they can retry, and the 
 others commit while they run refuse to run there (red team 29)."""
 import unittest
 
-from support import InItsOwnDatabase, background_psql, psql, scalar, wait_until
+from support import InItsOwnDatabase, background_psql, psql, read_line, scalar, wait_until
 
 DB = "rag_e2e_snapshots"
 
@@ -26,8 +26,9 @@ class Snapshots(InItsOwnDatabase):
     def setUpClass(cls):
         super().setUpClass()
         psql("""
-            DROP ROLE IF EXISTS sn_owner, sn_admin;
+            DROP ROLE IF EXISTS sn_owner, sn_admin, sn_reader;
             CREATE ROLE sn_owner IN ROLE rag_admin;
+            CREATE ROLE sn_reader IN ROLE rag_reader;
             CREATE ROLE sn_admin IN ROLE rag_admin;
             GRANT CREATE ON SCHEMA public TO sn_owner;
         """, db=DB)
@@ -35,7 +36,7 @@ class Snapshots(InItsOwnDatabase):
     @classmethod
     def tearDownClass(cls):
         psql("SELECT rag_drop_collection(name) FROM rag.collections; DROP TABLE IF EXISTS notes, later, drafts; "
-             "DROP OWNED BY sn_owner, sn_admin; DROP ROLE sn_owner, sn_admin", db=DB)
+             "DROP OWNED BY sn_owner, sn_admin, sn_reader; DROP ROLE sn_owner, sn_admin, sn_reader", db=DB)
         super().tearDownClass()
 
     def test_a_revoked_admin_with_an_older_snapshot_may_do_nothing(self):
@@ -99,6 +100,44 @@ class Snapshots(InItsOwnDatabase):
              "SELECT rag_watch('drafts', 'drafts', content => 'body'); COMMIT;", db=DB)
         psql("SELECT rag_unwatch('drafts', drop_documents => true); DROP TABLE drafts; "
              "SELECT rag_drop_collection('drafts')", db=DB)
+
+    def test_rag_await_holds_back_no_vacuum_while_it_waits(self):
+        """A SELECT of rag_wait keeps its statement's snapshot, and so the database's xmin horizon, for as long
+        as it waits; CALL rag_await commits between its checks, so the horizon moves on while it waits."""
+        psql("""
+            SELECT rag_create_collection('slow', embedding_model => 'hash-384@slow4000');
+            SELECT rag_grant('slow', 'sn_reader', 'read');
+            SELECT rag_ingest('slow', 'Slow', 'Each embedding takes the provider four seconds.');
+        """, db=DB)
+        waiters = {}
+        self.addCleanup(lambda: [session.kill() for session, _ in waiters.values()])
+        for call in ("SELECT rag_wait('slow', '60 seconds')", "CALL rag_await('slow', '60 seconds')"):
+            session = background_psql(f"SET ROLE sn_reader; SELECT pg_backend_pid(); {call};", db=DB)
+            waiters[call.split()[1].split("(")[0]] = (session, read_line(session).strip())
+        xmin = {name: f"SELECT backend_xmin FROM pg_stat_activity WHERE pid = {pid}"
+                for name, (_, pid) in waiters.items()}
+        self.assertTrue(wait_until("SELECT " + " AND ".join(f"({sql}) IS NOT NULL" for sql in xmin.values()), db=DB))
+        before = {name: int(scalar(sql, db=DB)) for name, sql in xmin.items()}
+        # A transaction that ends after both began: only a session that took a new snapshot since is past it.
+        written = int(scalar("CREATE TABLE IF NOT EXISTS horizon (x int); INSERT INTO horizon VALUES (1); "
+                             "SELECT pg_current_xact_id()::text::bigint", db=DB))
+        self.assertTrue(wait_until(f"SELECT ({xmin['rag_await']})::text::bigint > {written}", db=DB, seconds=10))
+        self.assertEqual(int(scalar(xmin["rag_wait"], db=DB)), before["rag_wait"])
+        self.assertLessEqual(before["rag_wait"], written)
+        for name, (session, _) in waiters.items():
+            with self.subTest(waiter=name):
+                self.assertEqual(read_line(session).strip(), "t")
+                session.communicate(timeout=60)
+                self.assertEqual(session.returncode, 0)
+        # Where it cannot commit (a transaction block, a function) it waits as rag_wait does, READ COMMITTED only.
+        psql("SELECT rag_ingest('slow', 'Slower', 'Another four seconds of embedding.')", db=DB)
+        rows = psql("SET ROLE sn_reader; BEGIN; CALL rag_await('slow', '60 seconds'); COMMIT;", db=DB)
+        self.assertEqual(rows, [["t"]])
+        code, _, err = psql("SET ROLE sn_reader; BEGIN ISOLATION LEVEL REPEATABLE READ; "
+                            "CALL rag_await('slow', '0'); COMMIT;", db=DB, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("needs a READ COMMITTED transaction", err)
+        psql("DROP TABLE horizon; SELECT rag_drop_collection('slow')", db=DB)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ SELECT p.oid::regprocedure AS function_without_search_path
    AND d.classid = 'pg_proc'::regclass
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
    AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+   AND p.prokind <> 'p'
    AND NOT (NOT p.prosecdef
             AND (p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag') AND p.proname LIKE 'rag\_%'
                  OR p.pronamespace = 'rag'::regnamespace
@@ -26,6 +27,13 @@ SELECT p.oid::regprocedure AS function_without_search_path
                                   (SELECT string_agg(CASE WHEN i = p.pronargs AND p.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END
                                                      || '$' || i, ', ' ORDER BY i)
                                      FROM generate_series(1, p.pronargs) i)));
+-- The one procedure, rag_await, commits between its checks, which a procedure with a SET clause may not do: it
+-- runs as its caller and names everything it uses with its schema, operators included.
+SELECT p.oid::regprocedure AS procedure, p.prosecdef AS definer, p.proconfig,
+       p.prosrc ~ '\mrag\._' AND p.prosrc !~ '[^.]\m(_collection_id|_still_processing|_may_commit)\(' AS names_qualified
+  FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
+   AND d.classid = 'pg_proc'::regclass AND p.prokind = 'p';
 -- Those wrappers still have a SET clause (so PostgreSQL calls them through the handler whose hook records
 -- them), and none switches identity.
 SELECT count(*) AS wrappers, count(*) FILTER (WHERE p.proconfig IS NOT NULL AND NOT p.prosecdef) AS hooked_invokers,

@@ -16,6 +16,32 @@ SELECT rag_ingest('docs', 'Parking', 'Parking permits for the staff car park are
 
 SELECT rag_wait('docs', '30 seconds') AS all_done;
 SELECT rag_wait('docs', NULL);
+-- The same wait as a procedure, which commits between its checks (e2e test_snapshots shows the horizon moving
+-- on); in a transaction block or a function, where it may not commit, it waits as rag_wait does.
+CALL rag_await('docs', '30 seconds');
+CALL rag_await('docs', NULL);
+CALL rag_await('no such collection');
+BEGIN;
+CALL rag_await('docs', '0');
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+CALL rag_await('docs', '0');
+ROLLBACK;
+CREATE FUNCTION pg_temp.awaited() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_ready boolean;
+BEGIN
+    CALL rag_await('docs', '30 seconds', v_ready);
+    RETURN v_ready;
+END $$;
+SELECT pg_temp.awaited();
+DO $$
+DECLARE
+    v_ready boolean;
+BEGIN
+    CALL rag_await('docs', '30 seconds', v_ready);
+    RAISE NOTICE 'ready, in a DO block (where it may commit): %', v_ready;
+END $$;
 SELECT title, status, failure_reason, chunks_total = chunks_embedded AS complete, embed_calls, metadata
   FROM rag.documents WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'docs') ORDER BY id;
 

@@ -487,6 +487,7 @@ SELECT count(*) AS functions_with_another_path
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
    AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+   AND p.prokind <> 'p'  -- rag_await, which may not have a SET clause (00_install)
    AND NOT (NOT p.prosecdef AND p.prosrc LIKE 'SELECT %rag\_definer.' || p.proname || '(%'
             AND p.pronamespace IN ((SELECT extnamespace FROM pg_extension WHERE extname = 'rag'), 'rag'::regnamespace));
 SELECT p.oid::regprocedure AS function, p.proconfig IS NULL AS unconfigured, NOT p.prosecdef AS invoker,
