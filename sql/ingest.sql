@@ -454,19 +454,25 @@ BEGIN
     RETURN rag._collection_id(p_collection);
 END $$;
 
--- rag_wait as a procedure: CALL rag_await('docs', '1 hour') commits between its checks, so it holds no snapshot
--- while it waits and autovacuum and index cleanup go on everywhere during a long load, which a SELECT of
--- rag_wait prevents for as long as it runs. Where it cannot commit (inside a transaction block, or called from
--- a function) it waits as rag_wait does: READ COMMITTED only, holding its caller's snapshot.
--- No SET clause: a procedure with one may not commit. It runs as its caller with the caller's search_path,
--- so everything it names is qualified, operators included.
+-- rag_wait as a procedure: CALL rag_await('docs', '1 hour') commits between its checks, so it holds only the
+-- snapshot of one check at a time, and autovacuum and index cleanup go on everywhere during a long load, which a
+-- SELECT of rag_wait prevents for as long as it runs. Where it may commit it commits first, so that what its
+-- caller wrote before (a DO block's rag_ingest) is committed, as the worker needs to see it, whether or not it
+-- then has to wait. Where it cannot commit (a transaction block, several statements sent as one query, a
+-- function, a procedure with a SET clause, an EXCEPTION block, EXECUTE) it waits as rag_wait does: READ
+-- COMMITTED only, holding its caller's snapshot.
+-- No SET clause: a procedure with one may not commit. It runs as its caller with the caller's search_path, and
+-- PL/pgSQL compiles it once per session with the path of its first caller, then reuses that for every later
+-- caller of the session (another role's SECURITY DEFINER function's too): so every name in it is qualified,
+-- variable types and operators included, and nothing a caller puts on the path is ever resolved (11_security
+-- plants a pg_temp.timestamptz domain that would run as the next caller).
 CREATE PROCEDURE @extschema@.rag_await(collection text, timeout interval DEFAULT '60 seconds',
                                        INOUT ready boolean DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer := rag._collection_id_for_caller(collection);
-    v_deadline timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
-    v_may_commit boolean := rag._may_commit();
+    v_collection pg_catalog.int4 := rag._collection_id_for_caller(collection);
+    v_deadline pg_catalog.timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
+    v_may_commit pg_catalog.bool := rag._may_commit();
 BEGIN
     IF timeout IS NULL THEN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
@@ -478,6 +484,9 @@ BEGIN
     LOOP
         -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
         -- says, so it sees what the worker has committed.
+        IF v_may_commit THEN
+            COMMIT;
+        END IF;
         IF NOT rag._still_processing(v_collection) THEN
             ready := true;
             RETURN;
@@ -485,9 +494,6 @@ BEGIN
         IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_deadline THEN
             ready := false;
             RETURN;
-        END IF;
-        IF v_may_commit THEN
-            COMMIT;
         END IF;
         PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;

@@ -2723,9 +2723,9 @@ CREATE OR REPLACE PROCEDURE @extschema@.rag_await(collection text, timeout inter
                                        INOUT ready boolean DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer := rag._collection_id_for_caller(collection);
-    v_deadline timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
-    v_may_commit boolean := rag._may_commit();
+    v_collection pg_catalog.int4 := rag._collection_id_for_caller(collection);
+    v_deadline pg_catalog.timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
+    v_may_commit pg_catalog.bool := rag._may_commit();
 BEGIN
     IF timeout IS NULL THEN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
@@ -2737,6 +2737,9 @@ BEGIN
     LOOP
         -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
         -- says, so it sees what the worker has committed.
+        IF v_may_commit THEN
+            COMMIT;
+        END IF;
         IF NOT rag._still_processing(v_collection) THEN
             ready := true;
             RETURN;
@@ -2744,9 +2747,6 @@ BEGIN
         IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_deadline THEN
             ready := false;
             RETURN;
-        END IF;
-        IF v_may_commit THEN
-            COMMIT;
         END IF;
         PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
@@ -6296,7 +6296,8 @@ BEGIN
         IF f.prokind = 'p' THEN
             -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
             -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
-            IF f.prosecdef OR f.proname <> 'rag_await' THEN
+            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql'
+               OR (SELECT p.proconfig IS NOT NULL FROM pg_catalog.pg_proc p WHERE p.oid = f.signature) THEN
                 RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
             END IF;
             EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);

@@ -265,7 +265,8 @@ BEGIN
         IF f.prokind = 'p' THEN
             -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
             -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
-            IF f.prosecdef OR f.proname <> 'rag_await' THEN
+            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql'
+               OR (SELECT p.proconfig IS NOT NULL FROM pg_catalog.pg_proc p WHERE p.oid = f.signature) THEN
                 RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
             END IF;
             EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);

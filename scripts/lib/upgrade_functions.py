@@ -88,7 +88,7 @@ PINNING = r"SET\s+LOCAL\s+search_path"
 PATH_SWITCH = r"SELECT\s+pg_catalog\.set_config\('search_path'"
 # A function of the extension's schema (pgrx names it without one, rag's SQL with @extschema@): the upgrade
 # script's search_path does not lead there, so it is named.
-UNQUALIFIED_FUNCTION = r"^(CREATE OR REPLACE FUNCTION )(\"?[A-Za-z_][A-Za-z0-9_]*\"?\()"
+UNQUALIFIED_FUNCTION = r"^(CREATE OR REPLACE (?:FUNCTION|PROCEDURE) )(\"?[A-Za-z_][A-Za-z0-9_]*\"?\()"
 
 
 def generate(sql, new_policies):
@@ -151,7 +151,8 @@ def main():
 def identity(code):
     """What a generated statement defines, so that a new version of it replaces the old one in place."""
     flat = " ".join(code.split())
-    for pattern in (r"CREATE OR REPLACE FUNCTION (.*?\))\s*RETURNS", r"CREATE OR REPLACE PROCEDURE (.*?\))\s*LANGUAGE",
+    for pattern in (r"CREATE OR REPLACE FUNCTION (.*?\))\s*RETURNS",
+                    r"CREATE OR REPLACE PROCEDURE (.*?\))\s*(?:LANGUAGE|AS|SECURITY|SET)\b",
                     r"CREATE OR REPLACE VIEW (\S+)",
                     r"(COMMENT ON .*?) IS "):
         found = re.match(pattern, flat, re.I)

@@ -28,9 +28,8 @@ SELECT p.oid::regprocedure AS function_without_search_path
                                                      || '$' || i, ', ' ORDER BY i)
                                      FROM generate_series(1, p.pronargs) i)));
 -- The one procedure, rag_await, commits between its checks, which a procedure with a SET clause may not do: it
--- runs as its caller and names everything it uses with its schema, operators included.
-SELECT p.oid::regprocedure AS procedure, p.prosecdef AS definer, p.proconfig,
-       p.prosrc ~ '\mrag\._' AND p.prosrc !~ '[^.]\m(_collection_id|_still_processing|_may_commit)\(' AS names_qualified
+-- runs as its caller and names everything it uses with its schema (11_security plants a type it would take).
+SELECT p.oid::regprocedure AS procedure, p.prosecdef AS definer, p.proconfig
   FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass AND p.prokind = 'p';

@@ -17,31 +17,49 @@ SELECT rag_ingest('docs', 'Parking', 'Parking permits for the staff car park are
 SELECT rag_wait('docs', '30 seconds') AS all_done;
 SELECT rag_wait('docs', NULL);
 -- The same wait as a procedure, which commits between its checks (e2e test_snapshots shows the horizon moving
--- on); in a transaction block or a function, where it may not commit, it waits as rag_wait does.
+-- on), and first of all what its caller wrote before it; where it may not commit (a transaction block, a
+-- function) it waits as rag_wait does.
 CALL rag_await('docs', '30 seconds');
 CALL rag_await('docs', NULL);
 CALL rag_await('no such collection');
-BEGIN;
-CALL rag_await('docs', '0');
-COMMIT;
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 CALL rag_await('docs', '0');
 ROLLBACK;
-CREATE FUNCTION pg_temp.awaited() RETURNS boolean LANGUAGE plpgsql AS $$
+-- With something still processing: a provider that takes five seconds an embedding.
+SELECT rag_create_collection('slow', embedding_model => 'hash-384@slow5000') > 0 AS created;
+SELECT rag_ingest('slow', 'Slow', 'Embedded in five seconds.') > 0 AS queued;
+CREATE TEMP TABLE written_before_the_wait (n int);
+CREATE FUNCTION pg_temp.wait_then_fail(p_fail boolean) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     v_ready boolean;
 BEGIN
-    CALL rag_await('docs', '30 seconds', v_ready);
+    INSERT INTO written_before_the_wait VALUES (1);
+    CALL rag_await('slow', '0.2 seconds', v_ready);
+    IF p_fail THEN
+        RAISE EXCEPTION 'the function fails after a wait';
+    END IF;
     RETURN v_ready;
 END $$;
-SELECT pg_temp.awaited();
+SELECT pg_temp.wait_then_fail(false) AS ready_within_a_function;
+\set VERBOSITY terse
+SELECT pg_temp.wait_then_fail(true);
+\set VERBOSITY default
+BEGIN;
+CALL rag_await('slow', '0.2 seconds');
+ROLLBACK;
 DO $$
 DECLARE
     v_ready boolean;
 BEGIN
-    CALL rag_await('docs', '30 seconds', v_ready);
-    RAISE NOTICE 'ready, in a DO block (where it may commit): %', v_ready;
+    INSERT INTO written_before_the_wait VALUES (2);
+    CALL rag_await('slow', '0.2 seconds', v_ready);
+    RAISE EXCEPTION 'the DO block fails after a wait';
 END $$;
+-- 1 from the function that returned, 2 committed by rag_await before the DO block failed; none from the
+-- function that failed.
+SELECT n AS written FROM written_before_the_wait ORDER BY n;
+CALL rag_await('slow', '60 seconds');
+SELECT rag_drop_collection('slow');
 SELECT title, status, failure_reason, chunks_total = chunks_embedded AS complete, embed_calls, metadata
   FROM rag.documents WHERE collection_id = (SELECT id FROM rag.collections WHERE name = 'docs') ORDER BY id;
 

@@ -1718,6 +1718,30 @@ SELECT rag_drop_collection('bait');
 RESET ROLE;
 
 ------------------------------------------------------------------------------------------------------------
+-- 7. rag_await has no SET clause (it commits), so it runs with its caller's search_path, and PL/pgSQL compiles
+-- it once per session with the path of its first caller. A type it named without a schema was taken from
+-- there: a domain an attacker planted as pg_temp.timestamptz ran the attacker's check as every later caller
+-- of the session, another role's SECURITY DEFINER function included (review of session 40). Nothing here may
+-- print the spy's notice.
+SET ROLE sec_attacker;
+CREATE FUNCTION pg_temp.spy(pg_catalog.timestamptz) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'the planted domain runs as %', current_user;
+    RETURN true;
+END $$;
+CREATE DOMAIN pg_temp.timestamptz AS pg_catalog.timestamptz CHECK (pg_temp.spy(VALUE));
+CREATE DOMAIN pg_temp.int4 AS pg_catalog.int4 CHECK (pg_temp.spy(pg_catalog.now()));
+CREATE DOMAIN pg_temp.bool AS pg_catalog.bool CHECK (pg_temp.spy(pg_catalog.now()));
+SET search_path = pg_temp, pg_catalog, public;
+CALL rag_await('attacker-notes', '0');
+RESET search_path;
+RESET ROLE;
+SET ROLE sec_owner;
+CALL rag_await('owner-docs', '0');
+RESET ROLE;
+DROP DOMAIN pg_temp.timestamptz, pg_temp.int4, pg_temp.bool;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
