@@ -17,10 +17,11 @@ pub fn my_database() -> pg_sys::Oid {
 
 /// Whether the PL/pgSQL routine running now may COMMIT: a procedure CALLed at top level outside a transaction
 /// block (or from a DO block or procedure that was). Asked from inside that routine, whose SPI connection
-/// PostgreSQL opened as atomic or not by exactly that rule.
+/// PostgreSQL opened as atomic or not by exactly that rule. One refusal it cannot foresee: a COMMIT inside a
+/// FOR loop over a query that writes (the loop's portal cannot be kept), which raises at the COMMIT.
 pub fn routine_may_commit() -> bool {
     // SAFETY: reads the innermost SPI connection's flags (or sees there is none), which only this process's
-    // thread changes; it makes the same tests as the COMMIT it predicts.
+    // thread changes; it makes the same tests (atomic, inside a subtransaction) as SPI_commit.
     unsafe { pg_sys::SPI_inside_nonatomic_context() }
 }
 
