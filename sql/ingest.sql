@@ -757,8 +757,10 @@ END $$;
 -- connected to the database (pg_restore -j runs post-data items before other data items end). Another role
 -- naming its session "pg_restore" does not count. A watch whose table has no triggers yet waits as well
 -- (rag._claim_row), for a database without chunks. About 30 µs with five collections, once per worker step.
+-- rag.status shows it to every reader: as its owner, so that the answer does not depend on what of
+-- pg_stat_activity the reader may see, and it tells nothing but the yes or no.
 CREATE FUNCTION rag._restore_under_way() RETURNS boolean
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
                     WHERE h.inhparent = 'rag.chunks'::regclass
                       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i

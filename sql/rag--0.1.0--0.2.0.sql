@@ -2951,7 +2951,7 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._restore_under_way() RETURNS boolean
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
                     WHERE h.inhparent = 'rag.chunks'::regclass
                       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
@@ -4447,8 +4447,16 @@ SELECT c.name AS collection,
        m.failure_reason AS migration_error,
        -- A failing upkeep step that rests (rag.upkeep_failures): the most recent, when several fail.
        u.upkeep_error,
-       u.upkeep_retry_at
+       u.upkeep_retry_at,
+       -- The worker claims and tidies nothing while a restore of the database is half done
+       -- (rag._restore_under_way); a restore that never reaches its post-data section leaves it so for good,
+       -- which the server log alone said.
+       CASE WHEN restore.under_way
+            THEN 'a restore of this database is not finished (a partition of rag.chunks has no primary key yet, '
+                 'or a superuser''s pg_restore is connected): nothing is embedded until it is'
+       END AS worker_waiting_for
   FROM rag.collections c
+  CROSS JOIN (SELECT rag._restore_under_way() AS under_way) restore
   LEFT JOIN rag.migrations m ON m.collection_id = c.id
   LEFT JOIN LATERAL (
         SELECT format('%s failed %s time%s in a row: %s', f.step, f.failures,
@@ -4481,7 +4489,7 @@ SELECT c.name AS collection,
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
 
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, and a failing upkeep step (index build or rebuild, model change) with its next try';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, a failing upkeep step (index build or rebuild, model change) with its next try, and a half-done restore the worker waits for';
 
 ALTER TABLE rag.documents ENABLE ROW LEVEL SECURITY;
 
@@ -6365,7 +6373,7 @@ BEGIN
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
-                               '_collection_id_for_caller', '_watches_readable_whole',
+                               '_collection_id_for_caller', '_restore_under_way', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
                                '_watch_triggers_problem', '_watch_trigger_mode_installed')
                 THEN 'rag_reader'

@@ -334,7 +334,7 @@ BEGIN
                                '_local_model_window', '_row_visible', '_vector_schema', '_watch_columns', '_limit', '_or_query', '_keyword_index_name',
                                '_keyword_query', '_lexeme_query', '_any_lexeme', '_close_enough',
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
-                               '_collection_id_for_caller', '_watches_readable_whole',
+                               '_collection_id_for_caller', '_restore_under_way', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
                                '_watch_triggers_problem', '_watch_trigger_mode_installed')
                 THEN 'rag_reader'

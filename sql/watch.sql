@@ -1936,8 +1936,16 @@ SELECT c.name AS collection,
        m.failure_reason AS migration_error,
        -- A failing upkeep step that rests (rag.upkeep_failures): the most recent, when several fail.
        u.upkeep_error,
-       u.upkeep_retry_at
+       u.upkeep_retry_at,
+       -- The worker claims and tidies nothing while a restore of the database is half done
+       -- (rag._restore_under_way); a restore that never reaches its post-data section leaves it so for good,
+       -- which the server log alone said.
+       CASE WHEN restore.under_way
+            THEN 'a restore of this database is not finished (a partition of rag.chunks has no primary key yet, '
+                 'or a superuser''s pg_restore is connected): nothing is embedded until it is'
+       END AS worker_waiting_for
   FROM rag.collections c
+  CROSS JOIN (SELECT rag._restore_under_way() AS under_way) restore
   LEFT JOIN rag.migrations m ON m.collection_id = c.id
   LEFT JOIN LATERAL (
         SELECT format('%s failed %s time%s in a row: %s', f.step, f.failures,
@@ -1969,7 +1977,7 @@ SELECT c.name AS collection,
            AND (qu.last_error IS NOT NULL OR qd.failure_reason IS NOT NULL)
          ORDER BY qd.updated_at DESC LIMIT 1) e ON true
  WHERE c.id = ANY ((SELECT rag._collections_with(current_user, 'read'))::integer[]);
-COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, and a failing upkeep step (index build or rebuild, model change) with its next try';
+COMMENT ON VIEW rag.status IS 'Per collection: documents by status, chunks embedded of total, queue depth, oldest pending item, last error, a model change in progress, a failing upkeep step (index build or rebuild, model change) with its next try, and a half-done restore the worker waits for';
 
 -- The extension's schema again, where pgrx creates the Rust functions declared after this file.
 SET LOCAL search_path = @extschema@, pg_temp;

@@ -260,7 +260,10 @@ class RestoreWithWorkDue(unittest.TestCase):
     def setUpClass(cls):
         fresh_database(cls.SOURCE)
         psql("""
+            DROP ROLE IF EXISTS rag_e2e_due_reader;
+            CREATE ROLE rag_e2e_due_reader IN ROLE rag_reader;
             SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            SELECT rag_grant('kb', 'rag_e2e_due_reader', 'read');
             SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
               FROM generate_series(1, 5) g;
             CREATE SCHEMA web;
@@ -292,6 +295,7 @@ class RestoreWithWorkDue(unittest.TestCase):
     def tearDownClass(cls):
         drop(cls.SOURCE)
         drop(cls.TARGET)
+        psql("DROP ROLE IF EXISTS rag_e2e_due_reader", db="postgres")
 
     def test_work_due_during_a_restore_waits_for_its_end(self):
         time.sleep(max(0.0, self.dumped_at + 6 - time.time()))
@@ -313,8 +317,16 @@ class RestoreWithWorkDue(unittest.TestCase):
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
                                    f"AND datname = '{self.TARGET}')", "postgres"), "no worker came")
         time.sleep(3)
+        # rag.status says why nothing moves (a restore that stops here stays so for good), to a reader too.
+        for become in ("", "SET ROLE rag_e2e_due_reader; "):
+            self.assertEqual(psql(f"{become}SELECT collection, "
+                                  "worker_waiting_for LIKE 'a restore of this database is not finished%' "
+                                  "FROM rag.status", db=self.TARGET), [["kb", "t"]])
         run(["pg_restore", "--exit-on-error", "--section=data", "-L", other_rows, "-d", self.TARGET, self.dump])
         run(["pg_restore", "--exit-on-error", "--section=post-data", "-d", self.TARGET, self.dump])
+        for become in ("", "SET ROLE rag_e2e_due_reader; "):
+            self.assertEqual(psql(f"{become}SELECT collection, worker_waiting_for IS NULL FROM rag.status",
+                                  db=self.TARGET), [["kb", "t"]])
         self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
                                    "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
                                    "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", self.TARGET),

@@ -24,6 +24,7 @@ RESET ROLE;
 SET ROLE regress_reader;
 SELECT title FROM rag_query('docs', 'How much notice do I have to give?', 1);
 SELECT count(*) > 0 AS can_read FROM rag.documents;
+SELECT collection, worker_waiting_for FROM rag.status;
 CALL rag_await('docs', '0');
 SELECT rag_ingest('docs', 'x', 'y');
 INSERT INTO rag.documents (collection_id, body, content_sha256) VALUES (1, 'x', 'x');
