@@ -459,8 +459,8 @@ END $$;
 -- SELECT of rag_wait prevents for as long as it runs. Where it may commit it commits first, so that what its
 -- caller wrote before (a DO block's rag_ingest) is committed, as the worker needs to see it, whether or not it
 -- then has to wait. Where it cannot commit (a transaction block, several statements sent as one query, a
--- function, a procedure with a SET clause, an EXCEPTION block, EXECUTE) it waits as rag_wait does: READ
--- COMMITTED only, holding its caller's snapshot.
+-- function, a procedure with a SET clause, an EXCEPTION block, EXECUTE) it is rag_wait: READ COMMITTED only,
+-- holding its caller's snapshot.
 -- No SET clause: a procedure with one may not commit. It runs as its caller with the caller's search_path, and
 -- PL/pgSQL compiles it once per session with the path of its first caller, then reuses that for every later
 -- caller of the session (another role's SECURITY DEFINER function's too): so every name in it is qualified,
@@ -470,23 +470,25 @@ CREATE PROCEDURE @extschema@.rag_await(collection text, timeout interval DEFAULT
                                        INOUT ready boolean DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection pg_catalog.int4 := rag._collection_id_for_caller(collection);
-    v_deadline pg_catalog.timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
-    v_may_commit pg_catalog.bool := rag._may_commit();
+    v_collection pg_catalog.int4;
+    v_deadline pg_catalog.timestamptz;
 BEGIN
+    IF NOT rag._may_commit() THEN
+        -- Then it is rag_wait, named as what the caller called.
+        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
+        ready := @extschema@.rag_wait(collection, timeout);
+        RETURN;
+    END IF;
+    v_collection := rag._collection_id_for_caller(collection);
     IF timeout IS NULL THEN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
     END IF;
-    IF NOT v_may_commit THEN
-        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
-    END IF;
+    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
     LOOP
-        -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
-        -- says, so it sees what the worker has committed.
-        IF v_may_commit THEN
-            COMMIT;
-        END IF;
+        -- Each check is a transaction of its own, whatever default_transaction_isolation says, so it sees what
+        -- the worker has committed.
+        COMMIT;
         IF NOT rag._still_processing(v_collection) THEN
             ready := true;
             RETURN;

@@ -2723,23 +2723,25 @@ CREATE OR REPLACE PROCEDURE @extschema@.rag_await(collection text, timeout inter
                                        INOUT ready boolean DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection pg_catalog.int4 := rag._collection_id_for_caller(collection);
-    v_deadline pg_catalog.timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
-    v_may_commit pg_catalog.bool := rag._may_commit();
+    v_collection pg_catalog.int4;
+    v_deadline pg_catalog.timestamptz;
 BEGIN
+    IF NOT rag._may_commit() THEN
+        -- Then it is rag_wait, named as what the caller called.
+        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
+        ready := @extschema@.rag_wait(collection, timeout);
+        RETURN;
+    END IF;
+    v_collection := rag._collection_id_for_caller(collection);
     IF timeout IS NULL THEN
         RAISE EXCEPTION 'timeout must not be NULL' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass how long to wait, such as ''10 minutes''; ''0'' looks once without waiting.';
     END IF;
-    IF NOT v_may_commit THEN
-        PERFORM rag._require_read_committed('rag_await in a transaction block or a function');
-    END IF;
+    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
     LOOP
-        -- Where it may commit, each check is a transaction of its own, whatever default_transaction_isolation
-        -- says, so it sees what the worker has committed.
-        IF v_may_commit THEN
-            COMMIT;
-        END IF;
+        -- Each check is a transaction of its own, whatever default_transaction_isolation says, so it sees what
+        -- the worker has committed.
+        COMMIT;
         IF NOT rag._still_processing(v_collection) THEN
             ready := true;
             RETURN;
@@ -6272,7 +6274,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind, p.proconfig,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -6304,8 +6306,7 @@ BEGIN
         IF f.prokind = 'p' THEN
             -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
             -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
-            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql'
-               OR (SELECT p.proconfig IS NOT NULL FROM pg_catalog.pg_proc p WHERE p.oid = f.signature) THEN
+            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql' OR f.proconfig IS NOT NULL THEN
                 RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
             END IF;
             EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);

@@ -233,7 +233,7 @@ BEGIN
     v_path := 'pg_catalog, rag, pg_temp';
     FOR f IN
         -- The SECURITY DEFINER half of an entry point has the wrapper's name, so it gets the same grants.
-        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind,
+        SELECT p.oid::regprocedure AS signature, p.proname, l.lanname, p.proowner, p.prosecdef, p.prokind, p.proconfig,
                (NOT p.prosecdef AND n.nspname <> 'rag_definer'
                 AND EXISTS (SELECT 1 FROM pg_proc b JOIN pg_namespace bn ON bn.oid = b.pronamespace
                              WHERE bn.nspname = 'rag_definer' AND b.proname = p.proname
@@ -265,8 +265,7 @@ BEGIN
         IF f.prokind = 'p' THEN
             -- rag_await commits between its checks, which a procedure with a SET clause may not do; it is
             -- SECURITY INVOKER and qualifies every name it uses instead (sql/ingest.sql). No other is allowed.
-            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql'
-               OR (SELECT p.proconfig IS NOT NULL FROM pg_catalog.pg_proc p WHERE p.oid = f.signature) THEN
+            IF f.prosecdef OR f.proname <> 'rag_await' OR f.lanname <> 'plpgsql' OR f.proconfig IS NOT NULL THEN
                 RAISE EXCEPTION 'procedure % may not be part of rag', f.signature;
             END IF;
             EXECUTE format('REVOKE ALL ON PROCEDURE %s FROM PUBLIC, rag_reader, rag_writer, rag_admin', f.signature);
