@@ -292,16 +292,43 @@ pub fn seconds_until_needed() -> Result<Option<f64>, SpiError> {
     )
 }
 
-/// Whether the worker has anything to do now: keys to spread, a due row or a due document.
-/// Nothing is, while a restore of the database is half done (`rag._restore_under_way`).
-pub fn work_waiting() -> Result<bool, SpiError> {
-    Ok(idle_read::<bool>(
-        "SELECT (EXISTS (SELECT 1 FROM rag.row_batches)
-                 OR EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before <= now())
-                 OR EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now()))
-            AND NOT rag._restore_under_way()",
-    )?
-    .unwrap_or(true))
+/// What the worker finds when it looks at its queue.
+pub enum QueueLook {
+    /// Keys to spread, a due row or a due document.
+    DueNow,
+    /// A restore of the database is half done (`rag._restore_under_way`): nothing is claimed meanwhile.
+    Restoring,
+    /// Nothing due now; the first queued item is due in so many seconds (None: nothing is queued).
+    NothingDue { first_due_in: Option<f64> },
+}
+
+/// Looks at the queue in one snapshot, so that "nothing due" and when the first item is due describe the same
+/// queue: a row that became due between two looks could otherwise be missed by both.
+pub fn look_at_queue() -> Result<QueueLook, SpiError> {
+    Spi::connect(|client| {
+        let row = client
+            .select(
+                "SELECT l.due_now, l.restoring,
+                        CASE WHEN NOT (l.due_now OR l.restoring) THEN rag._seconds_until_due() END
+                   FROM (SELECT EXISTS (SELECT 1 FROM rag.row_batches)
+                                OR EXISTS (SELECT 1 FROM rag.row_queue WHERE not_before <= now())
+                                OR EXISTS (SELECT 1 FROM rag.queue WHERE not_before <= now()) AS due_now,
+                                rag._restore_under_way() AS restoring) l",
+                Some(1),
+                &[],
+            )?
+            .first();
+        let restoring = row.get::<bool>(2)?.unwrap_or(true);
+        Ok(if restoring {
+            QueueLook::Restoring
+        } else if row.get::<bool>(1)?.unwrap_or(true) {
+            QueueLook::DueNow
+        } else {
+            QueueLook::NothingDue {
+                first_due_in: row.get::<f64>(3)?,
+            }
+        })
+    })
 }
 
 /// Whether a restore of the database is half done (`rag._restore_under_way`): the idle worker's upkeep waits

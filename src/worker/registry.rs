@@ -80,6 +80,14 @@ static TURNS_TO_GIVE: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"rag_turns_t
 static SLOT_WAKE_AT_MS: PgAtomic<[AtomicU64; SLOTS]> =
     unsafe { PgAtomic::new(c"rag_slot_wake_at") };
 
+/// How many times each slot's worker was woken for queued work (`wake_workers_of_current_database`: by backends
+/// after their commit, and by workers themselves). Counted for every slot of the database whatever its state,
+/// so that a worker between two states misses none. An idle worker that found nothing due keeps what it found
+/// for as long as this count stays the same (serve.rs, `IdleMemo`), rather than looking at the queue again
+/// every naptime.
+// SAFETY: see SLOT_DATABASE.
+static SLOT_WAKES: PgAtomic<[AtomicU64; SLOTS]> = unsafe { PgAtomic::new(c"rag_slot_wakes") };
+
 /// Databases the launcher must leave alone until the paired time (ms since the Unix epoch): a command that
 /// needs the database to itself is about to run there.
 // SAFETY: see SLOT_DATABASE.
@@ -98,6 +106,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SLOT_STATE = std::array::from_fn(|_| AtomicI32::new(0)));
     pg_shmem_init!(SLOT_BACKLOG = std::array::from_fn(|_| AtomicBool::new(false)));
     pg_shmem_init!(SLOT_WAKE_AT_MS = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(SLOT_WAKES = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(LAUNCHER_PID = AtomicI32::new(0));
     pg_shmem_init!(LAUNCHER_WAKE_DATABASES = std::array::from_fn(|_| AtomicU32::new(0)));
     pg_shmem_init!(LAUNCHER_WAKE_OVERFLOW = AtomicBool::new(false));
@@ -168,6 +177,12 @@ pub fn set_wake_after(slot: usize, after: Option<Duration>) {
         now_ms().saturating_add(after.as_millis() as u64).max(1)
     });
     SLOT_WAKE_AT_MS.get()[slot].store(at, Ordering::SeqCst);
+}
+
+/// Worker side: how many times backends have woken this slot's worker for work they queued. Read before the
+/// queue is looked at: a wake counted after that read is for work the look may not have seen.
+pub fn wakes(slot: usize) -> u64 {
+    SLOT_WAKES.get()[slot].load(Ordering::SeqCst)
 }
 
 /// Launcher side: what a Dormant slot's worker left in `set_wake_after`, as ms since the Unix epoch.
@@ -305,9 +320,12 @@ pub fn wake_workers_of_current_database() {
     let database = crate::pg::my_database().to_u32();
     let mut woke_any = false;
     for slot in 0..SLOTS {
-        if SLOT_DATABASE.get()[slot].load(Ordering::SeqCst) == database
-            && slot_state(slot) == SlotState::Running
-        {
+        if SLOT_DATABASE.get()[slot].load(Ordering::SeqCst) != database {
+            continue;
+        }
+        // Counted before the latch is set, so that the worker it wakes sees the count moved.
+        SLOT_WAKES.get()[slot].fetch_add(1, Ordering::SeqCst);
+        if slot_state(slot) == SlotState::Running {
             woke_any |= set_latch_of(SLOT_PID.get()[slot].load(Ordering::SeqCst));
         }
     }

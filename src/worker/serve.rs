@@ -231,6 +231,79 @@ fn log_restore_wait() {
 }
 const HELD_WORK_FIRST_RECHECK: Duration = Duration::from_millis(10);
 
+/// The longest an idle worker trusts what it last found in the queue without looking again. Work queued through
+/// rag's functions and triggers wakes the worker after its commit, which ends the memo; this bounds the wait
+/// for work that arrives without a wake: rows a restore copies into the queue (found once the restore ends), a
+/// superuser's own INSERT, a prepared transaction's COMMIT PREPARED (commit callbacks run at PREPARE).
+const IDLE_MEMO_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// What an idle worker found when it last looked: nothing due, and the first queued item due `first_due` after
+/// `taken` (None: nothing queued). Looking costs a walk over every queue entry that finished while some
+/// transaction of the database (a pg_dump, a session left in REPEATABLE READ) holds the xmin horizon back:
+/// those entries stay until the horizon moves, and an idle worker that looked every naptime read them all each
+/// time, about two buffers an entry (6,000 a look after a 3,000-document load). Work queued since is announced
+/// by a wake (`registry::wakes`), so the memo holds until one comes, the first item is due, or
+/// IDLE_MEMO_MAX_AGE passes.
+struct IdleMemo {
+    wakes: u64,
+    taken: Instant,
+    first_due: Option<Duration>,
+}
+
+impl IdleMemo {
+    fn holds(&self, slot: usize) -> bool {
+        let age = self.taken.elapsed();
+        registry::wakes(slot) == self.wakes
+            && age < IDLE_MEMO_MAX_AGE
+            && self.first_due.is_none_or(|due| age < due)
+    }
+
+    fn until_due(&self) -> Option<Duration> {
+        self.first_due
+            .map(|due| due.saturating_sub(self.taken.elapsed()))
+    }
+}
+
+/// What an idle worker carries from one rest to the next.
+struct Resting {
+    /// How long it waits before looking again at due work it could not claim (doubles up to HELD_WORK_RECHECK).
+    held_wait: Duration,
+    /// What its last look at the queue found, while nothing was due.
+    memo: Option<IdleMemo>,
+}
+
+/// Whether there is work to claim now: through the memo while it holds, else by looking (and remembering what
+/// the look found when nothing was due). A failed look counts as work, as it always did: the claim that
+/// follows finds out.
+fn work_due(steps: &WorkerTransactions, slot: usize, memo: &mut Option<IdleMemo>) -> bool {
+    if memo.as_ref().is_some_and(|memo| memo.holds(slot)) {
+        return false;
+    }
+    // Both read before the look: a wake counted after this is for work the look may not have seen, and the
+    // first item's delay is measured from the look's now().
+    let wakes = registry::wakes(slot);
+    let taken = Instant::now();
+    match steps.run(store::look_at_queue) {
+        Ok(store::QueueLook::NothingDue { first_due_in }) => {
+            *memo = Some(IdleMemo {
+                wakes,
+                taken,
+                first_due: first_due_in.map(|seconds| Duration::from_secs_f64(seconds.max(0.0))),
+            });
+            false
+        }
+        // Not remembered: the restore's end wakes nobody.
+        Ok(store::QueueLook::Restoring) => {
+            *memo = None;
+            false
+        }
+        Ok(store::QueueLook::DueNow) | Err(_) => {
+            *memo = None;
+            true
+        }
+    }
+}
+
 /// How long a worker serves a busy database while another database waits for a slot, before it gives its slot
 /// up between two steps (the launcher gives it to the database that has waited longest, and this one waits its
 /// turn): more databases with work than rag.max_workers take turns instead of the first ones served keeping
@@ -272,7 +345,7 @@ fn rest(
     cool_down_ends: Option<Duration>,
     nap: Duration,
     serving_since: Instant,
-    held_wait: &mut Duration,
+    resting: &mut Resting,
 ) -> Rest {
     // Idle: no bulk load waits for this worker any more.
     registry::set_backlog(slot, false);
@@ -316,11 +389,19 @@ fn rest(
             return Rest::Left;
         }
     }
-    let due = steps.run(store::seconds_until_due).ok().flatten();
-    let until_due = due
-        .map(|seconds| Duration::from_secs_f64(seconds.max(0.0)))
-        .unwrap_or(nap)
-        .min(nap);
+    // A memo taken before a restore began would outlive it: the restore's end wakes nobody.
+    if restoring {
+        resting.memo = None;
+    }
+    let due = match resting.memo.as_ref().filter(|memo| memo.holds(slot)) {
+        Some(memo) => memo.until_due(),
+        None => steps
+            .run(store::seconds_until_due)
+            .ok()
+            .flatten()
+            .map(|seconds| Duration::from_secs_f64(seconds.max(0.0))),
+    };
+    let until_due = due.unwrap_or(nap).min(nap);
     // Work that is due but was not claimed belongs to providers cooling down: sleep until the first cool-down
     // ends rather than spinning on it. Due work no cool-down explains is held (another worker's claim, a
     // session's open transaction on the document): looked at again after a wait that doubles up to a second, not
@@ -330,8 +411,8 @@ fn rest(
         Some(ends) if until_due < Duration::from_millis(50) => ends.min(nap),
         Some(ends) => until_due.min(ends),
         None if until_due < Duration::from_millis(50) => {
-            let wait = *held_wait;
-            *held_wait = (wait * 2).min(HELD_WORK_RECHECK);
+            let wait = resting.held_wait;
+            resting.held_wait = (wait * 2).min(HELD_WORK_RECHECK);
             nap.min(wait)
         }
         None => until_due,
@@ -405,7 +486,10 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
     let mut rng = SplitMix64::from_entropy();
     let mut last_upkeep = Instant::now();
     let serving_since = Instant::now();
-    let mut held_wait = HELD_WORK_FIRST_RECHECK;
+    let mut resting = Resting {
+        held_wait: HELD_WORK_FIRST_RECHECK,
+        memo: None,
+    };
     // None while idle: the first step after a rest looks at once.
     let mut last_backlog_check: Option<Instant> = None;
     loop {
@@ -422,7 +506,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         let nap = Duration::from_millis(crate::settings::NAPTIME_MS.get().max(10) as u64);
         // Looked at read-only first: claiming takes a transaction id even when there is nothing to claim.
-        let outcome = if steps.run(store::work_waiting).unwrap_or(true) {
+        let outcome = if work_due(&steps, slot, &mut resting.memo) {
             process_next(
                 &steps,
                 &mut providers,
@@ -442,7 +526,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
         }
         match outcome {
             Ok(Step::Worked) => {
-                held_wait = HELD_WORK_FIRST_RECHECK;
+                resting.held_wait = HELD_WORK_FIRST_RECHECK;
                 if let Some(reason) = gives_way(slot, serving_since) {
                     pgrx::log!(
                         "rag worker: {reason} leaves its slot to a database waiting for one"
@@ -469,7 +553,7 @@ pub extern "C-unwind" fn rag_worker_main(argument: pg_sys::Datum) {
                     cool_down_ends,
                     nap,
                     serving_since,
-                    &mut held_wait,
+                    &mut resting,
                 ) {
                     Rest::Again => {}
                     Rest::Left => return,

@@ -2,6 +2,7 @@
 PostgreSQL gives them: a privilege revoked since they began no longer counts, a command that would act on rows
 others committed since fails with a serialization error they can retry, and the calls that must read what
 others commit while they run refuse to run there (red team 29)."""
+import time
 import unittest
 
 from support import InItsOwnDatabase, background_psql, psql, read_line, scalar, wait_until
@@ -100,6 +101,43 @@ class Snapshots(InItsOwnDatabase):
              "SELECT rag_watch('drafts', 'drafts', content => 'body'); COMMIT;", db=DB)
         psql("SELECT rag_unwatch('drafts', drop_documents => true); DROP TABLE drafts; "
              "SELECT rag_drop_collection('drafts')", db=DB)
+
+    def test_an_idle_worker_does_not_walk_the_finished_queue_while_a_snapshot_holds_it_back(self):
+        """A REPEATABLE READ session (a pg_dump, say) holds the xmin horizon, so every queue entry a load finishes
+        stays behind as a dead row until it ends. An idle worker that looked at its queue every naptime walked
+        them all each time (about two buffers an entry: 6,000 a look after 3,000 documents). It now keeps what
+        it found until a backend wakes it, and work queued meanwhile is still taken at once."""
+        psql("SELECT rag_create_collection('idle', embedding_model => 'hash-384')", db=DB)
+        session = snapshot_session()
+        try:
+            psql("SELECT count(rag_ingest('idle', 'Note ' || g, 'Note number ' || g || ' is about parking.')) "
+                 "FROM generate_series(1, 600) g", db=DB)
+            self.assertEqual(scalar("SELECT rag_wait('idle', '120 seconds')", db=DB), "t")
+            self.assertEqual(scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND backend_xmin IS NOT NULL AND state = 'idle in transaction'", db=DB), "1")
+            # Scans, not buffers: autovacuum and ANALYZE may read the queue's pages meanwhile, but scan nothing.
+            scans = ("SELECT sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)) FROM pg_stat_all_tables "
+                     "WHERE relid IN ('rag.queue'::regclass, 'rag.row_queue'::regclass)")
+            # Settled first: after rag_wait returns, the load's index is built and its extra worker leaves,
+            # which look at the queue once or twice more. A worker that looks every naptime never settles.
+            settled_at, last = time.time() + 20, None
+            while time.time() < settled_at:
+                count = int(scalar(scans, db=DB))
+                if count == last:
+                    break
+                last = count
+                time.sleep(1)
+            before = int(scalar(scans, db=DB))
+            # Fifteen naptimes of the test cluster's 200 ms; one look scans the queues four times.
+            time.sleep(3)
+            after = int(scalar(scans, db=DB))
+            self.assertLessEqual(after - before, 4, "the idle worker looked at its queue again and again")
+            psql("SELECT rag_ingest('idle', 'Late', 'A late note about bicycles.')", db=DB)
+            self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Late'", db=DB,
+                                       seconds=10))
+        finally:
+            session.communicate("COMMIT;\n", timeout=60)
+            psql("SELECT rag_drop_collection('idle')", db=DB)
 
     def test_rag_await_holds_back_no_vacuum_while_it_waits(self):
         """A SELECT of rag_wait keeps its statement's snapshot, and so the database's xmin horizon, for as long
