@@ -513,6 +513,8 @@ unsafe extern "C-unwind" fn rag_process_utility(
     // SAFETY: as above.
     let is_copy = crate::api::watch_keys::is_copy(pstmt);
     // SAFETY: as above.
+    let commits_prepared = crate::worker::wake::is_commit_prepared(pstmt);
+    // SAFETY: as above.
     crate::api::roles::before_command(pstmt);
     let next = PREVIOUS_PROCESS_UTILITY.unwrap_or(standard_process_utility_unguarded);
     // SAFETY: PostgreSQL's own arguments passed on unchanged to the next hook or to the standard
@@ -532,6 +534,9 @@ unsafe extern "C-unwind" fn rag_process_utility(
     }
     if is_copy {
         crate::api::watch_keys::after_copy();
+    }
+    if commits_prepared {
+        crate::worker::registry::wake_running_workers_of_current_database();
     }
     // SAFETY: as above; the statement is the one that just ran.
     crate::api::roles::after_command(pstmt);

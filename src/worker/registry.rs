@@ -179,7 +179,7 @@ pub fn set_wake_after(slot: usize, after: Option<Duration>) {
     SLOT_WAKE_AT_MS.get()[slot].store(at, Ordering::SeqCst);
 }
 
-/// Worker side: how many times backends have woken this slot's worker for work they queued. Read before the
+/// Worker side: how many times this slot's worker was woken for queued work (SLOT_WAKES). Read before the
 /// queue is looked at: a wake counted after that read is for work the look may not have seen.
 pub fn wakes(slot: usize) -> u64 {
     SLOT_WAKES.get()[slot].load(Ordering::SeqCst)
@@ -317,6 +317,23 @@ pub fn wake_workers_of_current_database() {
     if !available() {
         return;
     }
+    if !wake_slots_of_current_database() {
+        request_launcher_for(crate::pg::my_database().to_u32());
+    }
+}
+
+/// Wakes the current database's workers, if it has any, and asks nothing of the launcher: for `COMMIT
+/// PREPARED` (`wake::is_commit_prepared`), which runs in databases that do not use rag too, where asking would
+/// start a probe worker each time.
+pub fn wake_running_workers_of_current_database() {
+    if available() {
+        wake_slots_of_current_database();
+    }
+}
+
+/// Counts a wake for every slot of the current database and sets the latches of those running; whether any
+/// was.
+fn wake_slots_of_current_database() -> bool {
     let database = crate::pg::my_database().to_u32();
     let mut woke_any = false;
     for slot in 0..SLOTS {
@@ -329,9 +346,7 @@ pub fn wake_workers_of_current_database() {
             woke_any |= set_latch_of(SLOT_PID.get()[slot].load(Ordering::SeqCst));
         }
     }
-    if !woke_any {
-        request_launcher_for(database);
-    }
+    woke_any
 }
 
 /// Slots currently held for `database`, whatever their state.

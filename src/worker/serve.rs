@@ -233,8 +233,8 @@ const HELD_WORK_FIRST_RECHECK: Duration = Duration::from_millis(10);
 
 /// The longest an idle worker trusts what it last found in the queue without looking again. Work queued through
 /// rag's functions and triggers wakes the worker after its commit, which ends the memo; this bounds the wait
-/// for work that arrives without a wake: rows a restore copies into the queue (found once the restore ends), a
-/// superuser's own INSERT, a prepared transaction's COMMIT PREPARED (commit callbacks run at PREPARE).
+/// for work that arrives without a wake: rows a restore copies into the queue (found once the restore ends), or
+/// a superuser's own INSERT. (A prepared transaction's work wakes at its COMMIT PREPARED: `wake::is_commit_prepared`.)
 const IDLE_MEMO_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What an idle worker found when it last looked: nothing due, and the first queued item due `first_due` after

@@ -34,3 +34,20 @@ pub mod rag {
     }
 }
 pub use rag::wake_worker;
+
+/// Whether the statement is `COMMIT PREPARED`. The transaction it commits may have queued work: that work's
+/// wake-up was registered for a commit that never came (PREPARE ends the transaction without one), so rag's
+/// ProcessUtility hook (`crate::pg`) wakes the database's workers once the statement has run. Without it an idle
+/// worker would find that work only when its memo of an empty queue runs out (serve.rs, IDLE_MEMO_MAX_AGE).
+///
+/// # Safety
+/// `pstmt` is the hook's own statement pointer, NULL or a valid PlannedStmt.
+pub unsafe fn is_commit_prepared(pstmt: *mut pg_sys::PlannedStmt) -> bool {
+    if pstmt.is_null() || (*pstmt).utilityStmt.is_null() {
+        return false;
+    }
+    let statement = (*pstmt).utilityStmt;
+    (*statement).type_ == pg_sys::NodeTag::T_TransactionStmt
+        && (*statement.cast::<pg_sys::TransactionStmt>()).kind
+            == pg_sys::TransactionStmtKind::TRANS_STMT_COMMIT_PREPARED
+}

@@ -139,6 +139,26 @@ class Snapshots(InItsOwnDatabase):
             session.communicate("COMMIT;\n", timeout=60)
             psql("SELECT rag_drop_collection('idle')", db=DB)
 
+    def test_work_of_a_prepared_transaction_is_taken_at_its_commit_prepared(self):
+        """An idle worker keeps what it found in its queue until it is woken, and a transaction's wake comes with
+        its commit. PREPARE ends a transaction without one, so COMMIT PREPARED wakes the worker: the document is
+        ready within seconds, not when the worker's memo of an empty queue runs out (a minute)."""
+        psql("SELECT rag_create_collection('prepared', embedding_model => 'hash-384')", db=DB)
+        try:
+            # Idle, with its memo taken after the collection's own wake.
+            time.sleep(1)
+            psql("BEGIN; SELECT rag_ingest('prepared', 'Prepared', 'Written in a prepared transaction.'); "
+                 "PREPARE TRANSACTION 'rag_e2e_prepared'", db=DB)
+            time.sleep(1)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Prepared'", db=DB), "0")
+            psql("COMMIT PREPARED 'rag_e2e_prepared'", db=DB)
+            self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Prepared'", db=DB,
+                                       seconds=10))
+        finally:
+            # Left prepared only when the test failed before its COMMIT PREPARED; it would hold the drop.
+            psql("ROLLBACK PREPARED 'rag_e2e_prepared'", db=DB, check=False)
+            psql("SELECT rag_drop_collection('prepared')", db=DB)
+
     def test_rag_await_holds_back_no_vacuum_while_it_waits(self):
         """A SELECT of rag_wait keeps its statement's snapshot, and so the database's xmin horizon, for as long
         as it waits; CALL rag_await commits between its checks, so the horizon moves on while it waits."""
