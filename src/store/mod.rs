@@ -292,6 +292,19 @@ pub fn seconds_until_needed() -> Result<Option<f64>, SpiError> {
     )
 }
 
+/// How many rows were ever inserted into or updated in the queue tables, as the statistics count them (NULL
+/// while `track_counts` is off). Any write that can make work due moves it within about a second of its
+/// commit, wake or no wake (a superuser's own UPDATE of `not_before`, a restore's COPY): an idle worker looks at
+/// its queue again when it moves (serve.rs, `IdleMemo`). A statistics lookup, no table is read.
+pub fn queue_writes() -> Result<Option<i64>, SpiError> {
+    idle_read::<i64>(
+        "SELECT sum(pg_catalog.pg_stat_get_tuples_inserted(t.oid) + pg_catalog.pg_stat_get_tuples_updated(t.oid))::int8
+           FROM (VALUES ('rag.queue'::pg_catalog.regclass), ('rag.row_queue'::pg_catalog.regclass),
+                        ('rag.row_batches'::pg_catalog.regclass)) t(oid)
+          WHERE pg_catalog.current_setting('track_counts')::bool",
+    )
+}
+
 /// What the worker finds when it looks at its queue.
 pub enum QueueLook {
     /// Keys to spread, a due row or a due document.

@@ -233,8 +233,9 @@ const HELD_WORK_FIRST_RECHECK: Duration = Duration::from_millis(10);
 
 /// The longest an idle worker trusts what it last found in the queue without looking again. Work queued through
 /// rag's functions and triggers wakes the worker after its commit, which ends the memo; this bounds the wait
-/// for work that arrives without a wake: rows a restore copies into the queue (found once the restore ends), or
-/// a superuser's own INSERT. (A prepared transaction's work wakes at its COMMIT PREPARED: `wake::is_commit_prepared`.)
+/// for work that arrives without a wake and unseen by the statistics (`store::queue_writes`, which a write to the
+/// queue moves within about a second, but not while `track_counts` is off). A prepared transaction's work wakes
+/// at its COMMIT PREPARED (`wake::is_commit_prepared`).
 const IDLE_MEMO_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What an idle worker found when it last looked: nothing due, and the first queued item due `first_due` after
@@ -242,15 +243,18 @@ const IDLE_MEMO_MAX_AGE: Duration = Duration::from_secs(60);
 /// transaction of the database (a pg_dump, a session left in REPEATABLE READ) holds the xmin horizon back:
 /// those entries stay until the horizon moves, and an idle worker that looked every naptime read them all each
 /// time, about two buffers an entry (6,000 a look after a 3,000-document load). Work queued since is announced
-/// by a wake (`registry::wakes`), so the memo holds until one comes, the first item is due, or
-/// IDLE_MEMO_MAX_AGE passes.
+/// by a wake (`registry::wakes`), and any other write to the queue by the statistics' count of its writes
+/// (`queue_writes`), so the memo holds until one of them moves, the first item is due, or IDLE_MEMO_MAX_AGE
+/// passes.
 struct IdleMemo {
     wakes: u64,
+    queue_writes: Option<i64>,
     taken: Instant,
     first_due: Option<Duration>,
 }
 
 impl IdleMemo {
+    /// Without the writes' count: what a rest decides how long to sleep by.
     fn holds(&self, slot: usize) -> bool {
         let age = self.taken.elapsed();
         registry::wakes(slot) == self.wakes
@@ -276,17 +280,23 @@ struct Resting {
 /// the look found when nothing was due). A failed look counts as work, as it always did: the claim that
 /// follows finds out.
 fn work_due(steps: &WorkerTransactions, slot: usize, memo: &mut Option<IdleMemo>) -> bool {
-    if memo.as_ref().is_some_and(|memo| memo.holds(slot)) {
+    // All three read before the look: a wake counted or a write flushed to the statistics after this is for
+    // work the look may not have seen (a write's statistics are flushed after its commit), and the first item's
+    // delay is measured from the look's now().
+    let queue_writes = steps.run(store::queue_writes).ok().flatten();
+    if memo
+        .as_ref()
+        .is_some_and(|memo| memo.holds(slot) && memo.queue_writes == queue_writes)
+    {
         return false;
     }
-    // Both read before the look: a wake counted after this is for work the look may not have seen, and the
-    // first item's delay is measured from the look's now().
     let wakes = registry::wakes(slot);
     let taken = Instant::now();
     match steps.run(store::look_at_queue) {
         Ok(store::QueueLook::NothingDue { first_due_in }) => {
             *memo = Some(IdleMemo {
                 wakes,
+                queue_writes,
                 taken,
                 first_due: first_due_in.map(|seconds| Duration::from_secs_f64(seconds.max(0.0))),
             });
