@@ -282,8 +282,12 @@ struct Resting {
 fn work_due(steps: &WorkerTransactions, slot: usize, memo: &mut Option<IdleMemo>) -> bool {
     // All three read before the look: a wake counted or a write flushed to the statistics after this is for
     // work the look may not have seen (a write's statistics are flushed after its commit), and the first item's
-    // delay is measured from the look's now().
-    let queue_writes = steps.run(store::queue_writes).ok().flatten();
+    // delay is measured from the look's now(). The writes are counted only when there is a memo: a busy worker
+    // has none, and would pay a transaction a step for it. The memo its first idle look takes then has no count,
+    // which never matches one, so the next naptime looks once more and keeps a memo with its count.
+    let queue_writes = memo
+        .as_ref()
+        .and_then(|_| steps.run(store::queue_writes).ok().flatten());
     if memo
         .as_ref()
         .is_some_and(|memo| memo.holds(slot) && memo.queue_writes == queue_writes)
