@@ -307,12 +307,19 @@ BEGIN
     -- sequence come with the data section): taking its id, as any rag_admin connected in between could, gave
     -- the new collection the restored one's chunks, documents and grants, and failed the restore's rows
     -- (red team 14).
-    IF to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
-        RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
-                        v_id, rag._chunk_partition(v_id)
-            USING ERRCODE = 'object_in_use',
-                  HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
-    END IF;
+    -- Once no restore is under way, an empty partition with no collection is what a dump that left rag's rows
+    -- out (pg_dump --exclude-table-data 'rag.*') restores: the partitions are tables of the dump, the
+    -- collections' rows and their sequence's value are data. Its id is passed over, and the worker drops it
+    -- (rag._partitions_to_drop) once the sequence has passed it.
+    WHILE to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL LOOP
+        IF rag._restore_under_way() OR NOT rag._partition_left_empty(v_id) THEN
+            RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
+                            v_id, rag._chunk_partition(v_id)
+                USING ERRCODE = 'object_in_use',
+                      HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
+        END IF;
+        UPDATE rag.collections c SET id = DEFAULT WHERE c.id = v_id RETURNING c.id INTO v_id;
+    END LOOP;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
     -- first failed document. (A local model's window is enforced when it is chosen.)
@@ -535,6 +542,10 @@ $$;
 -- collections' sequence has given out: a restore makes the partitions (pre-data) before the collections' rows
 -- and the sequence's value (data), and a marked partition it brings back (a dump taken before the worker dropped
 -- it) must not be dropped under the restore's COPY into it.
+-- Also an unmarked partition whose collection never came back: a dump that left rag's rows out restores the
+-- partitions alone (rag_create_collection passes over their ids). Only once it has its primary key (the
+-- restore's post-data section ran) and only if it is empty: a partition with chunks is a restore's, whatever
+-- the rest says.
 CREATE FUNCTION rag._partitions_to_drop() RETURNS text[]
 LANGUAGE sql STABLE AS $$
     -- The worker looks every naptime: the collection by its key (not each collection's partition name computed
@@ -545,9 +556,44 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND pg_catalog.obj_description(p.oid, 'pg_class')
-           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
+       AND (pg_catalog.obj_description(p.oid, 'pg_class')
+            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
+            OR rag._partition_left_empty(p.collection_id))
 $$;
+
+-- Whether a collection's partition of rag.chunks holds any row, whoever may see it (a caller's own policies do
+-- not apply to rag's owner).
+-- NULL when it has no partition (a collection whose partition a restore has not made yet).
+CREATE FUNCTION rag._partition_has_rows(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_has boolean;
+BEGIN
+    IF pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id))) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has;
+    RETURN v_has;
+END $$;
+
+-- Whether the table named as a collection's partition is one a finished restore left without its collection:
+-- attached to rag.chunks, with its primary key (the restore's post-data section ran), unmarked and empty.
+-- Anything else by that name (a partition still without its key, a table not attached, one with chunks) may
+-- be a restore's under way.
+CREATE FUNCTION rag._partition_left_empty(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Read in this order: the table may not exist, and only an attached partition is read.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
+                    WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
+                      AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
+                      AND pg_catalog.obj_description(i.inhrelid, 'pg_class') IS NULL
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_index x
+                                   WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
+        RETURN false;
+    END IF;
+    RETURN NOT rag._partition_has_rows(p_collection_id);
+END $$;
 
 -- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes
 -- it, waiting at most lock_timeout (100 ms) for running searches, during which new ones queue behind it; the
@@ -1248,10 +1294,21 @@ CREATE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    PERFORM rag._require_writable('rag_reindex');
+    RETURN rag._reindex_collection(v_collection);
+END $$;
+
+-- rag_reindex's work, once the caller's right to it is checked; also the worker's, for a collection whose
+-- chunks a restore did not bring (rag._requeue_missing_chunks). Returns how many documents and watched rows
+-- it queued.
+CREATE FUNCTION rag._reindex_collection(p_collection_id integer) RETURNS bigint
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_collection integer := p_collection_id;
     v_watch integer;
     v_count bigint;
 BEGIN
-    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -1284,6 +1341,37 @@ BEGIN
     -- trying right now is left to it: rag._upkeep_forget).
     PERFORM rag._upkeep_forget(v_collection, NULL);
     PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+-- Collections whose documents say they were chunked while their partition of rag.chunks holds no chunk: what a
+-- restore of a dump that left the chunks out brings back (pg_dump --exclude-table-data 'rag.chunks_c*', a
+-- smaller backup without what can be made again). Their searches found nothing while rag.status counted the
+-- chunks the documents remember.
+CREATE FUNCTION rag._collections_missing_chunks() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}')
+      FROM rag.collections c
+     WHERE EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0)
+       AND rag._partition_has_rows(c.id) IS FALSE
+$$;
+
+-- The worker's repair of those collections after a restore: every document chunked and embedded again from
+-- the text rag.documents keeps, watched rows read again from their tables (rag._reindex_collection). Returns
+-- the collections queued; each is said in the server log.
+CREATE FUNCTION rag._requeue_missing_chunks() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_queued bigint;
+    v_count integer := 0;
+BEGIN
+    FOREACH v_collection IN ARRAY rag._collections_missing_chunks() LOOP
+        v_queued := rag._reindex_collection(v_collection);
+        RAISE LOG 'rag worker: collection "%" has none of the chunks its documents were cut into (a restore of a dump without them?): % documents and rows queued to be chunked and embedded again',
+                  (SELECT c.name FROM rag.collections c WHERE c.id = v_collection), v_queued;
+        v_count := v_count + 1;
+    END LOOP;
     RETURN v_count;
 END $$;
 

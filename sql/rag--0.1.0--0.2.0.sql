@@ -1181,12 +1181,19 @@ BEGIN
     -- sequence come with the data section): taking its id, as any rag_admin connected in between could, gave
     -- the new collection the restored one's chunks, documents and grants, and failed the restore's rows
     -- (red team 14).
-    IF to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
-        RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
-                        v_id, rag._chunk_partition(v_id)
-            USING ERRCODE = 'object_in_use',
-                  HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
-    END IF;
+    -- Once no restore is under way, an empty partition with no collection is what a dump that left rag's rows
+    -- out (pg_dump --exclude-table-data 'rag.*') restores: the partitions are tables of the dump, the
+    -- collections' rows and their sequence's value are data. Its id is passed over, and the worker drops it
+    -- (rag._partitions_to_drop) once the sequence has passed it.
+    WHILE to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL LOOP
+        IF rag._restore_under_way() OR NOT rag._partition_left_empty(v_id) THEN
+            RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
+                            v_id, rag._chunk_partition(v_id)
+                USING ERRCODE = 'object_in_use',
+                      HINT = 'Create collections once the restore has ended; a restore should run with no other connection to the database (README, Backups).';
+        END IF;
+        UPDATE rag.collections c SET id = DEFAULT WHERE c.id = v_id RETURNING c.id INTO v_id;
+    END LOOP;
     PERFORM rag._ensure_index(v_id);
     -- A served model that reads fewer tokens than a chunk holds refuses or truncates it; said now, not at the
     -- first failed document. (A local model's window is enforced when it is chosen.)
@@ -1386,9 +1393,37 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND pg_catalog.obj_description(p.oid, 'pg_class')
-           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
+       AND (pg_catalog.obj_description(p.oid, 'pg_class')
+            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
+            OR rag._partition_left_empty(p.collection_id))
 $$;
+
+CREATE OR REPLACE FUNCTION rag._partition_has_rows(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_has boolean;
+BEGIN
+    IF pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id))) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has;
+    RETURN v_has;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._partition_left_empty(p_collection_id integer) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Read in this order: the table may not exist, and only an attached partition is read.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
+                    WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
+                      AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
+                      AND pg_catalog.obj_description(i.inhrelid, 'pg_class') IS NULL
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_index x
+                                   WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
+        RETURN false;
+    END IF;
+    RETURN NOT rag._partition_has_rows(p_collection_id);
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1947,10 +1982,18 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigi
 LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
+BEGIN
+    PERFORM rag._require_writable('rag_reindex');
+    RETURN rag._reindex_collection(v_collection);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._reindex_collection(p_collection_id integer) RETURNS bigint
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_collection integer := p_collection_id;
     v_watch integer;
     v_count bigint;
 BEGIN
-    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -1983,6 +2026,30 @@ BEGIN
     -- trying right now is left to it: rag._upkeep_forget).
     PERFORM rag._upkeep_forget(v_collection, NULL);
     PERFORM rag._wake_worker();
+    RETURN v_count;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._collections_missing_chunks() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}')
+      FROM rag.collections c
+     WHERE EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0)
+       AND rag._partition_has_rows(c.id) IS FALSE
+$$;
+
+CREATE OR REPLACE FUNCTION rag._requeue_missing_chunks() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_collection integer;
+    v_queued bigint;
+    v_count integer := 0;
+BEGIN
+    FOREACH v_collection IN ARRAY rag._collections_missing_chunks() LOOP
+        v_queued := rag._reindex_collection(v_collection);
+        RAISE LOG 'rag worker: collection "%" has none of the chunks its documents were cut into (a restore of a dump without them?): % documents and rows queued to be chunked and embedded again',
+                  (SELECT c.name FROM rag.collections c WHERE c.id = v_collection), v_queued;
+        v_count := v_count + 1;
+    END LOOP;
     RETURN v_count;
 END $$;
 

@@ -196,6 +196,27 @@ pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
     repair_indexes_after_writes(idle)
 }
 
+/// Which partitions of rag.chunks there are, each by its table and its file: a restore makes new ones, a
+/// TRUNCATE gives one a new file. The worker looks for collections missing their chunks only when this changes.
+pub fn chunk_partitions() -> Result<Option<String>, SpiError> {
+    idle_read::<String>(
+        "SELECT coalesce(string_agg(x.oid::text || '/' || x.relfilenode::text, ',' ORDER BY x.oid), '') \
+           FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid \
+          WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass",
+    )
+}
+
+/// Queues every document again of the collections whose chunks are gone while their documents say they were
+/// chunked (`rag._requeue_missing_chunks`: a restore of a dump that left the chunks out); returns how many
+/// collections.
+pub fn requeue_missing_chunks() -> Result<Option<i32>, SpiError> {
+    let look = "SELECT pg_catalog.cardinality(rag._collections_missing_chunks()) > 0";
+    if idle_read::<bool>(look)? != Some(true) {
+        return Ok(Some(0));
+    }
+    Spi::get_one::<i32>("SELECT rag._requeue_missing_chunks()")
+}
+
 /// Builds again the HNSW index of one collection that asked for new build parameters (`rag_set_search`), beside
 /// the one searches use meanwhile, and drops that one (`rag._rebuild_index`); a collection whose rebuild failed
 /// rests (`rag.upkeep_failures`). The worker's alone: a client's transaction would hold the partition from the

@@ -344,11 +344,52 @@ fn free_to_leave(steps: &WorkerTransactions) -> Option<Option<Duration>> {
 fn upkeep_while_idle(steps: &WorkerTransactions) {
     // Before it may leave, so that databases taking turns still get model changes' steps.
     upkeep(steps, true);
+    requeue_missing_chunks(steps);
     // How common each collection's words are, for the full-text side of its searches.
     if let Err(error) = steps.run(store::measure_lexemes) {
         pgrx::log!("rag worker: measuring lexemes: {error}");
     }
     prune_ledger(steps);
+}
+
+thread_local! {
+    /// The partitions of rag.chunks as this worker last found them whole (`store::chunk_partitions`).
+    static PARTITIONS_CHECKED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    /// When looking for collections missing their chunks last failed: tried again a minute later, not every
+    /// naptime with a line in the server log each time.
+    static MISSING_CHUNKS_FAILED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+const MISSING_CHUNKS_RETRY: Duration = Duration::from_secs(60);
+
+/// A dump may leave the chunks out (they can be made again from the documents' text): after such a restore the
+/// documents say they are chunked and every search finds nothing. Looked for when the partitions change (a
+/// restore makes them anew), not every naptime, which would read every collection's partition.
+fn requeue_missing_chunks(steps: &WorkerTransactions) {
+    let partitions = match steps.run(store::chunk_partitions) {
+        Ok(partitions) => partitions.unwrap_or_default(),
+        Err(error) => {
+            pgrx::log!("rag worker: listing the partitions of rag.chunks: {error}");
+            return;
+        }
+    };
+    if PARTITIONS_CHECKED.with_borrow(|checked| checked.as_ref() == Some(&partitions))
+        || MISSING_CHUNKS_FAILED
+            .get()
+            .is_some_and(|failed| failed.elapsed() < MISSING_CHUNKS_RETRY)
+    {
+        return;
+    }
+    match steps.run(store::requeue_missing_chunks) {
+        Ok(_) => {
+            PARTITIONS_CHECKED.set(Some(partitions));
+            MISSING_CHUNKS_FAILED.set(None);
+        }
+        Err(error) => {
+            MISSING_CHUNKS_FAILED.set(Some(Instant::now()));
+            pgrx::log!("rag worker: queueing collections whose chunks are missing: {error}");
+        }
+    }
 }
 
 /// Nothing is due: make room for another database if workers are wanted elsewhere, repair missing indexes,

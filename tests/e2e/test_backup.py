@@ -50,6 +50,10 @@ def drop(db):
     drop_database(db)
 
 
+def sql_literal(text):
+    return "'" + text.replace("'", "''") + "'"
+
+
 class Backup(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -172,6 +176,76 @@ class Backup(unittest.TestCase):
 
     def test_plain_sql_dump_replayed_with_psql(self):
         self.restore_and_check("rag_e2e_plain", lambda db: psql(self.plain, db=db))
+
+    def test_a_dump_without_the_chunks_is_chunked_and_embedded_again(self):
+        """The chunks can be made again from the documents' text, so a smaller backup may leave them out. The
+        restored documents still say they were chunked: before, every search found nothing while rag.status
+        counted the chunks, and nothing told the user why. The worker now queues such a collection again."""
+        target = "rag_e2e_no_chunks"
+        drop(target)
+        psql(f"CREATE DATABASE {target}", db="postgres")
+        try:
+            dump = run(["pg_dump", "-Fp", "--exclude-table-data", "rag.chunks_c*", SOURCE])
+            self.assertNotIn("COPY rag.chunks_c", dump)
+            psql(dump, db=target)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.chunks", db=target), "0")
+            # The same chunks as before, made again (their ids are new), with their vectors.
+            same_chunks = ("SELECT string_agg(d.title || '|' || coalesce(d.source_key::text, '') || '|' || ch.content "
+                           "|| '|' || (ch.embedding IS NOT NULL), ',' ORDER BY d.title, d.source_key::text, ch.ordinal) "
+                           "FROM rag.chunks ch JOIN rag.documents d ON d.id = ch.document_id")
+            expected = scalar(same_chunks, db=SOURCE)
+            self.assertTrue(wait_until(f"SELECT ({same_chunks}) = {sql_literal(expected)} "
+                                       "AND NOT EXISTS (SELECT 1 FROM rag.documents "
+                                       "WHERE status <> 'ready' AND title <> 'Pending')", target),
+                            "the collections whose chunks were left out were not chunked and embedded again")
+            restored = fingerprint(target)
+            for table in ("collections", "collection_grants", "watches", "providers"):
+                self.assertEqual(restored[table], self.original[table], table)
+            self.assertEqual(psql("SELECT title FROM rag_query('kb', 'how much notice must staff give', 1)", db=target),
+                             self.top_title)
+            self.assertEqual(scalar("SET ROLE rag_e2e_backup_reader; SELECT count(*) > 0 FROM rag_query('kb', 'lunch');",
+                                    db=target), "t")
+            counts = "SELECT string_agg(collection || ':' || chunks_total, ',' ORDER BY collection) FROM rag.status"
+            self.assertEqual(scalar(counts, db=target), scalar(counts, db=SOURCE))
+        finally:
+            drop(target)
+
+    def test_a_dump_without_rags_rows_leaves_no_partition_in_the_way(self):
+        """pg_dump --exclude-table-data 'rag.*' restores the collections' partitions (they are tables of the dump)
+        without the collections, whose ids come from a sequence that starts again: the first
+        rag_create_collection took an id whose partition was there and failed, once for each, and the
+        partitions stayed for good. The new collection passes over them, and the worker drops them."""
+        target = "rag_e2e_no_rag_rows"
+        drop(target)
+        psql(f"CREATE DATABASE {target}", db="postgres")
+        try:
+            run_restore = ["pg_restore", "--exit-on-error", "-d", target]
+            dump = os.path.join(os.environ.get("WORK", "/tmp"), "rag_e2e_no_rag_rows.dump")
+            run(["pg_dump", "-Fc", "--exclude-table-data", "rag.*", "-f", dump, SOURCE])
+            run(run_restore + [dump])
+            self.assertEqual(scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = 'rag.chunks'::regclass",
+                                    db=target), "3")
+            self.assertEqual(scalar("SELECT rag_create_collection('fresh', embedding_model => 'hash-384', "
+                                    "max_distance => 2)", db=target), "4")
+            self.assertTrue(wait_until("SELECT array_agg(c.relname::text ORDER BY 1) = '{chunks_c4}' "
+                                       "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                                       "WHERE i.inhparent = 'rag.chunks'::regclass", target),
+                            "the partitions of collections that did not come back were not dropped")
+            psql("SELECT rag_ingest('fresh', 'Notice', 'Staff must give thirty days notice in writing.')", db=target)
+            self.assertTrue(wait_until("SELECT status = 'ready' FROM rag.documents WHERE title = 'Notice'", target))
+            self.assertEqual(scalar("SELECT title FROM rag_query('fresh', 'notice', 1)", db=target), "Notice")
+            # The watched table's triggers, whose watch did not come back, do not stand in its owner's way, and
+            # the table can be watched again.
+            psql("INSERT INTO pages VALUES (3, 'Visitors sign in at the front desk.')", db=target)
+            self.assertEqual(scalar("SELECT count(*) FROM rag.row_queue", db=target), "0")
+            psql("SELECT rag_watch('pages', 'fresh', content => 'body')", db=target)
+            self.assertTrue(wait_until("SELECT count(*) = 3 AND bool_and(status = 'ready') FROM rag.documents "
+                                       "WHERE watch_id IS NOT NULL", target), "the table was not watched again")
+            self.assertEqual(scalar("SELECT d.source_key->>'id' FROM rag_query('fresh', 'front desk visitors', 1) q "
+                                    "JOIN rag.documents d ON d.id = q.document_id", db=target), "3")
+            os.remove(dump)
+        finally:
+            drop(target)
 
 
 class WithoutPrivileges(unittest.TestCase):
