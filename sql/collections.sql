@@ -309,10 +309,13 @@ BEGIN
     -- (red team 14).
     -- Once no restore is under way, an empty partition with no collection is what a dump that left rag's rows
     -- out (pg_dump --exclude-table-data 'rag.*') restores: the partitions are tables of the dump, the
-    -- collections' rows and their sequence's value are data. Its id is passed over, and the worker drops it
-    -- (rag._partitions_to_drop) once the sequence has passed it.
+    -- collections' rows and their sequence's value are data. Its id is passed over and the partition left as it
+    -- is: the same state is also a schema restored before its data (pg_restore --schema-only, then
+    -- --data-only), whose rows will want it.
     WHILE to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL LOOP
-        IF rag._restore_under_way() OR NOT rag._partition_left_empty(v_id) THEN
+        IF (rag._restore_under_way() OR NOT rag._partition_left_empty(v_id))
+           -- The worker may drop a dropped collection's partition meanwhile.
+           AND to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
             RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
                             v_id, rag._chunk_partition(v_id)
                 USING ERRCODE = 'object_in_use',
@@ -542,10 +545,6 @@ $$;
 -- collections' sequence has given out: a restore makes the partitions (pre-data) before the collections' rows
 -- and the sequence's value (data), and a marked partition it brings back (a dump taken before the worker dropped
 -- it) must not be dropped under the restore's COPY into it.
--- Also an unmarked partition whose collection never came back: a dump that left rag's rows out restores the
--- partitions alone (rag_create_collection passes over their ids). Only once it has its primary key (the
--- restore's post-data section ran) and only if it is empty: a partition with chunks is a restore's, whatever
--- the rest says.
 CREATE FUNCTION rag._partitions_to_drop() RETURNS text[]
 LANGUAGE sql STABLE AS $$
     -- The worker looks every naptime: the collection by its key (not each collection's partition name computed
@@ -556,9 +555,8 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND (pg_catalog.obj_description(p.oid, 'pg_class')
-            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
-            OR rag._partition_left_empty(p.collection_id))
+       AND pg_catalog.obj_description(p.oid, 'pg_class')
+           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
 -- Whether a collection's partition of rag.chunks holds any row, whoever may see it (a caller's own policies do
@@ -577,9 +575,9 @@ BEGIN
 END $$;
 
 -- Whether the table named as a collection's partition is one a finished restore left without its collection:
--- attached to rag.chunks, with its primary key (the restore's post-data section ran), unmarked and empty.
--- Anything else by that name (a partition still without its key, a table not attached, one with chunks) may
--- be a restore's under way.
+-- attached to rag.chunks, with its primary key (the restore's post-data section ran), empty, and with no
+-- comment but rag_drop_collection's mark. Anything else by that name (a partition still without its key, a
+-- table not attached, one with chunks) may be a restore's under way.
 CREATE FUNCTION rag._partition_left_empty(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -587,7 +585,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
                     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
                       AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
-                      AND pg_catalog.obj_description(i.inhrelid, 'pg_class') IS NULL
+                      AND coalesce(pg_catalog.obj_description(i.inhrelid, 'pg_class'), '')
+                          IN ('', rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index x
+                                                                WHERE x.indrelid = i.inhrelid)))
                       AND EXISTS (SELECT 1 FROM pg_catalog.pg_index x
                                    WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
         RETURN false;
@@ -1294,21 +1294,10 @@ CREATE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
-BEGIN
-    PERFORM rag._require_writable('rag_reindex');
-    RETURN rag._reindex_collection(v_collection);
-END $$;
-
--- rag_reindex's work, once the caller's right to it is checked; also the worker's, for a collection whose
--- chunks a restore did not bring (rag._requeue_missing_chunks). Returns how many documents and watched rows
--- it queued.
-CREATE FUNCTION rag._reindex_collection(p_collection_id integer) RETURNS bigint
-LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
-DECLARE
-    v_collection integer := p_collection_id;
     v_watch integer;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -1344,34 +1333,63 @@ BEGIN
     RETURN v_count;
 END $$;
 
--- Collections whose documents say they were chunked while their partition of rag.chunks holds no chunk: what a
--- restore of a dump that left the chunks out brings back (pg_dump --exclude-table-data 'rag.chunks_c*', a
--- smaller backup without what can be made again). Their searches found nothing while rag.status counted the
--- chunks the documents remember.
-CREATE FUNCTION rag._collections_missing_chunks() RETURNS integer[]
+-- Documents that say they were chunked while none of their chunks is there: what a restore of a dump that
+-- left the chunks out brings back (pg_dump --exclude-table-data 'rag.chunks_c*', a smaller backup without what
+-- can be made again). Their searches found nothing while rag.status counted the chunks the documents remember.
+-- By document, not by collection: a document of the collection due at the restore's end may be chunked before
+-- anyone looks. Only in collections whose partition has every index it is made with, and in p_collections when
+-- it is given: a restore's post-data section makes the partitions' keys, then their indexes, and the worker must
+-- not write into a partition (nor drop and build its HNSW index for a bulk load) before the restore has made
+-- them, or the restore's CREATE INDEX fails. It reads a chunk of every such document, so the worker asks about
+-- the collections whose partitions are new or have new indexes.
+CREATE FUNCTION rag._documents_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}')
-      FROM rag.collections c
-     WHERE EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0)
-       AND rag._partition_has_rows(c.id) IS FALSE
+    SELECT d.id FROM rag.documents d
+     WHERE d.chunks_total > 0
+       AND d.collection_id IN (SELECT c.id FROM rag.collections c
+                                WHERE (p_collections IS NULL OR c.id = ANY (p_collections))
+                                  AND pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(c.id) || '_pending')) IS NOT NULL
+                                  AND pg_catalog.to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NOT NULL
+                                  AND (c.index_name IS NULL
+                                       OR pg_catalog.to_regclass(format('rag.%I', c.index_name)) IS NOT NULL))
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = d.collection_id AND ch.document_id = d.id)
 $$;
 
--- The worker's repair of those collections after a restore: every document chunked and embedded again from
--- the text rag.documents keeps, watched rows read again from their tables (rag._reindex_collection). Returns
--- the collections queued; each is said in the server log.
-CREATE FUNCTION rag._requeue_missing_chunks() RETURNS integer
+-- The worker's repair of those documents: queued to be chunked and embedded again from the text rag.documents
+-- keeps, a watched row's too (its text is the row's as it was dumped; a change to the row since goes through
+-- its watch as any change does). Its table is not read, so no table owner's rights or locks stand in the way.
+-- Each collection is said in the server log. Returns how many documents it queued. A second worker that looks
+-- at the same time finds them with no chunks to count and leaves them.
+CREATE FUNCTION rag._requeue_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer;
-    v_queued bigint;
+    v_requeued record;
     v_count integer := 0;
 BEGIN
-    FOREACH v_collection IN ARRAY rag._collections_missing_chunks() LOOP
-        v_queued := rag._reindex_collection(v_collection);
-        RAISE LOG 'rag worker: collection "%" has none of the chunks its documents were cut into (a restore of a dump without them?): % documents and rows queued to be chunked and embedded again',
-                  (SELECT c.name FROM rag.collections c WHERE c.id = v_collection), v_queued;
-        v_count := v_count + 1;
+    FOR v_requeued IN
+        WITH documents AS (
+            UPDATE rag.documents d SET status = 'processing', failure_reason = NULL, chunks_total = 0,
+                   chunks_embedded = 0, updated_at = now()
+             WHERE d.id IN (SELECT m.id FROM rag._documents_missing_chunks(p_collections) m(id))
+               AND d.chunks_total > 0
+            RETURNING d.id, d.collection_id),
+        queued AS (
+            INSERT INTO rag.queue (document_id, collection_id)
+            SELECT id, collection_id FROM documents ORDER BY id
+            ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                                    unfinished_claims = 0
+            RETURNING collection_id)
+        SELECT c.name, count(*) AS documents
+          FROM queued q JOIN rag.collections c ON c.id = q.collection_id
+         GROUP BY c.name ORDER BY c.name
+    LOOP
+        RAISE LOG 'rag worker: % documents of collection "%" have none of the chunks they were cut into (a restore of a dump without them?): queued to be chunked and embedded again',
+                  v_requeued.documents, v_requeued.name;
+        v_count := v_count + v_requeued.documents;
     END LOOP;
+    IF v_count > 0 THEN
+        PERFORM rag._wake_worker();
+    END IF;
     RETURN v_count;
 END $$;
 

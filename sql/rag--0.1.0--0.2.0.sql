@@ -1183,10 +1183,13 @@ BEGIN
     -- (red team 14).
     -- Once no restore is under way, an empty partition with no collection is what a dump that left rag's rows
     -- out (pg_dump --exclude-table-data 'rag.*') restores: the partitions are tables of the dump, the
-    -- collections' rows and their sequence's value are data. Its id is passed over, and the worker drops it
-    -- (rag._partitions_to_drop) once the sequence has passed it.
+    -- collections' rows and their sequence's value are data. Its id is passed over and the partition left as it
+    -- is: the same state is also a schema restored before its data (pg_restore --schema-only, then
+    -- --data-only), whose rows will want it.
     WHILE to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL LOOP
-        IF rag._restore_under_way() OR NOT rag._partition_left_empty(v_id) THEN
+        IF (rag._restore_under_way() OR NOT rag._partition_left_empty(v_id))
+           -- The worker may drop a dropped collection's partition meanwhile.
+           AND to_regclass(format('rag.%I', rag._chunk_partition(v_id))) IS NOT NULL THEN
             RAISE EXCEPTION 'the chunks of collection id % already exist (rag.%): a restore of this database seems to be under way',
                             v_id, rag._chunk_partition(v_id)
                 USING ERRCODE = 'object_in_use',
@@ -1393,9 +1396,8 @@ LANGUAGE sql STABLE AS $$
              WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass) p
      WHERE NOT EXISTS (SELECT 1 FROM rag.collections c WHERE c.id = p.collection_id)
        AND p.collection_id <= coalesce(pg_catalog.pg_sequence_last_value('rag.collections_id_seq'), 0)
-       AND (pg_catalog.obj_description(p.oid, 'pg_class')
-            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
-            OR rag._partition_left_empty(p.collection_id))
+       AND pg_catalog.obj_description(p.oid, 'pg_class')
+           = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._partition_has_rows(p_collection_id integer) RETURNS boolean
@@ -1417,7 +1419,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
                     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
                       AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
-                      AND pg_catalog.obj_description(i.inhrelid, 'pg_class') IS NULL
+                      AND coalesce(pg_catalog.obj_description(i.inhrelid, 'pg_class'), '')
+                          IN ('', rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index x
+                                                                WHERE x.indrelid = i.inhrelid)))
                       AND EXISTS (SELECT 1 FROM pg_catalog.pg_index x
                                    WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
         RETURN false;
@@ -1982,18 +1986,10 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_reindex(collection text) RETURNS bigi
 LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_collection integer := rag._collection_id(collection, 'admin');
-BEGIN
-    PERFORM rag._require_writable('rag_reindex');
-    RETURN rag._reindex_collection(v_collection);
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._reindex_collection(p_collection_id integer) RETURNS bigint
-LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
-DECLARE
-    v_collection integer := p_collection_id;
     v_watch integer;
     v_count bigint;
 BEGIN
+    PERFORM rag._require_writable('rag_reindex');
     -- An HNSW index dropped by hand (or left out of a restore) is built again after the reindex; the collection's
     -- row is taken before its documents, the order a store takes them in.
     UPDATE rag.collections c SET index_name = NULL
@@ -2029,27 +2025,49 @@ BEGIN
     RETURN v_count;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._collections_missing_chunks() RETURNS integer[]
+CREATE OR REPLACE FUNCTION rag._documents_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}')
-      FROM rag.collections c
-     WHERE EXISTS (SELECT 1 FROM rag.documents d WHERE d.collection_id = c.id AND d.chunks_total > 0)
-       AND rag._partition_has_rows(c.id) IS FALSE
+    SELECT d.id FROM rag.documents d
+     WHERE d.chunks_total > 0
+       AND d.collection_id IN (SELECT c.id FROM rag.collections c
+                                WHERE (p_collections IS NULL OR c.id = ANY (p_collections))
+                                  AND pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(c.id) || '_pending')) IS NOT NULL
+                                  AND pg_catalog.to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NOT NULL
+                                  AND (c.index_name IS NULL
+                                       OR pg_catalog.to_regclass(format('rag.%I', c.index_name)) IS NOT NULL))
+       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = d.collection_id AND ch.document_id = d.id)
 $$;
 
-CREATE OR REPLACE FUNCTION rag._requeue_missing_chunks() RETURNS integer
+CREATE OR REPLACE FUNCTION rag._requeue_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_collection integer;
-    v_queued bigint;
+    v_requeued record;
     v_count integer := 0;
 BEGIN
-    FOREACH v_collection IN ARRAY rag._collections_missing_chunks() LOOP
-        v_queued := rag._reindex_collection(v_collection);
-        RAISE LOG 'rag worker: collection "%" has none of the chunks its documents were cut into (a restore of a dump without them?): % documents and rows queued to be chunked and embedded again',
-                  (SELECT c.name FROM rag.collections c WHERE c.id = v_collection), v_queued;
-        v_count := v_count + 1;
+    FOR v_requeued IN
+        WITH documents AS (
+            UPDATE rag.documents d SET status = 'processing', failure_reason = NULL, chunks_total = 0,
+                   chunks_embedded = 0, updated_at = now()
+             WHERE d.id IN (SELECT m.id FROM rag._documents_missing_chunks(p_collections) m(id))
+               AND d.chunks_total > 0
+            RETURNING d.id, d.collection_id),
+        queued AS (
+            INSERT INTO rag.queue (document_id, collection_id)
+            SELECT id, collection_id FROM documents ORDER BY id
+            ON CONFLICT (document_id) DO UPDATE SET not_before = now(), attempts = 0, first_failure_at = NULL,
+                                                    unfinished_claims = 0
+            RETURNING collection_id)
+        SELECT c.name, count(*) AS documents
+          FROM queued q JOIN rag.collections c ON c.id = q.collection_id
+         GROUP BY c.name ORDER BY c.name
+    LOOP
+        RAISE LOG 'rag worker: % documents of collection "%" have none of the chunks they were cut into (a restore of a dump without them?): queued to be chunked and embedded again',
+                  v_requeued.documents, v_requeued.name;
+        v_count := v_count + v_requeued.documents;
     END LOOP;
+    IF v_count > 0 THEN
+        PERFORM rag._wake_worker();
+    END IF;
     RETURN v_count;
 END $$;
 

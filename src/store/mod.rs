@@ -196,25 +196,41 @@ pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
     repair_indexes_after_writes(idle)
 }
 
-/// Which partitions of rag.chunks there are, each by its table and its file: a restore makes new ones, a
-/// TRUNCATE gives one a new file. The worker looks for collections missing their chunks only when this changes.
+/// Which partitions of rag.chunks there are, each as `collection:table/file/indexes`: a restore makes new ones
+/// and then their indexes, a TRUNCATE gives one a new file. The worker looks for documents missing their chunks
+/// in the collections whose entry is new.
 pub fn chunk_partitions() -> Result<Option<String>, SpiError> {
     idle_read::<String>(
-        "SELECT coalesce(string_agg(x.oid::text || '/' || x.relfilenode::text, ',' ORDER BY x.oid), '') \
+        "SELECT coalesce(string_agg(substring(x.relname FROM '^chunks_c([0-9]+)$') || ':' || x.oid::text || '/' \
+                                    || x.relfilenode::text || '/' \
+                                    || (SELECT count(*) FROM pg_catalog.pg_index n WHERE n.indrelid = x.oid)::text, \
+                                    ',' ORDER BY x.oid), '') \
            FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid \
           WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass",
     )
 }
 
-/// Queues every document again of the collections whose chunks are gone while their documents say they were
-/// chunked (`rag._requeue_missing_chunks`: a restore of a dump that left the chunks out); returns how many
-/// collections.
-pub fn requeue_missing_chunks() -> Result<Option<i32>, SpiError> {
-    let look = "SELECT pg_catalog.cardinality(rag._collections_missing_chunks()) > 0";
-    if idle_read::<bool>(look)? != Some(true) {
+/// Queues again the documents of these collections (None: of all) that say they were chunked while none of
+/// their chunks is there (`rag._requeue_missing_chunks`: a restore of a dump that left the chunks out); returns
+/// how many.
+pub fn requeue_missing_chunks(collections: Option<Vec<i32>>) -> Result<Option<i32>, SpiError> {
+    let missing = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks($1))",
+                Some(1),
+                &[collections.clone().into()],
+            )?
+            .first()
+            .get_one::<bool>()
+    })?;
+    if missing != Some(true) {
         return Ok(Some(0));
     }
-    Spi::get_one::<i32>("SELECT rag._requeue_missing_chunks()")
+    Spi::get_one_with_args::<i32>(
+        "SELECT rag._requeue_missing_chunks($1)",
+        &[collections.into()],
+    )
 }
 
 /// Builds again the HNSW index of one collection that asked for new build parameters (`rag_set_search`), beside

@@ -9,6 +9,7 @@ use crate::worker::steps::{Step, Steps, WorkerTransactions};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 use rag_embed::SplitMix64;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::pg::shutdown_requested;
@@ -353,9 +354,10 @@ fn upkeep_while_idle(steps: &WorkerTransactions) {
 }
 
 thread_local! {
-    /// The partitions of rag.chunks as this worker last found them whole (`store::chunk_partitions`).
-    static PARTITIONS_CHECKED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-    /// When looking for collections missing their chunks last failed: tried again a minute later, not every
+    /// The partitions of rag.chunks as they were when this worker last looked for documents missing their chunks
+    /// (`store::chunk_partitions`); None before its first look.
+    static PARTITIONS_CHECKED: std::cell::RefCell<Option<BTreeSet<String>>> = const { std::cell::RefCell::new(None) };
+    /// When looking for documents missing their chunks last failed: tried again a minute later, not every
     /// naptime with a line in the server log each time.
     static MISSING_CHUNKS_FAILED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
@@ -363,31 +365,57 @@ thread_local! {
 const MISSING_CHUNKS_RETRY: Duration = Duration::from_secs(60);
 
 /// A dump may leave the chunks out (they can be made again from the documents' text): after such a restore the
-/// documents say they are chunked and every search finds nothing. Looked for when the partitions change (a
-/// restore makes them anew), not every naptime, which would read every collection's partition.
+/// documents say they are chunked and every search finds nothing. Looked for in every collection when the worker
+/// starts, then in those whose partition is new, has a new file or another number of indexes (a restore makes
+/// them anew and then their indexes, a TRUNCATE empties one), not every naptime: the look reads a chunk of each
+/// of their documents.
 fn requeue_missing_chunks(steps: &WorkerTransactions) {
-    let partitions = match steps.run(store::chunk_partitions) {
-        Ok(partitions) => partitions.unwrap_or_default(),
+    let partitions: BTreeSet<String> = match steps.run(store::chunk_partitions) {
+        Ok(listed) => listed
+            .unwrap_or_default()
+            .split(',')
+            .filter(|entry| !entry.is_empty())
+            .map(str::to_owned)
+            .collect(),
         Err(error) => {
             pgrx::log!("rag worker: listing the partitions of rag.chunks: {error}");
             return;
         }
     };
-    if PARTITIONS_CHECKED.with_borrow(|checked| checked.as_ref() == Some(&partitions))
-        || MISSING_CHUNKS_FAILED
-            .get()
-            .is_some_and(|failed| failed.elapsed() < MISSING_CHUNKS_RETRY)
+    let collections: Option<Vec<i32>> =
+        match PARTITIONS_CHECKED.with_borrow(|checked| checked.clone()) {
+            None => None,
+            Some(checked) => {
+                let changed: Vec<i32> = partitions
+                    .difference(&checked)
+                    .filter_map(|entry| {
+                        entry
+                            .split_once(':')
+                            .and_then(|(collection, _)| collection.parse().ok())
+                    })
+                    .collect();
+                if changed.is_empty() {
+                    // Partitions only went (dropped collections): nothing to look at, but remember the smaller set.
+                    PARTITIONS_CHECKED.set(Some(partitions));
+                    return;
+                }
+                Some(changed)
+            }
+        };
+    if MISSING_CHUNKS_FAILED
+        .get()
+        .is_some_and(|failed| failed.elapsed() < MISSING_CHUNKS_RETRY)
     {
         return;
     }
-    match steps.run(store::requeue_missing_chunks) {
+    match steps.run(|| store::requeue_missing_chunks(collections.clone())) {
         Ok(_) => {
             PARTITIONS_CHECKED.set(Some(partitions));
             MISSING_CHUNKS_FAILED.set(None);
         }
         Err(error) => {
             MISSING_CHUNKS_FAILED.set(Some(Instant::now()));
-            pgrx::log!("rag worker: queueing collections whose chunks are missing: {error}");
+            pgrx::log!("rag worker: queueing documents whose chunks are missing: {error}");
         }
     }
 }

@@ -1,0 +1,63 @@
+-- What a restore of a partial dump leaves, and how rag takes it up once the restore is over.
+--
+-- A dump without the chunks (pg_dump --exclude-table-data 'rag.chunks_c*'): documents that say they were chunked
+-- and have no chunk. The worker queues them again (rag._requeue_missing_chunks) by document, so a collection
+-- whose other documents were chunked again meanwhile is mended too. Simulated here by deleting one document's
+-- chunks, which only rag's owner can do.
+SELECT rag_create_collection('leftovers', embedding_model => 'hash-384', max_distance => 2) > 0 AS created;
+SELECT rag_ingest('leftovers', 'Notice', 'Staff give thirty days notice in writing.') > 0 AS one,
+       rag_ingest('leftovers', 'Lunch', 'Lunch is served from noon until two.') > 0 AS two;
+SELECT rag_wait('leftovers', '60 seconds') AS ready;
+SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_before;
+DELETE FROM rag.chunks ch USING rag.documents d WHERE d.id = ch.document_id AND d.title = 'Notice';
+SELECT d.title, d.status, d.chunks_total FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
+ WHERE c.name = 'leftovers' ORDER BY d.title;
+SELECT count(*) AS found_before FROM rag_query('leftovers', 'thirty days notice') WHERE title = 'Notice';
+-- Not while the partition lacks an index it is made with: a restore's post-data section makes them after the
+-- keys, and writing into the partition (or dropping and building its HNSW index for a bulk load) before the
+-- restore's CREATE INDEX fails the restore.
+SELECT format('DROP INDEX rag.%I', rag._keyword_index_name(id)) AS unindex FROM rag.collections WHERE name = 'leftovers' \gset
+:unindex;
+SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_while_indexes_are_made;
+SELECT rag._ensure_keyword_index(id) IS NOT NULL AS reindexed FROM rag.collections WHERE name = 'leftovers';
+SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_once_indexed;
+-- In one transaction, so that the worker takes the document only once it has been looked at.
+BEGIN;
+-- Asked about another collection only, it finds nothing to do.
+SELECT rag._requeue_missing_chunks(ARRAY[0]) AS queued_elsewhere;
+SELECT rag._requeue_missing_chunks(ARRAY[(SELECT id FROM rag.collections WHERE name = 'leftovers')]) AS queued;
+SELECT d.title, d.status, d.chunks_total FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
+ WHERE c.name = 'leftovers' ORDER BY d.title;
+-- A second look (another worker's) finds nothing left to queue.
+SELECT rag._requeue_missing_chunks() AS queued_again;
+COMMIT;
+SELECT rag_wait('leftovers', '60 seconds') AS ready_again;
+SELECT count(*) AS found_after FROM rag_query('leftovers', 'thirty days notice') WHERE title = 'Notice';
+SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_after;
+-- None of it is anyone's but rag's.
+SET ROLE rag_admin;
+SELECT rag._requeue_missing_chunks();
+RESET ROLE;
+SELECT rag_drop_collection('leftovers') AS dropped;
+
+-- A dump without rag's rows (pg_dump --exclude-table-data 'rag.*'): the collections' partitions come back
+-- without their collections, and the ids' sequence starts again. Simulated by taking a collection's row away
+-- behind its partition's back and turning the sequence back to before it.
+SELECT rag_create_collection('orphaned', embedding_model => 'hash-384') AS orphan_id \gset
+DELETE FROM rag.collections WHERE id = :orphan_id;
+SELECT setval('rag.collections_id_seq', :orphan_id - 1) > 0 AS turned_back;
+-- The restore is over (the partition has its primary key): the new collection passes over the id.
+SELECT rag_create_collection('after-the-restore', embedding_model => 'hash-384') - :orphan_id AS ids_past_the_orphan;
+SELECT rag_drop_collection('after-the-restore') AS dropped;
+-- Still in a restore (a partition without its primary key): refused as before, nothing made.
+SELECT setval('rag.collections_id_seq', :orphan_id - 1) > 0 AS turned_back;
+SELECT format('ALTER TABLE rag.%I DROP CONSTRAINT %I', 'chunks_c' || :orphan_id, 'chunks_c' || :orphan_id || '_pkey') AS unkey \gset
+:unkey;
+DO $$ BEGIN
+    PERFORM rag_create_collection('during-the-restore', embedding_model => 'hash-384');
+EXCEPTION WHEN object_in_use THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '[0-9]+', 'N', 'g');
+END $$;
+SELECT count(*) AS made FROM rag.collections WHERE name = 'during-the-restore';
+SELECT format('DROP TABLE rag.%I', 'chunks_c' || :orphan_id) AS tidy \gset
+:tidy;
