@@ -2026,30 +2026,55 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._documents_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS SETOF bigint
-LANGUAGE sql STABLE AS $$
-    SELECT d.id FROM rag.documents d
-     WHERE d.chunks_total > 0
-       AND d.collection_id IN (SELECT c.id FROM rag.collections c
-                                WHERE (p_collections IS NULL OR c.id = ANY (p_collections))
-                                  AND pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(c.id) || '_pending')) IS NOT NULL
-                                  AND pg_catalog.to_regclass(format('rag.%I', rag._keyword_index_name(c.id))) IS NOT NULL
-                                  AND (c.index_name IS NULL
-                                       OR pg_catalog.to_regclass(format('rag.%I', c.index_name)) IS NOT NULL))
-       AND NOT EXISTS (SELECT 1 FROM rag.chunks ch WHERE ch.collection_id = d.collection_id AND ch.document_id = d.id)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT k.id, to_regclass(format('rag.%I', rag._chunk_partition(k.id))) AS partition
+          FROM rag.collections k
+         WHERE (p_collections IS NULL OR k.id = ANY (p_collections))
+           AND to_regclass(format('rag.%I', rag._chunk_partition(k.id) || '_pending')) IS NOT NULL
+           AND to_regclass(format('rag.%I', rag._keyword_index_name(k.id))) IS NOT NULL
+           AND (k.index_name IS NULL OR to_regclass(format('rag.%I', k.index_name)) IS NOT NULL)
+         ORDER BY k.id
+    LOOP
+        CONTINUE WHEN c.partition IS NULL
+                   OR pg_catalog.pg_stat_get_live_tuples(c.partition)
+                      >= (SELECT coalesce(sum(d.chunks_total), 0) FROM rag.documents d
+                           WHERE d.collection_id = c.id AND d.status <> 'failed');
+        RETURN QUERY EXECUTE format(
+            'SELECT d.id FROM rag.documents d
+              WHERE d.collection_id = $1 AND d.chunks_total > 0 AND d.status <> %L
+                AND NOT EXISTS (SELECT 1 FROM %s ch WHERE ch.document_id = d.id)', 'failed', c.partition)
+            USING c.id;
+    END LOOP;
+END $$;
 
 CREATE OR REPLACE FUNCTION rag._requeue_missing_chunks(p_collections integer[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_missing bigint[];
+    v_locked bigint[];
     v_requeued record;
     v_count integer := 0;
 BEGIN
+    v_missing := ARRAY(SELECT m.id FROM rag._documents_missing_chunks(p_collections) m(id));
+    IF cardinality(v_missing) = 0 THEN
+        RETURN 0;
+    END IF;
+    v_locked := ARRAY(SELECT d.id FROM rag.documents d WHERE d.id = ANY (v_missing)
+                       ORDER BY d.id FOR UPDATE SKIP LOCKED);
+    -- A new statement, a new snapshot: whatever stored chunks before the locks were taken is seen now.
+    v_missing := ARRAY(SELECT m.id FROM rag._documents_missing_chunks(
+                                          ARRAY(SELECT DISTINCT d.collection_id FROM rag.documents d
+                                                 WHERE d.id = ANY (v_locked))) m(id)
+                        WHERE m.id = ANY (v_locked));
     FOR v_requeued IN
         WITH documents AS (
             UPDATE rag.documents d SET status = 'processing', failure_reason = NULL, chunks_total = 0,
                    chunks_embedded = 0, updated_at = now()
-             WHERE d.id IN (SELECT m.id FROM rag._documents_missing_chunks(p_collections) m(id))
-               AND d.chunks_total > 0
+             WHERE d.id = ANY (v_missing)
             RETURNING d.id, d.collection_id),
         queued AS (
             INSERT INTO rag.queue (document_id, collection_id)

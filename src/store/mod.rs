@@ -212,9 +212,15 @@ pub fn chunk_partitions() -> Result<Option<String>, SpiError> {
 
 /// Queues again the documents of these collections (None: of all) that say they were chunked while none of
 /// their chunks is there (`rag._requeue_missing_chunks`: a restore of a dump that left the chunks out); returns
-/// how many.
+/// how many. It reads their partitions one at a time and waits at most 100 ms for each: whoever holds one (a
+/// TRUNCATE or a drop left open) is waited out by a later look, not by every collection's work.
 pub fn requeue_missing_chunks(collections: Option<Vec<i32>>) -> Result<Option<i32>, SpiError> {
     let missing = Spi::connect(|client| {
+        client.select(
+            "SELECT pg_catalog.set_config('lock_timeout', '100ms', true)",
+            None,
+            &[],
+        )?;
         client
             .select(
                 "SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks($1))",

@@ -9,7 +9,11 @@ SELECT rag_ingest('leftovers', 'Notice', 'Staff give thirty days notice in writi
        rag_ingest('leftovers', 'Lunch', 'Lunch is served from noon until two.') > 0 AS two;
 SELECT rag_wait('leftovers', '60 seconds') AS ready;
 SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_before;
-DELETE FROM rag.chunks ch USING rag.documents d WHERE d.id = ch.document_id AND d.title = 'Notice';
+DELETE FROM rag.chunks ch USING rag.documents d, rag.collections c
+ WHERE d.id = ch.document_id AND c.id = d.collection_id AND c.name = 'leftovers' AND d.title = 'Notice';
+-- The look passes over a partition whose statistics count as many chunks as its documents do: the delete is
+-- counted once this session's statistics reach the server, after this statement.
+SELECT pg_stat_force_next_flush();
 SELECT d.title, d.status, d.chunks_total FROM rag.documents d JOIN rag.collections c ON c.id = d.collection_id
  WHERE c.name = 'leftovers' ORDER BY d.title;
 SELECT count(*) AS found_before FROM rag_query('leftovers', 'thirty days notice') WHERE title = 'Notice';
@@ -34,6 +38,14 @@ COMMIT;
 SELECT rag_wait('leftovers', '60 seconds') AS ready_again;
 SELECT count(*) AS found_after FROM rag_query('leftovers', 'thirty days notice') WHERE title = 'Notice';
 SELECT EXISTS (SELECT 1 FROM rag._documents_missing_chunks()) AS missing_after;
+-- A failed document is left to its failure: queued again it would be retried (an abandoned one could stop a
+-- worker again, a paid provider be called again).
+UPDATE rag.documents d SET status = 'failed', failure_reason = 'given up'
+  FROM rag.collections c WHERE c.id = d.collection_id AND c.name = 'leftovers' AND d.title = 'Lunch';
+DELETE FROM rag.chunks ch USING rag.documents d, rag.collections c
+ WHERE d.id = ch.document_id AND c.id = d.collection_id AND c.name = 'leftovers' AND d.title = 'Lunch';
+SELECT pg_stat_force_next_flush();
+SELECT rag._requeue_missing_chunks() AS failed_queued;
 -- None of it is anyone's but rag's.
 SET ROLE rag_admin;
 SELECT rag._requeue_missing_chunks();
