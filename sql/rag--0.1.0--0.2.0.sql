@@ -2086,8 +2086,8 @@ BEGIN
           FROM queued q JOIN rag.collections c ON c.id = q.collection_id
          GROUP BY c.name ORDER BY c.name
     LOOP
-        RAISE LOG 'rag worker: % documents of collection "%" have none of the chunks they were cut into (a restore of a dump without them?): queued to be chunked and embedded again',
-                  v_requeued.documents, v_requeued.name;
+        RAISE LOG 'rag worker: collection "%": % of its documents had none of the chunks they were cut into (a restore of a dump without them?); queued to be chunked and embedded again',
+                  v_requeued.name, v_requeued.documents;
         v_count := v_count + v_requeued.documents;
     END LOOP;
     IF v_count > 0 THEN

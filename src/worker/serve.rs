@@ -367,8 +367,8 @@ const MISSING_CHUNKS_RETRY: Duration = Duration::from_secs(60);
 /// A dump may leave the chunks out (they can be made again from the documents' text): after such a restore the
 /// documents say they are chunked and every search finds nothing. Looked for in every collection when the worker
 /// starts, then in those whose partition is new, has a new file or another number of indexes (a restore makes
-/// them anew and then their indexes, a TRUNCATE empties one), not every naptime: the look reads a chunk of each
-/// of their documents.
+/// them anew and then their indexes, a TRUNCATE empties one), not every naptime: the look may read a chunk of
+/// each of their documents.
 fn requeue_missing_chunks(steps: &WorkerTransactions) {
     let partitions: BTreeSet<String> = match steps.run(store::chunk_partitions) {
         Ok(listed) => listed
