@@ -559,29 +559,17 @@ LANGUAGE sql STABLE AS $$
            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
--- Whether a collection's partition of rag.chunks holds any row, whoever may see it (a caller's own policies do
--- not apply to rag's owner).
--- NULL when it has no partition (a collection whose partition a restore has not made yet).
-CREATE FUNCTION rag._partition_has_rows(p_collection_id integer) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_has boolean;
-BEGIN
-    IF pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id))) IS NULL THEN
-        RETURN NULL;
-    END IF;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has;
-    RETURN v_has;
-END $$;
-
 -- Whether the table named as a collection's partition is one a finished restore left without its collection:
 -- attached to rag.chunks, with its primary key (the restore's post-data section ran), empty, and with no
 -- comment but rag_drop_collection's mark. Anything else by that name (a partition still without its key, a
 -- table not attached, one with chunks) may be a restore's under way.
 CREATE FUNCTION rag._partition_left_empty(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_has_rows boolean;
 BEGIN
-    -- Read in this order: the table may not exist, and only an attached partition is read.
+    -- Read in this order: the table may not exist, and only an attached partition is read (as rag's owner,
+    -- whom no policy hides a row from).
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
                     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
                       AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
@@ -592,7 +580,8 @@ BEGIN
                                    WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
         RETURN false;
     END IF;
-    RETURN NOT rag._partition_has_rows(p_collection_id);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has_rows;
+    RETURN NOT v_has_rows;
 END $$;
 
 -- The worker's drop of those partitions (rag._partitions_to_drop). rag.chunks is taken first, as DROP TABLE takes

@@ -1400,22 +1400,13 @@ LANGUAGE sql STABLE AS $$
            = rag._dropped_partition_mark((SELECT count(*)::integer FROM pg_catalog.pg_index i WHERE i.indrelid = p.oid))
 $$;
 
-CREATE OR REPLACE FUNCTION rag._partition_has_rows(p_collection_id integer) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_has boolean;
-BEGIN
-    IF pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id))) IS NULL THEN
-        RETURN NULL;
-    END IF;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has;
-    RETURN v_has;
-END $$;
-
 CREATE OR REPLACE FUNCTION rag._partition_left_empty(p_collection_id integer) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_has_rows boolean;
 BEGIN
-    -- Read in this order: the table may not exist, and only an attached partition is read.
+    -- Read in this order: the table may not exist, and only an attached partition is read (as rag's owner,
+    -- whom no policy hides a row from).
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i
                     WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass
                       AND i.inhrelid = pg_catalog.to_regclass(format('rag.%I', rag._chunk_partition(p_collection_id)))
@@ -1426,7 +1417,8 @@ BEGIN
                                    WHERE x.indrelid = i.inhrelid AND x.indisprimary)) THEN
         RETURN false;
     END IF;
-    RETURN NOT rag._partition_has_rows(p_collection_id);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM rag.%I)', rag._chunk_partition(p_collection_id)) INTO v_has_rows;
+    RETURN NOT v_has_rows;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_partitions() RETURNS integer

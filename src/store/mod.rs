@@ -199,12 +199,12 @@ pub fn repair_indexes(idle: bool) -> Result<Option<i32>, SpiError> {
 /// Which partitions of rag.chunks there are, each as `collection:table/file/indexes`: a restore makes new ones
 /// and then their indexes, a TRUNCATE gives one a new file. The worker looks for documents missing their chunks
 /// in the collections whose entry is new.
-pub fn chunk_partitions() -> Result<Option<String>, SpiError> {
-    idle_read::<String>(
-        "SELECT coalesce(string_agg(substring(x.relname FROM '^chunks_c([0-9]+)$') || ':' || x.oid::text || '/' \
-                                    || x.relfilenode::text || '/' \
-                                    || (SELECT count(*) FROM pg_catalog.pg_index n WHERE n.indrelid = x.oid)::text, \
-                                    ',' ORDER BY x.oid), '') \
+pub fn chunk_partitions() -> Result<Option<Vec<String>>, SpiError> {
+    idle_read::<Vec<String>>(
+        "SELECT coalesce(array_agg(substring(x.relname FROM '^chunks_c([0-9]+)$') || ':' || x.oid::text || '/' \
+                                   || x.relfilenode::text || '/' \
+                                   || (SELECT count(*) FROM pg_catalog.pg_index n WHERE n.indrelid = x.oid)::text \
+                                   ORDER BY x.oid), '{}') \
            FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class x ON x.oid = i.inhrelid \
           WHERE i.inhparent = 'rag.chunks'::pg_catalog.regclass",
     )

@@ -371,12 +371,7 @@ const MISSING_CHUNKS_RETRY: Duration = Duration::from_secs(60);
 /// each of their documents.
 fn requeue_missing_chunks(steps: &WorkerTransactions) {
     let partitions: BTreeSet<String> = match steps.run(store::chunk_partitions) {
-        Ok(listed) => listed
-            .unwrap_or_default()
-            .split(',')
-            .filter(|entry| !entry.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        Ok(listed) => listed.unwrap_or_default().into_iter().collect(),
         Err(error) => {
             pgrx::log!("rag worker: listing the partitions of rag.chunks: {error}");
             return;
