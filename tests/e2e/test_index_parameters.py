@@ -233,10 +233,16 @@ class BuildParametersChanged(InItsOwnDatabase):
             # Its rest over while a session holds the failure's row (a worker trying it, a rag_reindex): the
             # worker neither waits for the row (a rag_reindex that held it deadlocked with a store) nor builds
             # the index at every look meanwhile (a storm of builds), and its other work goes on.
-            psql(f"UPDATE rag.upkeep_failures SET next_try = now() WHERE collection_id = {collection}")
+            # The row is locked before its rest ends: made due first, the worker could build in the moment
+            # before the holder's lock (seen once in a full run).
+            psql(f"UPDATE rag.upkeep_failures SET next_try = now() + interval '3 seconds' "
+                 f"WHERE collection_id = {collection}")
             holder = background_psql("BEGIN; SELECT 1 FROM rag.upkeep_failures "
                                      f"WHERE collection_id = {collection} FOR UPDATE;")
             try:
+                self.assertEqual(read_line(holder).strip(), "1")
+                self.assertTrue(wait_until(f"SELECT next_try <= now() FROM rag.upkeep_failures "
+                                           f"WHERE collection_id = {collection}", seconds=10))
                 psql("SELECT rag_create_collection('beside', embedding_model => 'hash-384'); "
                      "SELECT rag_ingest('beside', 'Other', 'Another collection goes on meanwhile.')")
                 self.assertEqual(scalar("SELECT rag_wait('beside', '30 seconds')"), "t")
