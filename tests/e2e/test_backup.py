@@ -419,5 +419,92 @@ class RestoreWithWorkDue(unittest.TestCase):
                                    "AND status = 'ready')", self.TARGET))
 
 
+class DataOnlyReplay(unittest.TestCase):
+    """A schema restored first (`pg_dump --schema-only`), then the data of a plain `pg_dump --data-only` replayed
+    with psql: the partitions have their keys and nobody named pg_restore is connected, so neither sign of a
+    restore under way was there. The one sign such a restore gives is that rag's rows come before their
+    sequences' values (a dump sets its sequences after every table's rows); before it was read, the worker
+    claimed a restored document in that gap and gave its chunks ids the restored chunks had."""
+    SOURCE = "rag_e2e_backup_dataonly"
+    TARGET = "rag_e2e_restored_dataonly"
+
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(cls.SOURCE)
+        psql("""
+            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
+              FROM generate_series(1, 5) g;
+            CREATE SCHEMA web;
+            CREATE TABLE web.pages (id int PRIMARY KEY, body text);
+            INSERT INTO web.pages VALUES (1, 'Parking is free for staff.'), (2, 'Lunch is served at noon.');
+            SELECT rag_watch('web.pages', 'kb', content => 'body');
+        """, db=cls.SOURCE)
+        assert wait_until("SELECT count(*) = 7 FROM rag.documents WHERE status = 'ready' "
+                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)",
+                          cls.SOURCE), "the source did not settle"
+        # A document due a few seconds after the dump, and a watched row rewritten under a long sync delay.
+        psql("""
+            SET rag.sync_delay = '4s';
+            UPDATE web.pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
+            BEGIN;
+            SELECT rag_ingest('kb', 'Pending', 'This document was waiting out a back-off when the backup was taken.');
+            UPDATE rag.queue SET not_before = now() + interval '4 seconds';
+            COMMIT;
+        """, db=cls.SOURCE)
+        cls.schema = run(["pg_dump", "--schema-only", cls.SOURCE])
+        cls.data = run(["pg_dump", "--data-only", cls.SOURCE])
+        cls.dumped_at = time.time()
+
+    @classmethod
+    def tearDownClass(cls):
+        drop(cls.SOURCE)
+        drop(cls.TARGET)
+
+    def replay(self, text):
+        result = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.TARGET], input=text,
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_rows_before_their_sequences_keep_the_worker_waiting(self):
+        drop(self.TARGET)
+        psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
+        self.replay(self.schema)
+        # The data in two steps, with the worker of the new database running between them: every table's rows,
+        # then the sequences' values. Any such replay has that moment, only shorter.
+        cut = self.data.index("SELECT pg_catalog.setval(")
+        time.sleep(max(0.0, self.dumped_at + 5 - time.time()))
+        self.replay(self.data[:cut])
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                   f"AND datname = '{self.TARGET}')", "postgres"), "no worker came")
+        time.sleep(3)
+        self.assertEqual(psql("SELECT collection, worker_waiting_for LIKE 'a restore of this database is not finished%' "
+                              "FROM rag.status", db=self.TARGET), [["kb", "t"]])
+        # Nothing was claimed: the due document is still as dumped, and no attempt failed.
+        self.assertEqual(psql("SELECT d.status, q.attempts, q.last_error IS NULL FROM rag.documents d "
+                              "JOIN rag.queue q ON q.document_id = d.id WHERE d.title = 'Pending'", db=self.TARGET),
+                         [["processing", "0", "t"]])
+        # pg_dump's \restrict line opens the script and its \unrestrict closes it: the second step gets both.
+        restrict = [line for line in self.data.splitlines() if line.startswith("\\restrict ")]
+        self.replay("\n".join(restrict + [self.data[cut:]]))
+        self.assertEqual(psql("SELECT collection, worker_waiting_for IS NULL FROM rag.status", db=self.TARGET),
+                         [["kb", "t"]])
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", self.TARGET),
+                        "the restored database did not settle")
+        self.assertEqual(scalar("SELECT count(*) || '/' || count(DISTINCT id) FROM rag.chunks", db=self.TARGET),
+                         scalar("SELECT count(*) || '/' || count(*) FROM rag.chunks c "
+                                "JOIN rag.documents d ON d.id = c.document_id", db=self.TARGET))
+        self.assertEqual(psql("SELECT d.source_key->>'id', d.body FROM rag.documents d WHERE d.watch_id IS NOT NULL "
+                              "ORDER BY 1", db=self.TARGET),
+                         [["1", "Parking is free for staff and visitors."], ["2", "Lunch is served at noon."]])
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Pending' AND status = 'ready'",
+                                db=self.TARGET), "1")
+        psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=self.TARGET)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
+                                   "AND status = 'ready')", self.TARGET))
+
+
 if __name__ == "__main__":
     unittest.main()

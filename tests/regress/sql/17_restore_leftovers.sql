@@ -73,3 +73,31 @@ END $$;
 SELECT count(*) AS made FROM rag.collections WHERE name = 'during-the-restore';
 SELECT format('DROP TABLE rag.%I', 'chunks_c' || :orphan_id) AS tidy \gset
 :tidy;
+
+-- A data-only restore replayed with psql, after a schema-only one: the keys are there and nobody named
+-- pg_restore is connected, and its rows come before their sequences' values, the one sign it gives. The
+-- worker would otherwise claim a restored queue row and give the new rows ids the restore's rows have.
+-- Simulated by turning each sequence back to the largest id of its table, then setting it as a dump does.
+BEGIN;
+SELECT rag_create_collection('replayed', embedding_model => 'hash-384') AS replayed_id \gset
+SELECT rag_ingest('replayed', 'Waiting', 'A document still queued when the dump was taken.') > 0 AS ingested;
+-- Not due: the worker leaves its queue row alone while this runs.
+UPDATE rag.queue SET not_before = now() + interval '1 hour' WHERE collection_id = :replayed_id;
+COMMIT;
+SELECT rag._restore_under_way() AS under_way_before;
+SELECT last_value AS documents_last, is_called AS documents_called FROM rag.documents_id_seq \gset
+SELECT last_value AS queue_last, is_called AS queue_called FROM rag.queue_id_seq \gset
+-- The next id would be one a row has: under way.
+SELECT setval('rag.documents_id_seq', (SELECT max(id) FROM rag.documents), false) > 0 AS turned_back;
+SELECT rag._restore_under_way() AS documents_past_their_sequence;
+SELECT worker_waiting_for LIKE 'a restore of this database is not finished%' AS status_says_so
+  FROM rag.status WHERE collection = 'replayed';
+-- The sequence at the largest id, given: over.
+SELECT setval('rag.documents_id_seq', (SELECT max(id) FROM rag.documents), true) > 0 AS set_as_a_dump_sets_it;
+SELECT rag._restore_under_way() AS documents_in_step;
+SELECT setval('rag.queue_id_seq', (SELECT max(id) FROM rag.queue), false) > 0 AS turned_back;
+SELECT rag._restore_under_way() AS queue_past_its_sequence;
+SELECT setval('rag.queue_id_seq', :queue_last, :'queue_called'::boolean) > 0 AS put_back;
+SELECT setval('rag.documents_id_seq', :documents_last, :'documents_called'::boolean) > 0 AS put_back;
+SELECT rag._restore_under_way() AS under_way_after;
+SELECT rag_drop_collection('replayed') AS dropped;
