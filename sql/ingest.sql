@@ -756,17 +756,21 @@ END $$;
 -- Three signs, whatever order a restore takes: a partition of rag.chunks without its primary key (the post-data
 -- section not reached, in a serial restore or one section at a time; the partitions are the collections', made
 -- by the dump, where rag's own tables come with their keys from CREATE EXTENSION), a superuser's pg_restore
--- connected to the database (pg_restore -j runs post-data items before other data items end), or a table the
--- worker adds rows to holding an id its sequence has not given yet (a dump sets its sequences after every
--- table's rows: the one sign a data-only restore replayed with psql gives, whose keys were made with the
--- schema; a sequence is never behind its rows otherwise, as pg_dump reads its value after the rows' snapshot
--- and nothing of rag's writes an id of its own). Only rag.documents, rag.queue and rag.row_queue are looked
--- at, one index probe each: the worker claims from the last two and adds rows to the first two, and a
--- restore's data reaches rag.documents before the queues (rag.chunks' partitions come before it, but nothing
--- is claimed without a queue row). Another role naming its session "pg_restore" does not count. A watch whose
--- table has no triggers yet waits as well (rag._claim_row), for a database without chunks. About 45 µs with
--- five collections and 3,000 documents, once per worker step (24 µs without the third sign; 5,000 calls each,
--- best of two, 2026-12-07).
+-- connected to the database (pg_restore -j runs post-data items before other data items end), or rows of rag
+-- holding ids their sequence has not given yet (a dump sets its sequences after every table's rows: the one
+-- sign a data-only restore replayed with psql gives, whose keys came with the schema). Another role naming its
+-- session "pg_restore" does not count.
+-- The third sign looks at rag.documents, whose rows come before the queues' in a restore (rag.queue's name
+-- them), and, in a database whose documents' sequence never gave an id, at rag.row_queue and rag.row_batches
+-- too (a watch's keys queued before any was synced). Each probe asks for an id from the sequence's next value
+-- up: in step there is none, and the probe reads the index's last page, however many finished entries a held
+-- snapshot keeps behind it (the idle worker asks every naptime; a max(id) walked them all in rag.queue). The
+-- sequence is read outside any snapshot, so it is never behind a row this snapshot sees. Rows left without
+-- their sequences' values for good (a dump or restore that picked tables but not their sequences, a logical
+-- replica of rag's tables) keep the worker waiting until a superuser sets them (README, Backups).
+-- A watch whose table has no triggers yet waits as well (rag._claim_row), for a database without chunks.
+-- 37–39 µs a call with five collections and 3,000 documents, 25–29 µs without the third sign (5,000 calls, two
+-- runs each, debug build, 2026-12-07); asked once per worker step and per idle naptime.
 -- rag.status shows it to every reader: as its owner, so that the answer does not depend on what of
 -- pg_stat_activity the reader may see, and it tells nothing but the yes or no.
 CREATE FUNCTION rag._restore_under_way() RETURNS boolean
@@ -778,13 +782,15 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         OR EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
                      JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid AND r.rolsuper
                     WHERE a.datname = pg_catalog.current_database() AND a.application_name = 'pg_restore')
-        -- An empty table's max is NULL, which would make the whole answer NULL.
-        OR coalesce((SELECT max(id) FROM rag.documents)
-                    >= (SELECT last_value + is_called::integer FROM rag.documents_id_seq), false)
-        OR coalesce((SELECT max(id) FROM rag.queue)
-                    >= (SELECT last_value + is_called::integer FROM rag.queue_id_seq), false)
-        OR coalesce((SELECT max(id) FROM rag.row_queue)
-                    >= (SELECT last_value + is_called::integer FROM rag.row_queue_id_seq), false)
+        -- min(), not EXISTS: its plan is always the index's, where EXISTS may pick a scan of the whole table.
+        OR (SELECT min(d.id) FROM rag.documents d
+             WHERE d.id >= (SELECT s.last_value + s.is_called::integer FROM rag.documents_id_seq s)) IS NOT NULL
+        OR ((SELECT NOT s.is_called FROM rag.documents_id_seq s)
+            AND ((SELECT min(r.id) FROM rag.row_queue r
+                   WHERE r.id >= (SELECT s.last_value + s.is_called::integer FROM rag.row_queue_id_seq s)) IS NOT NULL
+                 OR (SELECT min(b.id) FROM rag.row_batches b
+                      WHERE b.id >= (SELECT s.last_value + s.is_called::integer FROM rag.row_batches_id_seq s))
+                    IS NOT NULL))
 $$;
 
 CREATE FUNCTION rag._seconds_until_due() RETURNS double precision

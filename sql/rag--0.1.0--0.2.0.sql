@@ -3063,13 +3063,15 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         OR EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
                      JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid AND r.rolsuper
                     WHERE a.datname = pg_catalog.current_database() AND a.application_name = 'pg_restore')
-        -- An empty table's max is NULL, which would make the whole answer NULL.
-        OR coalesce((SELECT max(id) FROM rag.documents)
-                    >= (SELECT last_value + is_called::integer FROM rag.documents_id_seq), false)
-        OR coalesce((SELECT max(id) FROM rag.queue)
-                    >= (SELECT last_value + is_called::integer FROM rag.queue_id_seq), false)
-        OR coalesce((SELECT max(id) FROM rag.row_queue)
-                    >= (SELECT last_value + is_called::integer FROM rag.row_queue_id_seq), false)
+        -- min(), not EXISTS: its plan is always the index's, where EXISTS may pick a scan of the whole table.
+        OR (SELECT min(d.id) FROM rag.documents d
+             WHERE d.id >= (SELECT s.last_value + s.is_called::integer FROM rag.documents_id_seq s)) IS NOT NULL
+        OR ((SELECT NOT s.is_called FROM rag.documents_id_seq s)
+            AND ((SELECT min(r.id) FROM rag.row_queue r
+                   WHERE r.id >= (SELECT s.last_value + s.is_called::integer FROM rag.row_queue_id_seq s)) IS NOT NULL
+                 OR (SELECT min(b.id) FROM rag.row_batches b
+                      WHERE b.id >= (SELECT s.last_value + s.is_called::integer FROM rag.row_batches_id_seq s))
+                    IS NOT NULL))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._seconds_until_due() RETURNS double precision
@@ -4564,9 +4566,8 @@ SELECT c.name AS collection,
        -- which the server log alone said.
        CASE WHEN restore.under_way
             THEN 'a restore of this database is not finished (a partition of rag.chunks has no primary key yet, '
-                 'a superuser''s pg_restore is connected, or rag.documents, rag.queue or rag.row_queue holds an id '
-                 'its sequence has not reached, as a restore sets the sequences after the rows): nothing is '
-                 'embedded until it is'
+                 'a superuser''s pg_restore is connected, or rows of rag hold ids their sequence has not given '
+                 'yet, as a restore sets the sequences after the rows): nothing is embedded until it is'
        END AS worker_waiting_for
   FROM rag.collections c
   CROSS JOIN (SELECT rag._restore_under_way() AS under_way) restore

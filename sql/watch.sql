@@ -1942,9 +1942,8 @@ SELECT c.name AS collection,
        -- which the server log alone said.
        CASE WHEN restore.under_way
             THEN 'a restore of this database is not finished (a partition of rag.chunks has no primary key yet, '
-                 'a superuser''s pg_restore is connected, or rag.documents, rag.queue or rag.row_queue holds an id '
-                 'its sequence has not reached, as a restore sets the sequences after the rows): nothing is '
-                 'embedded until it is'
+                 'a superuser''s pg_restore is connected, or rows of rag hold ids their sequence has not given '
+                 'yet, as a restore sets the sequences after the rows): nothing is embedded until it is'
        END AS worker_waiting_for
   FROM rag.collections c
   CROSS JOIN (SELECT rag._restore_under_way() AS under_way) restore

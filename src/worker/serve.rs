@@ -225,7 +225,7 @@ fn log_restore_wait() {
         .is_none_or(|logged| logged.elapsed() >= RESTORE_WAIT_LOG_EVERY);
     if due {
         pgrx::log!(
-            "rag worker: waiting for a restore of this database to end (a partition of rag.chunks has no primary key yet, a superuser's pg_restore is connected, or rag.documents, rag.queue or rag.row_queue holds an id its sequence has not reached, as a restore sets the sequences after the rows); nothing is claimed or tidied meanwhile"
+            "rag worker: waiting for a restore of this database to end (a partition of rag.chunks has no primary key yet, a superuser's pg_restore is connected, or rows of rag hold ids their sequence has not given yet, as a restore sets the sequences after the rows); nothing is claimed or tidied meanwhile"
         );
         RESTORE_WAIT_LOGGED.set(Some(Instant::now()));
     }

@@ -77,16 +77,29 @@ SELECT format('DROP TABLE rag.%I', 'chunks_c' || :orphan_id) AS tidy \gset
 -- A data-only restore replayed with psql, after a schema-only one: the keys are there and nobody named
 -- pg_restore is connected, and its rows come before their sequences' values, the one sign it gives. The
 -- worker would otherwise claim a restored queue row and give the new rows ids the restore's rows have.
--- Simulated by turning each sequence back to the largest id of its table, then setting it as a dump does.
-BEGIN;
+-- Simulated by turning a sequence back to the largest id of its table, then setting it as a dump does; the
+-- tables are locked meanwhile, so that no worker takes an id from a sequence turned back.
 SELECT rag_create_collection('replayed', embedding_model => 'hash-384') AS replayed_id \gset
-SELECT rag_ingest('replayed', 'Waiting', 'A document still queued when the dump was taken.') > 0 AS ingested;
--- Not due: the worker leaves its queue row alone while this runs.
-UPDATE rag.queue SET not_before = now() + interval '1 hour' WHERE collection_id = :replayed_id;
-COMMIT;
+CREATE TABLE replayed_rows (id integer PRIMARY KEY, body text);
+SELECT rag_watch('replayed_rows', 'replayed', content => 'body') > 0 AS watched;
+-- A watched row written just before the dump, its key waiting out a sync delay.
+SET rag.sync_delay = '1h';
+INSERT INTO replayed_rows VALUES (1, 'A row written just before the dump was taken.');
+RESET rag.sync_delay;
+-- Its key reaches rag.row_queue once the worker has spread the statement's batch.
+DO $$ BEGIN
+    FOR i IN 1 .. 300 LOOP
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches);
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+SELECT count(*) AS keys_waiting FROM rag.row_queue r JOIN rag.watches w ON w.id = r.watch_id
+ WHERE w.collection_id = :replayed_id;
+BEGIN;
+LOCK TABLE rag.documents, rag.queue, rag.row_queue, rag.row_batches IN EXCLUSIVE MODE;
 SELECT rag._restore_under_way() AS under_way_before;
 SELECT last_value AS documents_last, is_called AS documents_called FROM rag.documents_id_seq \gset
-SELECT last_value AS queue_last, is_called AS queue_called FROM rag.queue_id_seq \gset
+SELECT last_value AS row_queue_last, is_called AS row_queue_called FROM rag.row_queue_id_seq \gset
 -- The next id would be one a row has: under way.
 SELECT setval('rag.documents_id_seq', (SELECT max(id) FROM rag.documents), false) > 0 AS turned_back;
 SELECT rag._restore_under_way() AS documents_past_their_sequence;
@@ -95,9 +108,20 @@ SELECT worker_waiting_for LIKE 'a restore of this database is not finished%' AS 
 -- The sequence at the largest id, given: over.
 SELECT setval('rag.documents_id_seq', (SELECT max(id) FROM rag.documents), true) > 0 AS set_as_a_dump_sets_it;
 SELECT rag._restore_under_way() AS documents_in_step;
-SELECT setval('rag.queue_id_seq', (SELECT max(id) FROM rag.queue), false) > 0 AS turned_back;
-SELECT rag._restore_under_way() AS queue_past_its_sequence;
-SELECT setval('rag.queue_id_seq', :queue_last, :'queue_called'::boolean) > 0 AS put_back;
+-- A key queued past its sequence, while the documents' sequence has given ids: the documents' rows come first
+-- in a restore, so the queues are not looked at.
+SELECT setval('rag.row_queue_id_seq', (SELECT max(id) FROM rag.row_queue), false) > 0 AS turned_back;
+SELECT rag._restore_under_way() AS keys_past_their_sequence_beside_documents;
+-- The documents' sequence as a database that never made a document has it (the next id past every row): the
+-- queued key is the sign.
+SELECT setval('rag.documents_id_seq', (SELECT max(id) + 1 FROM rag.documents), false) > 0 AS never_given;
+SELECT rag._restore_under_way() AS keys_past_their_sequence_without_documents;
+SELECT setval('rag.row_queue_id_seq', (SELECT max(id) FROM rag.row_queue), true) > 0 AS set_as_a_dump_sets_it;
+SELECT rag._restore_under_way() AS keys_in_step;
+SELECT setval('rag.row_queue_id_seq', :row_queue_last, :'row_queue_called'::boolean) > 0 AS put_back;
 SELECT setval('rag.documents_id_seq', :documents_last, :'documents_called'::boolean) > 0 AS put_back;
 SELECT rag._restore_under_way() AS under_way_after;
+COMMIT;
+SELECT rag_unwatch('replayed_rows') AS unwatched;
+DROP TABLE replayed_rows;
 SELECT rag_drop_collection('replayed') AS dropped;
