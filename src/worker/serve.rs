@@ -366,9 +366,9 @@ const MISSING_CHUNKS_RETRY: Duration = Duration::from_secs(60);
 
 /// A dump may leave the chunks out (they can be made again from the documents' text): after such a restore the
 /// documents say they are chunked and every search finds nothing. Looked for in every collection when the worker
-/// starts, then in those whose partition is new, has a new file or another number of indexes (a restore makes
-/// them anew and then their indexes, a TRUNCATE empties one), not every naptime: the look may read a chunk of
-/// each of their documents.
+/// starts and when a restore it saw under way ends, then in those whose partition is new, has a new file or
+/// another number of indexes (a restore makes them anew and then their indexes, a TRUNCATE empties one), not
+/// every naptime: the look may read a chunk of each of their documents.
 fn requeue_missing_chunks(steps: &WorkerTransactions) {
     let partitions: BTreeSet<String> = match steps.run(store::chunk_partitions) {
         Ok(listed) => listed.unwrap_or_default().into_iter().collect(),
@@ -441,7 +441,12 @@ fn rest(
     if restoring {
         log_restore_wait();
     } else {
-        RESTORE_WAIT_LOGGED.set(None);
+        // A restore's data may bring documents without their chunks into partitions it did not make (the schema
+        // restored first), which no partition's change shows: once a restore this worker saw ends, every
+        // collection is looked at again.
+        if RESTORE_WAIT_LOGGED.replace(None).is_some() {
+            PARTITIONS_CHECKED.set(None);
+        }
         upkeep_while_idle(steps);
     }
     // More databases use rag than there are workers: one with nothing due makes room, and tells the launcher

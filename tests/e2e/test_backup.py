@@ -454,6 +454,7 @@ class DataOnlyReplay(unittest.TestCase):
         """, db=cls.SOURCE)
         cls.schema = run(["pg_dump", "--schema-only", cls.SOURCE])
         cls.data = run(["pg_dump", "--data-only", cls.SOURCE])
+        cls.data_without_chunks = run(["pg_dump", "--data-only", "--exclude-table-data", "rag.chunks_c*", cls.SOURCE])
         cls.dumped_at = time.time()
 
     @classmethod
@@ -461,8 +462,8 @@ class DataOnlyReplay(unittest.TestCase):
         drop(cls.SOURCE)
         drop(cls.TARGET)
 
-    def replay(self, text):
-        result = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.TARGET], input=text,
+    def replay(self, text, db=None):
+        result = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db or self.TARGET], input=text,
                                 capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr)
 
@@ -505,6 +506,33 @@ class DataOnlyReplay(unittest.TestCase):
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
                                    "AND status = 'ready')", self.TARGET))
 
+    def test_documents_restored_without_their_chunks_are_chunked_again_once_the_restore_ends(self):
+        """A dump without the chunks (--exclude-table-data 'rag.chunks_c*') restored in two parts: the schema,
+        then the data. The data makes no partition, which is what had the worker look for documents missing
+        their chunks; a worker that saw the restore under way now looks once it ends."""
+        target = self.TARGET + "_nochunks"
+        drop(target)
+        psql(f"CREATE DATABASE {target}", db="postgres")
+        try:
+            self.replay(self.schema, target)
+            # A worker that started with the schema has looked at every collection (empty) before the data comes.
+            self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'rag worker' "
+                                       f"AND datname = '{target}')", "postgres"), "no worker came")
+            time.sleep(2)
+            cut = self.data_without_chunks.index("SELECT pg_catalog.setval(")
+            self.replay(self.data_without_chunks[:cut], target)
+            # Ten naptimes of the test cluster's: the worker has seen the restore under way.
+            time.sleep(2)
+            self.assertEqual(scalar("SELECT worker_waiting_for IS NOT NULL FROM rag.status", db=target), "t")
+            restrict = [line for line in self.data_without_chunks.splitlines() if line.startswith("\\restrict ")]
+            self.replay("\n".join(restrict + [self.data_without_chunks[cut:]]), target)
+            self.assertTrue(wait_until("SELECT (SELECT count(*) FROM rag.chunks) = (SELECT sum(chunks_total) FROM rag.documents) "
+                                       "AND NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
+                                       "AND (SELECT count(*) FROM rag.chunks) > 0", target),
+                            "the documents restored without their chunks were not chunked again")
+            self.assertEqual(scalar("SELECT count(*) FROM rag_query('kb', 'Restored text number 3', 3)", db=target), "3")
+        finally:
+            drop(target)
 
 if __name__ == "__main__":
     unittest.main()
