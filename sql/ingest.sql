@@ -764,7 +764,7 @@ END $$;
 -- them), and, in a database whose documents' sequence never gave an id, at rag.row_queue and rag.row_batches
 -- too (a watch's keys queued before any was synced). Each probe asks for an id from the sequence's next value
 -- up: in step there is none, and the probe reads the index's last page, however many finished entries a held
--- snapshot keeps behind it (the idle worker asks every naptime; a max(id) walked them all in rag.queue). The
+-- snapshot keeps behind it (the idle worker asks every naptime, and a max(id) would walk them all). The
 -- sequence is read outside any snapshot, so it is never behind a row this snapshot sees. Rows left without
 -- their sequences' values for good (a dump or restore that picked tables but not their sequences, a logical
 -- replica of rag's tables) keep the worker waiting until a superuser sets them (README, Backups).
