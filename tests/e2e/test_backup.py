@@ -318,6 +318,53 @@ class WithoutPrivileges(unittest.TestCase):
         psql("INSERT INTO notes VALUES (3, 'The office opens at eight.')", db=self.TARGET, user=self.OWNER)
 
 
+def fill_with_work_due(source, seconds):
+    """Collection kb (five documents) and the watched table web.pages (two rows), settled; then work due a few
+    seconds after: a document waiting out a back-off, and a watched row rewritten under a long sync delay."""
+    psql("""
+        SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+        SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
+          FROM generate_series(1, 5) g;
+        CREATE SCHEMA web;
+        CREATE TABLE web.pages (id int PRIMARY KEY, body text);
+        INSERT INTO web.pages VALUES (1, 'Parking is free for staff.'), (2, 'Lunch is served at noon.');
+        SELECT rag_watch('web.pages', 'kb', content => 'body');
+    """, db=source)
+    assert wait_until("SELECT count(*) = 7 FROM rag.documents WHERE status = 'ready' "
+                      "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)",
+                      source), "the source did not settle"
+    psql(f"""
+        SET rag.sync_delay = '{seconds}s';
+        UPDATE web.pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
+        BEGIN;
+        SELECT rag_ingest('kb', 'Pending', 'This document was waiting out a back-off when the backup was taken.');
+        UPDATE rag.queue SET not_before = now() + interval '{seconds} seconds';
+        COMMIT;
+    """, db=source)
+
+
+def check_work_due_done(test, target):
+    """What fill_with_work_due left due is done in the restored database, with the restored ids, and the watched
+    table's triggers index a new row."""
+    test.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
+                               "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                               "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", target),
+                    "the restored database did not settle")
+    test.assertEqual(scalar("SELECT count(*) || '/' || count(DISTINCT id) FROM rag.chunks", db=target),
+                     scalar("SELECT count(*) || '/' || count(*) FROM rag.chunks c "
+                            "JOIN rag.documents d ON d.id = c.document_id", db=target))
+    # Both rows of the watched table are indexed, the rewritten one with its new text.
+    test.assertEqual(psql("SELECT d.source_key->>'id', d.body FROM rag.documents d WHERE d.watch_id IS NOT NULL "
+                          "ORDER BY 1", db=target),
+                     [["1", "Parking is free for staff and visitors."], ["2", "Lunch is served at noon."]])
+    test.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Pending' AND status = 'ready'",
+                            db=target), "1")
+    # The watch's triggers are all there, and a new row is indexed.
+    psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=target)
+    test.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
+                               "AND status = 'ready')", target))
+
+
 class RestoreWithWorkDue(unittest.TestCase):
     """A restore brings rag's rows in its data section and their keys and sequences' values after them, while
     the worker of the new database runs from CREATE EXTENSION on. A document queued at the dump and due by the
@@ -332,31 +379,12 @@ class RestoreWithWorkDue(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         fresh_database(cls.SOURCE)
+        psql("DROP ROLE IF EXISTS rag_e2e_due_reader; CREATE ROLE rag_e2e_due_reader IN ROLE rag_reader;",
+             db="postgres")
+        fill_with_work_due(cls.SOURCE, 5)
+        # A large table in a schema after rag's keeps the restore's data section going after rag's rows are in.
         psql("""
-            DROP ROLE IF EXISTS rag_e2e_due_reader;
-            CREATE ROLE rag_e2e_due_reader IN ROLE rag_reader;
-            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
             SELECT rag_grant('kb', 'rag_e2e_due_reader', 'read');
-            SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
-              FROM generate_series(1, 5) g;
-            CREATE SCHEMA web;
-            CREATE TABLE web.pages (id int PRIMARY KEY, body text);
-            INSERT INTO web.pages VALUES (1, 'Parking is free for staff.'), (2, 'Lunch is served at noon.');
-            SELECT rag_watch('web.pages', 'kb', content => 'body');
-        """, db=cls.SOURCE)
-        assert wait_until("SELECT count(*) = 7 FROM rag.documents WHERE status = 'ready' "
-                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)",
-                          cls.SOURCE), "the source did not settle"
-        # Work due a few seconds after the dump: a document waiting out a back-off, and a watched row whose
-        # writer asked for a long sync delay. A large table in a schema after rag's keeps the restore's data
-        # section going after rag's rows are in.
-        psql("""
-            SET rag.sync_delay = '5s';
-            UPDATE web.pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
-            BEGIN;
-            SELECT rag_ingest('kb', 'Pending', 'This document was waiting out a back-off when the backup was taken.');
-            UPDATE rag.queue SET not_before = now() + interval '5 seconds';
-            COMMIT;
             CREATE SCHEMA zz;
             CREATE TABLE zz.filler AS SELECT g AS id, md5(g::text) AS pad FROM generate_series(1, 400000) g;
         """, db=cls.SOURCE)
@@ -400,23 +428,7 @@ class RestoreWithWorkDue(unittest.TestCase):
         for become in ("", "SET ROLE rag_e2e_due_reader; "):
             self.assertEqual(psql(f"{become}SELECT collection, worker_waiting_for IS NULL FROM rag.status",
                                   db=self.TARGET), [["kb", "t"]])
-        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
-                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", self.TARGET),
-                        "the restored database did not settle")
-        self.assertEqual(scalar("SELECT count(*) || '/' || count(DISTINCT id) FROM rag.chunks", db=self.TARGET),
-                         scalar("SELECT count(*) || '/' || count(*) FROM rag.chunks c "
-                                "JOIN rag.documents d ON d.id = c.document_id", db=self.TARGET))
-        # Both rows of the watched table are indexed, the rewritten one with its new text.
-        self.assertEqual(psql("SELECT d.source_key->>'id', d.body FROM rag.documents d WHERE d.watch_id IS NOT NULL "
-                              "ORDER BY 1", db=self.TARGET),
-                         [["1", "Parking is free for staff and visitors."], ["2", "Lunch is served at noon."]])
-        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Pending' AND status = 'ready'",
-                                db=self.TARGET), "1")
-        # The watch's triggers are all there, and a new row is indexed.
-        psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=self.TARGET)
-        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
-                                   "AND status = 'ready')", self.TARGET))
+        check_work_due_done(self, self.TARGET)
 
 
 class DataOnlyReplay(unittest.TestCase):
@@ -431,27 +443,7 @@ class DataOnlyReplay(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         fresh_database(cls.SOURCE)
-        psql("""
-            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
-            SELECT rag_ingest('kb', 'Doc ' || g, 'Restored text number ' || g || '. ' || repeat('Filler words. ', 20))
-              FROM generate_series(1, 5) g;
-            CREATE SCHEMA web;
-            CREATE TABLE web.pages (id int PRIMARY KEY, body text);
-            INSERT INTO web.pages VALUES (1, 'Parking is free for staff.'), (2, 'Lunch is served at noon.');
-            SELECT rag_watch('web.pages', 'kb', content => 'body');
-        """, db=cls.SOURCE)
-        assert wait_until("SELECT count(*) = 7 FROM rag.documents WHERE status = 'ready' "
-                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) AND NOT EXISTS (SELECT 1 FROM rag.queue)",
-                          cls.SOURCE), "the source did not settle"
-        # A document due a few seconds after the dump, and a watched row rewritten under a long sync delay.
-        psql("""
-            SET rag.sync_delay = '4s';
-            UPDATE web.pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
-            BEGIN;
-            SELECT rag_ingest('kb', 'Pending', 'This document was waiting out a back-off when the backup was taken.');
-            UPDATE rag.queue SET not_before = now() + interval '4 seconds';
-            COMMIT;
-        """, db=cls.SOURCE)
+        fill_with_work_due(cls.SOURCE, 4)
         cls.schema = run(["pg_dump", "--schema-only", cls.SOURCE])
         cls.data = run(["pg_dump", "--data-only", cls.SOURCE])
         cls.data_without_chunks = run(["pg_dump", "--data-only", "--exclude-table-data", "rag.chunks_c*", cls.SOURCE])
@@ -490,21 +482,7 @@ class DataOnlyReplay(unittest.TestCase):
         self.replay("\n".join(restrict + [self.data[cut:]]))
         self.assertEqual(psql("SELECT collection, worker_waiting_for IS NULL FROM rag.status", db=self.TARGET),
                          [["kb", "t"]])
-        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
-                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", self.TARGET),
-                        "the restored database did not settle")
-        self.assertEqual(scalar("SELECT count(*) || '/' || count(DISTINCT id) FROM rag.chunks", db=self.TARGET),
-                         scalar("SELECT count(*) || '/' || count(*) FROM rag.chunks c "
-                                "JOIN rag.documents d ON d.id = c.document_id", db=self.TARGET))
-        self.assertEqual(psql("SELECT d.source_key->>'id', d.body FROM rag.documents d WHERE d.watch_id IS NOT NULL "
-                              "ORDER BY 1", db=self.TARGET),
-                         [["1", "Parking is free for staff and visitors."], ["2", "Lunch is served at noon."]])
-        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE title = 'Pending' AND status = 'ready'",
-                                db=self.TARGET), "1")
-        psql("INSERT INTO web.pages VALUES (3, 'Visitors sign in at the front desk.')", db=self.TARGET)
-        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' = '3' "
-                                   "AND status = 'ready')", self.TARGET))
+        check_work_due_done(self, self.TARGET)
 
     def test_documents_restored_without_their_chunks_are_chunked_again_once_the_restore_ends(self):
         """A dump without the chunks (--exclude-table-data 'rag.chunks_c*') restored in two parts: the schema,
@@ -533,6 +511,7 @@ class DataOnlyReplay(unittest.TestCase):
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('kb', 'Restored text number 3', 3)", db=target), "3")
         finally:
             drop(target)
+
 
 if __name__ == "__main__":
     unittest.main()
