@@ -212,7 +212,8 @@ const HELD_WORK_RECHECK: Duration = Duration::from_secs(1);
 const RESTORE_WAIT_LOG_EVERY: Duration = Duration::from_secs(300);
 
 thread_local! {
-    // When this worker last logged that it waits for a restore; None when it does not wait.
+    // When this worker last logged that it waits for a restore; None when it does not wait. Some when a rest finds
+    // no restore is therefore a restore this worker saw end (`rest` looks for missing chunks again then).
     static RESTORE_WAIT_LOGGED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
