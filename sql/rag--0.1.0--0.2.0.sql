@@ -4382,6 +4382,15 @@ ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
     WITH CHECK (rag._may_queue_batch(watch_id, current_user));
 
+CREATE OR REPLACE FUNCTION rag._row_batch_free_id() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    WHILE EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) LOOP
+        NEW.id := nextval('rag.row_batches_id_seq');
+    END LOOP;
+    RETURN NEW;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._watch_columns(w rag.watches) RETURNS text[]
 LANGUAGE sql STABLE AS $$
     WITH live AS (
@@ -4687,9 +4696,14 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
     END IF;
-    INSERT INTO rag.row_batches (watch_id, key_values, not_before)
-    VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
-    RETURNING id INTO v_batch;
+    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+    LOOP
+        INSERT INTO rag.row_batches (watch_id, key_values, not_before)
+        VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
+        ON CONFLICT DO NOTHING
+        RETURNING id INTO v_batch;
+        EXIT WHEN FOUND;
+    END LOOP;
     PERFORM rag._wake_worker();
     RETURN v_batch;
 END $$;
@@ -4922,8 +4936,13 @@ BEGIN
                 %6$s
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
-                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
-                VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay);
+                -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+                LOOP
+                    INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
+                    VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay)
+                    ON CONFLICT DO NOTHING;
+                    EXIT WHEN FOUND;
+                END LOOP;
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
@@ -4953,8 +4972,12 @@ BEGIN
                 v_old := %3$s;
                 v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
             END IF;
-            INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%1$s, v_keys, clock_timestamp() + v_delay);
+            LOOP
+                INSERT INTO rag.row_batches (watch_id, keys, not_before)
+                VALUES (%1$s, v_keys, clock_timestamp() + v_delay)
+                ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+            END LOOP;
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
@@ -6581,6 +6604,10 @@ CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end
 -- A watch that ends keeps the ledger's older answers from admins (watch.sql, rag._watches_ended).
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
+
+-- A restored batch whose id a trigger's batch took gets the next free one (watch.sql, rag._row_batch_free_id).
+CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW
+    WHEN (pg_catalog.pg_trigger_depth() < 1) EXECUTE FUNCTION rag._row_batch_free_id();
 
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')

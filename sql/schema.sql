@@ -190,7 +190,9 @@ CREATE INDEX row_queue_due ON rag.row_queue (not_before, id);
 CREATE INDEX row_queue_watch_due ON rag.row_queue (watch_id, not_before, id);
 
 -- What a trigger writes: the changed keys of one statement, as one row, so a 100,000-row INSERT costs the
--- writer one queue row, not 100,000. The worker spreads them into rag.row_queue.
+-- writer one queue row, not 100,000. The worker spreads them into rag.row_queue. Its key is its one unique
+-- index: the triggers insert with ON CONFLICT DO NOTHING and try again with the next id (rag._row_batch_free_id
+-- says why), which another unique index would turn into a loop.
 CREATE TABLE rag.row_batches (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     watch_id   integer NOT NULL,

@@ -58,6 +58,27 @@ ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
     WITH CHECK (rag._may_queue_batch(watch_id, current_user));
 
+-- A batch's id only orders the batches; nothing refers to it. A data-only restore replayed without
+-- --disable-triggers hands the same ids out twice: the watched tables' rows fire their watches' triggers while
+-- rag.row_batches' own rows come in, and both take ids before the restore sets the sequence (a dump sets every
+-- sequence after every table's rows). The restore then failed at the table's key, at whichever of the two came
+-- second: the dumped batches were lost, or the watched table's rows. Now a restored row whose id a trigger's
+-- batch took gets the next free one, and a trigger's batch passes over the ids restored rows hold (ON CONFLICT
+-- in the inserts of rag._watch_install's triggers and of rag._queue_gathered_keys; without naming the key, which
+-- would need SELECT on the table, and the table's owner only inserts). Inserts made inside a
+-- trigger do not fire this one (pg_trigger_depth), so a write to a watched table pays nothing for it; a
+-- statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at its end.
+CREATE FUNCTION rag._row_batch_free_id() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    WHILE EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) LOOP
+        NEW.id := nextval('rag.row_batches_id_seq');
+    END LOOP;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW
+    WHEN (pg_catalog.pg_trigger_depth() < 1) EXECUTE FUNCTION rag._row_batch_free_id();
+
 -- The columns the indexed content can depend on: the columns the expressions read (rag.watches.read_columns:
 -- NULL, every column, when one reads the whole row, has a subquery or calls a function that could read the
 -- table itself, or no longer analyzes), the metadata columns and the key. This list decides who may read the
@@ -382,9 +403,14 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
     END IF;
-    INSERT INTO rag.row_batches (watch_id, key_values, not_before)
-    VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
-    RETURNING id INTO v_batch;
+    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+    LOOP
+        INSERT INTO rag.row_batches (watch_id, key_values, not_before)
+        VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
+        ON CONFLICT DO NOTHING
+        RETURNING id INTO v_batch;
+        EXIT WHEN FOUND;
+    END LOOP;
     PERFORM rag._wake_worker();
     RETURN v_batch;
 END $$;
@@ -652,8 +678,13 @@ BEGIN
                 %6$s
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
-                INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
-                VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay);
+                -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+                LOOP
+                    INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
+                    VALUES (%1$s, v_keys, v_key_values, clock_timestamp() + v_delay)
+                    ON CONFLICT DO NOTHING;
+                    EXIT WHEN FOUND;
+                END LOOP;
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
@@ -683,8 +714,12 @@ BEGIN
                 v_old := %3$s;
                 v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
             END IF;
-            INSERT INTO rag.row_batches (watch_id, keys, not_before)
-            VALUES (%1$s, v_keys, clock_timestamp() + v_delay);
+            LOOP
+                INSERT INTO rag.row_batches (watch_id, keys, not_before)
+                VALUES (%1$s, v_keys, clock_timestamp() + v_delay)
+                ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+            END LOOP;
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));

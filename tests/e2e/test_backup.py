@@ -10,7 +10,7 @@ import subprocess
 import time
 import unittest
 
-from support import drop_database, fresh_database, psql, scalar, wait_until
+from support import background_psql, drop_database, fresh_database, psql, read_line, scalar, wait_until
 
 SOURCE = "rag_e2e_backup"
 
@@ -511,6 +511,81 @@ class DataOnlyReplay(unittest.TestCase):
             self.assertEqual(scalar("SELECT count(*) FROM rag_query('kb', 'Restored text number 3', 3)", db=target), "3")
         finally:
             drop(target)
+
+
+class DataOnlyReplayWithBatches(unittest.TestCase):
+    """A data-only dump taken while batches of watched keys waited to be spread, replayed with psql after the
+    schema and without --disable-triggers: the watched tables' rows fire their watches' triggers as they come,
+    and those triggers and the dump's own rag.row_batches rows take ids before the restore sets the sequence.
+    One watched table comes before schema rag in the dump (public.notes), one after it (web.pages). The restore
+    failed at rag.row_batches' key ("Key (id)=(1) already exists"), in COPY rag.row_batches or in the watched
+    table's COPY, whichever came second: without ON_ERROR_STOP the dumped batches (here, two rows' deletions)
+    were lost and the deleted rows stayed searchable."""
+    SOURCE = "rag_e2e_backup_batches"
+    TARGET = "rag_e2e_restored_batches"
+
+    @classmethod
+    def setUpClass(cls):
+        fresh_database(cls.SOURCE)
+        psql("""
+            SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            CREATE TABLE notes (id int PRIMARY KEY, body text);
+            CREATE SCHEMA web;
+            CREATE TABLE web.pages (id int PRIMARY KEY, body text);
+            INSERT INTO notes SELECT g, 'Note number ' || g FROM generate_series(1, 3) g;
+            INSERT INTO web.pages SELECT g, 'Page number ' || g FROM generate_series(1, 3) g;
+            SELECT rag_watch('notes', 'kb', content => 'body');
+            SELECT rag_watch('web.pages', 'kb', content => 'body');
+        """, db=cls.SOURCE)
+        assert wait_until("SELECT count(*) = 6 FROM rag.documents WHERE status = 'ready' "
+                          "AND NOT EXISTS (SELECT 1 FROM rag.row_queue)", cls.SOURCE), "the source did not settle"
+        # Batches the worker has not spread yet: it cannot queue a key whose row in rag.row_queue another
+        # transaction is inserting, and leaves that batch for later. The insert is never committed.
+        holder = background_psql("BEGIN; INSERT INTO rag.row_queue (watch_id, key) "
+                                 "SELECT id, jsonb_build_object('id', 1) FROM rag.watches; SELECT 'held';",
+                                 db=cls.SOURCE)
+        try:
+            while read_line(holder).strip() != "held":
+                pass
+            psql("DELETE FROM notes WHERE id IN (1, 2); DELETE FROM web.pages WHERE id IN (1, 2);", db=cls.SOURCE)
+            time.sleep(1)
+            # The database's first batches: the ids a fresh sequence hands out first, as the target's will.
+            assert psql("SELECT id, keys FROM rag.row_batches ORDER BY id", db=cls.SOURCE) == \
+                [["1", "[1, 2]"], ["2", "[1, 2]"]], "the batches were spread before the dump"
+            cls.schema = run(["pg_dump", "--schema-only", cls.SOURCE])
+            cls.data = run(["pg_dump", "--data-only", cls.SOURCE])
+        finally:
+            holder.communicate(input="ROLLBACK;\n", timeout=30)
+
+    @classmethod
+    def tearDownClass(cls):
+        drop(cls.SOURCE)
+        drop(cls.TARGET)
+
+    def test_watched_rows_and_waiting_batches_both_come_back(self):
+        self.assertLess(self.data.index("COPY public.notes"), self.data.index("COPY rag.row_batches"))
+        self.assertLess(self.data.index("COPY rag.row_batches"), self.data.index("COPY web.pages"))
+        drop(self.TARGET)
+        psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
+        for text in (self.schema, self.data):
+            result = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.TARGET], input=text,
+                                    capture_output=True, text=True, timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(psql("SELECT (SELECT string_agg(id::text, ',') FROM notes), "
+                              "(SELECT string_agg(id::text, ',') FROM web.pages)", db=self.TARGET), [["3", "3"]])
+        # The dumped batches are spread: the rows deleted before the dump lose their documents.
+        self.assertTrue(wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.row_batches) "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                                   "AND NOT EXISTS (SELECT 1 FROM rag.documents WHERE source_key->>'id' IN ('1', '2'))",
+                                   self.TARGET), psql("SELECT id, source_key FROM rag.documents", db=self.TARGET))
+        self.assertEqual(psql("SELECT w.source_name, d.source_key->>'id', d.status FROM rag.documents d "
+                              "JOIN rag.watches w ON w.id = d.watch_id ORDER BY 1, 2", db=self.TARGET),
+                         [["notes", "3", "ready"], ["web.pages", "3", "ready"]])
+        # The triggers write new batches past every id taken, and a new row of each table is indexed.
+        psql("INSERT INTO notes VALUES (4, 'Note number 4'); INSERT INTO web.pages VALUES (4, 'Page number 4');",
+             db=self.TARGET)
+        self.assertTrue(wait_until("SELECT count(*) = 2 FROM rag.documents WHERE source_key->>'id' = '4' "
+                                   "AND status = 'ready'", self.TARGET))
 
 
 if __name__ == "__main__":

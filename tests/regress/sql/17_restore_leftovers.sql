@@ -118,10 +118,56 @@ SELECT setval('rag.documents_id_seq', (SELECT max(id) + 1 FROM rag.documents), f
 SELECT rag._restore_under_way() AS keys_past_their_sequence_without_documents;
 SELECT setval('rag.row_queue_id_seq', (SELECT max(id) FROM rag.row_queue), true) > 0 AS set_as_a_dump_sets_it;
 SELECT rag._restore_under_way() AS keys_in_step;
+-- A batch of keys past its sequence, in a database that never made a document, likewise.
+SELECT last_value AS row_batches_last FROM rag.row_batches_id_seq \gset
+INSERT INTO rag.row_batches (id, watch_id, keys) OVERRIDING SYSTEM VALUE
+SELECT :row_batches_last + 10, id, '[]' FROM rag.watches WHERE source = 'replayed_rows'::regclass;
+SELECT rag._restore_under_way() AS batch_past_its_sequence_without_documents;
+DELETE FROM rag.row_batches WHERE id = :row_batches_last + 10;
+SELECT rag._restore_under_way() AS batches_in_step;
 SELECT setval('rag.row_queue_id_seq', :row_queue_last, :'row_queue_called'::boolean) > 0 AS put_back;
 SELECT setval('rag.documents_id_seq', :documents_last, :'documents_called'::boolean) > 0 AS put_back;
 SELECT rag._restore_under_way() AS under_way_after;
 COMMIT;
-SELECT rag_unwatch('replayed_rows') AS unwatched;
-DROP TABLE replayed_rows;
+
+-- The same replay without --disable-triggers: the watched tables' rows fire their watches' triggers, and the
+-- batches those write and rag.row_batches' own rows take ids of one sequence before the restore sets it.
+-- Neither may fail on the other's id (rag._row_batch_free_id), whichever comes first, through each way a
+-- trigger writes a batch: a statement's keys gathered (replayed_rows), an UPDATE's row by row (a key of two
+-- columns), a partition's queued at the statement's end. In one transaction, so that no worker spreads a batch
+-- in between; the restored rows as a dump writes them (COPY, the batch of a watch that is not there: watch 0).
+CREATE TABLE replayed_pairs (a integer, b integer, body text, PRIMARY KEY (a, b));
+INSERT INTO replayed_pairs VALUES (1, 1, 'A pair.');
+SELECT rag_watch('replayed_pairs', 'replayed', content => 'body') > 0 AS watched;
+CREATE TABLE replayed_parted (id integer PRIMARY KEY, body text) PARTITION BY RANGE (id);
+CREATE TABLE replayed_part PARTITION OF replayed_parted FOR VALUES FROM (0) TO (100);
+SELECT rag_watch('replayed_part', 'replayed', content => 'body') > 0 AS watched;
+SELECT source::text, rag._watch_trigger_mode(w) AS mode FROM rag.watches w
+ WHERE source::text LIKE 'replayed%' ORDER BY 1;
+BEGIN;
+SELECT setval('rag.row_batches_id_seq', 1000000, false) > 0 AS a_fresh_sequence;
+-- The triggers first, then the restored rows with the ids they took.
+INSERT INTO replayed_rows VALUES (2, 'Written while the restore ran.');
+COPY rag.row_batches (id, watch_id, keys, not_before) FROM stdin;
+1000000	0	[]	2026-01-01 00:00:00+00
+1000001	0	[]	2026-01-01 00:00:00+00
+\.
+SELECT id - 1000000 AS id_past, watch_id = 0 AS restored FROM rag.row_batches WHERE id >= 1000000 ORDER BY id;
+-- The restored rows first, then each kind of trigger, taking the ids they hold.
+COPY rag.row_batches (id, watch_id, keys, not_before) FROM stdin;
+1000003	0	[]	2026-01-01 00:00:00+00
+1000004	0	[]	2026-01-01 00:00:00+00
+1000006	0	[]	2026-01-01 00:00:00+00
+1000008	0	[]	2026-01-01 00:00:00+00
+\.
+INSERT INTO replayed_rows VALUES (3, 'Written while the restore ran.');
+UPDATE replayed_pairs SET body = 'A pair, changed.';
+INSERT INTO replayed_part VALUES (1, 'A partition''s row.');
+SELECT b.id - 1000000 AS id_past, coalesce(w.source::text, 'restored') AS batch_of
+  FROM rag.row_batches b LEFT JOIN rag.watches w ON w.id = b.watch_id
+ WHERE b.id >= 1000000 ORDER BY b.id;
+ROLLBACK;
+SELECT rag_unwatch('replayed_rows') AS unwatched, rag_unwatch('replayed_pairs') AS unwatched,
+       rag_unwatch('replayed_part') AS unwatched;
+DROP TABLE replayed_rows, replayed_pairs, replayed_parted;
 SELECT rag_drop_collection('replayed') AS dropped;
