@@ -4372,9 +4372,14 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
-        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND (
+        EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+                 WHERE w.id = p_watch_id
+                   AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+        OR (NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = p_watch_id)
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                         WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || p_watch_id))
+                           AND p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))))
 $$;
 
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
@@ -4385,9 +4390,9 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 CREATE OR REPLACE FUNCTION rag._row_batch_free_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    WHILE EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) LOOP
-        NEW.id := nextval('rag.row_batches_id_seq');
-    END LOOP;
+    IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
+        NEW.id := (SELECT max(b.id) + 1 FROM rag.row_batches b);
+    END IF;
     RETURN NEW;
 END $$;
 
@@ -4947,8 +4952,12 @@ BEGIN
             END IF;
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys);
+    -- row_security on: a restore's session has it off (pg_dump's scripts and pg_restore set it), and with it off
+    -- the queue's policy fails every insert of an owner who is not a superuser instead of applying: a data-only
+    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had.
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
+                    SET row_security = on AS %L',
                    v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -4982,7 +4991,8 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
+                    SET row_security = on AS %L',
                    v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
@@ -5692,6 +5702,14 @@ BEGIN
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
     END LOOP;
+    -- The same command on rag.row_batches makes its own trigger ORIGIN, which a replay run with
+    -- session_replication_role = replica must fire too (rag._row_batch_free_id).
+    IF 'rag.row_batches'::pg_catalog.regclass = ANY (v_altered)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_free_id'
+                      AND t.tgenabled = 'O') THEN
+        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
+    END IF;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
@@ -6605,9 +6623,10 @@ CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
 
--- A restored batch whose id a trigger's batch took gets the next free one (watch.sql, rag._row_batch_free_id).
+-- A restored batch whose id a trigger's batch took goes past every row (watch.sql, rag._row_batch_free_id).
 CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW
     WHEN (pg_catalog.pg_trigger_depth() < 1) EXECUTE FUNCTION rag._row_batch_free_id();
+ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
 
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')

@@ -48,11 +48,22 @@ $$;
 
 -- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
 -- role inserting (the triggers run as the table's owner), and the insert must come from inside a trigger.
+-- A watch not there (yet) is allowed to the role that owns its trigger function: a data-only restore brings a
+-- watched table's rows, which fire its triggers, before rag.watches' rows whenever the table's schema sorts
+-- before rag, and the table's COPY failed on this policy for an owner who is not a superuser. rag alone makes
+-- functions in schema rag and names a watch's after its id, and gives each to the table's owner, so owning
+-- rag._watch_<id>() means rag made that watch's triggers for this role. Such a batch is dropped by the worker
+-- if its watch never comes (rag._spread_batches_of reads keys through rag.watches).
 CREATE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
-        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND (
+        EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+                 WHERE w.id = p_watch_id
+                   AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
+        OR (NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = p_watch_id)
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                         WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || p_watch_id))
+                           AND p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))))
 $$;
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
@@ -63,21 +74,31 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 -- rag.row_batches' own rows come in, and both take ids before the restore sets the sequence (a dump sets every
 -- sequence after every table's rows). The restore then failed at the table's key, at whichever of the two came
 -- second: the dumped batches were lost, or the watched table's rows. Now a restored row whose id a trigger's
--- batch took gets the next free one, and a trigger's batch passes over the ids restored rows hold (ON CONFLICT
+-- batch took goes past every row, and a trigger's batch passes over the ids restored rows hold (ON CONFLICT
 -- in the inserts of rag._watch_install's triggers and of rag._queue_gathered_keys; without naming the key, which
--- would need SELECT on the table, and the table's owner only inserts). Inserts made inside a
--- trigger do not fire this one (pg_trigger_depth), so a write to a watched table pays nothing for it; a
--- statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at its end.
+-- would need SELECT on the table, and the table's owner only inserts).
+-- - Past every row, not to the sequence's next value: restored rows past their sequence are how a worker tells
+--   a restore under way in a database that never made a document (rag._restore_under_way), and it must not
+--   spread the restored batches before their watches are in.
+-- - Inserts made inside a trigger do not fire it (pg_trigger_depth), so a write to a watched table pays nothing
+--   for it; a statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at
+--   its end.
+-- - Enabled ALWAYS: a replay run with session_replication_role = replica fires the watches' replica triggers
+--   (their WHEN clause lets them), which write batches as the others do. rag._on_alter_table puts it back after
+--   the ENABLE TRIGGER ALL that ends a data-only pg_restore --disable-triggers.
+-- - SECURITY DEFINER: a table owner's own INSERT outside a trigger, which the policy refuses after this trigger
+--   has run, meets the policy's refusal and message, not a failed read of a table the owner may not read.
 CREATE FUNCTION rag._row_batch_free_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    WHILE EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) LOOP
-        NEW.id := nextval('rag.row_batches_id_seq');
-    END LOOP;
+    IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
+        NEW.id := (SELECT max(b.id) + 1 FROM rag.row_batches b);
+    END IF;
     RETURN NEW;
 END $$;
 CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW
     WHEN (pg_catalog.pg_trigger_depth() < 1) EXECUTE FUNCTION rag._row_batch_free_id();
+ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
 
 -- The columns the indexed content can depend on: the columns the expressions read (rag.watches.read_columns:
 -- NULL, every column, when one reads the whole row, has a subquery or calls a function that could read the
@@ -689,8 +710,12 @@ BEGIN
             END IF;
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys);
+    -- row_security on: a restore's session has it off (pg_dump's scripts and pg_restore set it), and with it off
+    -- the queue's policy fails every insert of an owner who is not a superuser instead of applying: a data-only
+    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had.
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
+                    SET row_security = on AS %L',
                    v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -724,7 +749,8 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
+                    SET row_security = on AS %L',
                    v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
@@ -1483,6 +1509,14 @@ BEGIN
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
     END LOOP;
+    -- The same command on rag.row_batches makes its own trigger ORIGIN, which a replay run with
+    -- session_replication_role = replica must fire too (rag._row_batch_free_id).
+    IF 'rag.row_batches'::pg_catalog.regclass = ANY (v_altered)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_free_id'
+                      AND t.tgenabled = 'O') THEN
+        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
+    END IF;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):

@@ -134,40 +134,108 @@ COMMIT;
 -- batches those write and rag.row_batches' own rows take ids of one sequence before the restore sets it.
 -- Neither may fail on the other's id (rag._row_batch_free_id), whichever comes first, through each way a
 -- trigger writes a batch: a statement's keys gathered (replayed_rows), an UPDATE's row by row (a key of two
--- columns), a partition's queued at the statement's end. In one transaction, so that no worker spreads a batch
--- in between; the restored rows as a dump writes them (COPY, the batch of a watch that is not there: watch 0).
+-- columns), a partition's queued at the statement's end (at the top level, and inside a trigger). In one
+-- transaction, so that no worker spreads a batch in between; the restored rows as a dump writes them (COPY,
+-- the batch of a watch that is not there: watch 0).
 CREATE TABLE replayed_pairs (a integer, b integer, body text, PRIMARY KEY (a, b));
 INSERT INTO replayed_pairs VALUES (1, 1, 'A pair.');
 SELECT rag_watch('replayed_pairs', 'replayed', content => 'body') > 0 AS watched;
 CREATE TABLE replayed_parted (id integer PRIMARY KEY, body text) PARTITION BY RANGE (id);
 CREATE TABLE replayed_part PARTITION OF replayed_parted FOR VALUES FROM (0) TO (100);
 SELECT rag_watch('replayed_part', 'replayed', content => 'body') > 0 AS watched;
+CREATE TABLE replayed_relay (id integer);
+CREATE FUNCTION replayed_relay() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO replayed_part VALUES (NEW.id, 'Relayed by a trigger.');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER replayed_relay AFTER INSERT ON replayed_relay FOR EACH ROW EXECUTE FUNCTION replayed_relay();
 SELECT source::text, rag._watch_trigger_mode(w) AS mode FROM rag.watches w
  WHERE source::text LIKE 'replayed%' ORDER BY 1;
 BEGIN;
 SELECT setval('rag.row_batches_id_seq', 1000000, false) > 0 AS a_fresh_sequence;
--- The triggers first, then the restored rows with the ids they took.
+-- The triggers first, then the restored rows with the ids they took: those go past every row, not to the
+-- sequence, which stays behind them as a restore's sequences do until its end.
 INSERT INTO replayed_rows VALUES (2, 'Written while the restore ran.');
 COPY rag.row_batches (id, watch_id, keys, not_before) FROM stdin;
 1000000	0	[]	2026-01-01 00:00:00+00
 1000001	0	[]	2026-01-01 00:00:00+00
 \.
 SELECT id - 1000000 AS id_past, watch_id = 0 AS restored FROM rag.row_batches WHERE id >= 1000000 ORDER BY id;
+SELECT last_value - 1000000 AS sequence_past FROM rag.row_batches_id_seq;
 -- The restored rows first, then each kind of trigger, taking the ids they hold.
 COPY rag.row_batches (id, watch_id, keys, not_before) FROM stdin;
-1000003	0	[]	2026-01-01 00:00:00+00
 1000004	0	[]	2026-01-01 00:00:00+00
-1000006	0	[]	2026-01-01 00:00:00+00
+1000005	0	[]	2026-01-01 00:00:00+00
+1000007	0	[]	2026-01-01 00:00:00+00
 1000008	0	[]	2026-01-01 00:00:00+00
+1000009	0	[]	2026-01-01 00:00:00+00
+1000011	0	[]	2026-01-01 00:00:00+00
 \.
 INSERT INTO replayed_rows VALUES (3, 'Written while the restore ran.');
 UPDATE replayed_pairs SET body = 'A pair, changed.';
 INSERT INTO replayed_part VALUES (1, 'A partition''s row.');
-SELECT b.id - 1000000 AS id_past, coalesce(w.source::text, 'restored') AS batch_of
+INSERT INTO replayed_relay VALUES (2);
+-- The partition's row at the top level (key 1) is queued at depth 0 and goes past every row; the one a
+-- trigger relayed (key 2) passes over the ids taken.
+SELECT b.id - 1000000 AS id_past, coalesce(w.source::text, 'restored') AS batch_of,
+       coalesce(b.keys::text, b.key_values) AS keys
   FROM rag.row_batches b LEFT JOIN rag.watches w ON w.id = b.watch_id
  WHERE b.id >= 1000000 ORDER BY b.id;
 ROLLBACK;
+-- The trigger is enabled ALWAYS (a replay in a session_replication_role = replica fires the watches' replica
+-- triggers), and the ENABLE TRIGGER ALL that ends a data-only pg_restore --disable-triggers puts it back.
+SELECT tgenabled FROM pg_trigger WHERE tgname = 'row_batches_free_id';
+BEGIN;
+ALTER TABLE rag.row_batches DISABLE TRIGGER ALL;
+ALTER TABLE rag.row_batches ENABLE TRIGGER ALL;
+SELECT tgenabled FROM pg_trigger WHERE tgname = 'row_batches_free_id';
+ROLLBACK;
+
+-- A watched table whose owner is not a superuser, replayed as a restore replays it: with row_security off (a
+-- dump's scripts and pg_restore set it), and before rag.watches' rows (a table whose schema sorts before rag).
+-- Its triggers' inserts failed on rag.row_batches' policy either way, and the restore with them.
+CREATE ROLE replay_owner;
+CREATE TABLE replayed_owned (id integer PRIMARY KEY, body text);
+SELECT rag_watch('replayed_owned', 'replayed', content => 'body') > 0 AS watched;
+ALTER TABLE replayed_owned OWNER TO replay_owner;
+SELECT id AS owned_watch FROM rag.watches WHERE source = 'replayed_owned'::regclass \gset
+BEGIN;
+SET LOCAL row_security = off;
+INSERT INTO replayed_owned VALUES (1, 'Restored with row_security off.');
+-- The watch not there yet: its triggers' owner still queues the keys (the worker drops a batch whose watch
+-- never comes).
+DELETE FROM rag.watches WHERE id = :owned_watch;
+INSERT INTO replayed_owned VALUES (2, 'Restored before its watch.');
+SELECT watch_id = :owned_watch AS owned, coalesce(keys::text, key_values) AS keys FROM rag.row_batches
+ WHERE watch_id = :owned_watch ORDER BY id;
+-- Only for the role that owns the watch's trigger function: the owner of another watched table, in a trigger
+-- of their own, may not queue keys for that watch.
+CREATE ROLE replay_other;
+CREATE TABLE replay_other_table (id integer PRIMARY KEY);
+SELECT rag_watch('replay_other_table', 'replayed', content => 'id::text') > 0 AS watched;
+ALTER TABLE replay_other_table OWNER TO replay_other;
+CREATE FUNCTION replay_other_queue() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('INSERT INTO rag.row_batches (watch_id, keys) VALUES (%s, %L)',
+                   current_setting('replay.watch'), '[{"id": 2}]');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER replay_other_queue AFTER INSERT ON replay_other_table FOR EACH ROW EXECUTE FUNCTION replay_other_queue();
+SELECT set_config('replay.watch', :'owned_watch', true) IS NOT NULL AS named;
+SET LOCAL row_security = on;
+SET LOCAL ROLE replay_other;
+SAVEPOINT other;
+INSERT INTO replay_other_table VALUES (1);
+ROLLBACK TO other;
+RESET ROLE;
+ROLLBACK;
+SELECT rag_unwatch('replayed_owned') AS unwatched;
+DROP TABLE replayed_owned;
+DROP OWNED BY replay_owner;
+DROP ROLE replay_owner;
 SELECT rag_unwatch('replayed_rows') AS unwatched, rag_unwatch('replayed_pairs') AS unwatched,
        rag_unwatch('replayed_part') AS unwatched;
-DROP TABLE replayed_rows, replayed_pairs, replayed_parted;
+DROP TABLE replayed_rows, replayed_pairs, replayed_parted, replayed_relay;
+DROP FUNCTION replayed_relay();
 SELECT rag_drop_collection('replayed') AS dropped;
