@@ -1350,13 +1350,32 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_drop_collection(name text) RETURNS bo
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
+    v_watch rag.watches;
+    v_source regclass;
 BEGIN
     PERFORM rag._require_writable('rag_drop_collection');
-    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
+    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
+    -- The collection's watches end with it as rag_unwatch ends one: triggers, trigger functions and queued keys.
+    -- Left in place, the triggers queued keys for a watch that was gone, which the queue's policy refuses, and
+    -- every write to such a table whose owner is not a superuser failed from then on. The tables are locked
+    -- before the collection's row, the order DROP TABLE and rag_unwatch take them in (rag._on_sql_drop).
+    FOR v_source IN SELECT x.source FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.source::oid LOOP
+        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_source);
+    END LOOP;
+    SELECT * INTO c FROM rag.collections WHERE id = c.id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    FOR v_watch IN SELECT * FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id LOOP
+        PERFORM rag._drop_watch_triggers(v_watch.source);
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || v_watch.id);
+        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || v_watch.id || '_row');
+        PERFORM rag._forget_queued_rows(v_watch.id);
+    END LOOP;
     -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
     -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS
     -- EXCLUSIVE) until the transaction ends, and first waits for every transaction that holds the partition (a
@@ -4372,14 +4391,9 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND (
-        EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-                 WHERE w.id = p_watch_id
-                   AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
-        OR (NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = p_watch_id)
-            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                         WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || p_watch_id))
-                           AND p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))))
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
 $$;
 
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
@@ -4389,9 +4403,21 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 
 CREATE OR REPLACE FUNCTION rag._row_batch_free_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_last bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
-        NEW.id := (SELECT max(b.id) + 1 FROM rag.row_batches b);
+        v_last := (SELECT max(b.id) FROM rag.row_batches b);
+        IF v_last < 9223372036854775807 THEN
+            NEW.id := v_last + 1;
+        ELSE
+            -- A row at the type's end (a table owner's trigger may write its own watch's batches with any id):
+            -- the sequence's next free value, which moves the sequence past what it walks over.
+            LOOP
+                NEW.id := nextval('rag.row_batches_id_seq');
+                EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id);
+            END LOOP;
+        END IF;
     END IF;
     RETURN NEW;
 END $$;
@@ -4880,6 +4906,8 @@ DECLARE
     v_insert_keys text;
     v_delete_keys text;
     v_take_keys text;
+    v_restore_session text;
+    v_restore_session_end text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
@@ -4913,6 +4941,22 @@ BEGIN
     -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
     -- DELETE's keys are queued whatever the filter says, and the worker applies it).
     v_mode := rag._watch_trigger_mode(w);
+    -- A restore's session has row_security off (pg_dump's scripts and pg_restore set it), under which the
+    -- queue's policy fails the insert of an owner who is not a superuser instead of applying it: a data-only
+    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had. There the
+    -- batch is queued with it on for that one statement (set back at once, so the session goes on as it was),
+    -- and not at all while the watch's own row is not restored yet (a table in a schema that sorts before rag:
+    -- its documents come with the dump). Elsewhere this costs a look at one setting.
+    v_restore_session := format($f$IF pg_catalog.current_setting('row_security') = 'off' THEN
+                IF NOT rag._may_queue_batch(%s, current_user) THEN
+                    RETURN NULL;
+                END IF;
+                v_row_security_off := true;
+                PERFORM pg_catalog.set_config('row_security', 'on', true);
+            END IF;$f$, w.id);
+    v_restore_session_end := $f$IF v_row_security_off THEN
+                PERFORM pg_catalog.set_config('row_security', 'off', true);
+            END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
@@ -4929,6 +4973,7 @@ BEGIN
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
             v_keys jsonb;
             v_key_values text;
+            v_row_security_off boolean := false;
         BEGIN
             -- The owner's filter runs in the writer's statement: as the owner, in a security-restricted
             -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
@@ -4941,6 +4986,7 @@ BEGIN
                 %6$s
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
+                %8$s
                 -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
                 LOOP
                     INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
@@ -4948,16 +4994,14 @@ BEGIN
                     ON CONFLICT DO NOTHING;
                     EXIT WHEN FOUND;
                 END LOOP;
+                %9$s
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys);
-    -- row_security on: a restore's session has it off (pg_dump's scripts and pg_restore set it), and with it off
-    -- the queue's policy fails every insert of an owner who is not a superuser instead of applying: a data-only
-    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had.
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
+           v_restore_session, v_restore_session_end);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
-                    SET row_security = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -4971,6 +5015,7 @@ BEGIN
             v_new jsonb;
             v_old jsonb;
             v_keys jsonb;
+            v_row_security_off boolean := false;
         BEGIN
             IF TG_OP = 'INSERT' THEN
                 v_keys := jsonb_build_array(%2$s);
@@ -4981,18 +5026,19 @@ BEGIN
                 v_old := %3$s;
                 v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
             END IF;
+            %5$s
             LOOP
                 INSERT INTO rag.row_batches (watch_id, keys, not_before)
                 VALUES (%1$s, v_keys, clock_timestamp() + v_delay)
                 ON CONFLICT DO NOTHING;
                 EXIT WHEN FOUND;
             END LOOP;
+            %6$s
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
-                    SET row_security = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
@@ -5090,11 +5136,14 @@ DECLARE
 BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
-    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings.
+    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings, and so does a
+    -- batch whose watch is gone (triggers a restore brought back without their watch, which a superuser's
+    -- writes fire): rag._spread_batches_of then drops it with the other batches of watches that are gone,
+    -- where before it stayed for good.
     FOR v_batch IN
         SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
-          JOIN rag.watches w ON w.id = b.watch_id
+          LEFT JOIN rag.watches w ON w.id = b.watch_id
          WHERE b.key_values IS NOT NULL AND (v_scope IS NULL OR w.collection_id = ANY (v_scope))
          ORDER BY b.id LIMIT p_limit
            FOR UPDATE OF b SKIP LOCKED

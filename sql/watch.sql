@@ -48,22 +48,11 @@ $$;
 
 -- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
 -- role inserting (the triggers run as the table's owner), and the insert must come from inside a trigger.
--- A watch not there (yet) is allowed to the role that owns its trigger function: a data-only restore brings a
--- watched table's rows, which fire its triggers, before rag.watches' rows whenever the table's schema sorts
--- before rag, and the table's COPY failed on this policy for an owner who is not a superuser. rag alone makes
--- functions in schema rag and names a watch's after its id, and gives each to the table's owner, so owning
--- rag._watch_<id>() means rag made that watch's triggers for this role. Such a batch is dropped by the worker
--- if its watch never comes (rag._spread_batches_of reads keys through rag.watches).
 CREATE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND (
-        EXISTS (SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
-                 WHERE w.id = p_watch_id
-                   AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
-        OR (NOT EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = p_watch_id)
-            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                         WHERE p.oid = pg_catalog.to_regprocedure(pg_catalog.format('rag.%I()', '_watch_' || p_watch_id))
-                           AND p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))))
+    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+        SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+         WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
 $$;
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
@@ -79,7 +68,8 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 -- would need SELECT on the table, and the table's owner only inserts).
 -- - Past every row, not to the sequence's next value: restored rows past their sequence are how a worker tells
 --   a restore under way in a database that never made a document (rag._restore_under_way), and it must not
---   spread the restored batches before their watches are in.
+--   spread the restored batches before their watches are in. In one step (max(id) + 1): ids a table owner's
+--   trigger wrote ahead of the sequence (its own watch's batches, with any id) cost one look, not a walk.
 -- - Inserts made inside a trigger do not fire it (pg_trigger_depth), so a write to a watched table pays nothing
 --   for it; a statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at
 --   its end.
@@ -90,9 +80,21 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 --   has run, meets the policy's refusal and message, not a failed read of a table the owner may not read.
 CREATE FUNCTION rag._row_batch_free_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_last bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
-        NEW.id := (SELECT max(b.id) + 1 FROM rag.row_batches b);
+        v_last := (SELECT max(b.id) FROM rag.row_batches b);
+        IF v_last < 9223372036854775807 THEN
+            NEW.id := v_last + 1;
+        ELSE
+            -- A row at the type's end (a table owner's trigger may write its own watch's batches with any id):
+            -- the sequence's next free value, which moves the sequence past what it walks over.
+            LOOP
+                NEW.id := nextval('rag.row_batches_id_seq');
+                EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id);
+            END LOOP;
+        END IF;
     END IF;
     RETURN NEW;
 END $$;
@@ -638,6 +640,8 @@ DECLARE
     v_insert_keys text;
     v_delete_keys text;
     v_take_keys text;
+    v_restore_session text;
+    v_restore_session_end text;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
@@ -671,6 +675,22 @@ BEGIN
     -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
     -- DELETE's keys are queued whatever the filter says, and the worker applies it).
     v_mode := rag._watch_trigger_mode(w);
+    -- A restore's session has row_security off (pg_dump's scripts and pg_restore set it), under which the
+    -- queue's policy fails the insert of an owner who is not a superuser instead of applying it: a data-only
+    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had. There the
+    -- batch is queued with it on for that one statement (set back at once, so the session goes on as it was),
+    -- and not at all while the watch's own row is not restored yet (a table in a schema that sorts before rag:
+    -- its documents come with the dump). Elsewhere this costs a look at one setting.
+    v_restore_session := format($f$IF pg_catalog.current_setting('row_security') = 'off' THEN
+                IF NOT rag._may_queue_batch(%s, current_user) THEN
+                    RETURN NULL;
+                END IF;
+                v_row_security_off := true;
+                PERFORM pg_catalog.set_config('row_security', 'on', true);
+            END IF;$f$, w.id);
+    v_restore_session_end := $f$IF v_row_security_off THEN
+                PERFORM pg_catalog.set_config('row_security', 'off', true);
+            END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
@@ -687,6 +707,7 @@ BEGIN
             v_delay interval := coalesce(nullif(current_setting('rag.sync_delay', true), ''), %4$L)::interval;
             v_keys jsonb;
             v_key_values text;
+            v_row_security_off boolean := false;
         BEGIN
             -- The owner's filter runs in the writer's statement: as the owner, in a security-restricted
             -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
@@ -699,6 +720,7 @@ BEGIN
                 %6$s
             END IF;
             IF v_keys IS NOT NULL OR v_key_values IS NOT NULL THEN
+                %8$s
                 -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
                 LOOP
                     INSERT INTO rag.row_batches (watch_id, keys, key_values, not_before)
@@ -706,16 +728,14 @@ BEGIN
                     ON CONFLICT DO NOTHING;
                     EXIT WHEN FOUND;
                 END LOOP;
+                %9$s
                 PERFORM rag._wake_worker();
             END IF;
             RETURN NULL;
-        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys);
-    -- row_security on: a restore's session has it off (pg_dump's scripts and pg_restore set it), and with it off
-    -- the queue's policy fails every insert of an owner who is not a superuser instead of applying: a data-only
-    -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had.
+        END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
+           v_restore_session, v_restore_session_end);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
-                    SET row_security = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -729,6 +749,7 @@ BEGIN
             v_new jsonb;
             v_old jsonb;
             v_keys jsonb;
+            v_row_security_off boolean := false;
         BEGIN
             IF TG_OP = 'INSERT' THEN
                 v_keys := jsonb_build_array(%2$s);
@@ -739,18 +760,19 @@ BEGIN
                 v_old := %3$s;
                 v_keys := CASE WHEN v_new = v_old THEN jsonb_build_array(v_new) ELSE jsonb_build_array(v_new, v_old) END;
             END IF;
+            %5$s
             LOOP
                 INSERT INTO rag.row_batches (watch_id, keys, not_before)
                 VALUES (%1$s, v_keys, clock_timestamp() + v_delay)
                 ON CONFLICT DO NOTHING;
                 EXIT WHEN FOUND;
             END LOOP;
+            %6$s
             PERFORM rag._wake_worker();
             RETURN NULL;
-        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'));
+        END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
-                    SET row_security = on AS %L',
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
                    v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
@@ -853,11 +875,14 @@ DECLARE
 BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
-    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings.
+    -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings, and so does a
+    -- batch whose watch is gone (triggers a restore brought back without their watch, which a superuser's
+    -- writes fire): rag._spread_batches_of then drops it with the other batches of watches that are gone,
+    -- where before it stayed for good.
     FOR v_batch IN
         SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
-          JOIN rag.watches w ON w.id = b.watch_id
+          LEFT JOIN rag.watches w ON w.id = b.watch_id
          WHERE b.key_values IS NOT NULL AND (v_scope IS NULL OR w.collection_id = ANY (v_scope))
          ORDER BY b.id LIMIT p_limit
            FOR UPDATE OF b SKIP LOCKED

@@ -517,10 +517,12 @@ class DataOnlyReplayWithBatches(unittest.TestCase):
     """A data-only dump taken while batches of watched keys waited to be spread, replayed with psql after the
     schema and without --disable-triggers: the watched tables' rows fire their watches' triggers as they come,
     and those triggers and the dump's own rag.row_batches rows take ids before the restore sets the sequence.
-    One watched table comes before schema rag in the dump (public.notes), one after it (web.pages). The restore
-    failed at rag.row_batches' key ("Key (id)=(1) already exists"), in COPY rag.row_batches or in the watched
-    table's COPY, whichever came second: without ON_ERROR_STOP the dumped batches (here, two rows' deletions)
-    were lost and the deleted rows stayed searchable."""
+    One watched table comes before schema rag in the dump (public.notes, owned by a role that is not a
+    superuser, so before its watch's row too), one after it (web.pages). The restore failed at rag.row_batches'
+    key ("Key (id)=(1) already exists"), in COPY rag.row_batches or in the watched table's COPY, whichever came
+    second: without ON_ERROR_STOP the dumped batches (here, two rows' deletions) were lost and the deleted rows
+    stayed searchable. notes' owner had its COPY fail on the queue's row-level security as well (the dump's
+    row_security = off; its watch not restored yet)."""
     SOURCE = "rag_e2e_backup_batches"
     TARGET = "rag_e2e_restored_batches"
     # The chunks of the rows left (id 3), which the replay queues again.

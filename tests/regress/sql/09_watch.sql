@@ -803,3 +803,27 @@ SELECT count(*) AS indexed FROM rag.documents WHERE watch_id = (SELECT id FROM r
 SELECT rows_indexed, last_error FROM rag_watch_status() WHERE source = 'oversized';
 SELECT rag_unwatch('oversized', drop_documents => true);
 DROP TABLE oversized;
+
+-- Dropping a collection ends its watches as rag_unwatch does: their triggers and trigger functions go too.
+-- Left on the table, they queued keys for a watch that was gone, which the queue's policy refuses: every write
+-- to the table of an owner who is not a superuser failed from then on.
+CREATE ROLE watch_dropped_owner;
+SELECT rag_create_collection('dropped_with_watch', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE watched_then_dropped (id int PRIMARY KEY, body text);
+INSERT INTO watched_then_dropped VALUES (1, 'Indexed while the collection was there.');
+SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') AS dropped_watch \gset
+ALTER TABLE watched_then_dropped OWNER TO watch_dropped_owner;
+SELECT count(*) > 0 AS has_triggers FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
+SELECT rag_drop_collection('dropped_with_watch') AS dropped;
+SELECT count(*) AS triggers_left FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
+SELECT count(*) AS functions_left FROM pg_proc
+ WHERE pronamespace = 'rag'::regnamespace AND proname IN ('_watch_' || :dropped_watch, '_watch_' || :dropped_watch || '_row');
+SELECT count(*) AS batches_left FROM rag.row_batches WHERE watch_id = :dropped_watch;
+SET ROLE watch_dropped_owner;
+INSERT INTO watched_then_dropped VALUES (2, 'Written after the collection was dropped.');
+UPDATE watched_then_dropped SET body = 'Changed after the collection was dropped.' WHERE id = 1;
+RESET ROLE;
+SELECT count(*) AS rows_written FROM watched_then_dropped;
+DROP TABLE watched_then_dropped;
+DROP OWNED BY watch_dropped_owner;
+DROP ROLE watch_dropped_owner;
