@@ -498,30 +498,16 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
     v_watch rag.watches;
-    v_source regclass;
 BEGIN
     PERFORM rag._require_writable('rag_drop_collection');
-    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name;
+    SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
-    -- The collection's watches end with it as rag_unwatch ends one: triggers, trigger functions and queued keys.
-    -- Left in place, the triggers queued keys for a watch that was gone, which the queue's policy refuses, and
-    -- every write to such a table whose owner is not a superuser failed from then on. The tables are locked
-    -- before the collection's row, the order DROP TABLE and rag_unwatch take them in (rag._on_sql_drop).
-    FOR v_source IN SELECT x.source FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.source::oid LOOP
-        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_source);
-    END LOOP;
-    SELECT * INTO c FROM rag.collections WHERE id = c.id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
+    -- The collection's watches end with it, and their triggers are left doing nothing (rag._silence_watch).
     FOR v_watch IN SELECT * FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id LOOP
-        PERFORM rag._drop_watch_triggers(v_watch.source);
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || v_watch.id);
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || v_watch.id || '_row');
-        PERFORM rag._forget_queued_rows(v_watch.id);
+        PERFORM rag._silence_watch(v_watch.id);
     END LOOP;
     -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
     -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS

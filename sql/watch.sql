@@ -982,6 +982,35 @@ END $$;
 -- Drops the pending keys of a watch. Batches go before queue rows, the order in which _spread_batches locks
 -- them: the other order deadlocks with a worker that is spreading this watch's batches (it holds the batch
 -- rows and waits on queue rows this transaction deleted), which a TRUNCATE right after a large INSERT hit.
+-- A watch that ends without its table in hand (rag_drop_collection: its watches go with the collection's row)
+-- leaves its triggers on the table and makes their functions do nothing. Left as they were, the triggers queued
+-- keys for a watch that was gone, which the queue's policy refuses: every write to a table whose owner is not a
+-- superuser failed from then on. Dropping the triggers takes the table's ACCESS EXCLUSIVE lock, which waits
+-- behind whatever holds the table (a pg_dump holds every table for the whole dump) while every reader and
+-- writer of the table waits behind it; replacing a function's body takes no lock on the table. The statement
+-- function still takes the keys the row trigger gathered (rag._watch_keys_taken), so none is left over for the
+-- transaction's end. rag_watch of the table, or DROP TRIGGER by its owner, removes them. The functions keep
+-- their owner and privileges.
+CREATE FUNCTION rag._silence_watch(p_watch_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function text := format('rag.%I', '_watch_' || p_watch_id);
+    v_row_function text := format('rag.%I', '_watch_' || p_watch_id || '_row');
+BEGIN
+    IF pg_catalog.to_regprocedure(v_function || '()') IS NOT NULL THEN
+        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                       v_function,
+                       format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
+    END IF;
+    IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
+        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                       v_row_function, 'BEGIN RETURN NULL; END');
+    END IF;
+    PERFORM rag._forget_queued_rows(p_watch_id);
+END $$;
+
 CREATE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void
 LANGUAGE sql AS $$
     DELETE FROM rag.row_batches WHERE watch_id = p_watch_id;

@@ -804,26 +804,35 @@ SELECT rows_indexed, last_error FROM rag_watch_status() WHERE source = 'oversize
 SELECT rag_unwatch('oversized', drop_documents => true);
 DROP TABLE oversized;
 
--- Dropping a collection ends its watches as rag_unwatch does: their triggers and trigger functions go too.
--- Left on the table, they queued keys for a watch that was gone, which the queue's policy refuses: every write
--- to the table of an owner who is not a superuser failed from then on.
+-- Dropping a collection ends its watches, and their triggers are left on the table doing nothing (dropping
+-- them would take the table's ACCESS EXCLUSIVE lock). Left as they were, they queued keys for a watch that was
+-- gone, which the queue's policy refuses: every write to the table of an owner who is not a superuser failed
+-- from then on.
 CREATE ROLE watch_dropped_owner;
 SELECT rag_create_collection('dropped_with_watch', embedding_model => 'hash-384') > 0 AS created;
 CREATE TABLE watched_then_dropped (id int PRIMARY KEY, body text);
 INSERT INTO watched_then_dropped VALUES (1, 'Indexed while the collection was there.');
 SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') AS dropped_watch \gset
 ALTER TABLE watched_then_dropped OWNER TO watch_dropped_owner;
-SELECT count(*) > 0 AS has_triggers FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
 SELECT rag_drop_collection('dropped_with_watch') AS dropped;
-SELECT count(*) AS triggers_left FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
-SELECT count(*) AS functions_left FROM pg_proc
- WHERE pronamespace = 'rag'::regnamespace AND proname IN ('_watch_' || :dropped_watch, '_watch_' || :dropped_watch || '_row');
-SELECT count(*) AS batches_left FROM rag.row_batches WHERE watch_id = :dropped_watch;
+SELECT count(*) > 0 AS triggers_left FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
+SELECT p.proname = '_watch_' || :dropped_watch AS statement_function, pg_get_userbyid(p.proowner) AS owner,
+       p.prosrc LIKE '%RETURN NULL; END' AS does_nothing
+  FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace
+   AND p.proname IN ('_watch_' || :dropped_watch, '_watch_' || :dropped_watch || '_row') ORDER BY 1;
 SET ROLE watch_dropped_owner;
 INSERT INTO watched_then_dropped VALUES (2, 'Written after the collection was dropped.');
 UPDATE watched_then_dropped SET body = 'Changed after the collection was dropped.' WHERE id = 1;
+DELETE FROM watched_then_dropped WHERE id = 2;
 RESET ROLE;
-SELECT count(*) AS rows_written FROM watched_then_dropped;
+SELECT count(*) AS rows_left FROM watched_then_dropped;
+SELECT count(*) AS batches FROM rag.row_batches WHERE watch_id = :dropped_watch;
+-- Watched again, it gets triggers of its new watch, and its rows are indexed.
+SELECT rag_create_collection('dropped_with_watch', embedding_model => 'hash-384') > 0 AS created_again;
+SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') > 0 AS watched_again;
+SELECT rag_wait('dropped_with_watch', '30 seconds') AS synced;
+SELECT body FROM rag.documents WHERE watch_id = (SELECT id FROM rag.watches WHERE source = 'watched_then_dropped'::regclass);
+SELECT rag_drop_collection('dropped_with_watch') AS dropped_again;
 DROP TABLE watched_then_dropped;
 DROP OWNED BY watch_dropped_owner;
 DROP ROLE watch_dropped_owner;
