@@ -5123,9 +5123,9 @@ BEGIN
     -- Values of a one-column key, as a trigger left them, become a jsonb array: numbers for a numeric key, as
     -- rag.row_queue's keys and the UPDATE trigger's have them, strings otherwise (rag._plain_key_kind). A batch
     -- whose values do not cast (the key column's type changed meanwhile) keeps them as strings, and so does a
-    -- batch whose watch is gone (triggers a restore brought back without their watch, which a superuser's
-    -- writes fire): rag._spread_batches_of then drops it with the other batches of watches that are gone,
-    -- where before it stayed for good.
+    -- batch whose watch is gone (the triggers a restore brought back without their watch, on a table a
+    -- superuser owns, queue them): rag._spread_batches_of then drops it with the other batches of watches that
+    -- are gone, where before it stayed for good.
     FOR v_batch IN
         SELECT b.id, rag._plain_key_kind(w.source, w.key_columns[1]) AS kind
           FROM rag.row_batches b
