@@ -76,7 +76,9 @@ SELECT kind, object, replace(definition, E'\n', '\n') FROM (
     SELECT 'index', format('rag.%I', r.relname), pg_catalog.pg_get_indexdef(r.oid)
       FROM rels r WHERE r.relkind = 'i'
     UNION ALL
-    SELECT 'trigger', format('rag.%I: %s', r.relname, t.tgname), pg_catalog.pg_get_triggerdef(t.oid)
+    -- With when it fires (pg_get_triggerdef leaves that out): rag.row_batches' own trigger is ALWAYS.
+    SELECT 'trigger', format('rag.%I: %s', r.relname, t.tgname),
+           pg_catalog.pg_get_triggerdef(t.oid) || ' (enabled ' || t.tgenabled || ')'
       FROM pg_catalog.pg_trigger t JOIN rels r ON r.oid = t.tgrelid WHERE NOT t.tgisinternal
     UNION ALL
     SELECT 'policy', format('%s.%s: %s', schemaname, tablename, policyname),
