@@ -78,7 +78,7 @@ SELECT kind, object, replace(definition, E'\n', '\n') FROM (
     UNION ALL
     -- With when it fires (pg_get_triggerdef leaves that out): rag.row_batches' own trigger is ALWAYS.
     SELECT 'trigger', format('rag.%I: %s', r.relname, t.tgname),
-           pg_catalog.pg_get_triggerdef(t.oid) || ' (enabled ' || t.tgenabled || ')'
+           pg_catalog.pg_get_triggerdef(t.oid) || ' (enabled ' || t.tgenabled::text || ')'
       FROM pg_catalog.pg_trigger t JOIN rels r ON r.oid = t.tgrelid WHERE NOT t.tgisinternal
     UNION ALL
     SELECT 'policy', format('%s.%s: %s', schemaname, tablename, policyname),
