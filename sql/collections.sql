@@ -497,7 +497,6 @@ CREATE FUNCTION @extschema@.rag_drop_collection(name text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
-    v_watch rag.watches;
 BEGIN
     PERFORM rag._require_writable('rag_drop_collection');
     SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
@@ -506,9 +505,7 @@ BEGIN
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
     -- The collection's watches end with it, and their triggers are left doing nothing (rag._silence_watch).
-    FOR v_watch IN SELECT * FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id LOOP
-        PERFORM rag._silence_watch(v_watch.id);
-    END LOOP;
+    PERFORM rag._silence_watch(x.id) FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id;
     -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
     -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS
     -- EXCLUSIVE) until the transaction ends, and first waits for every transaction that holds the partition (a

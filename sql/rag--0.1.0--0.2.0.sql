@@ -1350,7 +1350,6 @@ CREATE OR REPLACE FUNCTION @extschema@.rag_drop_collection(name text) RETURNS bo
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     c rag.collections;
-    v_watch rag.watches;
 BEGIN
     PERFORM rag._require_writable('rag_drop_collection');
     SELECT * INTO c FROM rag.collections WHERE collections.name = rag_drop_collection.name FOR UPDATE;
@@ -1359,9 +1358,7 @@ BEGIN
     END IF;
     PERFORM rag._require_privilege(c.id, 'admin');
     -- The collection's watches end with it, and their triggers are left doing nothing (rag._silence_watch).
-    FOR v_watch IN SELECT * FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id LOOP
-        PERFORM rag._silence_watch(v_watch.id);
-    END LOOP;
+    PERFORM rag._silence_watch(x.id) FROM rag.watches x WHERE x.collection_id = c.id ORDER BY x.id;
     -- The collection's chunks and every index on them go with its partition of rag.chunks, whole (the documents'
     -- cascade leaves them: rag._documents_deleted). Dropping a partition locks rag.chunks itself (ACCESS
     -- EXCLUSIVE) until the transaction ends, and first waits for every transaction that holds the partition (a
@@ -4868,6 +4865,14 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._replace_watch_function(p_function text, p_body text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   p_function, p_body);
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -4986,9 +4991,7 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
            v_restore_session, v_restore_session_end);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   v_function, v_body);
+    PERFORM rag._replace_watch_function(v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
     -- function and captures no transition table, which a statement-level trigger with one cannot avoid
@@ -5023,9 +5026,7 @@ BEGIN
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   v_row_function, v_body);
+    PERFORM rag._replace_watch_function(v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
@@ -5230,15 +5231,11 @@ DECLARE
     v_row_function text := format('rag.%I', '_watch_' || p_watch_id || '_row');
 BEGIN
     IF pg_catalog.to_regprocedure(v_function || '()') IS NOT NULL THEN
-        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                       v_function,
-                       format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
+        PERFORM rag._replace_watch_function(
+            v_function, format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
     END IF;
     IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                       v_row_function, 'BEGIN RETURN NULL; END');
+        PERFORM rag._replace_watch_function(v_row_function, 'BEGIN RETURN NULL; END');
     END IF;
     PERFORM rag._forget_queued_rows(p_watch_id);
 END $$;

@@ -613,6 +613,16 @@ BEGIN
     END LOOP;
 END $$;
 
+-- (Re)makes one of a watch's trigger functions with the settings every one of them runs with: as its owner
+-- (rag._watch_install and rag._silence_watch give it to the table's owner), rag's path, standard strings.
+CREATE FUNCTION rag._replace_watch_function(p_function text, p_body text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
+                   p_function, p_body);
+END $$;
+
 -- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
 -- writer's transaction: it finds the keys whose indexed content changed and writes them as ONE row per
 -- statement (rag.row_batches); the worker spreads them into rag.row_queue later.
@@ -734,9 +744,7 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
            v_restore_session, v_restore_session_end);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   v_function, v_body);
+    PERFORM rag._replace_watch_function(v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
     -- function and captures no transition table, which a statement-level trigger with one cannot avoid
@@ -771,9 +779,7 @@ BEGIN
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                    SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   v_row_function, v_body);
+    PERFORM rag._replace_watch_function(v_row_function, v_body);
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
@@ -998,15 +1004,11 @@ DECLARE
     v_row_function text := format('rag.%I', '_watch_' || p_watch_id || '_row');
 BEGIN
     IF pg_catalog.to_regprocedure(v_function || '()') IS NOT NULL THEN
-        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                       v_function,
-                       format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
+        PERFORM rag._replace_watch_function(
+            v_function, format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
     END IF;
     IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-        EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-                        SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                       v_row_function, 'BEGIN RETURN NULL; END');
+        PERFORM rag._replace_watch_function(v_row_function, 'BEGIN RETURN NULL; END');
     END IF;
     PERFORM rag._forget_queued_rows(p_watch_id);
 END $$;
