@@ -4372,9 +4372,11 @@ LANGUAGE sql STABLE AS $$
     SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
 $$;
 
-CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
+CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name, p_id bigint DEFAULT NULL) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+    SELECT pg_catalog.pg_trigger_depth() > 0
+       AND (p_id IS NULL OR p_id < (SELECT s.last_value + s.is_called::integer FROM rag.row_batches_id_seq s))
+       AND EXISTS (
         SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
          WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
 $$;
@@ -4382,7 +4384,7 @@ $$;
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
-    WITH CHECK (rag._may_queue_batch(watch_id, current_user));
+    WITH CHECK (rag._may_queue_batch(watch_id, current_user, id));
 
 CREATE OR REPLACE FUNCTION rag._row_batch_free_id() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -4394,8 +4396,8 @@ BEGIN
         IF v_last < 9223372036854775807 THEN
             NEW.id := v_last + 1;
         ELSE
-            -- A row at the type's end (a table owner's trigger may write its own watch's batches with any id):
-            -- the sequence's next free value, which moves the sequence past what it walks over.
+            -- A row at the type's end (a dump holds whatever rag's owner wrote): the sequence's next free
+            -- value, which moves the sequence past what it walks over.
             LOOP
                 NEW.id := nextval('rag.row_batches_id_seq');
                 EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id);
@@ -4814,7 +4816,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owner_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name)',
+    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name, bigint)',
                  'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
 $$;
 

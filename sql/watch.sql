@@ -48,15 +48,22 @@ $$;
 
 -- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
 -- role inserting (the triggers run as the table's owner), and the insert must come from inside a trigger.
-CREATE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name) RETURNS boolean
+-- The batch's id must be one the sequence has given (p_id; NULL when a trigger asks before it has one): the
+-- table's owner may write batches for their own watch from a trigger of theirs, and one written with an id
+-- ahead of the sequence (OVERRIDING SYSTEM VALUE) is what a restore half done looks like in a database that
+-- never made a document (rag._restore_under_way), so every watch's indexing in the database stopped for good
+-- (review of session 44). The same expression as the sign's probe, so no id passes here that it would count.
+CREATE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name, p_id bigint DEFAULT NULL) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
-    SELECT pg_catalog.pg_trigger_depth() > 0 AND EXISTS (
+    SELECT pg_catalog.pg_trigger_depth() > 0
+       AND (p_id IS NULL OR p_id < (SELECT s.last_value + s.is_called::integer FROM rag.row_batches_id_seq s))
+       AND EXISTS (
         SELECT 1 FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
          WHERE w.id = p_watch_id AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role))
 $$;
 ALTER TABLE rag.row_batches ENABLE ROW LEVEL SECURITY;
 CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
-    WITH CHECK (rag._may_queue_batch(watch_id, current_user));
+    WITH CHECK (rag._may_queue_batch(watch_id, current_user, id));
 
 -- A batch's id only orders the batches; nothing refers to it. A data-only restore replayed without
 -- --disable-triggers hands the same ids out twice: the watched tables' rows fire their watches' triggers while
@@ -68,8 +75,8 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 -- would need SELECT on the table, and the table's owner only inserts).
 -- - Past every row, not to the sequence's next value: restored rows past their sequence are how a worker tells
 --   a restore under way in a database that never made a document (rag._restore_under_way), and it must not
---   spread the restored batches before their watches are in. In one step (max(id) + 1): ids a table owner's
---   trigger wrote ahead of the sequence (its own watch's batches, with any id) cost one look, not a walk.
+--   spread the restored batches before their watches are in. In one step (max(id) + 1): however far ahead of
+--   the sequence the restored ids run, one look, not a walk.
 -- - Inserts made inside a trigger do not fire it (pg_trigger_depth), so a write to a watched table pays nothing
 --   for it; a statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at
 --   its end.
@@ -88,8 +95,8 @@ BEGIN
         IF v_last < 9223372036854775807 THEN
             NEW.id := v_last + 1;
         ELSE
-            -- A row at the type's end (a table owner's trigger may write its own watch's batches with any id):
-            -- the sequence's next free value, which moves the sequence past what it walks over.
+            -- A row at the type's end (a dump holds whatever rag's owner wrote): the sequence's next free
+            -- value, which moves the sequence past what it walks over.
             LOOP
                 NEW.id := nextval('rag.row_batches_id_seq');
                 EXIT WHEN NOT EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id);
@@ -549,7 +556,7 @@ $$;
 -- The functions a watched table's owner must be able to run for the watch's triggers.
 CREATE FUNCTION rag._watch_owner_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name)',
+    SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name, bigint)',
                  'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
 $$;
 

@@ -1048,7 +1048,34 @@ CREATE TRIGGER write_batch AFTER INSERT ON sec_attacker.odd_trigger FOR EACH ROW
     EXECUTE FUNCTION sec_attacker.write_batch(:'odd_watch');
 INSERT INTO sec_attacker.odd_trigger VALUES ('"not an array"');
 INSERT INTO sec_attacker.odd_trigger VALUES ('[[1, 2], {"nested": {"deeper": [1]}}, "text", null, 1e300]');
+-- Nor with an id the queue's sequence has not given (OVERRIDING SYSTEM VALUE): in a database that never made a
+-- document, a batch ahead of its sequence is how a restore half done looks (rag._restore_under_way), and the
+-- worker stopped for every watch in the database.
+CREATE FUNCTION sec_attacker.write_batch_ahead() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO rag.row_batches (id, watch_id, keys) OVERRIDING SYSTEM VALUE
+    VALUES (TG_ARGV[1]::bigint, TG_ARGV[0]::integer, NEW.keys);
+    RETURN NULL;
+END $f$;
+CREATE TABLE sec_attacker.ahead_trigger (keys jsonb);
+CREATE TRIGGER write_batch_ahead AFTER INSERT ON sec_attacker.ahead_trigger FOR EACH ROW
+    EXECUTE FUNCTION sec_attacker.write_batch_ahead(:'odd_watch', '9223372036854775000');
+\set VERBOSITY terse
+INSERT INTO sec_attacker.ahead_trigger VALUES ('[1]');
+\set VERBOSITY default
 RESET ROLE;
+-- The id right after the sequence's last one as well.
+SELECT last_value + 1 AS next_batch_id FROM rag.row_batches_id_seq \gset
+SET ROLE sec_attacker;
+DROP TRIGGER write_batch_ahead ON sec_attacker.ahead_trigger;
+CREATE TRIGGER write_batch_ahead AFTER INSERT ON sec_attacker.ahead_trigger FOR EACH ROW
+    EXECUTE FUNCTION sec_attacker.write_batch_ahead(:'odd_watch', :'next_batch_id');
+\set VERBOSITY terse
+INSERT INTO sec_attacker.ahead_trigger VALUES ('[1]');
+\set VERBOSITY default
+RESET ROLE;
+SELECT count(*) AS batches_ahead FROM rag.row_batches
+ WHERE id >= (SELECT last_value + is_called::integer FROM rag.row_batches_id_seq);
 SET ROLE sec_owner;
 SELECT rag_ingest('owner-docs', 'After the odd batch', 'Indexing goes on for everyone else.') > 0 AS ingested;
 RESET ROLE;
@@ -1057,8 +1084,8 @@ SELECT pg_temp.wait_for($$SELECT status = 'ready' FROM rag.documents WHERE title
        pg_temp.wait_for($$SELECT NOT EXISTS (SELECT 1 FROM rag.row_batches)$$) AS odd_batch_spread;
 SET ROLE sec_attacker;
 SELECT rag_unwatch('sec_attacker.odd', drop_documents => true), rag_drop_collection('attacker-odd');
-DROP TABLE sec_attacker.odd, sec_attacker.odd_trigger;
-DROP FUNCTION sec_attacker.write_batch();
+DROP TABLE sec_attacker.odd, sec_attacker.odd_trigger, sec_attacker.ahead_trigger;
+DROP FUNCTION sec_attacker.write_batch(), sec_attacker.write_batch_ahead();
 RESET ROLE;
 
 -- Triggers that an owner names like a partition's on a table of theirs that is no partition do not make every
