@@ -4647,11 +4647,20 @@ CREATE OR REPLACE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
+    v_function regprocedure;
 BEGIN
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
+    END LOOP;
+    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) go once no trigger
+    -- runs them: with these triggers, or with triggers their table's owner dropped, or their table.
+    FOR v_function IN SELECT p.oid::regprocedure FROM pg_proc p
+                       WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
+                         AND p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
+                         AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = p.oid) LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS %s', v_function);
     END LOOP;
 END $$;
 
@@ -4706,11 +4715,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
+    -- A trigger naming another table's watch queues nothing for it. It used to fail its statement, which also
+    -- failed every write to a watched partition whose watch a restore without rag's rows left out, once a new
+    -- watch of another table took that id (review of session 44); queuing nothing keeps the other watch as safe.
     IF v_source <> p_source THEN
-        RAISE EXCEPTION 'a rag._watch_key trigger on % names watch %, which does not watch that table',
-                        coalesce(rag._table_name(p_source::regclass), p_source::text), p_watch_id
-            USING ERRCODE = 'insufficient_privilege',
+        RAISE WARNING 'rag: a rag._watch_key trigger on % names the watch of another table: the keys of its rows are not queued',
+                      coalesce(rag._table_name(p_source::regclass), p_source::text)
+            USING DETAIL = format('Watch %s watches %s.', p_watch_id, rag._table_name(v_source::regclass)),
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
+        RETURN 0;
     END IF;
     -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
     LOOP
@@ -4794,24 +4807,31 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
         END IF;
     END LOOP;
-    FOREACH v_function IN ARRAY rag._watch_functions_public(p_owner) LOOP
+    PERFORM rag._revoke_watch_functions_public();
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._revoke_watch_functions_public() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function text;
+BEGIN
+    FOREACH v_function IN ARRAY rag._watch_functions_public() LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._watch_functions_public(p_owner name) RETURNS text[]
+CREATE OR REPLACE FUNCTION rag._watch_functions_public() RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
-      FROM rag.watches w
-      JOIN pg_catalog.pg_class c ON c.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner AND r.rolname = p_owner
-      JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
-                               AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
-     WHERE p.proacl IS NULL
-        -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
-        -- and the worker would try again at every rest).
-        OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
-                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner)
+      FROM pg_catalog.pg_proc p
+     WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
+       AND p.pronamespace = 'rag'::regnamespace
+       AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+       AND (p.proacl IS NULL
+            -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
+            -- and the worker would try again at every rest).
+            OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
+                        WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner))
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owner_functions() RETURNS text[]
@@ -4833,7 +4853,6 @@ LANGUAGE sql STABLE AS $$
         OR NOT pg_catalog.has_table_privilege(o.relowner, 'rag.row_batches', 'INSERT')
         OR EXISTS (SELECT 1 FROM unnest(functions.oids) f
                     WHERE NOT pg_catalog.has_function_privilege(o.relowner, f::oid, 'EXECUTE'))
-        OR cardinality(rag._watch_functions_public(r.rolname)) > 0
 $$;
 
 CREATE OR REPLACE FUNCTION rag._grant_watch_owners() RETURNS void
@@ -4844,6 +4863,7 @@ BEGIN
     FOREACH v_owner IN ARRAY rag._watch_owners_lacking() LOOP
         PERFORM rag._grant_watch_owner(v_owner);
     END LOOP;
+    PERFORM rag._revoke_watch_functions_public();
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._reassign_watch_functions(p_old oid[], p_new oid[]) RETURNS void
@@ -4993,6 +5013,7 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
            v_restore_session, v_restore_session_end);
+    PERFORM rag._set_aside_watch_functions(w.id, w.source);
     PERFORM rag._replace_watch_function(v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -5233,13 +5254,37 @@ DECLARE
     v_row_function text := format('rag.%I', '_watch_' || p_watch_id || '_row');
 BEGIN
     IF pg_catalog.to_regprocedure(v_function || '()') IS NOT NULL THEN
-        PERFORM rag._replace_watch_function(
-            v_function, format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
+        PERFORM rag._replace_watch_function(v_function, rag._silent_watch_body(p_watch_id, false));
     END IF;
     IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-        PERFORM rag._replace_watch_function(v_row_function, 'BEGIN RETURN NULL; END');
+        PERFORM rag._replace_watch_function(v_row_function, rag._silent_watch_body(p_watch_id, true));
     END IF;
     PERFORM rag._forget_queued_rows(p_watch_id);
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._silent_watch_body(p_watch_id integer, p_row boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_row THEN 'BEGIN RETURN NULL; END'
+                ELSE format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id) END
+$$;
+
+CREATE OR REPLACE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function
+               FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'rag'::regnamespace
+                AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                             WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source)
+              ORDER BY p.oid
+    LOOP
+        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
+        PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
+                                            rag._silent_watch_body(p_watch_id, f.row_function));
+    END LOOP;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void

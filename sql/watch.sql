@@ -341,11 +341,20 @@ CREATE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
+    v_function regprocedure;
 BEGIN
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
+    END LOOP;
+    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) go once no trigger
+    -- runs them: with these triggers, or with triggers their table's owner dropped, or their table.
+    FOR v_function IN SELECT p.oid::regprocedure FROM pg_proc p
+                       WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
+                         AND p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
+                         AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = p.oid) LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS %s', v_function);
     END LOOP;
 END $$;
 
@@ -427,11 +436,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
+    -- A trigger naming another table's watch queues nothing for it. It used to fail its statement, which also
+    -- failed every write to a watched partition whose watch a restore without rag's rows left out, once a new
+    -- watch of another table took that id (review of session 44); queuing nothing keeps the other watch as safe.
     IF v_source <> p_source THEN
-        RAISE EXCEPTION 'a rag._watch_key trigger on % names watch %, which does not watch that table',
-                        coalesce(rag._table_name(p_source::regclass), p_source::text), p_watch_id
-            USING ERRCODE = 'insufficient_privilege',
+        RAISE WARNING 'rag: a rag._watch_key trigger on % names the watch of another table: the keys of its rows are not queued',
+                      coalesce(rag._table_name(p_source::regclass), p_source::text)
+            USING DETAIL = format('Watch %s watches %s.', p_watch_id, rag._table_name(v_source::regclass)),
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
+        RETURN 0;
     END IF;
     -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
     LOOP
@@ -529,28 +542,38 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
         END IF;
     END LOOP;
-    FOREACH v_function IN ARRAY rag._watch_functions_public(p_owner) LOOP
+    PERFORM rag._revoke_watch_functions_public();
+END $$;
+
+CREATE FUNCTION rag._revoke_watch_functions_public() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function text;
+BEGIN
+    FOREACH v_function IN ARRAY rag._watch_functions_public() LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
     END LOOP;
 END $$;
 
--- The trigger functions of the watches of p_owner's tables that PUBLIC may run. rag_watch takes that away (they
--- run as the table's owner and queue keys for its watch, and CREATE TRIGGER needs nothing more than EXECUTE),
--- but a restore without privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default, PUBLIC's
--- EXECUTE: any role could put one on a table of its own and queue keys for another owner's watch (red team 27).
-CREATE FUNCTION rag._watch_functions_public(p_owner name) RETURNS text[]
+-- The watches' trigger functions that PUBLIC may run. rag_watch takes that away (they run as the table's owner
+-- and queue keys for its watch, and CREATE TRIGGER needs nothing more than EXECUTE), but a restore without
+-- privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default, PUBLIC's EXECUTE: any role could put
+-- one on a table of its own and queue keys for another owner's watch (red team 27). Every function named as a
+-- watch's, not only those of the watches there are: a restore without rag's rows as well brings functions back
+-- without their watch, which run as their owner all the same, and whose id a later watch may take (review of
+-- session 44). Found by name, from the index on it (proname is of type name, whose collation is C).
+CREATE FUNCTION rag._watch_functions_public() RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
-      FROM rag.watches w
-      JOIN pg_catalog.pg_class c ON c.oid = w.source
-      JOIN pg_catalog.pg_roles r ON r.oid = c.relowner AND r.rolname = p_owner
-      JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
-                               AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
-     WHERE p.proacl IS NULL
-        -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
-        -- and the worker would try again at every rest).
-        OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
-                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner)
+      FROM pg_catalog.pg_proc p
+     WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
+       AND p.pronamespace = 'rag'::regnamespace
+       AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+       AND (p.proacl IS NULL
+            -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
+            -- and the worker would try again at every rest).
+            OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a
+                        WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE' AND a.grantor = p.proowner))
 $$;
 
 -- The functions a watched table's owner must be able to run for the watch's triggers.
@@ -578,7 +601,6 @@ LANGUAGE sql STABLE AS $$
         OR NOT pg_catalog.has_table_privilege(o.relowner, 'rag.row_batches', 'INSERT')
         OR EXISTS (SELECT 1 FROM unnest(functions.oids) f
                     WHERE NOT pg_catalog.has_function_privilege(o.relowner, f::oid, 'EXECUTE'))
-        OR cardinality(rag._watch_functions_public(r.rolname)) > 0
 $$;
 
 -- Grants them what they lack: after REASSIGN OWNED (rag._reassign_owned; no event trigger fires for that
@@ -592,6 +614,7 @@ BEGIN
     FOREACH v_owner IN ARRAY rag._watch_owners_lacking() LOOP
         PERFORM rag._grant_watch_owner(v_owner);
     END LOOP;
+    PERFORM rag._revoke_watch_functions_public();
 END $$;
 
 -- Before REASSIGN OWNED (src/api/roles.rs, only for a caller with the privileges of every role it names, as
@@ -751,6 +774,7 @@ BEGIN
             RETURN NULL;
         END $f$, w.id, v_aggregate, e.filter, rag._limit('sync_delay_default'), v_insert_keys, v_delete_keys, v_take_keys,
            v_restore_session, v_restore_session_end);
+    PERFORM rag._set_aside_watch_functions(w.id, w.source);
     PERFORM rag._replace_watch_function(v_function, v_body);
     -- Where rag._watch_key does not gather the keys, UPDATE is row-level behind a WHEN clause over the columns
     -- the index depends on (as rag._watch_key's trigger is): an UPDATE of other columns never calls a
@@ -1011,13 +1035,49 @@ DECLARE
     v_row_function text := format('rag.%I', '_watch_' || p_watch_id || '_row');
 BEGIN
     IF pg_catalog.to_regprocedure(v_function || '()') IS NOT NULL THEN
-        PERFORM rag._replace_watch_function(
-            v_function, format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id));
+        PERFORM rag._replace_watch_function(v_function, rag._silent_watch_body(p_watch_id, false));
     END IF;
     IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-        PERFORM rag._replace_watch_function(v_row_function, 'BEGIN RETURN NULL; END');
+        PERFORM rag._replace_watch_function(v_row_function, rag._silent_watch_body(p_watch_id, true));
     END IF;
     PERFORM rag._forget_queued_rows(p_watch_id);
+END $$;
+
+-- The body of a watch's trigger function that does nothing: the statement function still takes the keys its
+-- table's row trigger gathered for the watch (rag._watch_keys_taken), so none is left over for the transaction's
+-- end, which would warn about them.
+CREATE FUNCTION rag._silent_watch_body(p_watch_id integer, p_row boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_row THEN 'BEGIN RETURN NULL; END'
+                ELSE format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id) END
+$$;
+
+-- A new watch's id may name trigger functions that are already there, with triggers on another table: a
+-- restore without rag's rows (pg_dump --exclude-table-data 'rag.*') brings the watched tables' triggers and
+-- functions back without their watches and starts the ids again, and rag_drop_collection leaves its watches'
+-- triggers with silenced functions. rag._watch_install replaced such a function in place (CREATE OR REPLACE
+-- keeps its oid), so the other table's triggers ran the new watch's body, as its owner: that owner's filter
+-- read the other table's rows (an owner's expression over another owner's data), its keys were queued for the
+-- new watch, and a filter reading new_rows failed every write to a table whose trigger had no such transition
+-- table (review of session 44). Such a function is set aside under a name of its own (the triggers hold its
+-- oid) and does nothing from then on; rag._drop_watch_triggers drops it once no trigger runs it.
+CREATE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function
+               FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'rag'::regnamespace
+                AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                             WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source)
+              ORDER BY p.oid
+    LOOP
+        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
+        PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
+                                            rag._silent_watch_body(p_watch_id, f.row_function));
+    END LOOP;
 END $$;
 
 CREATE FUNCTION rag._forget_queued_rows(p_watch_id integer) RETURNS void

@@ -262,14 +262,16 @@ pub fn drop_partitions() -> Result<Option<i32>, SpiError> {
 }
 
 /// Grants the owners of watched tables what the watches' triggers need, where they lack it
-/// (`rag._grant_watch_owners`); returns 1 when it granted. Not while a superuser's pg_restore is connected to the
-/// database: a restore with privileges grants the same in its last section, and two sessions granting on one
-/// object at once fail the second ("tuple concurrently updated"), which would stop a restore run with
-/// --exit-on-error. Another role naming its session "pg_restore" does not count. A GRANT waits for any
-/// transaction changing the same catalog row (an admin's open rag_watch): at most 100 ms here, then the next
-/// upkeep tries again, rather than holding every collection's work (review of session 36).
+/// (`rag._grant_watch_owners`), and takes PUBLIC's EXECUTE away from any watch's trigger function, its watch
+/// there or not (`rag._watch_functions_public`); returns 1 when it did either. Not while a superuser's
+/// pg_restore is connected to the database: a restore with privileges grants the same in its last section, and
+/// two sessions granting on one object at once fail the second ("tuple concurrently updated"), which would stop
+/// a restore run with --exit-on-error. Another role naming its session "pg_restore" does not count. A GRANT
+/// waits for any transaction changing the same catalog row (an admin's open rag_watch): at most 100 ms here,
+/// then the next upkeep tries again, rather than holding every collection's work (review of session 36).
 pub fn grant_watch_owners() -> Result<Option<i32>, SpiError> {
-    let look = "SELECT pg_catalog.cardinality(rag._watch_owners_lacking()) > 0 \
+    let look = "SELECT (pg_catalog.cardinality(rag._watch_owners_lacking()) > 0 \
+                        OR pg_catalog.cardinality(rag._watch_functions_public()) > 0) \
                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a \
                                   JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid AND r.rolsuper \
                                  WHERE a.datname = pg_catalog.current_database() AND a.application_name = 'pg_restore')";

@@ -547,7 +547,9 @@ INSERT INTO routed VALUES (70, 'applied'), (71, 'applied'), (72, 'applied');
 SELECT pg_temp.watch_batches('routed_even') AS even_replica_batches, pg_temp.watch_batches('routed_odd') AS odd_replica_batches;
 ROLLBACK;
 -- Nobody queues keys through rag._queue_gathered_keys from SQL; a row trigger that names another table's watch
--- fails its statement rather than queue keys for that watch; a third argument other than 'statement_end' fails.
+-- queues nothing for that watch, and warns (failing the statement failed every write to a watched partition
+-- whose watch a restore without rag's rows left out, once another table's watch took the id); a third argument
+-- other than 'statement_end' fails.
 SET ROLE watch_reader;
 SELECT rag._queue_gathered_keys((SELECT id FROM rag.watches WHERE source_name = 'routed_even'),
                                 'routed_even'::regclass, '{2}');
@@ -556,13 +558,13 @@ SELECT id AS even_watch FROM rag.watches WHERE source_name = 'routed_even' \gset
 CREATE TABLE not_watched (id integer);
 CREATE TRIGGER borrowed_watch AFTER INSERT ON not_watched FOR EACH ROW
     EXECUTE FUNCTION rag._watch_key(:'even_watch', 'id', 'statement_end');
-DO $$
-BEGIN
-    INSERT INTO not_watched VALUES (1);
-EXCEPTION WHEN insufficient_privilege THEN
-    -- The watch's id depends on the tests before this one.
-    RAISE NOTICE '%', regexp_replace(SQLERRM, 'watch [0-9]+', 'watch <id>');
-END $$;
+BEGIN;
+-- Terse: the watch's id, in the detail, depends on the tests before this one.
+\set VERBOSITY terse
+INSERT INTO not_watched VALUES (1);
+\set VERBOSITY default
+SELECT count(*) AS borrowed_batches FROM rag.row_batches WHERE watch_id = :even_watch;
+ROLLBACK;
 DROP TRIGGER borrowed_watch ON not_watched;
 CREATE TRIGGER odd_argument AFTER INSERT ON not_watched FOR EACH ROW
     EXECUTE FUNCTION rag._watch_key(:'even_watch', 'id', 'whenever');

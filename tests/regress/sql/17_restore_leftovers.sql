@@ -239,3 +239,92 @@ SELECT rag_unwatch('replayed_rows') AS unwatched, rag_unwatch('replayed_pairs') 
 DROP TABLE replayed_rows, replayed_pairs, replayed_parted, replayed_relay;
 DROP FUNCTION replayed_relay();
 SELECT rag_drop_collection('replayed') AS dropped;
+
+-- A dump without rag's rows again: a watched table's triggers come back without their watch, and the ids start
+-- again, so another table's new watch may be given the id they name. Simulated by deleting the watch's row
+-- behind its triggers' back and turning the sequence back. Both tables' owners are ordinary roles; the new
+-- watch's filter notes every row it is evaluated on.
+CREATE ROLE leftover_old IN ROLE rag_admin;
+CREATE ROLE leftover_new IN ROLE rag_admin;
+CREATE TABLE leftover_a (id integer PRIMARY KEY, body text);
+CREATE TABLE leftover_b (id integer PRIMARY KEY, body text);
+CREATE TABLE leftover_seen (body text);
+ALTER TABLE leftover_a OWNER TO leftover_old;
+ALTER TABLE leftover_b OWNER TO leftover_new;
+ALTER TABLE leftover_seen OWNER TO leftover_new;
+CREATE FUNCTION leftover_noted(p_body text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO public.leftover_seen VALUES (p_body);
+    RETURN true;
+END $f$;
+ALTER FUNCTION leftover_noted(text) OWNER TO leftover_new;
+SET ROLE leftover_old;
+SELECT rag_create_collection('left-old', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_watch('leftover_a', 'left-old', content => 'body', filter => 'body <> ''''') AS old_watch \gset
+RESET ROLE;
+DELETE FROM rag.watches WHERE id = :old_watch;
+SELECT setval('rag.watches_id_seq', :old_watch, false) > 0 AS turned_back;
+SET ROLE leftover_new;
+SELECT rag_create_collection('left-new', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_watch('leftover_b', 'left-new', content => 'body', filter => 'public.leftover_noted(body)') = :old_watch
+       AS given_the_same_id;
+RESET ROLE;
+-- The old table's triggers run the old functions, set aside and doing nothing; the new watch has its own.
+SELECT t.tgrelid::regclass AS on_table, t.tgname,
+       regexp_replace(t.tgfoid::regproc::text, '[0-9]+', 'N', 'g') AS runs,
+       pg_get_userbyid(p.proowner) AS as_role
+  FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+ WHERE t.tgrelid IN ('leftover_a'::regclass, 'leftover_b'::regclass) AND p.proname LIKE '\_watch\_%'
+ ORDER BY 1, 2;
+-- A write to the old table queues nothing for the new watch and runs nothing of its owner's.
+SET ROLE leftover_old;
+BEGIN;
+INSERT INTO leftover_a VALUES (1, 'Written to the old table.');
+UPDATE leftover_a SET body = 'Rewritten in the old table.';
+DELETE FROM leftover_a;
+RESET ROLE;
+SELECT count(*) AS batches_of_the_old_table FROM rag.row_batches WHERE watch_id = :old_watch;
+COMMIT;
+-- The new watch's own table is watched as any other.
+SET ROLE leftover_new;
+BEGIN;
+INSERT INTO leftover_b VALUES (1, 'Written to the new table.');
+RESET ROLE;
+SELECT coalesce(keys::text, key_values) AS batches_of_the_new_table FROM rag.row_batches WHERE watch_id = :old_watch;
+COMMIT;
+SELECT body AS filtered FROM leftover_seen ORDER BY body;
+-- PUBLIC's EXECUTE, which a restore without privileges gives back to every function, is taken away from a
+-- set-aside one as well (the worker's upkeep): it runs as the old table's owner.
+SELECT p.oid::regprocedure AS set_aside FROM pg_proc p
+ WHERE p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+_left_' \gset
+GRANT EXECUTE ON FUNCTION :set_aside TO PUBLIC;
+SELECT pg_stat_force_next_flush();
+DO $$ BEGIN
+    FOR i IN 1 .. 300 LOOP
+        EXIT WHEN cardinality(rag._watch_functions_public()) = 0;
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+SELECT has_function_privilege('leftover_new', :'set_aside', 'EXECUTE') AS others_may_run_it;
+-- Watched again, the old table has triggers of its own watch, and the set-aside functions go with the last
+-- trigger that ran them.
+SET ROLE leftover_old;
+SELECT rag_watch('leftover_a', 'left-old', content => 'body') > :old_watch AS watched_again;
+BEGIN;
+INSERT INTO leftover_a VALUES (2, 'Written once watched again.');
+RESET ROLE;
+SELECT count(*) AS queued_for_the_old_table FROM rag.row_batches b JOIN rag.watches w ON w.id = b.watch_id
+ WHERE w.source = 'leftover_a'::regclass;
+COMMIT;
+SELECT count(*) AS set_aside_left FROM pg_proc
+ WHERE pronamespace = 'rag'::regnamespace AND proname ~ '^_watch_[0-9]+(_row)?_left_';
+SET ROLE leftover_old;
+SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
+RESET ROLE;
+SET ROLE leftover_new;
+SELECT rag_unwatch('leftover_b', drop_documents => true) AS unwatched, rag_drop_collection('left-new') AS dropped;
+RESET ROLE;
+DROP TABLE leftover_a, leftover_b, leftover_seen;
+DROP FUNCTION leftover_noted(text);
+DROP OWNED BY leftover_old, leftover_new;
+DROP ROLE leftover_old, leftover_new;
