@@ -4392,6 +4392,13 @@ DECLARE
     v_last bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
+        IF pg_catalog.current_setting('rag_batch.from_sequence', true) = 'on' THEN
+            -- rag._queue_gathered_keys' row, whose id the sequence gave: its loop takes the next one. Moved past
+            -- every row, it went ahead of the sequence, which in a database that never made a document reads as
+            -- a restore half done until the sequence passes it, and a table owner could make that happen by
+            -- writing, from a trigger of theirs, the id the sequence was about to give (review of session 45).
+            RETURN NEW;
+        END IF;
         v_last := (SELECT max(b.id) FROM rag.row_batches b);
         IF v_last < 9223372036854775807 THEN
             NEW.id := v_last + 1;
@@ -4647,20 +4654,25 @@ CREATE OR REPLACE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
+    v_set_aside regprocedure[];
     v_function regprocedure;
 BEGIN
+    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) that these triggers
+    -- run go with the last of them. Only these: another table's, or another owner's, are not this command's to
+    -- wait for (its owner may hold a lock on one).
+    v_set_aside := ARRAY(SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                          WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'
+                            AND p.pronamespace = 'rag'::regnamespace
+                            AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$');
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
     END LOOP;
-    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) go once no trigger
-    -- runs them: with these triggers, or with triggers their table's owner dropped, or their table.
-    FOR v_function IN SELECT p.oid::regprocedure FROM pg_proc p
-                       WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
-                         AND p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
-                         AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = p.oid) LOOP
-        EXECUTE format('DROP FUNCTION IF EXISTS %s', v_function);
+    FOREACH v_function IN ARRAY v_set_aside LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = v_function) THEN
+            EXECUTE format('DROP FUNCTION %s', v_function);
+        END IF;
     END LOOP;
 END $$;
 
@@ -4725,7 +4737,10 @@ BEGIN
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
         RETURN 0;
     END IF;
-    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id), taking the
+    -- sequence's next ones: this insert is at trigger depth 0, so that trigger sees it, and is told (the setting)
+    -- that its id came from the sequence.
+    PERFORM pg_catalog.set_config('rag_batch.from_sequence', 'on', true);
     LOOP
         INSERT INTO rag.row_batches (watch_id, key_values, not_before)
         VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
@@ -4733,6 +4748,7 @@ BEGIN
         RETURNING id INTO v_batch;
         EXIT WHEN FOUND;
     END LOOP;
+    PERFORM pg_catalog.set_config('rag_batch.from_sequence', '', true);
     PERFORM rag._wake_worker();
     RETURN v_batch;
 END $$;
@@ -4807,25 +4823,26 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
         END IF;
     END LOOP;
-    PERFORM rag._revoke_watch_functions_public();
+    PERFORM rag._revoke_watch_functions_public(p_owner);
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._revoke_watch_functions_public() RETURNS void
+CREATE OR REPLACE FUNCTION rag._revoke_watch_functions_public(p_owner name DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_function text;
 BEGIN
-    FOREACH v_function IN ARRAY rag._watch_functions_public() LOOP
+    FOREACH v_function IN ARRAY rag._watch_functions_public(p_owner) LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
     END LOOP;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._watch_functions_public() RETURNS text[]
+CREATE OR REPLACE FUNCTION rag._watch_functions_public(p_owner name DEFAULT NULL) RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
       FROM pg_catalog.pg_proc p
      WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
        AND p.pronamespace = 'rag'::regnamespace
+       AND (p_owner IS NULL OR p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner))
        AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
        AND (p.proacl IS NULL
             -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
@@ -5268,22 +5285,28 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id) END
 $$;
 
-CREATE OR REPLACE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid) RETURNS void
+CREATE OR REPLACE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid, p_new boolean DEFAULT false)
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     f record;
 BEGIN
-    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function
+    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function,
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid) AS triggered
                FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'rag'::regnamespace
                 AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
-                AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                             WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source)
+                AND (p_new OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                                       WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source))
               ORDER BY p.oid
     LOOP
-        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
-        PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
-                                            rag._silent_watch_body(p_watch_id, f.row_function));
+        IF NOT f.triggered THEN
+            EXECUTE format('DROP FUNCTION rag.%I()', f.name);
+        ELSE
+            EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
+            PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
+                                                rag._silent_watch_body(p_watch_id, f.row_function));
+        END IF;
     END LOOP;
 END $$;
 
@@ -5474,6 +5497,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'They are SQL expressions giving one value for one row (no aggregate, window or set-returning function), evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
+    PERFORM rag._set_aside_watch_functions(v_id, source, p_new => true);
     PERFORM rag._watch_install(v_id);
     PERFORM rag._reindex_watch(v_id);
     RETURN v_id;

@@ -79,7 +79,8 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 --   the sequence the restored ids run, one look, not a walk.
 -- - Inserts made inside a trigger do not fire it (pg_trigger_depth), so a write to a watched table pays nothing
 --   for it; a statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at
---   its end.
+--   its end. That row's id came from the sequence, and on a collision it takes the sequence's next one, as the
+--   triggers' do (its loop; the setting rag_batch.from_sequence says so), rather than go past every row.
 -- - Enabled ALWAYS: a replay run with session_replication_role = replica fires the watches' replica triggers
 --   (their WHEN clause lets them), which write batches as the others do. rag._on_alter_table puts it back after
 --   the ENABLE TRIGGER ALL that ends a data-only pg_restore --disable-triggers.
@@ -91,6 +92,13 @@ DECLARE
     v_last bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM rag.row_batches b WHERE b.id = NEW.id) THEN
+        IF pg_catalog.current_setting('rag_batch.from_sequence', true) = 'on' THEN
+            -- rag._queue_gathered_keys' row, whose id the sequence gave: its loop takes the next one. Moved past
+            -- every row, it went ahead of the sequence, which in a database that never made a document reads as
+            -- a restore half done until the sequence passes it, and a table owner could make that happen by
+            -- writing, from a trigger of theirs, the id the sequence was about to give (review of session 45).
+            RETURN NEW;
+        END IF;
         v_last := (SELECT max(b.id) FROM rag.row_batches b);
         IF v_last < 9223372036854775807 THEN
             NEW.id := v_last + 1;
@@ -341,20 +349,25 @@ CREATE FUNCTION rag._drop_watch_triggers(p_source oid) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_trigger name;
+    v_set_aside regprocedure[];
     v_function regprocedure;
 BEGIN
+    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) that these triggers
+    -- run go with the last of them. Only these: another table's, or another owner's, are not this command's to
+    -- wait for (its owner may hold a lock on one).
+    v_set_aside := ARRAY(SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                          WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'
+                            AND p.pronamespace = 'rag'::regnamespace
+                            AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$');
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, p_source::regclass);
     END LOOP;
-    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) go once no trigger
-    -- runs them: with these triggers, or with triggers their table's owner dropped, or their table.
-    FOR v_function IN SELECT p.oid::regprocedure FROM pg_proc p
-                       WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
-                         AND p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
-                         AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = p.oid) LOOP
-        EXECUTE format('DROP FUNCTION IF EXISTS %s', v_function);
+    FOREACH v_function IN ARRAY v_set_aside LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgfoid = v_function) THEN
+            EXECUTE format('DROP FUNCTION %s', v_function);
+        END IF;
     END LOOP;
 END $$;
 
@@ -446,7 +459,10 @@ BEGIN
                   HINT = 'Only the triggers rag_watch installs queue keys; drop this one, or run rag_watch for the table.';
         RETURN 0;
     END IF;
-    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id).
+    -- Past the ids a data-only restore brought ahead of the sequence (rag._row_batch_free_id), taking the
+    -- sequence's next ones: this insert is at trigger depth 0, so that trigger sees it, and is told (the setting)
+    -- that its id came from the sequence.
+    PERFORM pg_catalog.set_config('rag_batch.from_sequence', 'on', true);
     LOOP
         INSERT INTO rag.row_batches (watch_id, key_values, not_before)
         VALUES (p_watch_id, p_key_values, clock_timestamp() + v_delay)
@@ -454,6 +470,7 @@ BEGIN
         RETURNING id INTO v_batch;
         EXIT WHEN FOUND;
     END LOOP;
+    PERFORM pg_catalog.set_config('rag_batch.from_sequence', '', true);
     PERFORM rag._wake_worker();
     RETURN v_batch;
 END $$;
@@ -542,32 +559,37 @@ BEGIN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_function, p_owner);
         END IF;
     END LOOP;
-    PERFORM rag._revoke_watch_functions_public();
+    PERFORM rag._revoke_watch_functions_public(p_owner);
 END $$;
 
-CREATE FUNCTION rag._revoke_watch_functions_public() RETURNS void
+-- With p_owner, only that role's functions: rag_watch and rag_reindex call this for their table's owner, and a
+-- REVOKE waits for any transaction changing the function's catalog row, which another owner may hold open on
+-- a function of theirs (review of session 45). The worker's upkeep takes every owner's (rag._grant_watch_owners,
+-- with a lock_timeout).
+CREATE FUNCTION rag._revoke_watch_functions_public(p_owner name DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_function text;
 BEGIN
-    FOREACH v_function IN ARRAY rag._watch_functions_public() LOOP
+    FOREACH v_function IN ARRAY rag._watch_functions_public(p_owner) LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
     END LOOP;
 END $$;
 
--- The watches' trigger functions that PUBLIC may run. rag_watch takes that away (they run as the table's owner
+-- The watches' trigger functions that PUBLIC may run (p_owner's only, when given). rag_watch takes that away (they run as the table's owner
 -- and queue keys for its watch, and CREATE TRIGGER needs nothing more than EXECUTE), but a restore without
 -- privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default, PUBLIC's EXECUTE: any role could put
 -- one on a table of its own and queue keys for another owner's watch (red team 27). Every function named as a
 -- watch's, not only those of the watches there are: a restore without rag's rows as well brings functions back
 -- without their watch, which run as their owner all the same, and whose id a later watch may take (review of
 -- session 44). Found by name, from the index on it (proname is of type name, whose collation is C).
-CREATE FUNCTION rag._watch_functions_public() RETURNS text[]
+CREATE FUNCTION rag._watch_functions_public(p_owner name DEFAULT NULL) RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
       FROM pg_catalog.pg_proc p
      WHERE p.proname >= '_watch_0' AND p.proname < '_watch_:'
        AND p.pronamespace = 'rag'::regnamespace
+       AND (p_owner IS NULL OR p.proowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner))
        AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
        AND (p.proacl IS NULL
             -- Only the owner's own grant, which the REVOKE takes back (one by a grantee it let grant would stay,
@@ -1052,31 +1074,40 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE format('BEGIN PERFORM rag._watch_keys_taken(%s, TG_RELID); RETURN NULL; END', p_watch_id) END
 $$;
 
--- A new watch's id may name trigger functions that are already there, with triggers on another table: a
--- restore without rag's rows (pg_dump --exclude-table-data 'rag.*') brings the watched tables' triggers and
--- functions back without their watches and starts the ids again, and rag_drop_collection leaves its watches'
--- triggers with silenced functions. rag._watch_install replaced such a function in place (CREATE OR REPLACE
--- keeps its oid), so the other table's triggers ran the new watch's body, as its owner: that owner's filter
--- read the other table's rows (an owner's expression over another owner's data), its keys were queued for the
--- new watch, and a filter reading new_rows failed every write to a table whose trigger had no such transition
--- table (review of session 44). Such a function is set aside under a name of its own (the triggers hold its
--- oid) and does nothing from then on; rag._drop_watch_triggers drops it once no trigger runs it.
-CREATE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid) RETURNS void
+-- A new watch's id may name trigger functions that are already there: a restore without rag's rows (pg_dump
+-- --exclude-table-data 'rag.*') brings the watched tables' triggers and functions back without their watches and
+-- starts the ids again, and rag_drop_collection leaves its watches' triggers with silenced functions.
+-- rag._watch_install replaced such a function in place (CREATE OR REPLACE keeps its oid and its grants), so the
+-- other table's triggers ran the new watch's body, as its owner: that owner's filter read the other table's rows
+-- (an owner's expression over another owner's data), its keys were queued for the new watch, and a filter
+-- reading new_rows failed every write to a table whose trigger had no such transition table (review of session
+-- 44). For a new watch (p_new, rag_watch) every such function goes: dropped when no trigger runs it (its owner
+-- could otherwise attach it later, or have granted it to others, and it would run the new watch's body), else
+-- set aside under a name of its own (the triggers hold its oid) and made to do nothing; rag._drop_watch_triggers
+-- drops it with the last of its table's triggers. When an existing watch's triggers are made again, only a
+-- function whose triggers sit on another table is set aside.
+CREATE FUNCTION rag._set_aside_watch_functions(p_watch_id integer, p_source oid, p_new boolean DEFAULT false)
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     f record;
 BEGIN
-    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function
+    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function,
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid) AS triggered
                FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'rag'::regnamespace
                 AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
-                AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                             WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source)
+                AND (p_new OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                                       WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source))
               ORDER BY p.oid
     LOOP
-        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
-        PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
-                                            rag._silent_watch_body(p_watch_id, f.row_function));
+        IF NOT f.triggered THEN
+            EXECUTE format('DROP FUNCTION rag.%I()', f.name);
+        ELSE
+            EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
+            PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
+                                                rag._silent_watch_body(p_watch_id, f.row_function));
+        END IF;
     END LOOP;
 END $$;
 
@@ -1281,6 +1312,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'They are SQL expressions giving one value for one row (no aggregate, window or set-returning function), evaluated with the rights of the table''s owner, e.g. content => ''title || E''''\n\n'''' || body''.';
     END;
+    PERFORM rag._set_aside_watch_functions(v_id, source, p_new => true);
     PERFORM rag._watch_install(v_id);
     PERFORM rag._reindex_watch(v_id);
     RETURN v_id;

@@ -176,8 +176,9 @@ INSERT INTO replayed_rows VALUES (3, 'Written while the restore ran.');
 UPDATE replayed_pairs SET body = 'A pair, changed.';
 INSERT INTO replayed_part VALUES (1, 'A partition''s row.');
 INSERT INTO replayed_relay VALUES (2);
--- The partition's row at the top level (key 1) is queued at depth 0 and goes past every row; the one a
--- trigger relayed (key 2) passes over the ids taken.
+-- The partition's rows pass over the ids taken, the one queued at the top level (key 1, at depth 0, where
+-- rag._row_batch_free_id sees it) as the one a trigger relayed (key 2): moved past every row it went ahead of
+-- the sequence, as a restored row does.
 SELECT b.id - 1000000 AS id_past, coalesce(w.source::text, 'restored') AS batch_of,
        coalesce(b.keys::text, b.key_values) AS keys
   FROM rag.row_batches b LEFT JOIN rag.watches w ON w.id = b.watch_id
@@ -318,6 +319,47 @@ SELECT count(*) AS queued_for_the_old_table FROM rag.row_batches b JOIN rag.watc
 COMMIT;
 SELECT count(*) AS set_aside_left FROM pg_proc
  WHERE pronamespace = 'rag'::regnamespace AND proname ~ '^_watch_[0-9]+(_row)?_left_';
+-- A leftover function that no trigger runs any longer (its owner dropped the table, or its triggers), which
+-- its owner had granted on: a new watch given its id drops it, so that neither the grant nor a trigger its
+-- owner attaches afterwards runs the new watch's body. Replaced in place, it kept its grant and the old owner
+-- could attach the new watch's function to a table of theirs.
+CREATE TABLE leftover_c (id integer PRIMARY KEY, body text);
+CREATE TABLE leftover_d (id integer PRIMARY KEY, body text);
+CREATE TABLE leftover_e (id integer PRIMARY KEY, body text);
+ALTER TABLE leftover_c OWNER TO leftover_old;
+ALTER TABLE leftover_e OWNER TO leftover_old;
+ALTER TABLE leftover_d OWNER TO leftover_new;
+SET ROLE leftover_old;
+SELECT rag_watch('leftover_c', 'left-old', content => 'body', filter => 'body <> ''''') AS gone_watch \gset
+RESET ROLE;
+DELETE FROM rag.watches WHERE id = :gone_watch;
+SELECT setval('rag.watches_id_seq', :gone_watch, false) > 0 AS turned_back;
+SELECT format('rag.%I()', '_watch_' || :gone_watch) AS gone_function,
+       to_regprocedure(format('rag.%I()', '_watch_' || :gone_watch))::oid AS gone_oid \gset
+SELECT set_config('leftover.gone', :'gone_watch', false) IS NOT NULL AS noted;
+SET ROLE leftover_old;
+DROP TABLE leftover_c;
+GRANT EXECUTE ON FUNCTION :gone_function TO rag_admin;
+RESET ROLE;
+SET ROLE leftover_new;
+SELECT rag_watch('leftover_d', 'left-new', content => 'body', filter => 'public.leftover_noted(body)') = :gone_watch
+       AS given_the_same_id;
+RESET ROLE;
+SELECT count(*) AS leftover_kept FROM pg_proc WHERE oid = :gone_oid;
+SELECT has_function_privilege('leftover_old', :'gone_function', 'EXECUTE') AS old_owner_may_run_it;
+SET ROLE leftover_old;
+DO $$ BEGIN
+    EXECUTE format('CREATE TRIGGER borrowed AFTER INSERT ON leftover_e REFERENCING NEW TABLE AS new_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION rag.%I()', '_watch_' || current_setting('leftover.gone'));
+    RAISE NOTICE 'attached';
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'refused: %', regexp_replace(SQLERRM, '_watch_[0-9]+', '_watch_N');
+END $$;
+RESET ROLE;
+SET ROLE leftover_new;
+SELECT rag_unwatch('leftover_d', drop_documents => true) AS unwatched;
+RESET ROLE;
+DROP TABLE leftover_d, leftover_e;
 SET ROLE leftover_old;
 SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
 RESET ROLE;
