@@ -4880,7 +4880,6 @@ BEGIN
     FOREACH v_owner IN ARRAY rag._watch_owners_lacking() LOOP
         PERFORM rag._grant_watch_owner(v_owner);
     END LOOP;
-    PERFORM rag._revoke_watch_functions_public();
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._reassign_watch_functions(p_old oid[], p_new oid[]) RETURNS void
@@ -4938,6 +4937,7 @@ DECLARE
     v_take_keys text;
     v_restore_session text;
     v_restore_session_end text;
+    v_granted record;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
@@ -5071,9 +5071,24 @@ BEGIN
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
-    -- as the watched table's owner and queue keys for this watch.
+    -- as the watched table's owner and queue keys for this watch. Not PUBLIC, nor anyone the functions' earlier
+    -- owner granted them to: CREATE OR REPLACE keeps the grants and ALTER FUNCTION … OWNER hands them to the new
+    -- owner, so after the table changed hands its old owner's grantees (the old owner among them, through a
+    -- role of theirs) could attach the function, which then ran as the new owner, over rows they chose
+    -- (review of session 45).
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
+    FOR v_granted IN
+        SELECT DISTINCT p.oid::regprocedure::text AS function, r.rolname
+          FROM pg_catalog.pg_proc p
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+         WHERE p.oid IN (pg_catalog.to_regprocedure(v_function || '()'), pg_catalog.to_regprocedure(v_row_function || '()'))
+           AND a.grantee <> p.proowner
+         ORDER BY 1, 2
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', v_granted.function, v_granted.rolname);
+    END LOOP;
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP

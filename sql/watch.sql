@@ -564,8 +564,8 @@ END $$;
 
 -- With p_owner, only that role's functions: rag_watch and rag_reindex call this for their table's owner, and a
 -- REVOKE waits for any transaction changing the function's catalog row, which another owner may hold open on
--- a function of theirs (review of session 45). The worker's upkeep takes every owner's (rag._grant_watch_owners,
--- with a lock_timeout).
+-- a function of theirs (review of session 45). The worker's upkeep takes every owner's, with a lock_timeout
+-- (src/store/mod.rs grant_watch_owners).
 CREATE FUNCTION rag._revoke_watch_functions_public(p_owner name DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -576,13 +576,14 @@ BEGIN
     END LOOP;
 END $$;
 
--- The watches' trigger functions that PUBLIC may run (p_owner's only, when given). rag_watch takes that away (they run as the table's owner
--- and queue keys for its watch, and CREATE TRIGGER needs nothing more than EXECUTE), but a restore without
--- privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default, PUBLIC's EXECUTE: any role could put
--- one on a table of its own and queue keys for another owner's watch (red team 27). Every function named as a
--- watch's, not only those of the watches there are: a restore without rag's rows as well brings functions back
--- without their watch, which run as their owner all the same, and whose id a later watch may take (review of
--- session 44). Found by name, from the index on it (proname is of type name, whose collation is C).
+-- The watches' trigger functions that PUBLIC may run (p_owner's only, when given). rag_watch takes that away
+-- (they run as the table's owner and queue keys for its watch, and CREATE TRIGGER needs nothing more than
+-- EXECUTE), but a restore without privileges (pg_restore --no-acl, pg_dump -x) leaves a function's default,
+-- PUBLIC's EXECUTE: any role could put one on a table of its own and queue keys for another owner's watch (red
+-- team 27). Every function named as a watch's, not only those of the watches there are: a restore without rag's
+-- rows as well brings functions back without their watch, which run as their owner all the same, and whose id a
+-- later watch may take (review of session 44). Found by name, from the index on it (proname is of type name,
+-- whose collation is C).
 CREATE FUNCTION rag._watch_functions_public(p_owner name DEFAULT NULL) RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY p.oid), '{}')
@@ -636,7 +637,6 @@ BEGIN
     FOREACH v_owner IN ARRAY rag._watch_owners_lacking() LOOP
         PERFORM rag._grant_watch_owner(v_owner);
     END LOOP;
-    PERFORM rag._revoke_watch_functions_public();
 END $$;
 
 -- Before REASSIGN OWNED (src/api/roles.rs, only for a caller with the privileges of every role it names, as
@@ -704,6 +704,7 @@ DECLARE
     v_take_keys text;
     v_restore_session text;
     v_restore_session_end text;
+    v_granted record;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
     UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
@@ -837,9 +838,24 @@ BEGIN
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
-    -- as the watched table's owner and queue keys for this watch.
+    -- as the watched table's owner and queue keys for this watch. Not PUBLIC, nor anyone the functions' earlier
+    -- owner granted them to: CREATE OR REPLACE keeps the grants and ALTER FUNCTION … OWNER hands them to the new
+    -- owner, so after the table changed hands its old owner's grantees (the old owner among them, through a
+    -- role of theirs) could attach the function, which then ran as the new owner, over rows they chose
+    -- (review of session 45).
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
+    FOR v_granted IN
+        SELECT DISTINCT p.oid::regprocedure::text AS function, r.rolname
+          FROM pg_catalog.pg_proc p
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+         WHERE p.oid IN (pg_catalog.to_regprocedure(v_function || '()'), pg_catalog.to_regprocedure(v_row_function || '()'))
+           AND a.grantee <> p.proowner
+         ORDER BY 1, 2
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', v_granted.function, v_granted.rolname);
+    END LOOP;
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP

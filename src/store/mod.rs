@@ -280,6 +280,9 @@ pub fn grant_watch_owners() -> Result<Option<i32>, SpiError> {
     }
     Spi::run("SELECT pg_catalog.set_config('lock_timeout', '100ms', true)")?;
     Spi::run("SELECT rag._grant_watch_owners()")?;
+    // Every owner's functions, this upkeep's alone: a user's command revokes its own owner's only (a REVOKE waits
+    // for another owner's open change to the same catalog row).
+    Spi::run("SELECT rag._revoke_watch_functions_public()")?;
     Ok(Some(1))
 }
 

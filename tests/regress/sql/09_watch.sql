@@ -613,11 +613,16 @@ SELECT rag_watch('parted', 'site', content => 'body', key => ARRAY['id']);
 DROP TABLE parted, parted_high;
 
 -- A watched table that changes owner keeps being indexed: the event trigger on ALTER TABLE gives its trigger
--- functions the new owner, whom the queue's row-level policy checks.
+-- functions the new owner, whom the queue's row-level policy checks. The grants the old owner made on them go:
+-- kept, they let the grantees attach the functions, which run as the new owner, to tables of theirs.
 CREATE TABLE handed_over (id int PRIMARY KEY, body text);
 SELECT rag_watch('handed_over', 'site', content => 'body') > 0 AS watching;
+SELECT format('GRANT EXECUTE ON FUNCTION rag.%I() TO rag_admin', '_watch_' || id) AS grant_on
+  FROM rag.watches WHERE source_name = 'handed_over' \gset
+:grant_on;
 ALTER TABLE handed_over OWNER TO watch_reader;
-SELECT DISTINCT pg_get_userbyid(p.proowner) AS trigger_functions_owner
+SELECT DISTINCT pg_get_userbyid(p.proowner) AS trigger_functions_owner,
+       (SELECT count(*) FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner) AS others_granted
   FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
  WHERE t.tgrelid = 'handed_over'::regclass AND p.proname ~ '^_watch_[0-9]+(_row)?$';
 BEGIN;

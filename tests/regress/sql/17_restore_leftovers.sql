@@ -177,8 +177,8 @@ UPDATE replayed_pairs SET body = 'A pair, changed.';
 INSERT INTO replayed_part VALUES (1, 'A partition''s row.');
 INSERT INTO replayed_relay VALUES (2);
 -- The partition's rows pass over the ids taken, the one queued at the top level (key 1, at depth 0, where
--- rag._row_batch_free_id sees it) as the one a trigger relayed (key 2): moved past every row it went ahead of
--- the sequence, as a restored row does.
+-- rag._row_batch_free_id sees it) as the one a trigger relayed (key 2). The first used to be moved past every
+-- row instead, as a restored row is, which put it ahead of the sequence.
 SELECT b.id - 1000000 AS id_past, coalesce(w.source::text, 'restored') AS batch_of,
        coalesce(b.keys::text, b.key_values) AS keys
   FROM rag.row_batches b LEFT JOIN rag.watches w ON w.id = b.watch_id
