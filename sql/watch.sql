@@ -352,13 +352,18 @@ DECLARE
     v_set_aside regprocedure[];
     v_function regprocedure;
 BEGIN
-    -- Functions set aside for a watch whose id another took (rag._set_aside_watch_functions) that these triggers
-    -- run go with the last of them. Only these: another table's, or another owner's, are not this command's to
-    -- wait for (its owner may hold a lock on one).
+    -- Functions these triggers run that no watch of this table has any more go with the last of them: set aside
+    -- for a watch whose id another took (rag._set_aside_watch_functions), or left by a watch that is gone (a
+    -- restore without rag's rows, rag_drop_collection). Only these: another table's, or another owner's, are not
+    -- this command's to wait for (its owner may hold a lock on one).
     v_set_aside := ARRAY(SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
                           WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'
                             AND p.pronamespace = 'rag'::regnamespace
-                            AND p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$');
+                            AND (p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
+                                 OR (p.proname ~ '^_watch_[0-9]+(_row)?$'
+                                     AND NOT EXISTS (SELECT 1 FROM rag.watches w
+                                                      WHERE w.source = p_source
+                                                        AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')))));
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
@@ -1437,6 +1442,19 @@ BEGIN
     PERFORM rag._require_writable('rag_unwatch');
     SELECT * INTO w FROM rag.watches WHERE watches.source = rag_unwatch.source;
     IF NOT FOUND THEN
+        -- A table whose watch is gone but not its triggers (a restore without rag's rows, rag_drop_collection):
+        -- its owner takes them away here, with the functions they ran. Left, they refused every write of a table
+        -- whose owner is not a superuser (the queue's policy) until it was watched again, and "not watched" was
+        -- all this said (review of session 45).
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = rag_unwatch.source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
+           AND pg_catalog.pg_has_role(rag._calling_role()::name,
+                                      (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source),
+                                      'USAGE') THEN
+            EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', source);
+            PERFORM rag._drop_watch_triggers(source);
+            RETURN true;
+        END IF;
         RETURN false;
     END IF;
     PERFORM rag._require_watch_control(w);

@@ -836,10 +836,23 @@ SELECT count(*) AS rows_left FROM watched_then_dropped;
 SELECT count(*) AS batches FROM rag.row_batches WHERE watch_id = :dropped_watch;
 -- Watched again, it gets triggers of its new watch, and its rows are indexed.
 SELECT rag_create_collection('dropped_with_watch', embedding_model => 'hash-384') > 0 AS created_again;
-SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') > 0 AS watched_again;
+SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') AS second_watch \gset
+SELECT :second_watch > :dropped_watch AS watched_again;
 SELECT rag_wait('dropped_with_watch', '30 seconds') AS synced;
 SELECT body FROM rag.documents WHERE watch_id = (SELECT id FROM rag.watches WHERE source = 'watched_then_dropped'::regclass);
+-- The old watch's functions, which nothing ran any more, went with its triggers.
+SELECT count(*) AS old_functions_left FROM pg_proc WHERE pronamespace = 'rag'::regnamespace
+   AND proname IN ('_watch_' || :dropped_watch, '_watch_' || :dropped_watch || '_row');
 SELECT rag_drop_collection('dropped_with_watch') AS dropped_again;
+-- The table's owner takes the triggers left behind away with rag_unwatch, and the functions they ran.
+GRANT rag_admin TO watch_dropped_owner;
+SET ROLE watch_dropped_owner;
+SELECT rag_unwatch('watched_then_dropped') AS leftovers_dropped;
+SELECT rag_unwatch('watched_then_dropped') AS nothing_left;
+RESET ROLE;
+SELECT count(*) AS triggers_left FROM pg_trigger WHERE tgrelid = 'watched_then_dropped'::regclass;
+SELECT count(*) AS functions_left FROM pg_proc WHERE pronamespace = 'rag'::regnamespace
+   AND proname IN ('_watch_' || :second_watch, '_watch_' || :second_watch || '_row');
 DROP TABLE watched_then_dropped;
 DROP OWNED BY watch_dropped_owner;
 DROP ROLE watch_dropped_owner;

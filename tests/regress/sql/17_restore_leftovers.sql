@@ -360,6 +360,32 @@ SET ROLE leftover_new;
 SELECT rag_unwatch('leftover_d', drop_documents => true) AS unwatched;
 RESET ROLE;
 DROP TABLE leftover_d, leftover_e;
+-- The old table's owner may take such triggers away without watching the table again: their rag_unwatch drops
+-- them and the functions they ran, and the table takes writes again; another role's call finds nothing to
+-- unwatch and touches nothing.
+CREATE TABLE leftover_g (id integer PRIMARY KEY, body text);
+ALTER TABLE leftover_g OWNER TO leftover_old;
+SET ROLE leftover_old;
+SELECT rag_watch('leftover_g', 'left-old', content => 'body') AS g_watch \gset
+RESET ROLE;
+DELETE FROM rag.watches WHERE id = :g_watch;
+SET ROLE leftover_old;
+\set VERBOSITY terse
+INSERT INTO leftover_g VALUES (1, 'Refused while the triggers are left.');
+\set VERBOSITY default
+RESET ROLE;
+SET ROLE leftover_new;
+SELECT rag_unwatch('leftover_g') AS by_another_role;
+RESET ROLE;
+SELECT count(*) AS triggers_kept FROM pg_trigger WHERE tgrelid = 'leftover_g'::regclass;
+SET ROLE leftover_old;
+SELECT rag_unwatch('leftover_g') AS by_its_owner;
+INSERT INTO leftover_g VALUES (1, 'Written once the triggers are gone.');
+RESET ROLE;
+SELECT count(*) AS triggers_left FROM pg_trigger WHERE tgrelid = 'leftover_g'::regclass;
+SELECT count(*) AS functions_left FROM pg_proc WHERE pronamespace = 'rag'::regnamespace
+   AND proname IN ('_watch_' || :g_watch, '_watch_' || :g_watch || '_row');
+DROP TABLE leftover_g;
 SET ROLE leftover_old;
 SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
 RESET ROLE;
