@@ -4659,8 +4659,9 @@ DECLARE
 BEGIN
     -- Functions these triggers run that no watch of this table has any more go with the last of them: set aside
     -- for a watch whose id another took (rag._set_aside_watch_functions), or left by a watch that is gone (a
-    -- restore without rag's rows, rag_drop_collection). Only these: another table's, or another owner's, are not
-    -- this command's to wait for (its owner may hold a lock on one).
+    -- restore without rag's rows, rag_drop_collection). Only these, and only once nothing runs them: a function
+    -- another table's triggers run is not this command's to drop (nor to wait for: its owner may hold a lock on
+    -- it), though one these triggers run may belong to the table's earlier owner, whose lock would be waited for.
     v_set_aside := ARRAY(SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
                           WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'
                             AND p.pronamespace = 'rag'::regnamespace
@@ -5627,13 +5628,23 @@ BEGIN
         -- A table whose watch is gone but not its triggers (a restore without rag's rows, rag_drop_collection):
         -- its owner takes them away here, with the functions they ran. Left, they refused every write of a table
         -- whose owner is not a superuser (the queue's policy) until it was watched again, and "not watched" was
-        -- all this said (review of session 45).
-        IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgrelid = rag_unwatch.source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
+        -- all this said (review of session 45). A plain table only, which is all a watch can have had: LOCK TABLE
+        -- of a view locks what the view reads, checked (security_invoker) against rag's owner, so any role could
+        -- have held pg_class itself (helper-86).
+        IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source) = 'r'
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                        WHERE t.tgrelid = rag_unwatch.source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
            AND pg_catalog.pg_has_role(rag._calling_role()::name,
                                       (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source),
                                       'USAGE') THEN
-            EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', source);
+            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', source);
+            -- Watched by another session while this one waited for the lock: the triggers are that watch's now.
+            -- (Under REPEATABLE READ, a watch this transaction cannot see fails it, as PostgreSQL fails a write.)
+            PERFORM rag._require_watches_current(ARRAY[source::oid], false);
+            IF EXISTS (SELECT 1 FROM rag.watches x WHERE x.source = rag_unwatch.source) THEN
+                RAISE EXCEPTION '% was watched by another session meanwhile', rag._table_name(source)
+                    USING ERRCODE = 'object_in_use', HINT = 'Run rag_unwatch again to end that watch.';
+            END IF;
             PERFORM rag._drop_watch_triggers(source);
             RETURN true;
         END IF;

@@ -386,6 +386,21 @@ SELECT count(*) AS triggers_left FROM pg_trigger WHERE tgrelid = 'leftover_g'::r
 SELECT count(*) AS functions_left FROM pg_proc WHERE pronamespace = 'rag'::regnamespace
    AND proname IN ('_watch_' || :g_watch, '_watch_' || :g_watch || '_row');
 DROP TABLE leftover_g;
+-- Not on a view, whose LOCK TABLE would lock what it reads, with rag's owner's rights (security_invoker): any
+-- role that made one over a table, or pg_class, and put a trigger named like the watches' on it held that
+-- relation for as long as its transaction stayed open.
+CREATE VIEW leftover_v WITH (security_invoker = true) AS SELECT * FROM leftover_seen;
+ALTER VIEW leftover_v OWNER TO leftover_old;
+SET ROLE leftover_old;
+CREATE TRIGGER rag_watch_decoy AFTER INSERT ON leftover_v FOR EACH STATEMENT
+    EXECUTE FUNCTION suppress_redundant_updates_trigger();
+BEGIN;
+SELECT rag_unwatch('leftover_v') AS on_a_view;
+SELECT count(*) AS locked_beneath FROM pg_locks
+ WHERE relation = 'leftover_seen'::regclass AND mode = 'AccessExclusiveLock' AND pid = pg_backend_pid();
+ROLLBACK;
+RESET ROLE;
+DROP VIEW leftover_v;
 SET ROLE leftover_old;
 SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
 RESET ROLE;
