@@ -360,11 +360,10 @@ BEGIN
     v_set_aside := ARRAY(SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
                           WHERE t.tgrelid = p_source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%'
                             AND p.pronamespace = 'rag'::regnamespace
-                            AND (p.proname ~ '^_watch_[0-9]+(_row)?_left_[0-9]+$'
-                                 OR (p.proname ~ '^_watch_[0-9]+(_row)?$'
-                                     AND NOT EXISTS (SELECT 1 FROM rag.watches w
-                                                      WHERE w.source = p_source
-                                                        AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')))));
+                            AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+                            AND NOT EXISTS (SELECT 1 FROM rag.watches w
+                                             WHERE w.source = p_source
+                                               AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')));
     -- Its own triggers only: a partition also has clones of its parent's, which go with the parent's.
     FOR v_trigger IN SELECT tgname FROM pg_trigger WHERE tgrelid = p_source AND tgparentid = 0
                                                      AND tgname LIKE 'rag\_watch\_%' LOOP
@@ -849,18 +848,19 @@ BEGIN
     -- owner, so after the table changed hands its old owner's grantees (the old owner among them, through a
     -- role of theirs) could attach the function, which then ran as the new owner, over rows they chose
     -- (review of session 45).
-    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_function);
-    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s() FROM PUBLIC', v_row_function);
+    -- One pass over both functions' grants, PUBLIC's included (a new function's NULL acl is the default: its
+    -- owner's and PUBLIC's EXECUTE).
     FOR v_granted IN
-        SELECT DISTINCT p.oid::regprocedure::text AS function, r.rolname
+        SELECT DISTINCT p.oid::regprocedure::text AS function,
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END AS grantee
           FROM pg_catalog.pg_proc p
-         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+         CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
          WHERE p.oid IN (pg_catalog.to_regprocedure(v_function || '()'), pg_catalog.to_regprocedure(v_row_function || '()'))
            AND a.grantee <> p.proowner
          ORDER BY 1, 2
     LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', v_granted.function, v_granted.rolname);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %s CASCADE', v_granted.function, v_granted.grantee);
     END LOOP;
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
@@ -1449,12 +1449,10 @@ BEGIN
         -- all this said (review of session 45). A plain table only, which is all a watch can have had: LOCK TABLE
         -- of a view locks what the view reads, checked (security_invoker) against rag's owner, so any role could
         -- have held pg_class itself (helper-86).
-        IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source) = 'r'
+        IF (SELECT c.relkind = 'r' AND pg_catalog.pg_has_role(rag._calling_role()::name, c.relowner, 'USAGE')
+              FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source)
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                        WHERE t.tgrelid = rag_unwatch.source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%')
-           AND pg_catalog.pg_has_role(rag._calling_role()::name,
-                                      (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = rag_unwatch.source),
-                                      'USAGE') THEN
+                        WHERE t.tgrelid = rag_unwatch.source AND t.tgparentid = 0 AND t.tgname LIKE 'rag\_watch\_%') THEN
             EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', source);
             -- Watched by another session while this one waited for the lock: the triggers are that watch's now.
             -- (Under REPEATABLE READ, a watch this transaction cannot see fails it, as PostgreSQL fails a write.)
