@@ -5071,10 +5071,16 @@ BEGIN
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
-    PERFORM rag._replace_watch_function(v_row_function, v_body);
+    -- Where rag._watch_key gathers the keys, no trigger runs the row function (the replica triggers gather
+    -- too); one an earlier install made goes with the table's triggers below.
+    IF v_mode NOT IN ('gather', 'gather_at_end') THEN
+        PERFORM rag._replace_watch_function(v_row_function, v_body);
+    END IF;
     -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
     EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
-    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
+    IF v_mode NOT IN ('gather', 'gather_at_end') THEN
+        EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
+    END IF;
     -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
     -- as the watched table's owner and queue keys for this watch. Not PUBLIC, nor anyone the functions' earlier
     -- owner granted them to: CREATE OR REPLACE keeps the grants and ALTER FUNCTION … OWNER hands them to the new
@@ -5097,6 +5103,12 @@ BEGIN
     END LOOP;
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
+    IF v_mode IN ('gather', 'gather_at_end') THEN
+        -- Its triggers were this table's (rag._set_aside_watch_functions took any on another table's).
+        IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
+            EXECUTE format('DROP FUNCTION %s()', v_row_function);
+        END IF;
+    END IF;
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
         v_trigger := 'rag_watch_' || lower(v_event);
         v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
@@ -5127,18 +5139,32 @@ BEGIN
     -- A logical-replication subscriber's apply worker runs with session_replication_role = replica, which fires
     -- only triggers enabled REPLICA or ALWAYS, and of statement triggers only TRUNCATE's: the triggers above
     -- (enabled ORIGIN) would miss every row it applies, and enabling them ALWAYS would still lose the keys that
-    -- their statement triggers queue. So each watch also has row triggers enabled REPLICA, which queue each row's
-    -- key themselves (the 'rows' way) and fire in nothing but such a session: an ordinary writer never pays more
-    -- than PostgreSQL's look at a disabled trigger.
-    -- Their WHEN clause keeps them idle in any other session even when someone enables them ALWAYS, or
-    -- ENABLE TRIGGER ALL (what pg_restore --disable-triggers ends with) resets them to ORIGIN: they would
-    -- otherwise queue every row a second time, one batch per row.
+    -- their statement triggers queue. So each watch also has row triggers enabled REPLICA, which fire in nothing
+    -- but such a session: an ordinary writer never pays more than PostgreSQL's look at a disabled trigger.
+    -- Where rag._watch_key can read the key, they gather keys as a partition's do: rag queues them when a
+    -- statement ends, or, in an apply worker, which ends no statement, at its commit, one batch per applied
+    -- transaction and table (and one per WATCH_KEYS_FLUSH_BYTES of keys within it, src/limits.rs). The PL/pgSQL
+    -- row function they ran before queued a batch per row: a subscription's initial copy of 200,000 rows took
+    -- about 10 times as long as into a table not watched (BENCHMARKS.md §3, "Rows a subscriber applies"). A
+    -- filtered watch's inserts are gathered unfiltered: the worker applies the filter. Other keys keep the 'rows'
+    -- way (the PL/pgSQL row function, one batch per row).
+    -- They stay idle in any other session even when someone enables them ALWAYS, or ENABLE TRIGGER ALL (what
+    -- pg_restore --disable-triggers ends with) resets them to ORIGIN: they would otherwise queue every row a
+    -- second time. rag._watch_key's 'replica' asks the setting itself; a WHEN clause, which the apply worker
+    -- compiles again for every row, asks it for the PL/pgSQL function, and UPDATE's also holds the columns the
+    -- index depends on.
     FOR v_event IN VALUES ('INSERT'), ('UPDATE'), ('DELETE') LOOP
         v_trigger := 'rag_watch_replica_' || lower(v_event);
         v_when := format(' WHEN (pg_catalog.current_setting(%L) = %L%s)', 'session_replication_role', 'replica',
                          CASE WHEN v_event = 'UPDATE' THEN format(' AND %s', v_changed) ELSE '' END);
-        EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
-                       v_trigger, v_event, w.source::regclass, v_when, v_row_function);
+        IF v_mode IN ('gather', 'gather_at_end') THEN
+            v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION rag._watch_key(%L, %L, %L)',
+                           v_trigger, v_event, w.source::regclass, v_when, w.id, w.key_columns[1], 'replica');
+        ELSE
+            EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
+                           v_trigger, v_event, w.source::regclass, v_when, v_row_function);
+        END IF;
         EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', w.source::regclass, v_trigger);
     END LOOP;
     EXECUTE format('CREATE TRIGGER rag_watch_replica_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT '
@@ -5328,6 +5354,19 @@ BEGIN
             PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
                                                 rag._silent_watch_body(p_watch_id, f.row_function));
         END IF;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._drop_watch_functions(p_watch_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    FOR v_function IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+                       WHERE p.pronamespace = 'rag'::regnamespace AND p.pronargs = 0
+                         AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
+                       ORDER BY p.oid LOOP
+        EXECUTE format('DROP FUNCTION %s', v_function);
     END LOOP;
 END $$;
 
@@ -5663,8 +5702,7 @@ BEGIN
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', source);
     PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
     PERFORM rag._drop_watch_triggers(source);
-    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
-    EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+    PERFORM rag._drop_watch_functions(w.id);
     PERFORM rag._forget_queued_rows(w.id);
     IF drop_documents THEN
         PERFORM rag._delete_watch_documents(w.id);
@@ -5741,8 +5779,7 @@ BEGIN
         PERFORM 1 FROM rag.collections c WHERE c.id = w.collection_id FOR NO KEY UPDATE;
         PERFORM rag._forget_queued_rows(w.id);
         PERFORM rag._delete_watch_documents(w.id);
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id);
-        EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', '_watch_' || w.id || '_row');
+        PERFORM rag._drop_watch_functions(w.id);
         DELETE FROM rag.watches WHERE id = w.id;
     END LOOP;
 END $$;

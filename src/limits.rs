@@ -159,6 +159,13 @@ pub const KEPT_STATEMENTS: usize = 128;
 /// About 18 million bigint keys; past it the statement fails with an error instead.
 pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 
+/// Bytes of key text a statement gathers for one watched table, when rag queues the keys itself at the
+/// statement's end (a partition's, an inheritance child's, and every row a logical-replication apply worker
+/// applies, which ends no statement before its commit), past which the row trigger queues them at once as a
+/// batch of their own: a subscription's initial copy of a large table is one transaction that no one can cut
+/// into statements, and must not meet [`WATCH_KEYS_BYTES`]. About 500,000 seven-digit keys a batch.
+pub const WATCH_KEYS_FLUSH_BYTES: usize = 4_000_000;
+
 /// The longest model name a collection takes (embedding, chat, reranker), in bytes: providers' names are tens of
 /// bytes (`hf.co/org/model:Q4_K_M`), and each goes into every request and the ledger.
 pub const MODEL_NAME_MAX_BYTES: i32 = 256;

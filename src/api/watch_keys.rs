@@ -21,9 +21,13 @@
 //! statement triggers (PostgreSQL fires the parent's). Its row trigger (third argument `statement_end`) keeps
 //! the keys apart, and rag queues them itself when the statement ends: an `ExecutorFinish` hook, which
 //! PostgreSQL calls after it has fired every AFTER trigger of the statement, a `ProcessUtility` hook for `COPY
-//! … FROM`, and the commit for any row event fired outside both (a logical replication apply worker firing an
-//! `ENABLE ALWAYS` trigger). `rag._queue_gathered_keys` writes the batch as rag's owner, and only for the watch
-//! of the table the trigger fired on.
+//! … FROM`, and the commit for any row event fired outside both. A logical-replication apply worker is one: it
+//! fires row triggers but runs no executor statement of its own, and every watch's replica triggers (enabled
+//! `REPLICA`) are such row triggers wherever this one can read the key, so an applied transaction's keys make
+//! one batch per table at its commit. Past [`crate::limits::WATCH_KEYS_FLUSH_BYTES`] for one table within one
+//! subtransaction the row trigger queues them at once (a subscription's initial copy is one transaction), so
+//! a statement's end never meets [`crate::limits::WATCH_KEYS_BYTES`] this way. `rag._queue_gathered_keys`
+//! writes the batch as rag's owner, and only for the watch of the table the trigger fired on.
 //!
 //! What is gathered but not yet taken follows the transaction: a subtransaction's rollback drops the keys
 //! gathered since it began (its rows are gone), the end of the transaction drops everything, and a statement
@@ -202,24 +206,31 @@ fn queue_keys_since(subtransaction: pg_sys::SubTransactionId) -> Result<(), RagE
         return Ok(());
     }
     let function = queue_function()?;
-    for ((_, (watch, table)), literal) in taken {
-        // Text keys are gathered this way only in a UTF-8 database (rag._watch_install), numbers are ASCII.
-        let literal = String::from_utf8(literal).map_err(|_| {
-            RagError::Internal(format!("the keys gathered for watch {watch} are not UTF-8"))
-        })?;
-        // SAFETY: `function` is rag._queue_gathered_keys(integer, oid, text), looked up by that signature; the
-        // datums are of those types (the text palloc'd in the current memory context). It is called as
-        // PostgreSQL calls a trigger function, without an EXECUTE check (granted to no one): its SECURITY
-        // DEFINER handler runs it as rag's owner with its pinned search_path. It never returns NULL.
-        unsafe {
-            pg_sys::OidFunctionCall3Coll(
-                function,
-                pg_sys::InvalidOid,
-                pg_sys::Datum::from(watch),
-                pg_sys::Datum::from(pg_sys::Oid::from(table)),
-                literal.into_datum().expect("a String always makes a datum"),
-            );
-        }
+    for ((_, target), literal) in taken {
+        queue_batch(function, target, literal)?;
+    }
+    Ok(())
+}
+
+/// Writes one batch of `target`'s keys (an array literal) through `rag._queue_gathered_keys` as rag's owner.
+fn queue_batch(function: pg_sys::Oid, target: Target, literal: Vec<u8>) -> Result<(), RagError> {
+    let (watch, table) = target;
+    // Text keys are gathered this way only in a UTF-8 database (rag._watch_install), numbers are ASCII.
+    let literal = String::from_utf8(literal).map_err(|_| {
+        RagError::Internal(format!("the keys gathered for watch {watch} are not UTF-8"))
+    })?;
+    // SAFETY: `function` is rag._queue_gathered_keys(integer, oid, text), looked up by that signature; the
+    // datums are of those types (the text palloc'd in the current memory context). It is called as
+    // PostgreSQL calls a trigger function, without an EXECUTE check (granted to no one): its SECURITY
+    // DEFINER handler runs it as rag's owner with its pinned search_path. It never returns NULL.
+    unsafe {
+        pg_sys::OidFunctionCall3Coll(
+            function,
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(watch),
+            pg_sys::Datum::from(pg_sys::Oid::from(table)),
+            literal.into_datum().expect("a String always makes a datum"),
+        );
     }
     Ok(())
 }
@@ -512,8 +523,8 @@ unsafe fn key_text(
 enum TakenBy {
     /// The watch's statement trigger (`rag._watch_keys_taken`).
     StatementTrigger,
-    /// rag, when the statement ends (a partition's or an inheritance child's keys), kept by the trigger depth
-    /// the row trigger runs at, its own call included.
+    /// rag, when the statement ends or the transaction commits (a partition's or an inheritance child's keys,
+    /// and those of a replica trigger), kept by the trigger depth the row trigger runs at, its own call included.
     StatementEnd { depth: i32 },
 }
 
@@ -536,19 +547,32 @@ fn keep(
         }
     }
     match buffer {
-        TakenBy::StatementTrigger => {
-            PENDING.with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, text))
+        TakenBy::StatementTrigger => PENDING
+            .with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, text))
+            .map_err(too_many_keys),
+        TakenBy::StatementEnd { depth } => {
+            // Taken out while borrowed, queued after: the queueing's own statements end, and that end looks
+            // at what is kept.
+            let full = AT_STATEMENT_END
+                .with(|pending| {
+                    let mut pending = pending.borrow_mut();
+                    push(&mut pending, (depth, watch), subtransaction, text)?;
+                    if pending.bytes_since(&(depth, watch), subtransaction)
+                        < crate::limits::WATCH_KEYS_FLUSH_BYTES
+                    {
+                        return Ok(None);
+                    }
+                    pending.take((depth, watch), subtransaction)
+                })
+                .map_err(too_many_keys)?;
+            // Only what this subtransaction gathered: its rollback undoes the batch together with the rows.
+            // What an enclosing one gathered for the same statement end stays for that end.
+            match full {
+                Some(literal) => queue_batch(queue_function()?, watch, literal),
+                None => Ok(()),
+            }
         }
-        TakenBy::StatementEnd { depth } => AT_STATEMENT_END.with(|pending| {
-            push(
-                &mut pending.borrow_mut(),
-                (depth, watch),
-                subtransaction,
-                text,
-            )
-        }),
     }
-    .map_err(too_many_keys)
 }
 
 fn too_many_keys(error: KeysError) -> RagError {
@@ -603,9 +627,23 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         Some(taken_by) if taken_by.to_bytes() == b"statement_end" => TakenBy::StatementEnd {
             depth: trigger_depth(),
         },
+        // A watch's replica trigger: it gathers only where a logical-replication apply worker (or a session
+        // that set the role itself) writes, whoever enabled it ALWAYS or ORIGIN. Asked here rather than in a
+        // WHEN clause, which the apply worker compiles again for every row it applies (a new executor state
+        // per change): about 4 µs a row, a third of what the watch cost a streamed transaction
+        // (BENCHMARKS.md §3, "Rows a subscriber applies").
+        Some(taken_by) if taken_by.to_bytes() == b"replica" => {
+            // SAFETY: PostgreSQL's setting of this backend, read by value on its only thread.
+            if pg_sys::SessionReplicationRole != pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
+                return Ok(());
+            }
+            TakenBy::StatementEnd {
+                depth: trigger_depth(),
+            }
+        }
         Some(_) => {
             return Err(RagError::invalid(
-                "rag._watch_key's third argument, when given, is 'statement_end'",
+                "rag._watch_key's third argument, when given, is 'statement_end' or 'replica'",
                 "Run rag_watch again for the table.",
             ))
         }
@@ -688,8 +726,10 @@ pub mod rag {
 
     /// The row trigger of a watch's writes (`AFTER INSERT`, `UPDATE` or `DELETE … FOR EACH ROW`,
     /// arguments: the watch's id, its key column, and for a partition or an inheritance child
-    /// `'statement_end'`): keeps the row's key for the watch's statement trigger, or for rag to queue when the
-    /// statement ends. Runs as whoever writes, reads only the key column, and runs no SQL.
+    /// `'statement_end'`, for a replica trigger `'replica'`): keeps the row's key for the watch's statement
+    /// trigger, or for rag to queue when the statement ends or the transaction commits; a replica trigger
+    /// does nothing unless `session_replication_role` is `replica`. Runs as whoever writes, reads only the key
+    /// column, and runs no SQL (but to queue a statement's keys past `WATCH_KEYS_FLUSH_BYTES`).
     #[pg_trigger]
     fn _watch_key<'a>(
         trigger: &'a PgTrigger<'a>,

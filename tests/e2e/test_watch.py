@@ -152,7 +152,9 @@ class Watch(unittest.TestCase):
     def test_a_subscribers_watched_tables_stay_indexed(self):
         """A logical-replication subscriber's apply worker (and its initial table copy) runs with
         session_replication_role = replica: the watch's triggers enabled REPLICA index what it applies, for a
-        one-column key and a composite one, inserts, updates, deletes and TRUNCATE alike."""
+        one-column key and a composite one, inserts, updates, deletes and TRUNCATE alike. A one-column key's
+        rows are gathered and queued at the applied transaction's commit, one batch for the whole initial
+        copy; a composite key's still make one batch per row."""
         publisher = "rag_e2e_publisher"
         port = os.environ["PGPORT"]
         # scripts/test's cluster logs there; only what this test's apply worker logs is looked at.
@@ -169,6 +171,10 @@ class Watch(unittest.TestCase):
         psql("SELECT rag_create_collection('replicated', embedding_model => 'hash-384', max_distance => 0.9); " + tables +
              "SELECT rag_watch('notes', 'replicated', content => 'body'), "
              "rag_watch('pairs', 'replicated', content => 'body')", db=DB)
+        def batches_made():
+            return int(scalar("SELECT last_value - (NOT is_called)::int FROM rag.row_batches_id_seq", db=DB))
+
+        before_copy = batches_made()
         psql(f"CREATE SUBSCRIPTION notes_in CONNECTION 'host=127.0.0.1 port={port} dbname={publisher} user=postgres' "
              "PUBLICATION notes_only WITH (create_slot = false, slot_name = 'rag_e2e_notes')", db=DB)
 
@@ -182,13 +188,18 @@ class Watch(unittest.TestCase):
             self.assertTrue(wait_until("SELECT (SELECT count(*) FROM notes) = 20 AND (SELECT count(*) FROM pairs) = 5",
                                        db=DB))
             self.assertEqual(indexed(), [["notes", "20", "20"], ["pairs", "5", "5"]])
-            # Changes streamed afterwards.
-            psql("UPDATE notes SET body = 'rewritten on the publisher' WHERE id = 7; DELETE FROM notes WHERE id > 15; "
-                 "INSERT INTO pairs VALUES (9, 'k9', 'a pair written later'); DELETE FROM pairs WHERE a = 1",
+            # The 20 notes in one batch, the 5 pairs in one each (before, 25 in all).
+            self.assertEqual(batches_made() - before_copy, 6)
+            # Changes streamed afterwards, in one transaction of the publisher's: the notes' update and five
+            # deletes in one batch, the pairs' insert and delete in one each.
+            before_changes = batches_made()
+            psql("BEGIN; UPDATE notes SET body = 'rewritten on the publisher' WHERE id = 7; DELETE FROM notes WHERE id > 15; "
+                 "INSERT INTO pairs VALUES (9, 'k9', 'a pair written later'); DELETE FROM pairs WHERE a = 1; COMMIT",
                  db=publisher)
             self.assertTrue(wait_until("SELECT count(*) = 15 FROM notes", db=DB))
             self.assertTrue(wait_until("SELECT count(*) = 5 FROM pairs WHERE a = 9 OR a < 6", db=DB))
             self.assertEqual(indexed(), [["notes", "15", "15"], ["pairs", "5", "5"]])
+            self.assertEqual(batches_made() - before_changes, 3)
             self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'notes' "
                                     "AND source_key = '{\"id\": 7}'", db=DB), "rewritten on the publisher")
             self.assertEqual(scalar("SELECT source_key::text FROM rag_query('replicated', 'rewritten on the publisher', 1)",

@@ -169,6 +169,19 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
         Ok(taken)
     }
 
+    /// Bytes of array text that [`PendingKeys::take`] of `watch` in `current` would return now: what a
+    /// statement may hand on before it ends, so that a bound on it holds per statement and target, not only
+    /// over the whole transaction.
+    pub fn bytes_since(&self, watch: &W, current: Subtransaction) -> usize {
+        self.by_watch.get(watch).map_or(0, |runs| {
+            runs.iter()
+                .rev()
+                .take_while(|run| run.subtransaction >= current)
+                .map(|run| run.elements.len() + 1)
+                .sum()
+        })
+    }
+
     /// Drops every key gathered since `aborted` started: the subtransaction rolled back, and its rows with it.
     pub fn forget_since(&mut self, aborted: Subtransaction) {
         let mut dropped = 0;
@@ -248,6 +261,24 @@ mod tests {
 
     fn text(literal: Option<Vec<u8>>) -> Option<String> {
         literal.map(|bytes| String::from_utf8(bytes).unwrap())
+    }
+
+    #[test]
+    fn bytes_since_counts_only_what_take_would_return() {
+        let mut keys = empty();
+        assert_eq!(keys.bytes_since(&7, 1), 0);
+        keys.push_bare(7, 1, b"11").unwrap();
+        keys.push_bare(7, 3, b"333").unwrap();
+        keys.push_bare(7, 3, b"4").unwrap();
+        keys.push_bare(8, 3, b"55555").unwrap();
+        // Subtransaction 3's run of watch 7: "333,4" and the byte that joins it into the literal.
+        assert_eq!(keys.bytes_since(&7, 2), 6);
+        assert_eq!(keys.bytes_since(&7, 1), 6 + 3);
+        let taken = keys.take(7, 2).unwrap().unwrap();
+        assert_eq!(taken, b"{333,4}");
+        assert_eq!(keys.bytes_since(&7, 2), 0);
+        assert_eq!(keys.bytes_since(&7, 1), 3);
+        assert_eq!(keys.bytes_since(&9, 1), 0);
     }
 
     #[test]

@@ -183,7 +183,8 @@ SELECT pg_temp.watch_batches('gathered') AS batches;
 ROLLBACK;
 -- A session with session_replication_role = replica, as a logical-replication subscriber's apply worker runs,
 -- fires none of those triggers (nor any statement trigger but TRUNCATE's): the watch's triggers enabled REPLICA
--- queue each row's key themselves, and fire in no other session. Nothing is left for a WARNING at the commit.
+-- gather the keys of each statement's rows as a partition's do (one batch per statement, not per row), and
+-- fire in no other session. Nothing is left for a WARNING at the commit.
 BEGIN;
 SET LOCAL session_replication_role = replica;
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 2) g;
@@ -194,6 +195,22 @@ SELECT pg_temp.watch_batches('gathered') AS replica_batches;
 TRUNCATE gathered;
 SELECT pg_temp.watch_batches('gathered') AS batches_after_truncate;
 COMMIT;
+-- A statement's keys past 4,000,000 bytes of text (src/limits.rs WATCH_KEYS_FLUSH_BYTES: 500,000 seven-digit
+-- keys) go into a batch of their own at once: an apply worker ends no statement before its commit, and a
+-- subscription's initial copy of a large table is one transaction. A batch queued so inside a savepoint goes
+-- with its rollback, as the rows do.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+INSERT INTO gathered SELECT g, 'x' FROM generate_series(1000001, 1600000) g;
+SAVEPOINT before_more;
+INSERT INTO gathered SELECT g, 'x' FROM generate_series(2000001, 2500000) g;
+SELECT count(*) AS batches_within_the_savepoint FROM rag.row_batches
+ WHERE watch_id = (SELECT id FROM rag.watches WHERE source_name = 'gathered');
+ROLLBACK TO before_more;
+SELECT count(*) AS batches, array_agg(cardinality(key_values::bigint[]) ORDER BY id) AS keys_per_batch,
+       sum(cardinality(key_values::bigint[])) AS keys
+  FROM rag.row_batches WHERE watch_id = (SELECT id FROM rag.watches WHERE source_name = 'gathered');
+ROLLBACK;
 -- ENABLE TRIGGER ALL (as pg_restore --disable-triggers ends) makes them ORIGIN triggers, which an apply worker
 -- never fires: rag's event trigger makes them REPLICA ones again (red team 27). Their WHEN clause would keep them
 -- idle outside a replica-role session anyway, so an ordinary write still queues one batch per statement.
@@ -204,6 +221,19 @@ SELECT string_agg(tgname || ' ' || tgenabled::text, ', ' ORDER BY tgname) AS rep
   FROM pg_trigger WHERE tgrelid = 'gathered'::regclass AND tgname LIKE 'rag\_watch\_replica\_%';
 INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
 SELECT pg_temp.watch_batches('gathered') AS batches_with_every_trigger_enabled;
+ROLLBACK;
+-- Enabled ALWAYS by hand, they still gather nothing outside a replica-role session: rag._watch_key asks the
+-- setting itself ('replica'; a WHEN clause would be compiled again for every row an apply worker applies).
+BEGIN;
+ALTER TABLE gathered ENABLE ALWAYS TRIGGER rag_watch_replica_insert, ENABLE ALWAYS TRIGGER rag_watch_replica_update,
+                     ENABLE ALWAYS TRIGGER rag_watch_replica_delete;
+SELECT string_agg(tgname || ' ' || tgenabled::text || ' ' || coalesce(pg_get_triggerdef(oid) LIKE '% WHEN %', false)::text,
+                  ', ' ORDER BY tgname) AS replica_triggers_always
+  FROM pg_trigger WHERE tgrelid = 'gathered'::regclass AND tgname LIKE 'rag\_watch\_replica\_%';
+INSERT INTO gathered SELECT g, 'row ' || g FROM generate_series(1, 3) g;
+UPDATE gathered SET body = 'changed' WHERE id = 1;
+DELETE FROM gathered WHERE id = 2;
+SELECT pg_temp.watch_batches('gathered') AS batches_with_replica_triggers_always;
 ROLLBACK;
 -- pg_restore -j creates a table's triggers one at a time but in no fixed order (its ready list is a heap), and
 -- the item of each replica trigger ends with ALTER TABLE … ENABLE REPLICA TRIGGER, which runs rag's event
