@@ -5104,9 +5104,10 @@ BEGIN
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     IF v_mode IN ('gather', 'gather_at_end') THEN
-        -- Its triggers were this table's (rag._set_aside_watch_functions took any on another table's).
+        -- Dropped with no trigger left that runs it; set aside when the owner put it on a table of theirs under
+        -- another trigger's name, which rag._drop_watch_triggers leaves (a DROP would fail this install).
         IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-            EXECUTE format('DROP FUNCTION %s()', v_row_function);
+            PERFORM rag._set_aside_watch_function(w.id, '_watch_' || w.id || '_row');
         END IF;
     END IF;
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
@@ -5338,8 +5339,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     f record;
 BEGIN
-    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function,
-                    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid) AS triggered
+    FOR f IN SELECT p.proname::text AS name
                FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'rag'::regnamespace
                 AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
@@ -5347,14 +5347,22 @@ BEGIN
                                        WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source))
               ORDER BY p.oid
     LOOP
-        IF NOT f.triggered THEN
-            EXECUTE format('DROP FUNCTION rag.%I()', f.name);
-        ELSE
-            EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
-            PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
-                                                rag._silent_watch_body(p_watch_id, f.row_function));
-        END IF;
+        PERFORM rag._set_aside_watch_function(p_watch_id, f.name);
     END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._set_aside_watch_function(p_watch_id integer, p_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function oid := pg_catalog.to_regprocedure(format('rag.%I()', p_name));
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = v_function) THEN
+        EXECUTE format('DROP FUNCTION rag.%I()', p_name);
+    ELSE
+        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', p_name, p_name || '_left_' || v_function);
+        PERFORM rag._replace_watch_function(format('rag.%I', p_name || '_left_' || v_function),
+                                            rag._silent_watch_body(p_watch_id, p_name LIKE '%\_row'));
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._drop_watch_functions(p_watch_id integer) RETURNS void
@@ -5890,7 +5898,8 @@ BEGIN
     -- ALTER TABLE … ENABLE TRIGGER ALL, which a data-only pg_restore --disable-triggers ends with, makes a watch's
     -- replica triggers ORIGIN ones, which a logical-replication subscriber's apply worker never fires: the rows
     -- it applied were not indexed from then on (red team 27). They go back to REPLICA, in one ALTER TABLE (whose
-    -- own run of this trigger then finds nothing to do); their WHEN clause keeps them idle in other sessions.
+    -- own run of this trigger then finds nothing to do); in other sessions they stay idle (rag._watch_key's
+    -- 'replica', or a WHEN clause).
     FOR v_replica_table, v_replica_enables IN
         SELECT w.source::regclass::text,
                string_agg(format('ENABLE REPLICA TRIGGER %I', t.tgname), ', ' ORDER BY t.tgname)

@@ -81,8 +81,8 @@ CREATE POLICY row_batches_from_own_triggers ON rag.row_batches FOR INSERT
 --   for it; a statement on a watched partition pays one look, when rag._queue_gathered_keys queues its keys at
 --   its end. That row's id came from the sequence, and on a collision it takes the sequence's next one, as the
 --   triggers' do (its loop; the setting rag_batch.from_sequence says so), rather than go past every row.
--- - Enabled ALWAYS: a replay run with session_replication_role = replica fires the watches' replica triggers
---   (their WHEN clause lets them), which write batches as the others do. rag._on_alter_table puts it back after
+-- - Enabled ALWAYS: a replay run with session_replication_role = replica fires the watches' replica triggers,
+--   which write batches as the others do. rag._on_alter_table puts it back after
 --   the ENABLE TRIGGER ALL that ends a data-only pg_restore --disable-triggers.
 -- - SECURITY DEFINER: a table owner's own INSERT outside a trigger, which the policy refuses after this trigger
 --   has run, meets the policy's refusal and message, not a failed read of a table the owner may not read.
@@ -871,9 +871,10 @@ BEGIN
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
     IF v_mode IN ('gather', 'gather_at_end') THEN
-        -- Its triggers were this table's (rag._set_aside_watch_functions took any on another table's).
+        -- Dropped with no trigger left that runs it; set aside when the owner put it on a table of theirs under
+        -- another trigger's name, which rag._drop_watch_triggers leaves (a DROP would fail this install).
         IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-            EXECUTE format('DROP FUNCTION %s()', v_row_function);
+            PERFORM rag._set_aside_watch_function(w.id, '_watch_' || w.id || '_row');
         END IF;
     END IF;
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
@@ -1140,8 +1141,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     f record;
 BEGIN
-    FOR f IN SELECT p.oid, p.proname::text AS name, p.proname::text LIKE '%\_row' AS row_function,
-                    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid) AS triggered
+    FOR f IN SELECT p.proname::text AS name
                FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'rag'::regnamespace
                 AND p.proname IN ('_watch_' || p_watch_id, '_watch_' || p_watch_id || '_row')
@@ -1149,14 +1149,24 @@ BEGIN
                                        WHERE t.tgfoid = p.oid AND t.tgparentid = 0 AND t.tgrelid <> p_source))
               ORDER BY p.oid
     LOOP
-        IF NOT f.triggered THEN
-            EXECUTE format('DROP FUNCTION rag.%I()', f.name);
-        ELSE
-            EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', f.name, f.name || '_left_' || f.oid);
-            PERFORM rag._replace_watch_function(format('rag.%I', f.name || '_left_' || f.oid),
-                                                rag._silent_watch_body(p_watch_id, f.row_function));
-        END IF;
+        PERFORM rag._set_aside_watch_function(p_watch_id, f.name);
     END LOOP;
+END $$;
+
+-- One function of watch p_watch_id's (rag.<p_name>, which exists): dropped when no trigger runs it, else set
+-- aside under a name of its own and made to do nothing.
+CREATE FUNCTION rag._set_aside_watch_function(p_watch_id integer, p_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_function oid := pg_catalog.to_regprocedure(format('rag.%I()', p_name));
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = v_function) THEN
+        EXECUTE format('DROP FUNCTION rag.%I()', p_name);
+    ELSE
+        EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', p_name, p_name || '_left_' || v_function);
+        PERFORM rag._replace_watch_function(format('rag.%I', p_name || '_left_' || v_function),
+                                            rag._silent_watch_body(p_watch_id, p_name LIKE '%\_row'));
+    END IF;
 END $$;
 
 -- Drops the trigger functions a watch has: a watch whose keys rag._watch_key gathers has no row function, and
@@ -1732,7 +1742,8 @@ BEGIN
     -- ALTER TABLE … ENABLE TRIGGER ALL, which a data-only pg_restore --disable-triggers ends with, makes a watch's
     -- replica triggers ORIGIN ones, which a logical-replication subscriber's apply worker never fires: the rows
     -- it applied were not indexed from then on (red team 27). They go back to REPLICA, in one ALTER TABLE (whose
-    -- own run of this trigger then finds nothing to do); their WHEN clause keeps them idle in other sessions.
+    -- own run of this trigger then finds nothing to do); in other sessions they stay idle (rag._watch_key's
+    -- 'replica', or a WHEN clause).
     FOR v_replica_table, v_replica_enables IN
         SELECT w.source::regclass::text,
                string_agg(format('ENABLE REPLICA TRIGGER %I', t.tgname), ', ' ORDER BY t.tgname)

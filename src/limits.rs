@@ -156,14 +156,16 @@ pub const KEPT_STATEMENTS: usize = 128;
 /// Bytes of key text a backend keeps between a watched table's row triggers and its statement trigger
 /// (`crate::api::watch_keys`): a statement's keys become one queue row that the worker turns into jsonb,
 /// which PostgreSQL caps at 256 MB; a batch past that would be dropped with a warning after its commit.
-/// About 18 million bigint keys; past it the statement fails with an error instead.
+/// About 18 million bigint keys; past it a statement trigger's statement fails with an error instead, and a
+/// key rag queues itself goes alone (see [`WATCH_KEYS_FLUSH_BYTES`]).
 pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 
-/// Bytes of key text a statement gathers for one watched table, when rag queues the keys itself at the
-/// statement's end (a partition's, an inheritance child's, and every row a logical-replication apply worker
-/// applies, which ends no statement before its commit), past which the row trigger queues them at once as a
-/// batch of their own: a subscription's initial copy of a large table is one transaction that no one can cut
-/// into statements, and must not meet [`WATCH_KEYS_BYTES`]. About 500,000 seven-digit keys a batch.
+/// Bytes of key text gathered for one watched table within one subtransaction, when rag queues the keys itself
+/// at the statement's end (a partition's, an inheritance child's, and every row a logical-replication apply
+/// worker applies, which ends no statement before its commit), past which the row trigger queues them at once
+/// as a batch of their own: a subscription's initial copy of a large table is one transaction that no one can
+/// cut into statements. About 500,000 seven-digit keys a batch, fewer longer ones (about 100,000 uuids).
+/// Past [`WATCH_KEYS_BYTES`] in all, each further such key is queued alone.
 pub const WATCH_KEYS_FLUSH_BYTES: usize = 4_000_000;
 
 /// The longest model name a collection takes (embedding, chat, reranker), in bytes: providers' names are tens of

@@ -25,9 +25,11 @@
 //! fires row triggers but runs no executor statement of its own, and every watch's replica triggers (enabled
 //! `REPLICA`) are such row triggers wherever this one can read the key, so an applied transaction's keys make
 //! one batch per table at its commit. Past [`crate::limits::WATCH_KEYS_FLUSH_BYTES`] for one table within one
-//! subtransaction the row trigger queues them at once (a subscription's initial copy is one transaction), so
-//! a statement's end never meets [`crate::limits::WATCH_KEYS_BYTES`] this way. `rag._queue_gathered_keys`
-//! writes the batch as rag's owner, and only for the watch of the table the trigger fired on.
+//! subtransaction the row trigger queues them at once (a subscription's initial copy is one transaction); and
+//! once the backend keeps [`crate::limits::WATCH_KEYS_BYTES`] in all (keys of enclosing subtransactions,
+//! which cannot be queued from inside a later one, or of many tables), each further key is queued alone
+//! instead of failing the write. `rag._queue_gathered_keys` writes the batch as rag's owner, and only for the
+//! watch of the table the trigger fired on.
 //!
 //! What is gathered but not yet taken follows the transaction: a subtransaction's rollback drops the keys
 //! gathered since it began (its rows are gone), the end of the transaction drops everything, and a statement
@@ -538,25 +540,38 @@ fn keep(
         pending: &mut PendingKeys<W>,
         target: W,
         subtransaction: pg_sys::SubTransactionId,
-        text: KeyText,
+        text: &KeyText,
     ) -> Result<(), KeysError> {
         match text {
             KeyText::Null => pending.push_null(target, subtransaction),
-            KeyText::Bare(bytes) => pending.push_bare(target, subtransaction, &bytes),
-            KeyText::Quoted(bytes) => pending.push_quoted(target, subtransaction, &bytes),
+            KeyText::Bare(bytes) => pending.push_bare(target, subtransaction, bytes),
+            KeyText::Quoted(bytes) => pending.push_quoted(target, subtransaction, bytes),
         }
     }
     match buffer {
         TakenBy::StatementTrigger => PENDING
-            .with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, text))
+            .with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, &text))
             .map_err(too_many_keys),
         TakenBy::StatementEnd { depth } => {
             // Taken out while borrowed, queued after: the queueing's own statements end, and that end looks
             // at what is kept.
-            let full = AT_STATEMENT_END
+            let ready = AT_STATEMENT_END
                 .with(|pending| {
                     let mut pending = pending.borrow_mut();
-                    push(&mut pending, (depth, watch), subtransaction, text)?;
+                    match push(&mut pending, (depth, watch), subtransaction, &text) {
+                        Ok(()) => {}
+                        // Past what a backend keeps in all, which keys of enclosing subtransactions can fill
+                        // without any of them being queueable here (an apply worker applying a streamed
+                        // transaction's subtransactions as nested savepoints, or one statement writing many
+                        // partitions): this key goes alone, as every replica trigger's did before, rather
+                        // than fail a statement an apply worker would retry for ever.
+                        Err(KeysError::TooLarge { .. }) => {
+                            let mut alone = PendingKeys::with_limit(usize::MAX);
+                            push(&mut alone, (), subtransaction, &text)?;
+                            return alone.take((), subtransaction);
+                        }
+                        Err(error) => return Err(error),
+                    }
                     if pending.bytes_since(&(depth, watch), subtransaction)
                         < crate::limits::WATCH_KEYS_FLUSH_BYTES
                     {
@@ -567,7 +582,7 @@ fn keep(
                 .map_err(too_many_keys)?;
             // Only what this subtransaction gathered: its rollback undoes the batch together with the rows.
             // What an enclosing one gathered for the same statement end stays for that end.
-            match full {
+            match ready {
                 Some(literal) => queue_batch(queue_function()?, watch, literal),
                 None => Ok(()),
             }

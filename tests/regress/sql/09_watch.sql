@@ -212,8 +212,8 @@ SELECT count(*) AS batches, array_agg(cardinality(key_values::bigint[]) ORDER BY
   FROM rag.row_batches WHERE watch_id = (SELECT id FROM rag.watches WHERE source_name = 'gathered');
 ROLLBACK;
 -- ENABLE TRIGGER ALL (as pg_restore --disable-triggers ends) makes them ORIGIN triggers, which an apply worker
--- never fires: rag's event trigger makes them REPLICA ones again (red team 27). Their WHEN clause would keep them
--- idle outside a replica-role session anyway, so an ordinary write still queues one batch per statement.
+-- never fires: rag's event trigger makes them REPLICA ones again (red team 27). They would stay idle outside a
+-- replica-role session anyway (below), so an ordinary write still queues one batch per statement.
 BEGIN;
 ALTER TABLE gathered DISABLE TRIGGER ALL;
 ALTER TABLE gathered ENABLE TRIGGER ALL;
@@ -594,6 +594,19 @@ BEGIN;
 INSERT INTO not_watched VALUES (1);
 \set VERBOSITY default
 SELECT count(*) AS borrowed_batches FROM rag.row_batches WHERE watch_id = :even_watch;
+ROLLBACK;
+DROP TRIGGER borrowed_watch ON not_watched;
+-- The same through a replica trigger's 'replica', in a replica-role session: warned when the statement's keys
+-- are queued, nothing queued.
+CREATE TRIGGER borrowed_watch AFTER INSERT ON not_watched FOR EACH ROW
+    EXECUTE FUNCTION rag._watch_key(:'even_watch', 'id', 'replica');
+ALTER TABLE not_watched ENABLE REPLICA TRIGGER borrowed_watch;
+BEGIN;
+SET LOCAL session_replication_role = replica;
+\set VERBOSITY terse
+INSERT INTO not_watched VALUES (1);
+\set VERBOSITY default
+SELECT count(*) AS borrowed_replica_batches FROM rag.row_batches WHERE watch_id = :even_watch;
 ROLLBACK;
 DROP TRIGGER borrowed_watch ON not_watched;
 CREATE TRIGGER odd_argument AFTER INSERT ON not_watched FOR EACH ROW

@@ -407,11 +407,23 @@ EXCEPTION WHEN OTHERS THEN
 END $f$;
 SELECT pg_temp.attempt(format('CREATE TRIGGER decoy_queue AFTER INSERT ON sec_attacker.decoy FOR EACH STATEMENT EXECUTE FUNCTION %s()',
                               :'tickets_function')) AS attaching_the_watch_function;
--- Nor may they execute any watch's statement or row function (a watch in 'statement' or 'rows' mode has both).
+-- Nor may they execute any watch's statement or row function (a watch in 'statement' or 'rows' mode has both:
+-- one of a composite key is made for the look).
+RESET ROLE;
+SET ROLE sec_owner;
+CREATE TABLE sec_owner.ticket_pairs (a int, b int, body text, PRIMARY KEY (a, b));
+SELECT rag_watch('sec_owner.ticket_pairs', 'tickets', content => 'body') > 0 AS watching_pairs;
+RESET ROLE;
+SET ROLE sec_attacker;
 SELECT count(*) FILTER (WHERE p.proname !~ '_row$') > 0 AS statement_functions_exist,
        count(*) FILTER (WHERE p.proname ~ '_row$') > 0 AS row_functions_exist,
        count(*) FILTER (WHERE has_function_privilege('sec_attacker', p.oid, 'EXECUTE')) AS attacker_may_execute
   FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_[0-9]+(_row)?$';
+RESET ROLE;
+SET ROLE sec_owner;
+DROP TABLE sec_owner.ticket_pairs;
+RESET ROLE;
+SET ROLE sec_attacker;
 CREATE TRIGGER decoy_keys AFTER INSERT ON sec_attacker.decoy FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'tickets_watch', 'id');
 -- Counted in the inserting transaction, before the worker could spread a batch into the row queue.
 BEGIN;
