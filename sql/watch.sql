@@ -838,16 +838,14 @@ BEGIN
             PERFORM rag._wake_worker();
             RETURN NULL;
         END $f$, w.id, v_key_new, v_key_old, rag._limit('sync_delay_default'), v_restore_session, v_restore_session_end);
+    -- The table's owner runs the triggers, so the expressions never run with more rights than the table's.
     -- Where rag._watch_key gathers the keys, no trigger runs the row function (the replica triggers gather
     -- too); one an earlier install made goes with the table's triggers below.
     IF v_mode NOT IN ('gather', 'gather_at_end') THEN
         PERFORM rag._replace_watch_function(v_row_function, v_body);
-    END IF;
-    -- The table's owner runs the trigger, so the expressions never run with more rights than the table's.
-    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
-    IF v_mode NOT IN ('gather', 'gather_at_end') THEN
         EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     END IF;
+    EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_function, v_owner);
     -- Nobody may put them on a table of their own (CREATE TRIGGER needs EXECUTE; firing one does not): they run
     -- as the watched table's owner and queue keys for this watch. Not PUBLIC, nor anyone the functions' earlier
     -- owner granted them to: CREATE OR REPLACE keeps the grants and ALTER FUNCTION … OWNER hands them to the new

@@ -645,7 +645,7 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
         // A watch's replica trigger: it gathers only where a logical-replication apply worker (or a session
         // that set the role itself) writes, whoever enabled it ALWAYS or ORIGIN. Asked here rather than in a
         // WHEN clause, which the apply worker compiles again for every row it applies (a new executor state
-        // per change): about 4 µs a row, a third of what the watch cost a streamed transaction
+        // per change): about 4.5 µs a row, half of what the watch added to a streamed transaction
         // (BENCHMARKS.md §3, "Rows a subscriber applies").
         Some(taken_by) if taken_by.to_bytes() == b"replica" => {
             // SAFETY: PostgreSQL's setting of this backend, read by value on its only thread.

@@ -169,9 +169,9 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
         Ok(taken)
     }
 
-    /// Bytes of array text that [`PendingKeys::take`] of `watch` in `current` would return now: what a
-    /// statement may hand on before it ends, so that a bound on it holds per statement and target, not only
-    /// over the whole transaction.
+    /// Bytes of array text that [`PendingKeys::take`] of `watch` in `current` would return now: what may be
+    /// handed on before the statement ends, so that a bound holds per subtransaction and target, not only over
+    /// the whole transaction.
     pub fn bytes_since(&self, watch: &W, current: Subtransaction) -> usize {
         self.by_watch.get(watch).map_or(0, |runs| {
             runs.iter()
