@@ -154,10 +154,11 @@ pub const CLAIM_MORE_LOOKAHEAD: i32 = 64;
 pub const KEPT_STATEMENTS: usize = 128;
 
 /// Bytes of key text a backend keeps between a watched table's row triggers and its statement trigger
-/// (`crate::api::watch_keys`): a statement's keys become one queue row that the worker turns into jsonb,
-/// which PostgreSQL caps at 256 MB; a batch past that would be dropped with a warning after its commit.
-/// About 18 million bigint keys; past it a statement trigger's statement fails with an error instead, and a
-/// key rag queues itself goes alone (see [`WATCH_KEYS_FLUSH_BYTES`]).
+/// (`crate::api::watch_keys`), and as much again for the keys rag queues itself at a statement's end: a
+/// statement's keys become one queue row that the worker turns into jsonb, which PostgreSQL caps at 256 MB; a
+/// batch past that would be dropped with a warning after its commit. About 18 million bigint keys; past it a
+/// statement trigger's statement fails with an error instead, and rag queues early what it can (see
+/// [`WATCH_KEYS_FLUSH_BYTES`]).
 pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 
 /// Bytes of key text gathered for one watched table within one subtransaction, when rag queues the keys itself
@@ -165,7 +166,8 @@ pub const WATCH_KEYS_BYTES: usize = 200_000_000;
 /// worker applies, which ends no statement before its commit), past which the row trigger queues them at once
 /// as a batch of their own: a subscription's initial copy of a large table is one transaction that no one can
 /// cut into statements. About 500,000 seven-digit keys a batch, fewer longer ones (about 100,000 uuids).
-/// Past [`WATCH_KEYS_BYTES`] in all, each further such key is queued alone.
+/// Past [`WATCH_KEYS_BYTES`] in all, what the current subtransaction kept for the key's table is queued to make
+/// room, or the key alone where it kept nothing.
 pub const WATCH_KEYS_FLUSH_BYTES: usize = 4_000_000;
 
 /// The longest model name a collection takes (embedding, chat, reranker), in bytes: providers' names are tens of

@@ -26,9 +26,10 @@
 //! `REPLICA`) are such row triggers wherever this one can read the key, so an applied transaction's keys make
 //! one batch per table at its commit. Past [`crate::limits::WATCH_KEYS_FLUSH_BYTES`] for one table within one
 //! subtransaction the row trigger queues them at once (a subscription's initial copy is one transaction); and
-//! once the backend keeps [`crate::limits::WATCH_KEYS_BYTES`] in all (keys of enclosing subtransactions,
-//! which cannot be queued from inside a later one, or of many tables), each further key is queued alone
-//! instead of failing the write. `rag._queue_gathered_keys` writes the batch as rag's owner, and only for the
+//! once [`crate::limits::WATCH_KEYS_BYTES`] are kept for statements' ends in all (keys of enclosing
+//! subtransactions, which cannot be queued from inside a later one, or of many tables), the key's table's
+//! keys of the current subtransaction are queued to make room, or the key alone where there are none, instead
+//! of failing the write. `rag._queue_gathered_keys` writes the batch as rag's owner, and only for the
 //! watch of the table the trigger fired on.
 //!
 //! What is gathered but not yet taken follows the transaction: a subtransaction's rollback drops the keys
@@ -555,37 +556,52 @@ fn keep(
         TakenBy::StatementEnd { depth } => {
             // Taken out while borrowed, queued after: the queueing's own statements end, and that end looks
             // at what is kept.
+            let target = (depth, watch);
             let ready = AT_STATEMENT_END
                 .with(|pending| {
                     let mut pending = pending.borrow_mut();
-                    match push(&mut pending, (depth, watch), subtransaction, &text) {
+                    let mut ready = Vec::new();
+                    match push(&mut pending, target, subtransaction, &text) {
                         Ok(()) => {}
-                        // Past what a backend keeps in all, which keys of enclosing subtransactions can fill
-                        // without any of them being queueable here (an apply worker applying a streamed
-                        // transaction's subtransactions as nested savepoints, or one statement writing many
-                        // partitions): this key goes alone, as every replica trigger's did before, rather
-                        // than fail a statement an apply worker would retry for ever.
+                        // Past what is kept for statements' ends in all, which keys of enclosing
+                        // subtransactions can fill without any of them being queueable here (an apply worker
+                        // applying a streamed transaction's subtransactions as nested savepoints, or one
+                        // statement writing many partitions): what this subtransaction kept for the table
+                        // goes now, making room for the key, and where that is not enough the key goes alone,
+                        // as every replica trigger's did before, rather than fail a statement an apply worker
+                        // would retry for ever.
                         Err(KeysError::TooLarge { .. }) => {
-                            let mut alone = PendingKeys::with_limit(usize::MAX);
-                            push(&mut alone, (), subtransaction, &text)?;
-                            return alone.take((), subtransaction);
+                            ready.extend(pending.take(target, subtransaction)?);
+                            match push(&mut pending, target, subtransaction, &text) {
+                                Ok(()) => {}
+                                Err(KeysError::TooLarge { .. }) => {
+                                    let mut alone = PendingKeys::with_limit(usize::MAX);
+                                    push(&mut alone, (), subtransaction, &text)?;
+                                    ready.extend(alone.take((), subtransaction)?);
+                                }
+                                Err(error) => return Err(error),
+                            }
+                            return Ok(ready);
                         }
                         Err(error) => return Err(error),
                     }
-                    if pending.bytes_since(&(depth, watch), subtransaction)
-                        < crate::limits::WATCH_KEYS_FLUSH_BYTES
+                    if pending.bytes_since(&target, subtransaction)
+                        >= crate::limits::WATCH_KEYS_FLUSH_BYTES
                     {
-                        return Ok(None);
+                        ready.extend(pending.take(target, subtransaction)?);
                     }
-                    pending.take((depth, watch), subtransaction)
+                    Ok(ready)
                 })
                 .map_err(too_many_keys)?;
-            // Only what this subtransaction gathered: its rollback undoes the batch together with the rows.
+            // Only what this subtransaction gathered: its rollback undoes the batches together with the rows.
             // What an enclosing one gathered for the same statement end stays for that end.
-            match ready {
-                Some(literal) => queue_batch(queue_function()?, watch, literal),
-                None => Ok(()),
+            if !ready.is_empty() {
+                let function = queue_function()?;
+                for literal in ready {
+                    queue_batch(function, watch, literal)?;
+                }
             }
+            Ok(())
         }
     }
 }
@@ -744,7 +760,8 @@ pub mod rag {
     /// `'statement_end'`, for a replica trigger `'replica'`): keeps the row's key for the watch's statement
     /// trigger, or for rag to queue when the statement ends or the transaction commits; a replica trigger
     /// does nothing unless `session_replication_role` is `replica`. Runs as whoever writes, reads only the key
-    /// column, and runs no SQL (but to queue a statement's keys past `WATCH_KEYS_FLUSH_BYTES`).
+    /// column, and runs no SQL but to queue keys rag keeps for a statement's end early (past
+    /// `WATCH_KEYS_FLUSH_BYTES` for a table, or `WATCH_KEYS_BYTES` in all).
     #[pg_trigger]
     fn _watch_key<'a>(
         trigger: &'a PgTrigger<'a>,

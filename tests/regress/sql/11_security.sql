@@ -412,7 +412,8 @@ SELECT pg_temp.attempt(format('CREATE TRIGGER decoy_queue AFTER INSERT ON sec_at
 RESET ROLE;
 SET ROLE sec_owner;
 CREATE TABLE sec_owner.ticket_pairs (a int, b int, body text, PRIMARY KEY (a, b));
-SELECT rag_watch('sec_owner.ticket_pairs', 'tickets', content => 'body') > 0 AS watching_pairs;
+SELECT rag_create_collection('ticket-pairs', embedding_model => 'hash-384') > 0 AS created;
+SELECT rag_watch('sec_owner.ticket_pairs', 'ticket-pairs', content => 'body') > 0 AS watching_pairs;
 RESET ROLE;
 SET ROLE sec_attacker;
 SELECT count(*) FILTER (WHERE p.proname !~ '_row$') > 0 AS statement_functions_exist,
@@ -422,6 +423,7 @@ SELECT count(*) FILTER (WHERE p.proname !~ '_row$') > 0 AS statement_functions_e
 RESET ROLE;
 SET ROLE sec_owner;
 DROP TABLE sec_owner.ticket_pairs;
+SELECT rag_drop_collection('ticket-pairs');
 RESET ROLE;
 SET ROLE sec_attacker;
 CREATE TRIGGER decoy_keys AFTER INSERT ON sec_attacker.decoy FOR EACH ROW EXECUTE FUNCTION rag._watch_key(:'tickets_watch', 'id');

@@ -402,8 +402,9 @@ ROLLBACK;
 RESET ROLE;
 DROP VIEW leftover_v;
 -- A gathering watch has no row function now. One an earlier build made, which the table's owner runs from a
--- trigger of theirs under a name rag_watch does not use, is set aside when the watch's triggers are made again
--- (rag_reindex after a trigger of the watch was dropped): dropping it failed the re-install.
+-- trigger of theirs on the watched table under a name rag_watch does not use (so that the watch's own triggers
+-- go and it stays), is set aside when the watch's triggers are made again (rag_reindex after a trigger of the
+-- watch was dropped): dropping it failed the re-install.
 DO $$
 DECLARE
     v_name text := (SELECT '_watch_' || id || '_row' FROM rag.watches WHERE source_name = 'leftover_b');
@@ -411,20 +412,18 @@ BEGIN
     EXECUTE format('CREATE FUNCTION rag.%I() RETURNS trigger LANGUAGE plpgsql AS %L', v_name, 'BEGIN RETURN NULL; END');
     EXECUTE format('ALTER FUNCTION rag.%I() OWNER TO leftover_new', v_name);
 END $$;
-CREATE TABLE leftover_mine (id integer);
-ALTER TABLE leftover_mine OWNER TO leftover_new;
 SET ROLE leftover_new;
 DO $$
 BEGIN
-    EXECUTE format('CREATE TRIGGER mine_runs_it AFTER INSERT ON leftover_mine FOR EACH ROW EXECUTE FUNCTION rag.%I()',
+    EXECUTE format('CREATE TRIGGER mine_runs_it AFTER INSERT ON leftover_b FOR EACH ROW EXECUTE FUNCTION rag.%I()',
                    (SELECT '_watch_' || id || '_row' FROM rag.watches WHERE source_name = 'leftover_b'));
 END $$;
 DROP TRIGGER rag_watch_replica_truncate ON leftover_b;
 SELECT rag_reindex('leftover_b'::regclass) IS NOT NULL AS reindexed;
 SELECT regexp_replace(tgfoid::regproc::text, '[0-9]+', 'N', 'g') AS mine_runs,
        (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'leftover_b'::regclass AND tgname = 'rag_watch_replica_truncate') AS put_back
-  FROM pg_trigger WHERE tgrelid = 'leftover_mine'::regclass;
-DROP TABLE leftover_mine;
+  FROM pg_trigger WHERE tgrelid = 'leftover_b'::regclass AND tgname = 'mine_runs_it';
+DROP TRIGGER mine_runs_it ON leftover_b;
 RESET ROLE;
 SET ROLE leftover_old;
 SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
