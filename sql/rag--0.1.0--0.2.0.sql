@@ -4933,6 +4933,8 @@ DECLARE
     v_body text;
     v_key_kind text;
     v_mode text;
+    -- rag._watch_key gathers the keys (every trigger but a filtered plain table's INSERT, and the replica ones).
+    v_gathers boolean;
     v_event text;
     v_transition text;
     v_trigger name;
@@ -4976,6 +4978,7 @@ BEGIN
     -- the statement trigger gives once, and a row trigger would have to give per row; an UPDATE's or a
     -- DELETE's keys are queued whatever the filter says, and the worker applies it).
     v_mode := rag._watch_trigger_mode(w);
+    v_gathers := v_mode IN ('gather', 'gather_at_end');
     -- A restore's session has row_security off (pg_dump's scripts and pg_restore set it), under which the
     -- queue's policy fails the insert of an owner who is not a superuser instead of applying it: a data-only
     -- restore, whose rows fire these triggers, stopped at the first watched table such an owner had. There the
@@ -5074,7 +5077,7 @@ BEGIN
     -- The table's owner runs the triggers, so the expressions never run with more rights than the table's.
     -- Where rag._watch_key gathers the keys, no trigger runs the row function (the replica triggers gather
     -- too); one an earlier install made goes with the table's triggers below.
-    IF v_mode NOT IN ('gather', 'gather_at_end') THEN
+    IF NOT v_gathers THEN
         PERFORM rag._replace_watch_function(v_row_function, v_body);
         EXECUTE format('ALTER FUNCTION %s() OWNER TO %I', v_row_function, v_owner);
     END IF;
@@ -5101,12 +5104,10 @@ BEGIN
     END LOOP;
     PERFORM rag._grant_watch_owner(v_owner);
     PERFORM rag._drop_watch_triggers(w.source);
-    IF v_mode IN ('gather', 'gather_at_end') THEN
-        -- Dropped with no trigger left that runs it; set aside when the owner put it on a table of theirs under
-        -- another trigger's name, which rag._drop_watch_triggers leaves (a DROP would fail this install).
-        IF pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
-            PERFORM rag._set_aside_watch_function(w.id, '_watch_' || w.id || '_row');
-        END IF;
+    -- Dropped with no trigger left that runs it; set aside when the owner put it on a table of theirs under
+    -- another trigger's name, which rag._drop_watch_triggers leaves (a DROP would fail this install).
+    IF v_gathers AND pg_catalog.to_regprocedure(v_row_function || '()') IS NOT NULL THEN
+        PERFORM rag._set_aside_watch_function(w.id, '_watch_' || w.id || '_row');
     END IF;
     FOR v_event, v_transition IN VALUES ('INSERT', 'NEW'), ('UPDATE', NULL), ('DELETE', 'OLD') LOOP
         v_trigger := 'rag_watch_' || lower(v_event);
@@ -5154,13 +5155,13 @@ BEGIN
     -- index depends on.
     FOR v_event IN VALUES ('INSERT'), ('UPDATE'), ('DELETE') LOOP
         v_trigger := 'rag_watch_replica_' || lower(v_event);
-        v_when := format(' WHEN (pg_catalog.current_setting(%L) = %L%s)', 'session_replication_role', 'replica',
-                         CASE WHEN v_event = 'UPDATE' THEN format(' AND %s', v_changed) ELSE '' END);
-        IF v_mode IN ('gather', 'gather_at_end') THEN
+        IF v_gathers THEN
             v_when := CASE WHEN v_event = 'UPDATE' THEN format(' WHEN (%s)', v_changed) ELSE '' END;
             EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION rag._watch_key(%L, %L, %L)',
                            v_trigger, v_event, w.source::regclass, v_when, w.id, w.key_columns[1], 'replica');
         ELSE
+            v_when := format(' WHEN (pg_catalog.current_setting(%L) = %L%s)', 'session_replication_role', 'replica',
+                             CASE WHEN v_event = 'UPDATE' THEN format(' AND %s', v_changed) ELSE '' END);
             EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW%s EXECUTE FUNCTION %s()',
                            v_trigger, v_event, w.source::regclass, v_when, v_row_function);
         END IF;

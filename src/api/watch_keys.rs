@@ -40,7 +40,7 @@
 use crate::error::{RagError, UnwrapOrRaise};
 use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
-use rag_keys::{KeysError, PendingKeys};
+use rag_keys::{Key, KeysError, PendingKeys};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -537,64 +537,29 @@ fn keep(
     subtransaction: pg_sys::SubTransactionId,
     text: KeyText,
 ) -> Result<(), RagError> {
-    fn push<W: Copy + Eq + std::hash::Hash + Ord>(
-        pending: &mut PendingKeys<W>,
-        target: W,
-        subtransaction: pg_sys::SubTransactionId,
-        text: &KeyText,
-    ) -> Result<(), KeysError> {
-        match text {
-            KeyText::Null => pending.push_null(target, subtransaction),
-            KeyText::Bare(bytes) => pending.push_bare(target, subtransaction, bytes),
-            KeyText::Quoted(bytes) => pending.push_quoted(target, subtransaction, bytes),
-        }
-    }
+    let key = match &text {
+        KeyText::Null => Key::Null,
+        KeyText::Bare(bytes) => Key::Bare(bytes),
+        KeyText::Quoted(bytes) => Key::Quoted(bytes),
+    };
     match buffer {
         TakenBy::StatementTrigger => PENDING
-            .with(|pending| push(&mut pending.borrow_mut(), watch, subtransaction, &text))
+            .with(|pending| pending.borrow_mut().push(watch, subtransaction, key))
             .map_err(too_many_keys),
         TakenBy::StatementEnd { depth } => {
             // Taken out while borrowed, queued after: the queueing's own statements end, and that end looks
-            // at what is kept.
-            let target = (depth, watch);
+            // at what is kept. Only what this subtransaction gathered is handed on, so its rollback undoes the
+            // batches together with the rows (PendingKeys::keep_or_hand_on).
             let ready = AT_STATEMENT_END
                 .with(|pending| {
-                    let mut pending = pending.borrow_mut();
-                    let mut ready = Vec::new();
-                    match push(&mut pending, target, subtransaction, &text) {
-                        Ok(()) => {}
-                        // Past what is kept for statements' ends in all, which keys of enclosing
-                        // subtransactions can fill without any of them being queueable here (an apply worker
-                        // applying a streamed transaction's subtransactions as nested savepoints, or one
-                        // statement writing many partitions): what this subtransaction kept for the table
-                        // goes now, making room for the key, and where that is not enough the key goes alone,
-                        // as every replica trigger's did before, rather than fail a statement an apply worker
-                        // would retry for ever.
-                        Err(KeysError::TooLarge { .. }) => {
-                            ready.extend(pending.take(target, subtransaction)?);
-                            match push(&mut pending, target, subtransaction, &text) {
-                                Ok(()) => {}
-                                Err(KeysError::TooLarge { .. }) => {
-                                    let mut alone = PendingKeys::with_limit(usize::MAX);
-                                    push(&mut alone, (), subtransaction, &text)?;
-                                    ready.extend(alone.take((), subtransaction)?);
-                                }
-                                Err(error) => return Err(error),
-                            }
-                            return Ok(ready);
-                        }
-                        Err(error) => return Err(error),
-                    }
-                    if pending.bytes_since(&target, subtransaction)
-                        >= crate::limits::WATCH_KEYS_FLUSH_BYTES
-                    {
-                        ready.extend(pending.take(target, subtransaction)?);
-                    }
-                    Ok(ready)
+                    pending.borrow_mut().keep_or_hand_on(
+                        (depth, watch),
+                        subtransaction,
+                        key,
+                        crate::limits::WATCH_KEYS_FLUSH_BYTES,
+                    )
                 })
                 .map_err(too_many_keys)?;
-            // Only what this subtransaction gathered: its rollback undoes the batches together with the rows.
-            // What an enclosing one gathered for the same statement end stays for that end.
             if !ready.is_empty() {
                 let function = queue_function()?;
                 for literal in ready {

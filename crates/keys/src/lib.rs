@@ -29,6 +29,17 @@ pub enum KeysError {
     OutOfMemory,
 }
 
+/// One key's text, as a row trigger read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// A NULL key (a key column without a NOT NULL constraint).
+    Null,
+    /// Written as it is inside an array literal (an integer's text).
+    Bare(&'a [u8]),
+    /// Written in double quotes, escaped (any other text).
+    Quoted(&'a [u8]),
+}
+
 /// Keys gathered in one subtransaction, in order: the array elements, comma-separated.
 #[derive(Debug, Default)]
 struct Run {
@@ -102,6 +113,58 @@ impl<W: Copy + Eq + std::hash::Hash + Ord> PendingKeys<W> {
         let elements = self.run(watch, subtransaction, 4)?;
         elements.extend_from_slice(b"NULL");
         Ok(())
+    }
+
+    /// Keeps any kind of key.
+    pub fn push(
+        &mut self,
+        watch: W,
+        subtransaction: Subtransaction,
+        key: Key,
+    ) -> Result<(), KeysError> {
+        match key {
+            Key::Null => self.push_null(watch, subtransaction),
+            Key::Bare(text) => self.push_bare(watch, subtransaction, text),
+            Key::Quoted(text) => self.push_quoted(watch, subtransaction, text),
+        }
+    }
+
+    /// Keeps `key` for a statement's end, and returns the array literals to queue now instead, each a batch
+    /// that the current subtransaction's rollback would undo with its rows:
+    /// - what `current` kept for `watch` once it reaches `hand_on_at` bytes (an apply worker ends no statement
+    ///   before its commit, and a subscription's initial copy is one transaction);
+    /// - past the limit in all, which keys of enclosing subtransactions can fill without any of them being
+    ///   queueable from `current` (nested savepoints, many targets): what `current` kept for `watch`, making
+    ///   room for the key, or, where that is not enough, the key alone, rather than an error that would fail
+    ///   a write an apply worker retries for ever.
+    pub fn keep_or_hand_on(
+        &mut self,
+        watch: W,
+        current: Subtransaction,
+        key: Key,
+        hand_on_at: usize,
+    ) -> Result<Vec<Vec<u8>>, KeysError> {
+        let mut ready = Vec::new();
+        match self.push(watch, current, key) {
+            Ok(()) => {
+                if self.bytes_since(&watch, current) >= hand_on_at {
+                    ready.extend(self.take(watch, current)?);
+                }
+            }
+            Err(KeysError::TooLarge { .. }) => {
+                ready.extend(self.take(watch, current)?);
+                if let Err(error) = self.push(watch, current, key) {
+                    let KeysError::TooLarge { .. } = error else {
+                        return Err(error);
+                    };
+                    let mut alone = PendingKeys::with_limit(usize::MAX);
+                    alone.push(watch, current, key)?;
+                    ready.extend(alone.take(watch, current)?);
+                }
+            }
+            Err(error) => return Err(error),
+        }
+        Ok(ready)
     }
 
     /// The keys of `watch` gathered since `current` started, as an array literal (`{1,2,3}`), and forgets
@@ -261,6 +324,69 @@ mod tests {
 
     fn text(literal: Option<Vec<u8>>) -> Option<String> {
         literal.map(|bytes| String::from_utf8(bytes).unwrap())
+    }
+
+    fn texts(literals: Vec<Vec<u8>>) -> Vec<String> {
+        literals
+            .into_iter()
+            .map(|bytes| String::from_utf8(bytes).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_subtransactions_keys_are_handed_on_once_they_reach_the_bound() {
+        let mut keys = empty();
+        assert!(keys
+            .keep_or_hand_on(7, 1, Key::Bare(b"1"), 6)
+            .unwrap()
+            .is_empty());
+        assert!(keys
+            .keep_or_hand_on(7, 2, Key::Bare(b"22"), 6)
+            .unwrap()
+            .is_empty());
+        // Subtransaction 2 now holds "22,333" (and its joining byte): handed on, subtransaction 1's key stays.
+        assert_eq!(
+            texts(keys.keep_or_hand_on(7, 2, Key::Quoted(b"333"), 6).unwrap()),
+            ["{22,\"333\"}"]
+        );
+        assert_eq!(text(keys.take(7, 1).unwrap()).as_deref(), Some("{1}"));
+    }
+
+    #[test]
+    fn past_the_limit_the_current_subtransactions_keys_make_room_or_the_key_goes_alone() {
+        // 10 bytes: "11111" takes 6 (with its run's byte), "2" 2 more, and a push needs its length + 2 free.
+        let mut keys = Keys::with_limit(10);
+        assert!(keys
+            .keep_or_hand_on(7, 1, Key::Bare(b"11111"), usize::MAX)
+            .unwrap()
+            .is_empty());
+        assert!(keys
+            .keep_or_hand_on(7, 2, Key::Bare(b"2"), usize::MAX)
+            .unwrap()
+            .is_empty());
+        // Full: subtransaction 2's "2" is handed on and "3" kept in its place.
+        assert_eq!(
+            texts(
+                keys.keep_or_hand_on(7, 2, Key::Bare(b"3"), usize::MAX)
+                    .unwrap()
+            ),
+            ["{2}"]
+        );
+        // A key longer than the room subtransaction 2 can make goes alone, after what it kept.
+        assert_eq!(
+            texts(
+                keys.keep_or_hand_on(7, 2, Key::Bare(b"4444444"), usize::MAX)
+                    .unwrap()
+            ),
+            ["{3}", "{4444444}"]
+        );
+        // In a new subtransaction with nothing of its own kept, a key that does not fit goes alone.
+        assert_eq!(
+            texts(keys.keep_or_hand_on(8, 3, Key::Null, usize::MAX).unwrap()),
+            ["{NULL}"]
+        );
+        // Nothing of an enclosing subtransaction was handed on or lost.
+        assert_eq!(text(keys.take(7, 1).unwrap()).as_deref(), Some("{11111}"));
     }
 
     #[test]
