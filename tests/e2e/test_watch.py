@@ -20,6 +20,37 @@ def settle(seconds=60):
     raise AssertionError("the watched table did not settle")
 
 
+def log_batches():
+    """From now on, every batch of keys queued in DB is also copied into public.batches_seen, which keeps it
+    after the worker has spread and deleted it. The trigger is enabled ALWAYS, so it sees an apply worker's; its
+    function is SECURITY DEFINER, since a composite key's trigger writes its batches as the table's owner."""
+    psql("CREATE TABLE public.batches_seen (n bigserial, watch_id int, key_values text, keys jsonb); "
+         "CREATE FUNCTION public.see_batch() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER "
+         "SET search_path = pg_catalog, public AS $$BEGIN "
+         "INSERT INTO public.batches_seen (watch_id, key_values, keys) VALUES (NEW.watch_id, NEW.key_values, NEW.keys); "
+         "RETURN NULL; END$$; "
+         "CREATE TRIGGER see_batch AFTER INSERT ON rag.row_batches FOR EACH ROW EXECUTE FUNCTION public.see_batch(); "
+         "ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER see_batch", db=DB)
+
+
+def stop_logging_batches():
+    psql("DROP TRIGGER IF EXISTS see_batch ON rag.row_batches; DROP FUNCTION IF EXISTS public.see_batch(); "
+         "DROP TABLE IF EXISTS public.batches_seen", db=DB)
+
+
+def batches_seen(since=0):
+    """Each watched table's batches logged after `since`: [table, batches, keys], keys counted one per key."""
+    return psql(f"""SELECT w.source::regclass::text, count(DISTINCT b.n), count(*)
+                      FROM public.batches_seen b JOIN rag.watches w ON w.id = b.watch_id,
+                           LATERAL (SELECT unnest(b.key_values::text[]) UNION ALL
+                                    SELECT jsonb_array_elements(b.keys)::text) k
+                     WHERE b.n > {since} GROUP BY 1 ORDER BY 1""", db=DB)
+
+
+def last_batch_seen():
+    return int(scalar("SELECT coalesce(max(n), 0) FROM public.batches_seen", db=DB))
+
+
 class Watch(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -171,10 +202,7 @@ class Watch(unittest.TestCase):
         psql("SELECT rag_create_collection('replicated', embedding_model => 'hash-384', max_distance => 0.9); " + tables +
              "SELECT rag_watch('notes', 'replicated', content => 'body'), "
              "rag_watch('pairs', 'replicated', content => 'body')", db=DB)
-        def batches_made():
-            return int(scalar("SELECT last_value - (NOT is_called)::int FROM rag.row_batches_id_seq", db=DB))
-
-        before_copy = batches_made()
+        log_batches()
         psql(f"CREATE SUBSCRIPTION notes_in CONNECTION 'host=127.0.0.1 port={port} dbname={publisher} user=postgres' "
              "PUBLICATION notes_only WITH (create_slot = false, slot_name = 'rag_e2e_notes')", db=DB)
 
@@ -189,17 +217,17 @@ class Watch(unittest.TestCase):
                                        db=DB))
             self.assertEqual(indexed(), [["notes", "20", "20"], ["pairs", "5", "5"]])
             # The 20 notes in one batch, the 5 pairs in one each (before, 25 in all).
-            self.assertEqual(batches_made() - before_copy, 6)
+            self.assertEqual(batches_seen(), [["notes", "1", "20"], ["pairs", "5", "5"]])
             # Changes streamed afterwards, in one transaction of the publisher's: the notes' update and five
             # deletes in one batch, the pairs' insert and delete in one each.
-            before_changes = batches_made()
+            before_changes = last_batch_seen()
             psql("BEGIN; UPDATE notes SET body = 'rewritten on the publisher' WHERE id = 7; DELETE FROM notes WHERE id > 15; "
                  "INSERT INTO pairs VALUES (9, 'k9', 'a pair written later'); DELETE FROM pairs WHERE a = 1; COMMIT",
                  db=publisher)
             self.assertTrue(wait_until("SELECT count(*) = 15 FROM notes", db=DB))
             self.assertTrue(wait_until("SELECT count(*) = 5 FROM pairs WHERE a = 9 OR a < 6", db=DB))
             self.assertEqual(indexed(), [["notes", "15", "15"], ["pairs", "5", "5"]])
-            self.assertEqual(batches_made() - before_changes, 3)
+            self.assertEqual(batches_seen(before_changes), [["notes", "1", "6"], ["pairs", "2", "2"]])
             self.assertEqual(scalar("SELECT body FROM rag.documents WHERE source = 'notes' "
                                     "AND source_key = '{\"id\": 7}'", db=DB), "rewritten on the publisher")
             self.assertEqual(scalar("SELECT source_key::text FROM rag_query('replicated', 'rewritten on the publisher', 1)",
@@ -216,7 +244,136 @@ class Watch(unittest.TestCase):
             self.assertEqual(warned, [])
         finally:
             psql("DROP SUBSCRIPTION IF EXISTS notes_in", db=DB)
+            stop_logging_batches()
             drop_database(publisher)
+
+    def test_a_subscriber_applies_an_ordinary_owners_tables_streamed_and_prepared(self):
+        """The subscriber's tables belong to an ordinary role, as they usually do. Since PostgreSQL 16 the apply
+        worker then runs their triggers as that owner inside a security-restricted operation (the owner cannot
+        SET ROLE to the subscription's owner). The subscription streams its large transactions while they run
+        (to a parallel apply worker where there is one, which applies subtransactions as savepoints) and
+        applies prepared transactions as prepared (two_phase). A savepoint rolled back on the publisher leaves
+        no key queued, a prepared transaction's keys are queued only when it commits, and a filtered watch's
+        applied rows are indexed only where its filter holds."""
+        publisher = "rag_e2e_publisher_owned"
+        owner = "rag_e2e_replica_owner"
+        slot = "rag_e2e_owned"
+        port = os.environ["PGPORT"]
+        version = int(scalar("SHOW server_version_num", db=DB))
+        tables = ("CREATE TABLE owned_notes (id int PRIMARY KEY, body text); "
+                  "CREATE TABLE owned_posts (id int PRIMARY KEY, status text, body text); "
+                  "CREATE TABLE owned_pairs (a int, b text, body text, PRIMARY KEY (a, b)); ")
+        drop_database(publisher)
+        psql(f"DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} IN ROLE rag_admin; CREATE DATABASE {publisher}",
+             db="postgres")
+        psql(tables + "INSERT INTO owned_notes SELECT g, 'owned note ' || g FROM generate_series(1, 10) g; "
+             "INSERT INTO owned_posts VALUES (1, 'published', 'a published post'), (2, 'draft', 'a draft post'); "
+             "INSERT INTO owned_pairs VALUES (1, 'k1', 'an owned pair'); "
+             "CREATE PUBLICATION owned_tables FOR TABLE owned_notes, owned_posts, owned_pairs; "
+             # The slot decodes prepared transactions (its fourth argument), as two_phase needs.
+             f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput', false, true)", db=publisher)
+        psql(f"GRANT CREATE ON SCHEMA public TO {owner}; SET ROLE {owner}; "
+             "SELECT rag_create_collection('owned', embedding_model => 'hash-384', max_distance => 0.9); " + tables +
+             # The owner's own trigger, enabled for the apply worker (which runs with an empty search_path), says
+             # whose rights the apply ran with.
+             "CREATE TABLE applied_as (who name); "
+             "CREATE FUNCTION note_applier() RETURNS trigger LANGUAGE plpgsql AS "
+             "$$BEGIN INSERT INTO public.applied_as VALUES (current_user); RETURN NULL; END$$; "
+             "CREATE TRIGGER note_applier AFTER INSERT ON owned_notes FOR EACH ROW EXECUTE FUNCTION note_applier(); "
+             "ALTER TABLE owned_notes ENABLE REPLICA TRIGGER note_applier; "
+             "SELECT rag_watch('owned_notes', 'owned', content => 'body'), "
+             "rag_watch('owned_posts', 'owned', content => 'body', filter => $$status = 'published'$$), "
+             "rag_watch('owned_pairs', 'owned', content => 'body')", db=DB)
+
+        def documents():
+            settle(180)
+            return psql("SELECT source, count(*) FILTER (WHERE status = 'ready'), count(*), "
+                        "count(*) FILTER (WHERE (source_key->>'id')::int BETWEEN 5001 AND 8000) "
+                        "FROM rag.documents WHERE source LIKE 'owned%' GROUP BY 1 ORDER BY 1",
+                        db=DB)
+
+        def ids_of(source):
+            return scalar(f"SELECT string_agg(source_key->>'id', ',' ORDER BY (source_key->>'id')::int) "
+                          f"FROM rag.documents WHERE source = '{source}'", db=DB)
+
+        streaming = "parallel" if version >= 160000 else "on"
+        # 64 kB, the least logical_decoding_work_mem, makes the publisher stream a transaction of a few
+        # thousand rows while it runs.
+        options = "options=''-c logical_decoding_work_mem=64kB''"
+        log_batches()
+        psql(f"CREATE SUBSCRIPTION owned_in CONNECTION 'host=127.0.0.1 port={port} dbname={publisher} user=postgres "
+             f"{options}' PUBLICATION owned_tables "
+             f"WITH (create_slot = false, slot_name = '{slot}', two_phase = true, streaming = {streaming})", db=DB)
+        try:
+            self.assertTrue(wait_until("SELECT (SELECT count(*) FROM owned_notes) = 10 "
+                                       "AND (SELECT count(*) FROM owned_posts) = 2 "
+                                       "AND (SELECT count(*) FROM owned_pairs) = 1", db=DB))
+            self.assertEqual(documents(), [["owned_notes", "10", "10", "0"], ["owned_pairs", "1", "1", "0"],
+                                           ["owned_posts", "1", "1", "0"]])
+            self.assertEqual(ids_of("owned_posts"), "1")
+
+            # A streamed transaction with a savepoint rolled back in its middle: one batch per table, and
+            # none of the rolled-back rows' keys.
+            before = last_batch_seen()
+            psql("BEGIN; INSERT INTO owned_notes SELECT g, 'kept before ' || g FROM generate_series(1001, 4000) g; "
+                 "SAVEPOINT undone; "
+                 "INSERT INTO owned_notes SELECT g, 'rolled back ' || g FROM generate_series(5001, 8000) g; "
+                 "ROLLBACK TO undone; "
+                 "INSERT INTO owned_notes SELECT g, 'kept after ' || g FROM generate_series(9001, 9100) g; "
+                 "UPDATE owned_posts SET status = 'published' WHERE id = 2; "
+                 "INSERT INTO owned_posts VALUES (3, 'draft', 'another draft'); "
+                 "INSERT INTO owned_pairs VALUES (2, 'k2', 'a later pair'); COMMIT", db=publisher)
+            self.assertTrue(wait_until("SELECT (SELECT count(*) FROM owned_notes) = 3110 "
+                                       "AND (SELECT count(*) FROM owned_posts) = 3 "
+                                       "AND (SELECT count(*) FROM owned_pairs) = 2", db=DB))
+            self.assertTrue(wait_until("SELECT stream_txns > 0 FROM pg_stat_replication_slots "
+                                       f"WHERE slot_name = '{slot}'", db=publisher), "nothing was streamed")
+            # 3,000 keys before the savepoint and 100 after; the posts' update and insert; the pair's row.
+            self.assertEqual(batches_seen(before), [["owned_notes", "1", "3100"], ["owned_pairs", "1", "1"],
+                                                    ["owned_posts", "1", "2"]])
+            self.assertEqual(documents(), [["owned_notes", "3110", "3110", "0"], ["owned_pairs", "2", "2", "0"],
+                                           ["owned_posts", "2", "2", "0"]])
+            self.assertEqual(ids_of("owned_posts"), "1,2")
+
+            # Prepared transactions are applied prepared; only the one committed is indexed.
+            prepared_here = f"SELECT count(*) FROM pg_prepared_xacts WHERE database = '{DB}'"
+            before = last_batch_seen()
+            psql("BEGIN; INSERT INTO owned_notes VALUES (20001, 'prepared and committed'); "
+                 "PREPARE TRANSACTION 'rag_e2e_committed'", db=publisher)
+            self.assertTrue(wait_until(f"SELECT ({prepared_here}) = 1", db=DB))
+            settle()
+            # Its batch is written in the subscriber's prepared transaction, unseen until it commits.
+            self.assertEqual(batches_seen(before), [])
+            self.assertEqual(documents()[0], ["owned_notes", "3110", "3110", "0"])
+            psql("COMMIT PREPARED 'rag_e2e_committed'", db=publisher)
+            psql("BEGIN; INSERT INTO owned_notes VALUES (20002, 'prepared and rolled back'); "
+                 "PREPARE TRANSACTION 'rag_e2e_rolled_back'", db=publisher)
+            self.assertTrue(wait_until(f"SELECT ({prepared_here}) = 1 AND EXISTS "
+                                       "(SELECT 1 FROM owned_notes WHERE id = 20001)", db=DB))
+            psql("ROLLBACK PREPARED 'rag_e2e_rolled_back'", db=publisher)
+            self.assertTrue(wait_until(f"SELECT ({prepared_here}) = 0", db=DB))
+            self.assertEqual(documents()[0], ["owned_notes", "3111", "3111", "0"])
+            self.assertEqual(batches_seen(before), [["owned_notes", "1", "1"]])
+            # No key of a row rolled back on the publisher was ever queued.
+            self.assertEqual(scalar("SELECT count(*) FROM public.batches_seen, unnest(key_values::int[]) k "
+                                    "WHERE k BETWEEN 5001 AND 8000 OR k = 20002", db=DB), "0")
+            self.assertEqual(scalar("SELECT source_key::text FROM rag_query('owned', 'prepared and committed', 1)",
+                                    db=DB), '{"id": 20001}')
+
+            # Whose rights the apply worker's triggers ran with: the table's owner's since PostgreSQL 16.
+            self.assertEqual(psql("SELECT DISTINCT who FROM applied_as", db=DB),
+                             [[owner if version >= 160000 else "postgres"]])
+        finally:
+            psql("DROP SUBSCRIPTION IF EXISTS owned_in", db=DB)
+            stop_logging_batches()
+            # A failure above may leave prepared transactions, which would hold the tables and the database.
+            for database in (publisher, DB):
+                for (gid,) in psql(f"SELECT gid FROM pg_prepared_xacts WHERE database = '{database}'", db="postgres"):
+                    psql(f"ROLLBACK PREPARED '{gid}'", db=database)
+            drop_database(publisher)
+            psql("DROP TABLE IF EXISTS owned_notes, owned_posts, owned_pairs, applied_as; DROP FUNCTION IF EXISTS note_applier(); "
+                 f"SELECT rag_drop_collection('owned'); DROP OWNED BY {owner}", db=DB)
+            psql(f"DROP ROLE {owner}", db="postgres")
 
     def test_an_open_transaction_holding_queued_keys_does_not_hold_the_worker(self):
         """rag_reindex queues a table's keys in the caller's transaction; left open, it holds those queue
