@@ -545,7 +545,7 @@ const RUNS_QUERY_TEXT: &[&str] = &[
 ];
 
 /// The owner of a relation; InvalidOid when it does not exist.
-fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
+pub(crate) fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
     // SAFETY: a syscache lookup by oid; the tuple is released before returning.
     unsafe {
         let tuple = pg_sys::SearchSysCache1(

@@ -694,6 +694,28 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
     Ok(())
 }
 
+/// Only the table's owner (or a role with their rights) may take the keys gathered on it. EXECUTE is granted to
+/// every owner of a watched table, and the keys are the writer's session's, so without this an owner of some
+/// watched table who may write another owner's took the keys of their own writes there from a trigger of theirs
+/// that fired before the watch's statement trigger (a CTE's UPDATE feeding an INSERT into their table): those
+/// writes were never queued, and a row handed to them and redacted in the same UPDATE kept its old text in the
+/// index, shown to them (helper-89).
+fn may_take_keys_of(table: pg_sys::Oid) -> Result<(), RagError> {
+    let owner = crate::security::relation_owner(table);
+    // SAFETY: GetUserId reads a backend global; has_privs_of_role reads the role cache and raises nothing for
+    // existing roles (the owner came from the catalog, the user is the current one).
+    let allowed = owner != pg_sys::InvalidOid
+        && unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), owner) };
+    if allowed {
+        return Ok(());
+    }
+    Err(RagError::InsufficientPrivilege {
+        message: format!("only the owner of {} may take the keys gathered for its watch", table_name(table.to_u32())),
+        hint: "rag._watch_keys_taken is for the watch's own statement trigger, which runs as the table's owner."
+            .into(),
+    })
+}
+
 /// The keys of `watch` gathered on `table` since the current subtransaction began, as array text.
 fn take(watch: i32, table: pg_sys::Oid) -> Result<Option<String>, RagError> {
     // SAFETY: reads the current subtransaction's id; never raises.
@@ -739,10 +761,10 @@ pub mod rag {
     /// The keys of rows inserted into, updated in or deleted from `source` that watch `watch_id`'s row trigger gathered
     /// there since the current subtransaction began, as the text of an array; NULL when there are none. They
     /// are forgotten here, so that each is queued once. Called by the watch's statement trigger with its
-    /// TG_RELID (granted to the table's owner, as whom that trigger runs): another caller could take only
-    /// keys its own session gathered.
+    /// TG_RELID, which runs as the table's owner (SECURITY DEFINER).
     #[pg_extern(volatile, parallel_unsafe, name = "_watch_keys_taken")]
     pub fn watch_keys_taken(watch_id: i32, source: pg_sys::Oid) -> Option<String> {
+        super::may_take_keys_of(source).unwrap_or_raise();
         super::take(watch_id, source).unwrap_or_raise()
     }
 }

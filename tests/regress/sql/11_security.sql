@@ -1102,6 +1102,60 @@ DROP TABLE sec_attacker.odd, sec_attacker.odd_trigger, sec_attacker.ahead_trigge
 DROP FUNCTION sec_attacker.write_batch(), sec_attacker.write_batch_ahead();
 RESET ROLE;
 
+-- An owner of a watched table who may write another owner's cannot take the keys of their own writes there:
+-- every watched table's owner may run rag._watch_keys_taken, and a trigger of theirs fired by a CTE's UPDATE
+-- feeding an INSERT into their table runs before the watch's statement trigger. The update was never queued,
+-- so the row handed over and redacted in it kept its old text in the index, shown to its new owner
+-- (helper-89). Only a role with the table owner's rights may take them now.
+SET ROLE sec_owner;
+SELECT rag_create_collection('owner-handed', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_owner.handed (id int PRIMARY KEY, body text);
+INSERT INTO sec_owner.handed VALUES (1, 'the vault code is 4711');
+SELECT rag_watch('sec_owner.handed', 'owner-handed', content => 'body') AS handed_watch \gset
+SELECT rag._watch_trigger_mode_installed('sec_owner.handed'::regclass) AS handed_mode;
+GRANT USAGE ON SCHEMA sec_owner TO sec_attacker;
+GRANT UPDATE, SELECT ON sec_owner.handed TO sec_attacker;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT status = 'ready' FROM rag.documents WHERE source = 'sec_owner.handed'$$) AS indexed;
+SET ROLE sec_attacker;
+SELECT rag_create_collection('attacker-sink', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_attacker.sink (id int PRIMARY KEY);
+SELECT rag_watch('sec_attacker.sink', 'attacker-sink', content => 'id::text') > 0 AS watching;
+SELECT has_function_privilege('rag._watch_keys_taken(integer, oid)', 'EXECUTE') AS attacker_may_execute;
+CREATE FUNCTION sec_attacker.take_keys() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE NOTICE 'took %', rag._watch_keys_taken(TG_ARGV[0]::integer, TG_ARGV[1]::regclass);
+    RETURN NULL;
+END $f$;
+CREATE TRIGGER take_keys AFTER INSERT ON sec_attacker.sink FOR EACH ROW
+    EXECUTE FUNCTION sec_attacker.take_keys(:'handed_watch', 'sec_owner.handed');
+WITH u AS (UPDATE sec_owner.handed SET body = '[redacted]' RETURNING id) INSERT INTO sec_attacker.sink SELECT id FROM u;
+SELECT body FROM sec_owner.handed;
+-- Caught inside the trigger, the refusal still leaves the keys to the watch's own statement trigger.
+CREATE OR REPLACE FUNCTION sec_attacker.take_keys() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    BEGIN
+        RAISE NOTICE 'took %', rag._watch_keys_taken(TG_ARGV[0]::integer, TG_ARGV[1]::regclass);
+    EXCEPTION WHEN insufficient_privilege THEN
+        RAISE NOTICE 'refused';
+    END;
+    RETURN NULL;
+END $f$;
+WITH u AS (UPDATE sec_owner.handed SET body = '[redacted]' RETURNING id) INSERT INTO sec_attacker.sink SELECT id + 1 FROM u;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT body = '[redacted]' FROM rag.documents WHERE source = 'sec_owner.handed'$$)
+       AS redaction_indexed;
+SET ROLE sec_attacker;
+SELECT rag_unwatch('sec_attacker.sink', drop_documents => true), rag_drop_collection('attacker-sink');
+DROP TABLE sec_attacker.sink;
+DROP FUNCTION sec_attacker.take_keys();
+RESET ROLE;
+SET ROLE sec_owner;
+SELECT rag_unwatch('sec_owner.handed', drop_documents => true), rag_drop_collection('owner-handed');
+DROP TABLE sec_owner.handed;
+REVOKE USAGE ON SCHEMA sec_owner FROM sec_attacker;
+RESET ROLE;
+
 -- Triggers that an owner names like a partition's on a table of theirs that is no partition do not make every
 -- other role's ALTER TABLE remake them (and wait for the owner's locks on it): only a table the command itself
 -- detached is looked at.
