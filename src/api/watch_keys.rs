@@ -694,23 +694,57 @@ unsafe fn gather(data: &pg_sys::TriggerData) -> Result<(), RagError> {
     Ok(())
 }
 
-/// Only the table's owner (or a role with their rights) may take the keys gathered on it. EXECUTE is granted to
-/// every owner of a watched table, and the keys are the writer's session's, so without this an owner of some
-/// watched table who may write another owner's took the keys of their own writes there from a trigger of theirs
-/// that fired before the watch's statement trigger (a CTE's UPDATE feeding an INSERT into their table): those
-/// writes were never queued, and a row handed to them and redacted in the same UPDATE kept its old text in the
-/// index, shown to them (helper-89).
-fn may_take_keys_of(table: pg_sys::Oid) -> Result<(), RagError> {
+/// Who may take the keys gathered on `table` for `watch`: the table's owner (or a role with their rights), or
+/// the owner of a function of that watch's in schema rag that a trigger on the table runs. Every caller rag
+/// makes is such a function, SECURITY DEFINER as its owner: the watch's statement trigger, which its install
+/// gives the table's owner, and the silenced or set-aside ones a dropped collection or a reused watch id
+/// leaves on the table, which keep the owner they had when the table changes hands (refused, every write to
+/// the table failed). EXECUTE is granted to every owner of a watched table and the keys are the writer's
+/// session's, so without this check an owner of some watched table who may write another owner's took the
+/// keys of their own writes there from a trigger of theirs that fired before the watch's statement trigger (a
+/// CTE's UPDATE feeding an INSERT into their table): those writes were never queued, and a row handed to them
+/// and redacted in the same UPDATE kept its old text in the index, shown to them (helper-89). Nobody but rag
+/// makes functions in schema rag, and a role's own watch functions are named after its own watches.
+fn may_take_keys_of(watch: i32, table: pg_sys::Oid) -> Result<(), RagError> {
     let owner = crate::security::relation_owner(table);
-    // SAFETY: GetUserId reads a backend global; has_privs_of_role reads the role cache and raises nothing for
-    // existing roles (the owner came from the catalog, the user is the current one).
-    let allowed = owner != pg_sys::InvalidOid
-        && unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), owner) };
-    if allowed {
+    // SAFETY: GetUserId reads a backend global.
+    let user = unsafe { pg_sys::GetUserId() };
+    // SAFETY: has_privs_of_role reads the role cache and raises nothing for existing roles (the owner came
+    // from the catalog, the user is the current one).
+    if owner != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(user, owner) } {
+        return Ok(());
+    }
+    // Catalogs only, which row-level security never hides.
+    let runs_it = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t \
+                                  JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid \
+                                 WHERE t.tgrelid = $1 AND p.proowner = $2 \
+                                   AND p.pronamespace = 'rag'::pg_catalog.regnamespace \
+                                   AND p.proname ~ $3)",
+                Some(1),
+                &[
+                    table.into(),
+                    user.into(),
+                    format!("^_watch_{watch}(_left_[0-9]+)?$").into(),
+                ],
+            )?
+            .first()
+            .get_one::<bool>()
+    })
+    .map_err(|error| RagError::Spi {
+        doing: format!("checking who may take the keys gathered for watch {watch}"),
+        error,
+    })?;
+    if runs_it == Some(true) {
         return Ok(());
     }
     Err(RagError::InsufficientPrivilege {
-        message: format!("only the owner of {} may take the keys gathered for its watch", table_name(table.to_u32())),
+        message: format!(
+            "only the owner of {} may take the keys gathered for its watch",
+            table_name(table.to_u32())
+        ),
         hint: "rag._watch_keys_taken is for the watch's own statement trigger, which runs as the table's owner."
             .into(),
     })
@@ -764,7 +798,7 @@ pub mod rag {
     /// TG_RELID, which runs as the table's owner (SECURITY DEFINER).
     #[pg_extern(volatile, parallel_unsafe, name = "_watch_keys_taken")]
     pub fn watch_keys_taken(watch_id: i32, source: pg_sys::Oid) -> Option<String> {
-        super::may_take_keys_of(source).unwrap_or_raise();
+        super::may_take_keys_of(watch_id, source).unwrap_or_raise();
         super::take(watch_id, source).unwrap_or_raise()
     }
 }

@@ -877,6 +877,25 @@ DELETE FROM watched_then_dropped WHERE id = 2;
 RESET ROLE;
 SELECT count(*) AS rows_left FROM watched_then_dropped;
 SELECT count(*) AS batches FROM rag.row_batches WHERE watch_id = :dropped_watch;
+-- Nor after the table changes hands again. Its silenced statement function keeps the owner it had (only a
+-- watch's own functions follow the table) and still takes the keys the table's row triggers gather, as a
+-- function of that watch's which a trigger on the table runs (rag._watch_keys_taken refused it for a while,
+-- and every write to the table failed, a superuser's too: review of helper-89's fix).
+CREATE ROLE watch_later_owner;
+ALTER TABLE watched_then_dropped OWNER TO watch_later_owner;
+SELECT pg_get_userbyid(p.proowner) AS statement_function_owner FROM pg_proc p
+ WHERE p.pronamespace = 'rag'::regnamespace AND p.proname = '_watch_' || :dropped_watch;
+SET ROLE watch_later_owner;
+INSERT INTO watched_then_dropped VALUES (3, 'Written by the later owner.');
+UPDATE watched_then_dropped SET body = 'Changed by the later owner.' WHERE id = 3;
+DELETE FROM watched_then_dropped WHERE id = 3;
+RESET ROLE;
+INSERT INTO watched_then_dropped VALUES (4, 'Written by a superuser.');
+DELETE FROM watched_then_dropped WHERE id = 4;
+SELECT count(*) AS rows_left, (SELECT count(*) FROM rag.row_batches WHERE watch_id = :dropped_watch) AS batches
+  FROM watched_then_dropped;
+ALTER TABLE watched_then_dropped OWNER TO watch_dropped_owner;
+DROP ROLE watch_later_owner;
 -- Watched again, it gets triggers of its new watch, and its rows are indexed.
 SELECT rag_create_collection('dropped_with_watch', embedding_model => 'hash-384') > 0 AS created_again;
 SELECT rag_watch('watched_then_dropped', 'dropped_with_watch', content => 'body') AS second_watch \gset
