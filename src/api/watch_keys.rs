@@ -745,7 +745,8 @@ fn may_take_keys_of(watch: i32, table: pg_sys::Oid) -> Result<(), RagError> {
             "only the owner of {} may take the keys gathered for its watch",
             table_name(table.to_u32())
         ),
-        hint: "rag._watch_keys_taken is for the watch's own statement trigger, which runs as the table's owner."
+        hint: "rag._watch_keys_taken is for the statement trigger functions rag makes for the watch, which run \
+               as the table's owner (or, left by a watch that is gone, as their own)."
             .into(),
     })
 }

@@ -286,6 +286,20 @@ DELETE FROM leftover_a;
 RESET ROLE;
 SELECT count(*) AS batches_of_the_old_table FROM rag.row_batches WHERE watch_id = :old_watch;
 COMMIT;
+-- Nor once the old table changes hands: its set-aside statement function keeps the old owner and still takes
+-- the keys the table's row triggers gather, as the owner of a function of that watch id's that a trigger on the
+-- table runs (rag._watch_keys_taken; the owner of the table alone may take them otherwise).
+CREATE ROLE leftover_later;
+ALTER TABLE leftover_a OWNER TO leftover_later;
+SELECT pg_get_userbyid(p.proowner) AS set_aside_owner, pg_get_userbyid(c.relowner) AS table_owner
+  FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE t.tgrelid = 'leftover_a'::regclass AND t.tgname = 'rag_watch_insert';
+SET ROLE leftover_later;
+INSERT INTO leftover_a VALUES (1, 'Written by its later owner.');
+DELETE FROM leftover_a;
+RESET ROLE;
+ALTER TABLE leftover_a OWNER TO leftover_old;
+DROP ROLE leftover_later;
 -- The new watch's own table is watched as any other.
 SET ROLE leftover_new;
 BEGIN;
