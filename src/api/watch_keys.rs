@@ -796,7 +796,7 @@ pub mod rag {
     /// The keys of rows inserted into, updated in or deleted from `source` that watch `watch_id`'s row trigger gathered
     /// there since the current subtransaction began, as the text of an array; NULL when there are none. They
     /// are forgotten here, so that each is queued once. Called by the watch's statement trigger with its
-    /// TG_RELID, which runs as the table's owner (SECURITY DEFINER).
+    /// TG_RELID, and refused to any caller `may_take_keys_of` does not accept.
     #[pg_extern(volatile, parallel_unsafe, name = "_watch_keys_taken")]
     pub fn watch_keys_taken(watch_id: i32, source: pg_sys::Oid) -> Option<String> {
         super::may_take_keys_of(watch_id, source).unwrap_or_raise();
