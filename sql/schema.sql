@@ -162,7 +162,11 @@ CREATE TABLE rag.watches (
     created_at       timestamptz NOT NULL DEFAULT now(),
     -- The columns the expressions read, as PostgreSQL's analyzer found them when the watch was made or its
     -- table last altered (rag._watch_read_columns); NULL for every column. rag._watch_columns reads it.
-    read_columns     text[]
+    read_columns     text[],
+    -- Who wrote the expressions (rag_watch's caller), by name so that a dump restores into a cluster without
+    -- that role; NULL when not known. The expressions run as the table's owner, and never as a superuser
+    -- unless a superuser wrote them (rag._watch_runs_as).
+    written_by       name
 );
 
 -- Keys of watched rows whose indexed content may have changed. One row per key: a burst of updates to a row

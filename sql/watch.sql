@@ -40,11 +40,45 @@ LANGUAGE sql IMMUTABLE AS $$
            rag._columns_object(w.metadata_columns)
 $$;
 
--- The role whose rights a watch's expressions run with: the owner of the watched table.
+-- The owner of the watched table.
 CREATE FUNCTION rag._watch_owner(w rag.watches) RETURNS oid
 LANGUAGE sql STABLE AS $$
     SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
 $$;
+
+-- Whether the watched table belongs to a superuser (or is being given to one: p_owner) while no superuser wrote
+-- the watch's expressions. They run as the table's owner, as an index expression does, so a table handed to a
+-- superuser (ALTER TABLE … OWNER TO, REASSIGN OWNED, or a superuser's pg_restore --no-owner) ran its author's
+-- code as a superuser: in the worker unprompted and in the watch's trigger on any role's write, and an ordinary
+-- role made itself a superuser by each route (helper-93). A written_by that names no role, or no superuser,
+-- counts as not a superuser.
+CREATE FUNCTION rag._watch_owner_untrusted(w rag.watches, p_owner oid DEFAULT NULL) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                      WHERE r.oid = coalesce(p_owner, rag._watch_owner(w))), false)
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = w.written_by), false)
+$$;
+
+-- The role whose rights a watch's expressions run with: the owner of the watched table (or p_owner, whom it is
+-- being given to), unless that is a superuser who did not write them (rag._watch_owner_untrusted), which is
+-- refused. Every evaluation of the expressions asks it: rag_watch's check, rag_reindex, rag_watch_status, the
+-- worker, the triggers' install (ALTER TABLE … OWNER TO), REASSIGN OWNED, and a filtered INSERT's trigger when
+-- it runs as a superuser.
+CREATE FUNCTION rag._watch_runs_as(w rag.watches, p_owner oid DEFAULT NULL) RETURNS oid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_owner oid := coalesce(p_owner, rag._watch_owner(w));
+BEGIN
+    IF rag._watch_owner_untrusted(w, v_owner) THEN
+        RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
+                        w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
+                        pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner; giving the table to a superuser would run its author''s code as that superuser.',
+                  HINT = format('Give the table to a role that is not a superuser, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+    END IF;
+    RETURN v_owner;
+END $$;
 
 -- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
 -- role inserting (the triggers run as the table's owner), and the insert must come from inside a trigger.
@@ -149,6 +183,11 @@ $$;
 CREATE FUNCTION rag._watch_read_columns(w rag.watches) RETURNS text[]
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Analysing is running code too (above): not as a superuser who did not write the expressions. What was
+    -- found before stands; rag._watch_install refuses such an owner.
+    IF rag._watch_owner_untrusted(w) THEN
+        RETURN w.read_columns;
+    END IF;
     RETURN rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr]);
 EXCEPTION WHEN OTHERS THEN
     -- Whatever failed (the owner's own domain check included), every column is the answer that cannot let a
@@ -658,6 +697,11 @@ BEGIN
     IF v_new IS NULL THEN
         RETURN;
     END IF;
+    -- The tables go to the new role too; to a superuser only where one wrote the watch.
+    PERFORM rag._watch_runs_as(w, p_new[1])
+       FROM rag.watches w JOIN pg_catalog.pg_class c ON c.oid = w.source
+      WHERE c.relowner = ANY (p_old)
+      ORDER BY w.id;
     FOR v_function IN
         SELECT p.oid::regprocedure
           FROM rag.watches w
@@ -714,6 +758,9 @@ DECLARE
     v_granted record;
 BEGIN
     SELECT * INTO w FROM rag.watches WHERE id = p_watch_id;
+    -- Its triggers run the filter as the table's owner: an ALTER TABLE … OWNER TO or REASSIGN OWNED that hands
+    -- the table to a superuser who did not write the watch fails here.
+    PERFORM rag._watch_runs_as(w);
     UPDATE rag.watches SET read_columns = rag._watch_read_columns(w) WHERE id = p_watch_id
     RETURNING * INTO w;
     SELECT * INTO e FROM rag._watch_exprs(w);
@@ -763,8 +810,14 @@ BEGIN
                 PERFORM pg_catalog.set_config('row_security', 'off', true);
             END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
+    -- The filter runs here as the table's owner. A superuser's copy of this function (a superuser's pg_restore
+    -- --no-owner makes one without any install) asks first whether a superuser wrote it; the look is skipped
+    -- for anyone else, who may not read rag.watches.
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
-                          ELSE format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter) END;
+                          ELSE format($f$IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+                    PERFORM rag._watch_runs_as(w) FROM rag.watches w WHERE w.id = %s;
+                END IF;
+                SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;$f$, w.id, v_aggregate, e.filter) END;
     v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
@@ -1367,8 +1420,9 @@ BEGIN
     PERFORM rag._check_expression(title, 'title');
     PERFORM rag._check_expression(filter, 'filter');
     INSERT INTO rag.watches (source, source_name, collection_id, content_expr, title_expr, filter_expr, key_columns,
-                             metadata_columns, format)
-    VALUES (source, rag._table_name(source), v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format)
+                             metadata_columns, format, written_by)
+    VALUES (source, rag._table_name(source), v_collection, content, title, filter, v_key, coalesce(metadata, '{}'), format,
+            v_caller)
     RETURNING * INTO v_watch;
     v_id := v_watch.id;
     SELECT * INTO v_exprs FROM rag._watch_exprs(v_watch);
@@ -1376,7 +1430,7 @@ BEGIN
         -- In a WHERE clause, where PostgreSQL's parser refuses what is not one value of one row: an aggregate
         -- content ("count(*)") made a deleted row's document read as present, with a count of nothing (review
         -- of session 35), and a set-returning one kept its first value only.
-        PERFORM rag._query_as(rag._watch_owner(v_watch),
+        PERFORM rag._query_as(rag._watch_runs_as(v_watch),
                               format('SELECT to_jsonb(true) FROM ONLY %s AS r WHERE ROW(%s, %s, %s) IS NOT NULL LIMIT 0',
                                      source, v_exprs.content, v_exprs.title, v_exprs.filter));
     EXCEPTION WHEN OTHERS THEN
@@ -1407,7 +1461,7 @@ BEGIN
         -- queued stays changed.
         INSERT INTO rag.row_queue AS q (watch_id, key, changed)
         SELECT w.id, k.key, false
-          FROM rag._query_as(rag._watch_owner(w),
+          FROM rag._query_as(rag._watch_runs_as(w),
                              format('SELECT %s FROM ONLY %s AS r WHERE %s',
                                     rag._columns_object(w.key_columns), w.source::regclass, e.filter)) AS k(key)
         ON CONFLICT (watch_id, key) DO UPDATE SET version = q.version + 1, not_before = now(), attempts = 0;
@@ -1691,8 +1745,10 @@ BEGIN
     LOOP
         IF v_column IS NULL THEN
             BEGIN
+                -- Not analysed as a superuser who did not write them (rag._watch_owner_untrusted): analysing runs
+                -- code too, and a superuser's pg_restore --no-owner adds a restored table's keys with ALTER TABLE.
                 PERFORM rag._expression_columns(w.source, ARRAY[w.content_expr, w.title_expr, w.filter_expr])
-                   FROM rag.watches w WHERE w.id = v_watch;
+                   FROM rag.watches w WHERE w.id = v_watch AND NOT rag._watch_owner_untrusted(w);
             EXCEPTION
                 WHEN undefined_column THEN
                     v_column := substring(SQLERRM FROM 'column "?([^" ]+)"? does not exist');
@@ -1950,7 +2006,7 @@ BEGIN
     SELECT true, x->>'content', (x->>'content_bytes')::bigint, x->>'title', (x->>'title_bytes')::bigint,
            x->'metadata', (x->>'metadata_bytes')::bigint
       INTO v_found, v_content, v_content_bytes, v_title, v_title_bytes, v_metadata, v_metadata_bytes
-      FROM rag._query_as(rag._watch_owner(w),
+      FROM rag._query_as(rag._watch_runs_as(w),
              format($q$SELECT jsonb_build_object(
                                   'content', CASE WHEN octet_length(s.content) <= %s THEN s.content END,
                                   'content_bytes', octet_length(s.content),
@@ -2217,7 +2273,7 @@ BEGIN
             -- other watches are still listed (one row of one table had made the whole call fail).
             BEGIN
                 SELECT x::text::bigint INTO rows_watched
-                  FROM rag._query_as(rag._watch_owner(w),
+                  FROM rag._query_as(rag._watch_runs_as(w),
                                      format('SELECT to_jsonb(count(*)) FROM ONLY %s AS r WHERE %s', w.source::regclass,
                                             (SELECT filter FROM rag._watch_exprs(w)))) AS x;
             EXCEPTION WHEN OTHERS THEN

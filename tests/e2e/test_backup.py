@@ -317,6 +317,33 @@ class WithoutPrivileges(unittest.TestCase):
         self.assertEqual(rows, [[f"{{{self.OWNER}}}"], ["t"], ["{}"]])
         psql("INSERT INTO notes VALUES (3, 'The office opens at eight.')", db=self.TARGET, user=self.OWNER)
 
+    def test_a_restore_without_owners_runs_no_expression_as_a_superuser(self):
+        """A superuser's pg_restore --no-owner makes the superuser own the watched table, so its watch's
+        expressions, which an ordinary role wrote, would run as a superuser: in the worker unprompted, with any
+        function they call (helper-93 made the author a superuser this way). rag refuses until a superuser takes
+        them on, and says why where the owner looks."""
+        drop(self.TARGET)
+        psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
+        run(["pg_restore", "--exit-on-error", "--no-owner", "-d", self.TARGET, self.dump])
+        self.assertEqual(psql("SELECT pg_get_userbyid(c.relowner), w.written_by FROM rag.watches w "
+                              "JOIN pg_class c ON c.oid = w.source", db=self.TARGET),
+                         [["postgres", self.OWNER]])
+        code, _, stderr = psql("SELECT rag_reindex('notes'::regclass)", db=self.TARGET, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("as a superuser who did not write them", stderr)
+        # A write is queued (this watch has no filter for its trigger to run), and the worker refuses the row.
+        psql("INSERT INTO notes VALUES (2, 'Written after the restore.')", db=self.TARGET)
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.row_queue WHERE last_error LIKE "
+                                   "'%as a superuser who did not write them%')", self.TARGET),
+                        "the worker did not refuse the row")
+        self.assertEqual(scalar("SELECT count(*) FROM rag.documents WHERE source_key = '{\"id\": 2}'",
+                                db=self.TARGET), "0")
+        # Taken on by a superuser, the watch runs again.
+        psql("UPDATE rag.watches SET written_by = current_user", db=self.TARGET)
+        self.assertEqual(scalar("SELECT rag_reindex('notes'::regclass) > 0", db=self.TARGET), "t")
+        self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 2}' "
+                                   "AND status = 'ready')", self.TARGET, seconds=90), "the row was not indexed")
+
 
 def fill_with_work_due(source, seconds):
     """Collection kb (five documents) and the watched table web.pages (two rows), settled; then work due a few

@@ -1837,6 +1837,76 @@ RESET ROLE;
 DROP DOMAIN pg_temp.timestamptz, pg_temp.int4, pg_temp.bool;
 
 ------------------------------------------------------------------------------------------------------------
+-- A watch's expressions are not run as a superuser who did not write them. They run as the table's owner, so
+-- ALTER TABLE … OWNER TO a superuser, REASSIGN OWNED … TO one, and a superuser's pg_restore --no-owner each
+-- made an ordinary role a superuser through a function its watch calls (helper-93). The function here
+-- promotes its author whenever it runs as a superuser.
+CREATE ROLE sec_handover LOGIN IN ROLE rag_admin;
+CREATE SCHEMA sec_handover AUTHORIZATION sec_handover;
+SET ROLE sec_handover;
+CREATE FUNCTION sec_handover.promote(t text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        EXECUTE 'ALTER ROLE sec_handover SUPERUSER';
+    END IF;
+    RETURN t;
+END $f$;
+SELECT rag_create_collection('handover', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_handover.notes (id int PRIMARY KEY, body text);
+INSERT INTO sec_handover.notes VALUES (1, 'written before the handover');
+SELECT rag_watch('sec_handover.notes', 'handover', content => 'sec_handover.promote(body)',
+                 filter => 'sec_handover.promote(body) IS NOT NULL') AS handover_watch \gset
+SELECT written_by FROM rag.watches WHERE id = :handover_watch;
+RESET ROLE;
+SELECT pg_temp.wait_for($$SELECT status = 'ready' FROM rag.documents WHERE source = 'sec_handover.notes'$$) AS indexed;
+-- Handing the table to a superuser is refused, by either command.
+\set VERBOSITY terse
+ALTER TABLE sec_handover.notes OWNER TO CURRENT_USER;
+REASSIGN OWNED BY sec_handover TO CURRENT_USER;
+\set VERBOSITY default
+SELECT pg_get_userbyid(relowner) = 'sec_handover' AS still_theirs FROM pg_class WHERE oid = 'sec_handover.notes'::regclass;
+-- To a role that is not a superuser it may go: the expressions then run with that role's rights.
+CREATE ROLE sec_heir;
+ALTER TABLE sec_handover.notes OWNER TO sec_heir;
+ALTER TABLE sec_handover.notes OWNER TO sec_handover;
+DROP OWNED BY sec_heir;
+DROP ROLE sec_heir;
+-- What a superuser's pg_restore --no-owner leaves: the table and the watch's functions the superuser's, made
+-- without rag's install (simulated with the event trigger that would refuse it turned off).
+ALTER EVENT TRIGGER rag_watch_alter DISABLE;
+ALTER TABLE sec_handover.notes OWNER TO CURRENT_USER;
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    FOR v_function IN SELECT p.oid::regprocedure FROM pg_proc p JOIN rag.watches w
+                          ON p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+                       WHERE p.pronamespace = 'rag'::regnamespace AND w.source = 'sec_handover.notes'::regclass LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO CURRENT_USER', v_function);
+    END LOOP;
+END $$;
+ALTER EVENT TRIGGER rag_watch_alter ENABLE ALWAYS;
+-- A write's trigger (the filter, as the table's owner), the worker, rag_reindex and rag_watch_status refuse to
+-- run the expressions.
+\set VERBOSITY terse
+INSERT INTO sec_handover.notes VALUES (2, 'written after the handover');
+UPDATE sec_handover.notes SET body = 'changed after the handover' WHERE id = 1;
+SELECT rag_reindex('sec_handover.notes'::regclass);
+\set VERBOSITY default
+SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.watch_id = $$ || :handover_watch ||
+                        $$ AND q.last_error LIKE '%as a superuser who did not write them%')$$) AS worker_refused;
+SELECT rows_watched, last_error FROM rag_watch_status() WHERE source = 'sec_handover.notes';
+SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
+-- Unwatching still works, and the table is the superuser's to use.
+SELECT rag_unwatch('sec_handover.notes', drop_documents => true) AS unwatched;
+INSERT INTO sec_handover.notes VALUES (3, 'written once unwatched');
+SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
+SELECT rag_drop_collection('handover') AS dropped;
+DROP SCHEMA sec_handover CASCADE;
+DROP OWNED BY sec_handover;
+DROP ROLE sec_handover;
+
+------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
 SET ROLE sec_owner;
 SELECT rag_drop_collection('tickets'), rag_drop_collection('owner-docs');
