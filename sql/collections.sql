@@ -425,6 +425,15 @@ BEGIN
     UPDATE rag.queries q SET role = p_new WHERE q.role_id::oid = v_role;
 END $$;
 
+-- After ALTER ROLE … RENAME: the watches the role wrote are recorded by name (rag.watches.written_by, which
+-- rag._watch_runs_as reads), and keep their author under the new one.
+CREATE FUNCTION rag._rename_watch_author(p_old text, p_new text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    -- PL/pgSQL: the hook calls it through fmgr, which refuses the NULL an SQL function returning void gives.
+    UPDATE rag.watches w SET written_by = p_new WHERE w.written_by = p_old;
+END $$;
+
 -- DROP OWNED takes back what the roles were granted on the collections the caller administers and drops their
 -- conversations (the ledger keeps its rows: it is the record of what was asked). Providers they made stay,
 -- since collections of others may use them; the role then cannot be dropped until they are reassigned.

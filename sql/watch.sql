@@ -815,9 +815,18 @@ BEGIN
     -- for anyone else, who may not read rag.watches.
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           ELSE format($f$IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
-                    PERFORM rag._watch_runs_as(w) FROM rag.watches w WHERE w.id = %s;
+                    -- As whom the filter runs here: this function's owner, whoever owns the table now.
+                    PERFORM rag._watch_runs_as(w, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user))
+                       FROM rag.watches w WHERE w.id = %1$s;
+                    -- No watch of that id (a restore without rag's rows): who wrote the filter is not known.
+                    IF NOT FOUND THEN
+                        RAISE EXCEPTION 'the watch of %%.%% is not there, so who wrote its filter is not known: rag runs no watch''s expressions as a superuser who did not write them',
+                                        pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME)
+                            USING ERRCODE = 'insufficient_privilege',
+                                  HINT = 'rag_watch the table again, or rag_unwatch it to take the triggers its watch left away.';
+                    END IF;
                 END IF;
-                SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;$f$, w.id, v_aggregate, e.filter) END;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter) END;
     v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);

@@ -235,9 +235,26 @@ pub unsafe extern "C-unwind" fn after_command(pstmt: *mut pg_sys::PlannedStmt) {
                     c"_rename_role",
                     &[pg_sys::TEXTOID],
                     &[new_name
+                        .clone()
                         .into_datum()
                         .expect("a string always makes a datum")],
                 );
+                // A role's old name is the statement's subname.
+                if !(*statement).subname.is_null() {
+                    let old_name = std::ffi::CStr::from_ptr((*statement).subname).to_string_lossy();
+                    call(
+                        c"_rename_watch_author",
+                        &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+                        &[
+                            old_name
+                                .into_datum()
+                                .expect("a string always makes a datum"),
+                            new_name
+                                .into_datum()
+                                .expect("a string always makes a datum"),
+                        ],
+                    );
+                }
             }
         }
         pg_sys::NodeTag::T_DropOwnedStmt => {

@@ -268,6 +268,8 @@ class WithoutPrivileges(unittest.TestCase):
             CREATE TABLE notes (id int PRIMARY KEY, body text);
             INSERT INTO notes VALUES (1, 'Parking is free for staff.');
             SELECT rag_watch('notes', 'notes', content => 'body');
+            CREATE TABLE drafts (id int PRIMARY KEY, body text);
+            SELECT rag_watch('drafts', 'notes', content => 'body', filter => $$body <> ''$$);
         """, db=cls.SOURCE, user=cls.OWNER)
         assert wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE status = 'ready') "
                           "AND NOT EXISTS (SELECT 1 FROM rag.row_queue)", cls.SOURCE), "the source did not settle"
@@ -326,8 +328,12 @@ class WithoutPrivileges(unittest.TestCase):
         psql(f"CREATE DATABASE {self.TARGET}", db="postgres")
         run(["pg_restore", "--exit-on-error", "--no-owner", "-d", self.TARGET, self.dump])
         self.assertEqual(psql("SELECT pg_get_userbyid(c.relowner), w.written_by FROM rag.watches w "
-                              "JOIN pg_class c ON c.oid = w.source", db=self.TARGET),
-                         [["postgres", self.OWNER]])
+                              "JOIN pg_class c ON c.oid = w.source ORDER BY w.id", db=self.TARGET),
+                         [["postgres", self.OWNER], ["postgres", self.OWNER]])
+        # The filtered table's trigger, restored as the superuser's, refuses to run the filter.
+        code, _, stderr = psql("INSERT INTO drafts VALUES (1, 'a draft')", db=self.TARGET, check=False)
+        self.assertNotEqual(code, 0)
+        self.assertIn("as a superuser who did not write them", stderr)
         code, _, stderr = psql("SELECT rag_reindex('notes'::regclass)", db=self.TARGET, check=False)
         self.assertNotEqual(code, 0)
         self.assertIn("as a superuser who did not write them", stderr)
@@ -340,6 +346,7 @@ class WithoutPrivileges(unittest.TestCase):
                                 db=self.TARGET), "0")
         # Taken on by a superuser, the watch runs again.
         psql("UPDATE rag.watches SET written_by = current_user", db=self.TARGET)
+        psql("INSERT INTO drafts VALUES (1, 'a draft')", db=self.TARGET)
         self.assertEqual(scalar("SELECT rag_reindex('notes'::regclass) > 0", db=self.TARGET), "t")
         self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = '{\"id\": 2}' "
                                    "AND status = 'ready')", self.TARGET, seconds=90), "the row was not indexed")

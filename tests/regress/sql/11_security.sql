@@ -1897,7 +1897,13 @@ SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.w
                         $$ AND q.last_error LIKE '%as a superuser who did not write them%')$$) AS worker_refused;
 SELECT rows_watched, last_error FROM rag_watch_status() WHERE source = 'sec_handover.notes';
 SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
--- Unwatching still works, and the table is the superuser's to use.
+-- Nor when the watch's row is not there (a restore without rag's rows): who wrote the filter is not known.
+DELETE FROM rag.watches WHERE id = :handover_watch;
+\set VERBOSITY terse
+INSERT INTO sec_handover.notes VALUES (2, 'written after the watch''s row went');
+\set VERBOSITY default
+SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
+-- The table's owner takes the triggers away, and the table is theirs to use.
 SELECT rag_unwatch('sec_handover.notes', drop_documents => true) AS unwatched;
 INSERT INTO sec_handover.notes VALUES (3, 'written once unwatched');
 SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
@@ -1905,6 +1911,21 @@ SELECT rag_drop_collection('handover') AS dropped;
 DROP SCHEMA sec_handover CASCADE;
 DROP OWNED BY sec_handover;
 DROP ROLE sec_handover;
+-- A superuser's own watch of a superuser's table runs, its author renamed or not.
+CREATE ROLE sec_super SUPERUSER;
+SET ROLE sec_super;
+SELECT rag_create_collection('super-notes', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_super_notes (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_super_notes', 'super-notes', content => 'body', filter => 'body IS NOT NULL') > 0 AS watching;
+RESET ROLE;
+ALTER ROLE sec_super RENAME TO sec_super_renamed;
+SELECT written_by FROM rag.watches WHERE source = 'sec_super_notes'::regclass;
+INSERT INTO sec_super_notes VALUES (1, 'written once its author was renamed');
+SELECT rag_reindex('sec_super_notes'::regclass) AS queued;
+SELECT rag_unwatch('sec_super_notes', drop_documents => true) AS unwatched, rag_drop_collection('super-notes') AS dropped;
+DROP TABLE sec_super_notes;
+DROP OWNED BY sec_super_renamed;
+DROP ROLE sec_super_renamed;
 
 ------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
