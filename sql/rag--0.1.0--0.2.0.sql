@@ -5044,20 +5044,21 @@ BEGIN
                 PERFORM pg_catalog.set_config('row_security', 'off', true);
             END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
-    -- The filter runs here as the table's owner. A superuser's copy of this function (a superuser's pg_restore
+    -- A filter runs here as this function's owner. A superuser's copy of this function (a superuser's pg_restore
     -- --no-owner makes one without any install) asks first whether a superuser wrote it; the look is skipped
-    -- for anyone else, who may not read rag.watches.
+    -- for anyone else, who may not read rag.watches. Without its watch's row in this snapshot it runs nothing
+    -- and queues nothing: a restore without rag's rows, or one not restored yet (a data-only replay, which
+    -- v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after the transaction began
+    -- (a serialization failure: retried, the row is queued).
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
+                          WHEN w.filter_expr IS NULL
+                          THEN format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter)
                           ELSE format($f$IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
-                    -- As whom the filter runs here: this function's owner, whoever owns the table now.
                     PERFORM rag._watch_runs_as(w, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user))
                        FROM rag.watches w WHERE w.id = %1$s;
-                    -- No watch of that id (a restore without rag's rows): who wrote the filter is not known.
                     IF NOT FOUND THEN
-                        RAISE EXCEPTION 'the watch of %%.%% is not there, so who wrote its filter is not known: rag runs no watch''s expressions as a superuser who did not write them',
-                                        pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME)
-                            USING ERRCODE = 'insufficient_privilege',
-                                  HINT = 'rag_watch the table again, or rag_unwatch it to take the triggers its watch left away.';
+                        PERFORM rag._require_watches_current(ARRAY[TG_RELID], false);
+                        RETURN NULL;
                     END IF;
                 END IF;
                 SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter) END;

@@ -1897,12 +1897,13 @@ SELECT pg_temp.wait_for($$SELECT EXISTS (SELECT 1 FROM rag.row_queue q WHERE q.w
                         $$ AND q.last_error LIKE '%as a superuser who did not write them%')$$) AS worker_refused;
 SELECT rows_watched, last_error FROM rag_watch_status() WHERE source = 'sec_handover.notes';
 SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
--- Nor when the watch's row is not there (a restore without rag's rows): who wrote the filter is not known.
+-- Nor when the watch's row is not there (a restore without rag's rows): who wrote the filter is not known, so
+-- the trigger runs no filter and queues nothing (there is no watch to queue for).
 DELETE FROM rag.watches WHERE id = :handover_watch;
-\set VERBOSITY terse
 INSERT INTO sec_handover.notes VALUES (2, 'written after the watch''s row went');
-\set VERBOSITY default
-SELECT rolsuper AS handover_is_superuser FROM pg_roles WHERE rolname = 'sec_handover';
+SELECT rolsuper AS handover_is_superuser,
+       (SELECT count(*) FROM rag.row_batches WHERE watch_id = :handover_watch) AS batches
+  FROM pg_roles WHERE rolname = 'sec_handover';
 -- The table's owner takes the triggers away, and the table is theirs to use.
 SELECT rag_unwatch('sec_handover.notes', drop_documents => true) AS unwatched;
 INSERT INTO sec_handover.notes VALUES (3, 'written once unwatched');
