@@ -4953,12 +4953,17 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._watch_body_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '-- made by rag._watch_install, format 2 (rag 0.2.0)'
+$$;
+
 CREATE OR REPLACE FUNCTION rag._replace_watch_function(p_function text, p_body text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
                     SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   p_function, p_body);
+                   p_function, rag._watch_body_mark() || E'\n' || p_body);
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_install(p_watch_id integer) RETURNS void
@@ -5856,6 +5861,35 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._on_create_function() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, rag, pg_temp AS $$
+DECLARE
+    f record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                    WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid
+                      AND d.schema_name = 'rag') THEN
+        RETURN;
+    END IF;
+    FOR f IN
+        SELECT format('rag.%I()', p.proname) AS function, p.proname
+          FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_proc p ON p.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid AND d.schema_name = 'rag'
+           AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+           AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
+           AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark())
+         ORDER BY p.oid
+    LOOP
+        PERFORM rag._replace_watch_function(format('rag.%I', f.proname), rag._silent_watch_body(NULL, true));
+        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', f.function
+            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
+                           'so the watch is gone; the old body would run the table owner''s expressions without '
+                           'this release''s checks, as the function''s owner.',
+                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._watches_ended() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -6582,7 +6616,8 @@ DECLARE
     v_trigger name;
 BEGIN
     FOR v_trigger IN SELECT t.evtname FROM pg_catalog.pg_event_trigger t
-                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication') LOOP
+                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication',
+                                          'rag_watch_functions') LOOP
         EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', v_trigger);
     END LOOP;
 END $$;
@@ -6908,9 +6943,14 @@ ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION rag._on_publication();
+-- A watch's trigger function that rag did not make (a restore of a dump of 0.1.0 brings them) is made to do
+-- nothing (watch.sql, rag._on_create_function).
+CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION')
+    EXECUTE FUNCTION rag._on_create_function();
 -- Like every event trigger of rag, they fire whatever session_replication_role says (sql/security.sql).
 ALTER EVENT TRIGGER rag_watch_alter ENABLE ALWAYS;
 ALTER EVENT TRIGGER rag_publication ENABLE ALWAYS;
+ALTER EVENT TRIGGER rag_watch_functions ENABLE ALWAYS;
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are

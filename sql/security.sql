@@ -85,13 +85,14 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 -- rag's event triggers fire whatever session_replication_role says: in replica mode (a role a superuser let set
 -- it) a DROP TABLE of a watched table left its watch naming the table's oid, which a dump writes as a bare
 -- number that may name another table after a restore (red team 15).
--- (An update from 0.1.0 makes two of them after this, and enables them the same way.)
+-- (An update from 0.1.0 makes three of them after this, and enables them the same way.)
 DO $$
 DECLARE
     v_trigger name;
 BEGIN
     FOR v_trigger IN SELECT t.evtname FROM pg_catalog.pg_event_trigger t
-                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication') LOOP
+                      WHERE t.evtname IN ('rag_watch_drop', 'rag_watch_alter', 'rag_publication',
+                                          'rag_watch_functions') LOOP
         EXECUTE format('ALTER EVENT TRIGGER %I ENABLE ALWAYS', v_trigger);
     END LOOP;
 END $$;

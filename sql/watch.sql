@@ -714,6 +714,14 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The first line of every body rag makes for a watch's trigger function. rag._on_create_function tells by it a
+-- function rag made (or a restore of a dump of this release brings back) from one made by a release whose
+-- bodies ran the owner's expressions without this release's checks.
+CREATE FUNCTION rag._watch_body_mark() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '-- made by rag._watch_install, format 2 (rag 0.2.0)'
+$$;
+
 -- (Re)makes one of a watch's trigger functions with the settings every one of them runs with: as its owner
 -- (rag._watch_install and rag._silence_watch give it to the table's owner), rag's path, standard strings.
 CREATE FUNCTION rag._replace_watch_function(p_function text, p_body text) RETURNS void
@@ -721,7 +729,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
                     SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS %L',
-                   p_function, p_body);
+                   p_function, rag._watch_body_mark() || E'\n' || p_body);
 END $$;
 
 -- (Re)creates the trigger function and triggers of a watch. The trigger does as little as it can in the
@@ -1690,6 +1698,50 @@ BEGIN
     END LOOP;
 END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
+
+-- A watch's trigger function that rag did not make: a restore of a dump of release 0.1.0, which brings the
+-- functions its watches made as ordinary objects of schema rag, but none of rag's rows (0.1.0 did not mark its
+-- tables for pg_dump), so their watches are gone whatever happens. Their bodies evaluate the owner's filter with
+-- none of this release's checks: restored by a superuser with --no-owner, they ran whatever the filter's author
+-- wrote as that superuser (rag._watch_runs_as keeps this release's own bodies from it), and restored with
+-- owners, every write to the table failed on the queue's policy (a batch for a watch that is not there). Each
+-- is made to do nothing, keeping its oid, owner and grants (the restore's triggers and ALTER … OWNER come
+-- after it), and named in a WARNING. rag's own bodies start with rag._watch_body_mark(); only a superuser or
+-- rag's owner can create a function in schema rag, so nobody else can pass one off as rag's. Anyone's CREATE
+-- FUNCTION fires this: for a function outside schema rag it reads pg_event_trigger_ddl_commands() and nothing
+-- else (rag's internal functions are not theirs to execute). Its path is set here, not only by security.sql:
+-- rag's own install script fires it, partly under the path the extension's schema gives (public, usually),
+-- where an operator planted there matched its comparisons more closely than pg_catalog's.
+CREATE FUNCTION rag._on_create_function() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, rag, pg_temp AS $$
+DECLARE
+    f record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                    WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid
+                      AND d.schema_name = 'rag') THEN
+        RETURN;
+    END IF;
+    FOR f IN
+        SELECT format('rag.%I()', p.proname) AS function, p.proname
+          FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_proc p ON p.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid AND d.schema_name = 'rag'
+           AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+           AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
+           AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark())
+         ORDER BY p.oid
+    LOOP
+        PERFORM rag._replace_watch_function(format('rag.%I', f.proname), rag._silent_watch_body(NULL, true));
+        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', f.function
+            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
+                           'so the watch is gone; the old body would run the table owner''s expressions without '
+                           'this release''s checks, as the function''s owner.',
+                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION')
+    EXECUTE FUNCTION rag._on_create_function();
 
 -- A watch that ends (rag_unwatch, its table dropped, not its collection) leaves answers that may quote its rows
 -- behind in the ledger: rag.collections.watches_ended keeps them from admins from then on (schema.sql).

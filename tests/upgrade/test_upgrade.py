@@ -21,6 +21,7 @@ DB = "rag_upgrade"
 FRESH = "rag_upgrade_fresh"
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATE = os.path.join(os.environ.get("WORK", "/tmp"), "upgrade-before.json")
+OLD_DUMP = os.path.join(os.environ.get("WORK", "/tmp"), "upgrade-before.dump")
 
 # What a user made, compared before and after the upgrade: only columns both releases have, and only rows that
 # existed before (ids up to the highest then; work done after the upgrade adds rows).
@@ -100,10 +101,24 @@ def fill():
         CREATE INDEX planned_folded ON planned ((id > 0 AND public.planned_check()));
         INSERT INTO planned VALUES (1, 'A row of a table whose index calls its owner''s function.');
         SELECT rag_watch('planned', 'kb', content => 'body');
+        -- A filter calling a function of the editor's, which records who ran it: the previous release's trigger
+        -- bodies evaluate it with no check of who wrote it, and a dump of this database restored by a superuser
+        -- without owners must not run it as that superuser (test_a_dump_of_the_previous_release_runs_no_filter).
+        CREATE TABLE gate_calls (ran_as name, superuser boolean);
+        GRANT INSERT ON gate_calls TO PUBLIC;
+        CREATE FUNCTION gate(t text) RETURNS boolean LANGUAGE plpgsql AS $f$
+            BEGIN
+                INSERT INTO public.gate_calls SELECT current_user, r.rolsuper FROM pg_catalog.pg_roles r
+                 WHERE r.rolname = current_user;
+                RETURN t NOT LIKE 'draft%';
+            END $f$;
+        CREATE TABLE drafts (id int PRIMARY KEY, body text);
+        INSERT INTO drafts VALUES (1, 'Published: the library opens at nine.'), (2, 'draft: the library may close.');
+        SELECT rag_watch('drafts', 'kb', content => 'body', filter => 'public.gate(body)');
         RESET ROLE;
     """, db=DB)
     assert wait_until("SELECT NOT EXISTS (SELECT 1 FROM rag.documents WHERE status <> 'ready') "
-                      "AND (SELECT count(*) FROM rag.documents) = 7 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
+                      "AND (SELECT count(*) FROM rag.documents) = 8 AND NOT EXISTS (SELECT 1 FROM rag.row_queue) "
                       "AND NOT EXISTS (SELECT 1 FROM rag.row_batches)", DB), \
         "the previous release did not embed the documents"
     psql("""
@@ -117,6 +132,9 @@ def fill():
         UPDATE rag.queue SET not_before = now() + interval '1 hour';
         COMMIT;
     """, db=DB)
+    # A backup taken under the previous release, restored by the second phase into this release.
+    dump = subprocess.run(["pg_dump", "-Fc", "-f", OLD_DUMP, DB], capture_output=True, text=True, timeout=300)
+    assert dump.returncode == 0, dump.stderr
     limits = {table: int(scalar(f"SELECT coalesce(max(id), 0) FROM rag.{table}", db=DB)) for table in LIMITS}
     with open(STATE, "w") as f:
         json.dump({"limits": limits, "fingerprint": fingerprint(DB, limits),
@@ -316,7 +334,8 @@ class Upgrade(unittest.TestCase):
         self.assertEqual(psql("SET ROLE rag_upgrade_editor; SELECT source, rows_watched FROM watched ORDER BY 1",
                               db=DB),
                          # The partitioned table's rows live in its partition, which the watch never reads.
-                         [["events", "0"], ["notices", "1"], ["pages", "2"], ["planned", "1"], ["shifts_day", "1"]])
+                         [["drafts", "1"], ["events", "0"], ["notices", "1"], ["pages", "2"], ["planned", "1"],
+                          ["shifts_day", "1"]])
 
     def test_collections_made_before_keep_their_search(self):
         # No reranker and vector search, as under the previous release, with the current defaults ready for
@@ -380,6 +399,55 @@ class Upgrade(unittest.TestCase):
         self.assertEqual(restore.returncode, 0, restore.stderr.decode())
         self.assertEqual(scalar("SELECT count(*) FROM rag.chunks", db=target),
                          scalar("SELECT count(*) FROM rag.chunks", db=DB))
+
+    def test_a_dump_of_the_previous_release_runs_no_filter(self):
+        # The previous release's dumps bring its watches' trigger functions (ordinary objects of schema rag to
+        # pg_dump) but none of rag's rows. Their bodies evaluate the filter without this release's check of who
+        # wrote it: restored by a superuser without owners, the editor's function ran as that superuser; restored
+        # with owners, every write to a watched table failed on the queue's policy. This release makes each one
+        # do nothing as it is restored, and says so.
+        for target, options in (("rag_upgrade_old_dump", ["--no-owner"]), ("rag_upgrade_old_dump_owned", [])):
+            with self.subTest(options=options):
+                psql(f"DROP DATABASE IF EXISTS {target} WITH (FORCE)", db="postgres")
+                psql(f"CREATE DATABASE {target}", db="postgres")
+                log_start = len(self.server_log())
+                # pg_restore prints no server WARNING (only with --verbose); the server's log has them.
+                subprocess.run(["pg_restore", *options, "-d", target, OLD_DUMP], capture_output=True, timeout=300)
+                warned = self.server_log()[log_start:]
+                functions = psql("SELECT DISTINCT p.oid, format('rag.%I()', p.proname) FROM pg_proc p "
+                                 "JOIN pg_trigger t ON t.tgfoid = p.oid WHERE p.pronamespace = 'rag'::regnamespace "
+                                 "AND t.tgrelid = 'drafts'::regclass AND p.proname ~ '^_watch_[0-9]' ORDER BY 1",
+                                 db=target)
+                self.assertEqual(len(functions), 2, "the dump did not bring the watch of drafts' trigger functions")
+                for _, function in functions:
+                    self.assertIn(f"trigger function {function} was not made by this release of rag: it now does "
+                                  "nothing", warned)
+                self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=target), "0")
+                writer = "" if options else "SET ROLE rag_upgrade_editor;"
+                superuser_calls = "SELECT count(*) FROM gate_calls WHERE superuser"
+                before = scalar(superuser_calls, db=target)
+                psql(f"""{writer}
+                    INSERT INTO drafts VALUES (3, 'Published: the reading room is upstairs.'), (4, 'draft: no');
+                    UPDATE drafts SET body = body || ' Ask at the desk.' WHERE id = 3;
+                    DELETE FROM drafts WHERE id = 4;
+                    INSERT INTO pages VALUES (3, 'Lockers are by the stairs.');
+                    UPDATE pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
+                    DELETE FROM pages WHERE id = 2;""", db=target)
+                self.assertEqual(scalar(superuser_calls, db=target), before,
+                                 "a trigger restored from the previous release ran the filter's author's function "
+                                 "as a superuser")
+                self.assertEqual(scalar("SELECT count(*) FROM rag.row_batches", db=target), "0")
+                # Watched again, the table is indexed by this release's triggers, the old ones gone.
+                psql(f"""{writer}
+                    SELECT rag_create_collection('again', embedding_model => 'hash-384', max_distance => 2);
+                    SELECT rag_watch('drafts', 'again', content => 'body', filter => $$body NOT LIKE 'draft%'$$);""",
+                     db=target)
+                self.assertTrue(wait_until("SELECT count(*) = 2 AND bool_and(status = 'ready') FROM rag.documents",
+                                           target, seconds=60), "the table watched again was not indexed")
+                old = ",".join(oid for oid, _ in functions)
+                self.assertEqual(scalar(f"SELECT count(*) FROM pg_proc WHERE oid IN ({old})", db=target), "0",
+                                 "the old trigger functions of drafts outlived its new watch")
+                self.assertEqual(scalar(superuser_calls, db=target), before)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["fill"]:

@@ -423,7 +423,8 @@ DO $$
 DECLARE
     v_name text := (SELECT '_watch_' || id || '_row' FROM rag.watches WHERE source_name = 'leftover_b');
 BEGIN
-    EXECUTE format('CREATE FUNCTION rag.%I() RETURNS trigger LANGUAGE plpgsql AS %L', v_name, 'BEGIN RETURN NULL; END');
+    EXECUTE format('CREATE FUNCTION rag.%I() RETURNS trigger LANGUAGE plpgsql AS %L', v_name,
+                   rag._watch_body_mark() || E'\nBEGIN RETURN NULL; END');
     EXECUTE format('ALTER FUNCTION rag.%I() OWNER TO leftover_new', v_name);
 END $$;
 SET ROLE leftover_new;
@@ -439,6 +440,56 @@ SELECT regexp_replace(tgfoid::regproc::text, '[0-9]+', 'N', 'g') AS mine_runs,
   FROM pg_trigger WHERE tgrelid = 'leftover_b'::regclass AND tgname = 'mine_runs_it';
 DROP TRIGGER mine_runs_it ON leftover_b;
 RESET ROLE;
+-- A restore of a dump of 0.1.0 brings its watches' trigger functions (ordinary functions of schema rag to
+-- pg_dump), whose bodies run the owner's filter with no check of who wrote it, and none of rag's rows. As the
+-- restore (here a superuser: pg_restore --no-owner) creates one, it is made to do nothing and named in a
+-- WARNING; the filter never runs, as the superuser or at all.
+CREATE TABLE leftover_old_dump (id int PRIMARY KEY, body text);
+SELECT count(*) AS seen_before FROM leftover_seen \gset
+CREATE FUNCTION rag._watch_9999() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    v_keys jsonb;
+BEGIN
+    SELECT to_jsonb(array_agg(r.id)) INTO v_keys FROM new_rows r WHERE public.leftover_noted(r.body);
+    RETURN NULL;
+END $f$;
+CREATE FUNCTION rag._watch_9999_row() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $f$
+BEGIN
+    INSERT INTO rag.row_batches (watch_id, keys) VALUES (9999, jsonb_build_array(jsonb_build_object('id', NEW.id)));
+    RETURN NULL;
+END $f$;
+CREATE TRIGGER rag_watch_insert AFTER INSERT ON leftover_old_dump REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._watch_9999();
+CREATE TRIGGER rag_watch_update AFTER UPDATE ON leftover_old_dump FOR EACH ROW EXECUTE FUNCTION rag._watch_9999_row();
+INSERT INTO leftover_old_dump VALUES (1, 'restored from 0.1.0');
+UPDATE leftover_old_dump SET body = body || '!';
+SELECT count(*) - :seen_before AS filter_ran, (SELECT count(*) FROM rag.row_batches WHERE watch_id = 9999) AS queued
+  FROM leftover_seen;
+SELECT p.proname, p.prosrc = rag._watch_body_mark() || E'\n' || 'BEGIN RETURN NULL; END' AS does_nothing,
+       p.prosecdef, pg_get_userbyid(p.proowner) = current_user AS kept_its_owner
+  FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace AND p.proname ~ '^_watch_9999' ORDER BY 1;
+-- One whose body starts as rag's own does (a restore of a dump of this release) is left as it is, and so is a
+-- function of that name elsewhere, or one of rag's with arguments.
+DO $$
+BEGIN
+    EXECUTE format('CREATE FUNCTION rag._watch_9998() RETURNS trigger LANGUAGE plpgsql AS %L',
+                   rag._watch_body_mark() || E'\nBEGIN RAISE NOTICE ''kept''; RETURN NULL; END');
+END $$;
+CREATE FUNCTION public._watch_9997() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN RETURN NULL; END $f$;
+CREATE FUNCTION rag._watch_9996(integer) RETURNS integer LANGUAGE sql AS $f$ SELECT 1 $f$;
+SELECT p.oid::regprocedure AS untouched FROM pg_proc p
+ WHERE p.proname IN ('_watch_9998', '_watch_9997', '_watch_9996')
+   AND p.prosrc <> rag._watch_body_mark() || E'\n' || 'BEGIN RETURN NULL; END'
+ ORDER BY 1::text;
+-- An ordinary role's CREATE FUNCTION (in its temporary schema) fires the event trigger too, which then runs none
+-- of rag's internal functions (not the role's to execute).
+SET ROLE leftover_new;
+CREATE FUNCTION pg_temp._watch_1() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN RETURN NULL; END $f$;
+DROP FUNCTION pg_temp._watch_1();
+RESET ROLE;
+DROP TABLE leftover_old_dump;
+DROP FUNCTION rag._watch_9999(), rag._watch_9999_row(), rag._watch_9998(), public._watch_9997(), rag._watch_9996(integer);
 SET ROLE leftover_old;
 SELECT rag_unwatch('leftover_a', drop_documents => true) AS unwatched, rag_drop_collection('left-old') AS dropped;
 RESET ROLE;
