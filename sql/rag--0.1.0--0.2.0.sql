@@ -4384,11 +4384,24 @@ LANGUAGE sql STABLE AS $$
     SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
 $$;
 
+CREATE OR REPLACE FUNCTION rag._superuser_powers(p_role oid) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN r.rolsuper THEN ARRAY['superuser']
+                ELSE ARRAY(SELECT g.power
+                             FROM unnest(ARRAY['pg_execute_server_program', 'pg_write_server_files',
+                                               'pg_read_server_files']) AS g(power)
+                            WHERE pg_catalog.pg_has_role(r.oid, g.power, 'MEMBER'))
+                     || CASE WHEN r.rolcreaterole
+                                  AND pg_catalog.current_setting('server_version_num')::integer < 160000
+                             THEN ARRAY['CREATEROLE'] ELSE '{}'::text[] END END
+      FROM pg_catalog.pg_roles r WHERE r.oid = p_role
+$$;
+
 CREATE OR REPLACE FUNCTION rag._watch_owner_untrusted(w rag.watches, p_owner oid DEFAULT NULL) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                      WHERE r.oid = coalesce(p_owner, rag._watch_owner(w))), false)
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = w.written_by), false)
+    SELECT coalesce(cardinality(rag._superuser_powers(coalesce(p_owner, rag._watch_owner(w)))), 0) > 0
+       AND coalesce(cardinality(rag._superuser_powers((SELECT r.oid FROM pg_catalog.pg_roles r
+                                                        WHERE r.rolname = w.written_by))), 0) = 0
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_runs_as(w rag.watches, p_owner oid DEFAULT NULL) RETURNS oid
@@ -4397,14 +4410,37 @@ DECLARE
     v_owner oid := coalesce(p_owner, rag._watch_owner(w));
 BEGIN
     IF rag._watch_owner_untrusted(w, v_owner) THEN
-        RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
+        IF rag._superuser_powers(v_owner) = ARRAY['superuser'] THEN
+            RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
+                            w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
+                            pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner; giving the table to a superuser would run its author''s code as that superuser.',
+                      HINT = format('Give the table to a role that is not a superuser, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+        END IF;
+        RAISE EXCEPTION 'the watch of % was written by %, and % is to run it, with %: rag runs no watch''s expressions as a role with a superuser''s powers that did not write them',
                         w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
-                        pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
+                        pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner)),
+                        pg_catalog.array_to_string(rag._superuser_powers(v_owner), ', ')
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner; giving the table to a superuser would run its author''s code as that superuser.',
-                  HINT = format('Give the table to a role that is not a superuser, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner, and that role can run programs or read or write files as the server, which PostgreSQL documents as a way to a superuser''s access.',
+                  HINT = format('Give the table to a role without those memberships, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
     END IF;
     RETURN v_owner;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag._watch_filter_may_run(p_watch_id integer, p_role oid, p_table oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+BEGIN
+    SELECT * INTO w FROM rag.watches x WHERE x.id = p_watch_id;
+    IF NOT FOUND THEN
+        PERFORM rag._require_watches_current(ARRAY[p_table], false);
+        RETURN false;
+    END IF;
+    PERFORM rag._watch_runs_as(w, p_role);
+    RETURN true;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._may_queue_batch(p_watch_id integer, p_role name, p_id bigint DEFAULT NULL) RETURNS boolean
@@ -4846,7 +4882,17 @@ LANGUAGE sql STABLE AS $$
             THEN 'the table lacks some of the watch''s rag_watch_*_key triggers: writes to it since are not indexed'
         WHEN i.names IS NOT NULL
             THEN format('the watch''s triggers %s are disabled or enabled for the wrong sessions: writes they should '
-                        'see are not indexed', i.names) END
+                        'see are not indexed', i.names)
+        -- A superuser replaced one of its functions by hand, and rag._silence_unmarked_watch_function made it do
+        -- nothing.
+        WHEN EXISTS (SELECT 1 FROM rag.watches w
+                       JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
+                                                AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+                      WHERE w.source = p_source
+                        AND p.prosrc = rag._watch_body_mark() || E'\n'
+                                       || rag._silent_watch_body(w.id, p.proname LIKE '%\_row'))
+            THEN 'the watch''s trigger functions were replaced and do nothing: writes to it since are not indexed'
+        END
       FROM missing m, idle i
 $$;
 
@@ -4899,7 +4945,7 @@ $$;
 CREATE OR REPLACE FUNCTION rag._watch_owner_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name, bigint)',
-                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
+                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()', 'rag._watch_filter_may_run(integer, oid, oid)']
 $$;
 
 CREATE OR REPLACE FUNCTION rag._watch_owners_lacking() RETURNS name[]
@@ -5049,24 +5095,28 @@ BEGIN
                 PERFORM pg_catalog.set_config('row_security', 'off', true);
             END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
-    -- A filter runs here as this function's owner. A superuser's copy of this function (a superuser's pg_restore
-    -- --no-owner makes one without any install) asks first whether a superuser wrote it; the look is skipped
-    -- for anyone else, who may not read rag.watches. Without its watch's row in this snapshot it runs nothing
-    -- and queues nothing: a restore without rag's rows, or one not restored yet (a data-only replay, which
-    -- v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after the transaction began
-    -- (a serialization failure: retried, the row is queued).
+    -- A filter runs here as this function's owner. Where that owner has a superuser's powers (a superuser's
+    -- pg_restore --no-owner makes such a copy without any install; a role granted pg_read_server_files after
+    -- its table was handed over is another), it asks first whether such a role wrote the filter
+    -- (rag._watch_filter_may_run); for anyone else the look costs four role lookups. Without its watch's row in
+    -- this snapshot it runs nothing and queues nothing: a restore without rag's rows, or one not restored yet (a
+    -- data-only replay, which v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after
+    -- the transaction began (a serialization failure: retried, the row is queued).
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           WHEN w.filter_expr IS NULL
                           THEN format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter)
-                          ELSE format($f$IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
-                    PERFORM rag._watch_runs_as(w, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user))
-                       FROM rag.watches w WHERE w.id = %1$s;
-                    IF NOT FOUND THEN
-                        PERFORM rag._require_watches_current(ARRAY[TG_RELID], false);
+                          ELSE format($f$IF (SELECT r.rolsuper OR (r.rolcreaterole AND %4$s) FROM pg_catalog.pg_roles r
+                    WHERE r.rolname = current_user)
+                   OR pg_catalog.pg_has_role('pg_execute_server_program', 'MEMBER')
+                   OR pg_catalog.pg_has_role('pg_write_server_files', 'MEMBER')
+                   OR pg_catalog.pg_has_role('pg_read_server_files', 'MEMBER') THEN
+                    IF NOT rag._watch_filter_may_run(%1$s, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), TG_RELID) THEN
                         RETURN NULL;
                     END IF;
                 END IF;
-                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter) END;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter,
+                          CASE WHEN pg_catalog.current_setting('server_version_num')::integer < 160000
+                               THEN 'true' ELSE 'false' END) END;
     v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
@@ -5861,32 +5911,55 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._watch_function_unmarked(p_function oid) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                    WHERE p.oid = p_function AND p.pronamespace = 'rag'::regnamespace
+                      AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+                      AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
+                      AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark()))
+$$;
+
+CREATE OR REPLACE FUNCTION rag._silence_unmarked_watch_function(p_function oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name name := (SELECT p.proname FROM pg_catalog.pg_proc p WHERE p.oid = p_function);
+    v_watch integer := pg_catalog.substring(v_name, '^_watch_([0-9]+)')::integer;
+    v_live boolean := EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = v_watch);
+BEGIN
+    PERFORM rag._replace_watch_function(format('rag.%I', v_name),
+                                        rag._silent_watch_body(v_watch, v_name ~ '_row($|_left_)' OR NOT v_live));
+    IF v_live THEN
+        RAISE WARNING 'trigger function % was not made by rag: it now does nothing', format('rag.%I()', v_name)
+            USING DETAIL = 'Its watch no longer indexes what its triggers see (rag_watch_status says so).',
+                  HINT = 'rag_reindex the watched table as its owner to make the watch''s triggers again.';
+    ELSE
+        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', format('rag.%I()', v_name)
+            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
+                           'so the watch is gone; the old body would run the table owner''s expressions without '
+                           'this release''s checks, as the function''s owner.',
+                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._on_create_function() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, rag, pg_temp AS $$
 DECLARE
-    f record;
+    v_function oid;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
                     WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid
                       AND d.schema_name = 'rag') THEN
         RETURN;
     END IF;
-    FOR f IN
-        SELECT format('rag.%I()', p.proname) AS function, p.proname
+    FOR v_function IN
+        SELECT DISTINCT d.objid
           FROM pg_catalog.pg_event_trigger_ddl_commands() d
-          JOIN pg_catalog.pg_proc p ON p.oid = d.objid
          WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid AND d.schema_name = 'rag'
-           AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
-           AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
-           AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark())
-         ORDER BY p.oid
+           AND rag._watch_function_unmarked(d.objid)
+         ORDER BY d.objid
     LOOP
-        PERFORM rag._replace_watch_function(format('rag.%I', f.proname), rag._silent_watch_body(NULL, true));
-        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', f.function
-            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
-                           'so the watch is gone; the old body would run the table owner''s expressions without '
-                           'this release''s checks, as the function''s owner.',
-                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+        PERFORM rag._silence_unmarked_watch_function(v_function);
     END LOOP;
 END $$;
 
@@ -6841,7 +6914,8 @@ BEGIN
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
                                '_collection_id_for_caller', '_restore_under_way', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
-                               '_watch_triggers_problem', '_watch_trigger_mode_installed')
+                               '_watch_triggers_problem', '_watch_trigger_mode_installed', '_watch_body_mark',
+                               '_silent_watch_body')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text', '_has_text')
@@ -6943,14 +7017,9 @@ ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
 -- A publication that would carry rag's own tables is named in a WARNING (watch.sql, rag._on_publication).
 CREATE EVENT TRIGGER rag_publication ON ddl_command_end WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION rag._on_publication();
--- A watch's trigger function that rag did not make (a restore of a dump of 0.1.0 brings them) is made to do
--- nothing (watch.sql, rag._on_create_function).
-CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION')
-    EXECUTE FUNCTION rag._on_create_function();
 -- Like every event trigger of rag, they fire whatever session_replication_role says (sql/security.sql).
 ALTER EVENT TRIGGER rag_watch_alter ENABLE ALWAYS;
 ALTER EVENT TRIGGER rag_publication ENABLE ALWAYS;
-ALTER EVENT TRIGGER rag_watch_functions ENABLE ALWAYS;
 
 -- Watched tables: their trigger functions are re-made by 0.2.0's rag._watch_install (the triggers now run
 -- under row-level security on rag.row_batches, which the table owner is granted what it needs for). They are
@@ -6960,11 +7029,22 @@ DO $$
 DECLARE
     w record;
     v_function text;
+    v_oid oid;
 BEGIN
     FOR w IN SELECT id, source FROM rag.watches ORDER BY id LOOP
         PERFORM rag._drop_watch_triggers(w.source);
         FOREACH v_function IN ARRAY ARRAY['_watch_' || w.id, '_watch_' || w.id || '_row'] LOOP
-            EXECUTE format('DROP FUNCTION IF EXISTS rag.%I()', v_function);
+            v_oid := to_regprocedure(format('rag.%I()', v_function));
+            CONTINUE WHEN v_oid IS NULL;
+            -- Still run by another table's triggers: a restore of a 0.1.0 dump brought that table's triggers
+            -- without their watch, whose id a later rag_watch took (0.1.0 then replaced the function they ran,
+            -- and a DROP here failed the update). Set aside under a name of its own, and made to do nothing
+            -- below.
+            IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = v_oid) THEN
+                EXECUTE format('ALTER FUNCTION rag.%I() RENAME TO %I', v_function, v_function || '_left_' || v_oid);
+            ELSE
+                EXECUTE format('DROP FUNCTION rag.%I()', v_function);
+            END IF;
         END LOOP;
         PERFORM rag._watch_install(w.id);
         FOREACH v_function IN ARRAY ARRAY['_watch_' || w.id, '_watch_' || w.id || '_row'] LOOP
@@ -6974,6 +7054,28 @@ BEGIN
         END LOOP;
     END LOOP;
 END $$;
+
+-- The watch trigger functions left now are ones no watch has: a restore of a 0.1.0 dump brought them (with
+-- none of rag's rows), and their bodies would run the owner's filter without 0.2.0's checks, as the function's
+-- owner (a superuser after pg_restore --no-owner), or fail every write to the table on the queue's policy.
+-- Each is made to do nothing and named (watch.sql, rag._silence_unmarked_watch_function); replaced here it
+-- must be a member for the moment (an extension's script may not replace an object it does not own). From
+-- here on the event trigger does the same for any such function a restore creates.
+DO $$
+DECLARE
+    v_function oid;
+BEGIN
+    FOR v_function IN SELECT p.oid FROM pg_catalog.pg_proc p
+                       WHERE p.pronamespace = 'rag'::regnamespace AND rag._watch_function_unmarked(p.oid)
+                       ORDER BY p.oid LOOP
+        EXECUTE format('ALTER EXTENSION rag ADD FUNCTION %s', v_function::regprocedure);
+        PERFORM rag._silence_unmarked_watch_function(v_function);
+        EXECUTE format('ALTER EXTENSION rag DROP FUNCTION %s', v_function::regprocedure);
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION', 'ALTER FUNCTION')
+    EXECUTE FUNCTION rag._on_create_function();
+ALTER EVENT TRIGGER rag_watch_functions ENABLE ALWAYS;
 
 -- 0.1.0 let a partitioned table be watched, but such a watch never indexed a row: the worker reads a watched
 -- row FROM ONLY the table it watches, where a partitioned table holds none, and rows written straight to a

@@ -336,7 +336,8 @@ BEGIN
                                '_rerank_similarity_weight', '_watched', '_with_header', '_rows_waiting', '_still_processing', '_may_commit',
                                '_collection_id_for_caller', '_restore_under_way', '_watches_readable_whole',
                                '_migration_chunks_embedded', '_key_is_unique', '_key_unstable_column',
-                               '_watch_triggers_problem', '_watch_trigger_mode_installed')
+                               '_watch_triggers_problem', '_watch_trigger_mode_installed', '_watch_body_mark',
+                               '_silent_watch_body')
                 THEN 'rag_reader'
             WHEN f.proname IN ('rag_extract_text', 'rag_extract_sections', 'rag_html_to_text', 'rag_markdown_to_text',
                                '_to_text', '_has_text')

@@ -46,22 +46,41 @@ LANGUAGE sql STABLE AS $$
     SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
 $$;
 
--- Whether the watched table belongs to a superuser (or is being given to one: p_owner) while no superuser wrote
--- the watch's expressions. They run as the table's owner, as an index expression does, so a table handed to a
--- superuser (ALTER TABLE … OWNER TO, REASSIGN OWNED, or a superuser's pg_restore --no-owner) ran its author's
--- code as a superuser: in the worker unprompted and in the watch's trigger on any role's write, and an ordinary
--- role made itself a superuser by each route (helper-93). A written_by that names no role, or no superuser,
--- counts as not a superuser.
+-- The powers by which a role is, or can make itself, a superuser: rolsuper; membership (inherited or not:
+-- SET ROLE reaches it) of a role PostgreSQL documents as able to gain superuser-level access, running
+-- programs (COPY … TO PROGRAM) or reading or writing any file the server can (its data and configuration
+-- among them); and before PostgreSQL 16, CREATEROLE, which could grant itself any of those (seen on 15).
+-- Empty for a role without them; NULL for a role that does not exist.
+CREATE FUNCTION rag._superuser_powers(p_role oid) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN r.rolsuper THEN ARRAY['superuser']
+                ELSE ARRAY(SELECT g.power
+                             FROM unnest(ARRAY['pg_execute_server_program', 'pg_write_server_files',
+                                               'pg_read_server_files']) AS g(power)
+                            WHERE pg_catalog.pg_has_role(r.oid, g.power, 'MEMBER'))
+                     || CASE WHEN r.rolcreaterole
+                                  AND pg_catalog.current_setting('server_version_num')::integer < 160000
+                             THEN ARRAY['CREATEROLE'] ELSE '{}'::text[] END END
+      FROM pg_catalog.pg_roles r WHERE r.oid = p_role
+$$;
+
+-- Whether the watched table belongs to a role with a superuser's powers (rag._superuser_powers), or is being
+-- given to one (p_owner), while no role with such powers wrote the watch's expressions. They run as the
+-- table's owner, as an index expression does, so a table handed to a superuser (ALTER TABLE … OWNER TO,
+-- REASSIGN OWNED, or a superuser's pg_restore --no-owner) ran its author's code as a superuser: in the worker
+-- unprompted and in the watch's trigger on any role's write, and an ordinary role made itself a superuser by
+-- each route (helper-93); handed to a member of pg_execute_server_program, it let the author run programs as
+-- the server. A written_by that names no role counts as a role without such powers.
 CREATE FUNCTION rag._watch_owner_untrusted(w rag.watches, p_owner oid DEFAULT NULL) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                      WHERE r.oid = coalesce(p_owner, rag._watch_owner(w))), false)
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = w.written_by), false)
+    SELECT coalesce(cardinality(rag._superuser_powers(coalesce(p_owner, rag._watch_owner(w)))), 0) > 0
+       AND coalesce(cardinality(rag._superuser_powers((SELECT r.oid FROM pg_catalog.pg_roles r
+                                                        WHERE r.rolname = w.written_by))), 0) = 0
 $$;
 
 -- The role whose rights a watch's expressions run with: the owner of the watched table (or p_owner, whom it is
--- being given to), unless that is a superuser who did not write them (rag._watch_owner_untrusted), which is
--- refused. Every evaluation of the expressions asks it: rag_watch's check, rag_reindex, rag_watch_status, the
+-- being given to), unless that is a superuser, or a role with a superuser's powers, who did not write them
+-- (rag._watch_owner_untrusted), which is refused. Every evaluation of the expressions asks it: rag_watch's check, rag_reindex, rag_watch_status, the
 -- worker, the triggers' install (ALTER TABLE … OWNER TO), REASSIGN OWNED, and a filtered INSERT's trigger when
 -- it runs as a superuser.
 CREATE FUNCTION rag._watch_runs_as(w rag.watches, p_owner oid DEFAULT NULL) RETURNS oid
@@ -70,14 +89,43 @@ DECLARE
     v_owner oid := coalesce(p_owner, rag._watch_owner(w));
 BEGIN
     IF rag._watch_owner_untrusted(w, v_owner) THEN
-        RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
+        IF rag._superuser_powers(v_owner) = ARRAY['superuser'] THEN
+            RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
+                            w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
+                            pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner; giving the table to a superuser would run its author''s code as that superuser.',
+                      HINT = format('Give the table to a role that is not a superuser, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+        END IF;
+        RAISE EXCEPTION 'the watch of % was written by %, and % is to run it, with %: rag runs no watch''s expressions as a role with a superuser''s powers that did not write them',
                         w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
-                        pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
+                        pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner)),
+                        pg_catalog.array_to_string(rag._superuser_powers(v_owner), ', ')
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner; giving the table to a superuser would run its author''s code as that superuser.',
-                  HINT = format('Give the table to a role that is not a superuser, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner, and that role can run programs or read or write files as the server, which PostgreSQL documents as a way to a superuser''s access.',
+                  HINT = format('Give the table to a role without those memberships, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
     END IF;
     RETURN v_owner;
+END $$;
+
+-- For a filtered INSERT's trigger whose function's owner (p_role) has a superuser's powers: raises as
+-- rag._watch_runs_as does when no such role wrote the filter, and is false when the watch's row is not in this
+-- snapshot (then nothing is queued: rag._require_watches_current makes that a serialization failure under
+-- REPEATABLE READ when the watch was made after the transaction began). SECURITY DEFINER: such an owner may
+-- not read rag.watches. Executable only by owners of watched tables, whom it tells no more than the watch's
+-- table, author and owner, which a reader of rag.watches and pg_class sees.
+CREATE FUNCTION rag._watch_filter_may_run(p_watch_id integer, p_role oid, p_table oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    w rag.watches;
+BEGIN
+    SELECT * INTO w FROM rag.watches x WHERE x.id = p_watch_id;
+    IF NOT FOUND THEN
+        PERFORM rag._require_watches_current(ARRAY[p_table], false);
+        RETURN false;
+    END IF;
+    PERFORM rag._watch_runs_as(w, p_role);
+    RETURN true;
 END $$;
 
 -- Only the triggers a watch installed may queue keys for it: the row's watch must be on a table owned by the
@@ -578,7 +626,17 @@ LANGUAGE sql STABLE AS $$
             THEN 'the table lacks some of the watch''s rag_watch_*_key triggers: writes to it since are not indexed'
         WHEN i.names IS NOT NULL
             THEN format('the watch''s triggers %s are disabled or enabled for the wrong sessions: writes they should '
-                        'see are not indexed', i.names) END
+                        'see are not indexed', i.names)
+        -- A superuser replaced one of its functions by hand, and rag._silence_unmarked_watch_function made it do
+        -- nothing.
+        WHEN EXISTS (SELECT 1 FROM rag.watches w
+                       JOIN pg_catalog.pg_proc p ON p.pronamespace = 'rag'::regnamespace
+                                                AND p.proname IN ('_watch_' || w.id, '_watch_' || w.id || '_row')
+                      WHERE w.source = p_source
+                        AND p.prosrc = rag._watch_body_mark() || E'\n'
+                                       || rag._silent_watch_body(w.id, p.proname LIKE '%\_row'))
+            THEN 'the watch''s trigger functions were replaced and do nothing: writes to it since are not indexed'
+        END
       FROM missing m, idle i
 $$;
 
@@ -647,7 +705,7 @@ $$;
 CREATE FUNCTION rag._watch_owner_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name, bigint)',
-                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()']
+                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()', 'rag._watch_filter_may_run(integer, oid, oid)']
 $$;
 
 -- Owners of watched tables who lack what the watch's triggers need (rag._grant_watch_owner): REASSIGN OWNED gave
@@ -716,7 +774,8 @@ END $$;
 
 -- The first line of every body rag makes for a watch's trigger function. rag._on_create_function tells by it a
 -- function rag made (or a restore of a dump of this release brings back) from one made by a release whose
--- bodies ran the owner's expressions without this release's checks.
+-- bodies ran the owner's expressions without this release's checks. A later release that changes it must go on
+-- accepting this one: a dump of this release restores bodies that carry it, for watches whose rows come back.
 CREATE FUNCTION rag._watch_body_mark() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT '-- made by rag._watch_install, format 2 (rag 0.2.0)'
@@ -818,24 +877,28 @@ BEGIN
                 PERFORM pg_catalog.set_config('row_security', 'off', true);
             END IF;$f$;
     v_take_keys := format('v_key_values := rag._watch_keys_taken(%s, TG_RELID);', w.id);
-    -- A filter runs here as this function's owner. A superuser's copy of this function (a superuser's pg_restore
-    -- --no-owner makes one without any install) asks first whether a superuser wrote it; the look is skipped
-    -- for anyone else, who may not read rag.watches. Without its watch's row in this snapshot it runs nothing
-    -- and queues nothing: a restore without rag's rows, or one not restored yet (a data-only replay, which
-    -- v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after the transaction began
-    -- (a serialization failure: retried, the row is queued).
+    -- A filter runs here as this function's owner. Where that owner has a superuser's powers (a superuser's
+    -- pg_restore --no-owner makes such a copy without any install; a role granted pg_read_server_files after
+    -- its table was handed over is another), it asks first whether such a role wrote the filter
+    -- (rag._watch_filter_may_run); for anyone else the look costs four role lookups. Without its watch's row in
+    -- this snapshot it runs nothing and queues nothing: a restore without rag's rows, or one not restored yet (a
+    -- data-only replay, which v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after
+    -- the transaction began (a serialization failure: retried, the row is queued).
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           WHEN w.filter_expr IS NULL
                           THEN format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter)
-                          ELSE format($f$IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
-                    PERFORM rag._watch_runs_as(w, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user))
-                       FROM rag.watches w WHERE w.id = %1$s;
-                    IF NOT FOUND THEN
-                        PERFORM rag._require_watches_current(ARRAY[TG_RELID], false);
+                          ELSE format($f$IF (SELECT r.rolsuper OR (r.rolcreaterole AND %4$s) FROM pg_catalog.pg_roles r
+                    WHERE r.rolname = current_user)
+                   OR pg_catalog.pg_has_role('pg_execute_server_program', 'MEMBER')
+                   OR pg_catalog.pg_has_role('pg_write_server_files', 'MEMBER')
+                   OR pg_catalog.pg_has_role('pg_read_server_files', 'MEMBER') THEN
+                    IF NOT rag._watch_filter_may_run(%1$s, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), TG_RELID) THEN
                         RETURN NULL;
                     END IF;
                 END IF;
-                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter) END;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter,
+                          CASE WHEN pg_catalog.current_setting('server_version_num')::integer < 160000
+                               THEN 'true' ELSE 'false' END) END;
     v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
@@ -1699,48 +1762,79 @@ BEGIN
 END $$;
 CREATE EVENT TRIGGER rag_watch_drop ON sql_drop EXECUTE FUNCTION rag._on_sql_drop();
 
--- A watch's trigger function that rag did not make: a restore of a dump of release 0.1.0, which brings the
--- functions its watches made as ordinary objects of schema rag, but none of rag's rows (0.1.0 did not mark its
--- tables for pg_dump), so their watches are gone whatever happens. Their bodies evaluate the owner's filter with
--- none of this release's checks: restored by a superuser with --no-owner, they ran whatever the filter's author
--- wrote as that superuser (rag._watch_runs_as keeps this release's own bodies from it), and restored with
--- owners, every write to the table failed on the queue's policy (a batch for a watch that is not there). Each
--- is made to do nothing, keeping its oid, owner and grants (the restore's triggers and ALTER … OWNER come
--- after it), and named in a WARNING. rag's own bodies start with rag._watch_body_mark(); only a superuser or
--- rag's owner can create a function in schema rag, so nobody else can pass one off as rag's. Anyone's CREATE
--- FUNCTION fires this: for a function outside schema rag it reads pg_event_trigger_ddl_commands() and nothing
--- else (rag's internal functions are not theirs to execute). Its path is set here, not only by security.sql:
--- rag's own install script fires it, partly under the path the extension's schema gives (public, usually),
--- where an operator planted there matched its comparisons more closely than pg_catalog's.
+-- Whether a function is a watch's trigger function (rag._watch_N, _watch_N_row, or one set aside as
+-- _watch_N[_row]_left_M) that rag did not make: its body lacks rag._watch_body_mark().
+CREATE FUNCTION rag._watch_function_unmarked(p_function oid) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                    WHERE p.oid = p_function AND p.pronamespace = 'rag'::regnamespace
+                      AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
+                      AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
+                      AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark()))
+$$;
+
+-- Makes a watch's trigger function that rag did not make do nothing, keeping its oid, owner and grants, and
+-- names it in a WARNING. Mostly a restore of a dump of release 0.1.0, which brings the functions its watches
+-- made (ordinary functions of schema rag to pg_dump) but none of rag's rows (0.1.0 did not mark its tables for
+-- pg_dump), so their watches are gone whatever happens. Their bodies evaluate the owner's filter with none of
+-- this release's checks: restored by a superuser with --no-owner, they ran whatever the filter's author wrote
+-- as that superuser (rag._watch_runs_as keeps this release's own bodies from it), and restored with owners,
+-- every write to the table failed on the queue's policy (a batch for a watch that is not there). The body
+-- left is the one rag_drop_collection leaves (rag._silent_watch_body): where the watch of that id is there
+-- (a superuser replaced a live watch's function by hand), its statement function still takes the keys its
+-- row triggers gathered; elsewhere it runs nothing at all (a 0.1.0 table has no such row triggers, and its
+-- owner may not execute rag._watch_keys_taken).
+CREATE FUNCTION rag._silence_unmarked_watch_function(p_function oid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name name := (SELECT p.proname FROM pg_catalog.pg_proc p WHERE p.oid = p_function);
+    v_watch integer := pg_catalog.substring(v_name, '^_watch_([0-9]+)')::integer;
+    v_live boolean := EXISTS (SELECT 1 FROM rag.watches w WHERE w.id = v_watch);
+BEGIN
+    PERFORM rag._replace_watch_function(format('rag.%I', v_name),
+                                        rag._silent_watch_body(v_watch, v_name ~ '_row($|_left_)' OR NOT v_live));
+    IF v_live THEN
+        RAISE WARNING 'trigger function % was not made by rag: it now does nothing', format('rag.%I()', v_name)
+            USING DETAIL = 'Its watch no longer indexes what its triggers see (rag_watch_status says so).',
+                  HINT = 'rag_reindex the watched table as its owner to make the watch''s triggers again.';
+    ELSE
+        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', format('rag.%I()', v_name)
+            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
+                           'so the watch is gone; the old body would run the table owner''s expressions without '
+                           'this release''s checks, as the function''s owner.',
+                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+    END IF;
+END $$;
+
+-- A watch's trigger function that rag did not make, as it is created or renamed (a restore of a dump of 0.1.0;
+-- rag._silence_unmarked_watch_function); an update from 0.1.0 does the same for those it finds. Only a
+-- superuser or rag's owner can create a function in schema rag or move one there, so nobody else can pass one
+-- off as rag's. Anyone's CREATE or ALTER FUNCTION fires this: for a function outside schema rag it reads
+-- pg_event_trigger_ddl_commands() and nothing else (rag's internal functions are not theirs to execute). Its
+-- path is set here, not only by security.sql: rag's install script fires it, partly under the path the
+-- extension's schema gives (public, usually), where an operator planted there matched its comparisons more
+-- closely than pg_catalog's.
 CREATE FUNCTION rag._on_create_function() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, rag, pg_temp AS $$
 DECLARE
-    f record;
+    v_function oid;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
                     WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid
                       AND d.schema_name = 'rag') THEN
         RETURN;
     END IF;
-    FOR f IN
-        SELECT format('rag.%I()', p.proname) AS function, p.proname
+    FOR v_function IN
+        SELECT DISTINCT d.objid
           FROM pg_catalog.pg_event_trigger_ddl_commands() d
-          JOIN pg_catalog.pg_proc p ON p.oid = d.objid
          WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid AND d.schema_name = 'rag'
-           AND p.proname ~ '^_watch_[0-9]+(_row)?(_left_[0-9]+)?$'
-           AND p.pronargs = 0 AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid
-           AND NOT pg_catalog.starts_with(p.prosrc, rag._watch_body_mark())
-         ORDER BY p.oid
+           AND rag._watch_function_unmarked(d.objid)
+         ORDER BY d.objid
     LOOP
-        PERFORM rag._replace_watch_function(format('rag.%I', f.proname), rag._silent_watch_body(NULL, true));
-        RAISE WARNING 'trigger function % was not made by this release of rag: it now does nothing', f.function
-            USING DETAIL = 'A dump of rag 0.1.0 brings the trigger functions of its watches but none of rag''s rows, '
-                           'so the watch is gone; the old body would run the table owner''s expressions without '
-                           'this release''s checks, as the function''s owner.',
-                  HINT = 'rag_watch the table again, or rag_unwatch it to drop the old triggers (README, "Backups").';
+        PERFORM rag._silence_unmarked_watch_function(v_function);
     END LOOP;
 END $$;
-CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION')
+CREATE EVENT TRIGGER rag_watch_functions ON ddl_command_end WHEN TAG IN ('CREATE FUNCTION', 'ALTER FUNCTION')
     EXECUTE FUNCTION rag._on_create_function();
 
 -- A watch that ends (rag_unwatch, its table dropped, not its collection) leaves answers that may quote its rows

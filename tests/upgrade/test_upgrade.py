@@ -22,6 +22,21 @@ FRESH = "rag_upgrade_fresh"
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATE = os.path.join(os.environ.get("WORK", "/tmp"), "upgrade-before.json")
 OLD_DUMP = os.path.join(os.environ.get("WORK", "/tmp"), "upgrade-before.dump")
+# That backup restored under the previous release, with and without owners, then updated in place (the
+# previous release's README said so for its backups); the options, and who writes to its tables.
+# Writes to the dump's watched tables (a filtered one among them, whose filter notes who ran it), and how many
+# times a superuser ran that filter.
+WRITES_TO_THE_DUMPS_TABLES = """
+    INSERT INTO drafts VALUES (3, 'Published: the reading room is upstairs.'), (4, 'draft: no');
+    UPDATE drafts SET body = body || ' Ask at the desk.' WHERE id = 3;
+    DELETE FROM drafts WHERE id = 4;
+    INSERT INTO pages VALUES (3, 'Lockers are by the stairs.');
+    UPDATE pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
+    DELETE FROM pages WHERE id = 2;
+"""
+SUPERUSER_GATE_CALLS = "SELECT count(*) FROM gate_calls WHERE superuser"
+RESTORED_UNDER_OLD = {"rag_upgrade_restored_old": (["--no-owner"], ""),
+                      "rag_upgrade_restored_old_owned": ([], "SET ROLE rag_upgrade_editor;")}
 
 # What a user made, compared before and after the upgrade: only columns both releases have, and only rows that
 # existed before (ids up to the highest then; work done after the upgrade adds rows).
@@ -135,6 +150,20 @@ def fill():
     # A backup taken under the previous release, restored by the second phase into this release.
     dump = subprocess.run(["pg_dump", "-Fc", "-f", OLD_DUMP, DB], capture_output=True, text=True, timeout=300)
     assert dump.returncode == 0, dump.stderr
+    # Restored under the previous release, where a table watched afterwards takes the id of a watch whose
+    # triggers the dump brought back (pages', id 1): 0.1.0 replaces the function those triggers run.
+    for target, (options, writer) in RESTORED_UNDER_OLD.items():
+        psql(f"DROP DATABASE IF EXISTS {target} WITH (FORCE)", db="postgres")
+        psql(f"CREATE DATABASE {target}", db="postgres")
+        restore = subprocess.run(["pg_restore", *options, "-d", target, OLD_DUMP], capture_output=True, text=True,
+                                 timeout=300)
+        assert restore.returncode == 0, restore.stderr
+        psql(f"""SELECT rag_create_collection('kb', embedding_model => 'hash-384', max_distance => 2);
+            {writer}
+            CREATE TABLE fresh (id int PRIMARY KEY, body text);
+            INSERT INTO fresh VALUES (1, 'Watched after the restore.');
+            SELECT rag_watch('fresh', 'kb', content => 'body');""", db=target)
+        assert scalar("SELECT id FROM rag.watches WHERE source = 'fresh'::regclass", db=target) == "1"
     limits = {table: int(scalar(f"SELECT coalesce(max(id), 0) FROM rag.{table}", db=DB)) for table in LIMITS}
     with open(STATE, "w") as f:
         json.dump({"limits": limits, "fingerprint": fingerprint(DB, limits),
@@ -424,16 +453,9 @@ class Upgrade(unittest.TestCase):
                                   "nothing", warned)
                 self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=target), "0")
                 writer = "" if options else "SET ROLE rag_upgrade_editor;"
-                superuser_calls = "SELECT count(*) FROM gate_calls WHERE superuser"
-                before = scalar(superuser_calls, db=target)
-                psql(f"""{writer}
-                    INSERT INTO drafts VALUES (3, 'Published: the reading room is upstairs.'), (4, 'draft: no');
-                    UPDATE drafts SET body = body || ' Ask at the desk.' WHERE id = 3;
-                    DELETE FROM drafts WHERE id = 4;
-                    INSERT INTO pages VALUES (3, 'Lockers are by the stairs.');
-                    UPDATE pages SET body = 'Parking is free for staff and visitors.' WHERE id = 1;
-                    DELETE FROM pages WHERE id = 2;""", db=target)
-                self.assertEqual(scalar(superuser_calls, db=target), before,
+                before = scalar(SUPERUSER_GATE_CALLS, db=target)
+                psql(writer + WRITES_TO_THE_DUMPS_TABLES, db=target)
+                self.assertEqual(scalar(SUPERUSER_GATE_CALLS, db=target), before,
                                  "a trigger restored from the previous release ran the filter's author's function "
                                  "as a superuser")
                 self.assertEqual(scalar("SELECT count(*) FROM rag.row_batches", db=target), "0")
@@ -447,7 +469,35 @@ class Upgrade(unittest.TestCase):
                 old = ",".join(oid for oid, _ in functions)
                 self.assertEqual(scalar(f"SELECT count(*) FROM pg_proc WHERE oid IN ({old})", db=target), "0",
                                  "the old trigger functions of drafts outlived its new watch")
-                self.assertEqual(scalar(superuser_calls, db=target), before)
+                self.assertEqual(scalar(SUPERUSER_GATE_CALLS, db=target), before)
+
+    def test_a_dump_restored_under_the_previous_release_then_updated_runs_no_filter(self):
+        # Restored under 0.1.0, the dump's trigger functions are 0.1.0's own, and the update re-makes only those
+        # of the watches rag.watches has. The rest no watch has, and would run the editor's filter as the
+        # superuser who restored them, or fail every write on the queue's policy; and the update's DROP of the
+        # function pages' triggers and fresh's watch shared failed the update.
+        for target, (options, writer) in RESTORED_UNDER_OLD.items():
+            with self.subTest(options=options):
+                code, _, messages = psql("ALTER EXTENSION rag UPDATE", db=target, check=False)
+                self.assertEqual(code, 0, messages)
+                self.assertIn("was not made by this release of rag: it now does nothing", messages)
+                self.assertEqual(scalar("SELECT count(*) FROM pg_proc p WHERE p.pronamespace = 'rag'::regnamespace "
+                                        "AND rag._watch_function_unmarked(p.oid)", db=target), "0")
+                # pages' triggers ran the function fresh's watch took: it was set aside, and fresh's made anew.
+                self.assertEqual(scalar("SELECT bool_and(t.tgfoid::regproc::text ~ '^rag\._watch_1(_row)?_left_[0-9]+$') "
+                                        "FROM pg_trigger t WHERE t.tgrelid = 'pages'::regclass "
+                                        "AND t.tgname IN ('rag_watch_insert', 'rag_watch_update', 'rag_watch_delete')",
+                                        db=target), "t")
+                before = scalar(SUPERUSER_GATE_CALLS, db=target)
+                psql(writer + WRITES_TO_THE_DUMPS_TABLES + "INSERT INTO fresh VALUES (2, 'Written after the update.');",
+                     db=target)
+                self.assertEqual(scalar(SUPERUSER_GATE_CALLS, db=target), before,
+                                 "a trigger function restored under the previous release ran the filter's author's "
+                                 "function as a superuser after the update")
+                self.assertTrue(wait_until("SELECT EXISTS (SELECT 1 FROM rag.documents WHERE source_key = "
+                                           "'{\"id\": 2}' AND status = 'ready')", target, seconds=60),
+                                "the watch made after the restore stopped indexing")
+                self.assertEqual(scalar("SELECT count(*) FROM rag.watches", db=target), "1")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["fill"]:

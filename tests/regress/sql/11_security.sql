@@ -1927,6 +1927,68 @@ SELECT rag_unwatch('sec_super_notes', drop_documents => true) AS unwatched, rag_
 DROP TABLE sec_super_notes;
 DROP OWNED BY sec_super_renamed;
 DROP ROLE sec_super_renamed;
+-- Nor as a role with a superuser's powers: a member (directly or through another role) of
+-- pg_execute_server_program, pg_write_server_files or pg_read_server_files, which PostgreSQL documents as ways
+-- to a superuser's access. The author's filter here runs a program as the server when it can, and notes it.
+CREATE ROLE sec_author LOGIN IN ROLE rag_admin;
+CREATE SCHEMA sec_author AUTHORIZATION sec_author;
+SET ROLE sec_author;
+CREATE TABLE sec_author.shell_runs (ran_as name);
+GRANT INSERT ON sec_author.shell_runs TO PUBLIC;
+CREATE FUNCTION sec_author.shell(t text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    IF pg_has_role('pg_execute_server_program', 'MEMBER') THEN
+        COPY (SELECT 1) TO PROGRAM 'cat > /dev/null';
+        INSERT INTO sec_author.shell_runs VALUES (current_user);
+    END IF;
+    RETURN true;
+END $f$;
+SELECT rag_create_collection('author-notes', embedding_model => 'hash-384') > 0 AS created;
+CREATE TABLE sec_author.notes (id int PRIMARY KEY, body text);
+SELECT rag_watch('sec_author.notes', 'author-notes', content => 'body', filter => 'sec_author.shell(body)') > 0 AS watching;
+RESET ROLE;
+CREATE ROLE sec_files;
+GRANT pg_read_server_files TO sec_files;
+CREATE ROLE sec_etl IN ROLE sec_files;
+CREATE ROLE sec_shell;
+GRANT pg_execute_server_program TO sec_shell;
+GRANT USAGE ON SCHEMA sec_author TO sec_etl, sec_shell;
+-- Before PostgreSQL 16 CREATEROLE counts too: such a role could grant itself pg_execute_server_program.
+CREATE ROLE sec_creator CREATEROLE;
+SELECT rag._superuser_powers('sec_creator'::regrole)
+       = CASE WHEN current_setting('server_version_num')::integer < 160000 THEN ARRAY['CREATEROLE'] ELSE '{}' END
+       AS createrole_counted_where_it_grants_itself_those,
+       rag._superuser_powers('sec_etl'::regrole) AS through_a_group,
+       rag._superuser_powers('sec_author'::regrole) AS author_has_none;
+DROP ROLE sec_creator;
+-- Handing the table to such a role is refused, by either command, the power named.
+\set VERBOSITY terse
+ALTER TABLE sec_author.notes OWNER TO sec_etl;
+REASSIGN OWNED BY sec_author TO sec_shell;
+\set VERBOSITY default
+-- Handed to an ordinary role that is given such powers afterwards: a filtered insert's trigger (which runs the
+-- filter as that role, whoever writes), rag_reindex and the worker refuse.
+CREATE ROLE sec_heir2;
+GRANT USAGE ON SCHEMA sec_author TO sec_heir2;
+ALTER TABLE sec_author.notes OWNER TO sec_heir2;
+GRANT pg_execute_server_program TO sec_heir2;
+\set VERBOSITY terse
+INSERT INTO sec_author.notes VALUES (1, 'written once its owner could run programs');
+SELECT rag_reindex('sec_author.notes'::regclass);
+\set VERBOSITY default
+SELECT count(*) AS shell_ran FROM sec_author.shell_runs;
+-- An author with such powers may hand the table to a role with them.
+REVOKE pg_execute_server_program FROM sec_heir2;
+ALTER TABLE sec_author.notes OWNER TO sec_author;
+GRANT pg_write_server_files TO sec_author;
+ALTER TABLE sec_author.notes OWNER TO sec_etl;
+SELECT pg_get_userbyid(relowner) AS owner FROM pg_class WHERE oid = 'sec_author.notes'::regclass;
+ALTER TABLE sec_author.notes OWNER TO sec_author;
+REVOKE pg_write_server_files FROM sec_author;
+SELECT rag_unwatch('sec_author.notes', drop_documents => true) AS unwatched, rag_drop_collection('author-notes') AS dropped;
+DROP SCHEMA sec_author CASCADE;
+DROP OWNED BY sec_author, sec_etl, sec_shell, sec_heir2;
+DROP ROLE sec_author, sec_etl, sec_files, sec_shell, sec_heir2;
 
 ------------------------------------------------------------------------------------------------------------
 -- The owner drops their own collection; grants go with it.
