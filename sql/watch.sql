@@ -46,36 +46,48 @@ LANGUAGE sql STABLE AS $$
     SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = w.source
 $$;
 
--- The powers by which a role is, or can make itself, a superuser: rolsuper; membership (inherited or not:
--- SET ROLE reaches it) of a role PostgreSQL documents as able to gain superuser-level access, running
--- programs (COPY … TO PROGRAM) or reading or writing any file the server can (its data and configuration
--- among them); and before PostgreSQL 16, CREATEROLE, which could grant itself any of those (seen on 15).
--- Empty for a role without them; NULL for a role that does not exist.
+-- The powers by which a role is, or can make itself, a superuser, its own or through any role it is a member of
+-- (inherited or not, with or without SET: a member may give a SECURITY DEFINER function of theirs to the
+-- role and call it): rolsuper ('superuser', or 'membership of superuser <role>'); the roles PostgreSQL
+-- documents as able to gain superuser-level access, running programs (COPY … TO PROGRAM) or reading or writing
+-- any file the server can; and before PostgreSQL 16, CREATEROLE, which could grant itself any of those (seen
+-- on 15). Empty for a role without them; NULL for a role that does not exist (helper-97).
 CREATE FUNCTION rag._superuser_powers(p_role oid) RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN r.rolsuper THEN ARRAY['superuser']
-                ELSE ARRAY(SELECT g.power
-                             FROM unnest(ARRAY['pg_execute_server_program', 'pg_write_server_files',
-                                               'pg_read_server_files']) AS g(power)
-                            WHERE pg_catalog.pg_has_role(r.oid, g.power, 'MEMBER'))
-                     || CASE WHEN r.rolcreaterole
-                                  AND pg_catalog.current_setting('server_version_num')::integer < 160000
-                             THEN ARRAY['CREATEROLE'] ELSE '{}'::text[] END END
-      FROM pg_catalog.pg_roles r WHERE r.oid = p_role
+    WITH RECURSIVE reached(roleid) AS (
+        SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.oid = p_role
+        UNION
+        SELECT m.roleid FROM pg_catalog.pg_auth_members m JOIN reached ON m.member = reached.roleid)
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM reached) THEN NULL
+                ELSE ARRAY(SELECT DISTINCT p.power
+                             FROM reached JOIN pg_catalog.pg_roles g ON g.oid = reached.roleid
+                            CROSS JOIN LATERAL (VALUES
+                                (CASE WHEN g.rolsuper AND g.oid = p_role THEN 'superuser'
+                                      WHEN g.rolsuper THEN 'membership of superuser ' || pg_catalog.quote_ident(g.rolname) END),
+                                (CASE WHEN g.rolname IN ('pg_execute_server_program', 'pg_write_server_files',
+                                                         'pg_read_server_files') THEN g.rolname::text END),
+                                (CASE WHEN g.rolcreaterole
+                                           AND pg_catalog.current_setting('server_version_num')::integer < 160000
+                                      THEN 'CREATEROLE' END)) AS p(power)
+                            WHERE p.power IS NOT NULL
+                            ORDER BY 1) END
 $$;
 
 -- Whether the watched table belongs to a role with a superuser's powers (rag._superuser_powers), or is being
--- given to one (p_owner), while no role with such powers wrote the watch's expressions. They run as the
--- table's owner, as an index expression does, so a table handed to a superuser (ALTER TABLE … OWNER TO,
--- REASSIGN OWNED, or a superuser's pg_restore --no-owner) ran its author's code as a superuser: in the worker
--- unprompted and in the watch's trigger on any role's write, and an ordinary role made itself a superuser by
--- each route (helper-93); handed to a member of pg_execute_server_program, it let the author run programs as
--- the server. A written_by that names no role counts as a role without such powers.
+-- given to one (p_owner), while its expressions were written by a role that could not act as that owner
+-- already: a superuser, or a member of the owner role, could; an author with powers of their own could not
+-- (one with pg_read_server_files only would have had a superuser run programs: helper-97). The expressions
+-- run as the table's owner, as an index expression does, so a table handed to a superuser (ALTER TABLE …
+-- OWNER TO, REASSIGN OWNED, or a superuser's pg_restore --no-owner) ran its author's code as a superuser: in
+-- the worker unprompted and in the watch's trigger on any role's write, and an ordinary role made itself a
+-- superuser by each route (helper-93); handed to a member of pg_execute_server_program, it let the author run
+-- programs as the server. A written_by that names no role counts as a role that could not.
 CREATE FUNCTION rag._watch_owner_untrusted(w rag.watches, p_owner oid DEFAULT NULL) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(cardinality(rag._superuser_powers(coalesce(p_owner, rag._watch_owner(w)))), 0) > 0
-       AND coalesce(cardinality(rag._superuser_powers((SELECT r.oid FROM pg_catalog.pg_roles r
-                                                        WHERE r.rolname = w.written_by))), 0) = 0
+    SELECT coalesce(cardinality(rag._superuser_powers(o.owner)), 0) > 0
+           AND NOT coalesce((SELECT r.rolsuper OR pg_catalog.pg_has_role(r.oid, o.owner, 'MEMBER')
+                               FROM pg_catalog.pg_roles r WHERE r.rolname = w.written_by), false)
+      FROM (SELECT coalesce(p_owner, rag._watch_owner(w)) AS owner) o
 $$;
 
 -- The role whose rights a watch's expressions run with: the owner of the watched table (or p_owner, whom it is
@@ -89,7 +101,7 @@ DECLARE
     v_owner oid := coalesce(p_owner, rag._watch_owner(w));
 BEGIN
     IF rag._watch_owner_untrusted(w, v_owner) THEN
-        IF rag._superuser_powers(v_owner) = ARRAY['superuser'] THEN
+        IF 'superuser' = ANY (rag._superuser_powers(v_owner)) THEN
             RAISE EXCEPTION 'the watch of % was written by %, and superuser % is to run it: rag runs no watch''s expressions as a superuser who did not write them',
                             w.source_name, coalesce(pg_catalog.quote_ident(w.written_by), 'a role not known'),
                             pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner))
@@ -102,8 +114,8 @@ BEGIN
                         pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner)),
                         pg_catalog.array_to_string(rag._superuser_powers(v_owner), ', ')
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner, and that role can run programs or read or write files as the server, which PostgreSQL documents as a way to a superuser''s access.',
-                  HINT = format('Give the table to a role without those memberships, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
+                  DETAIL = 'A watch''s content, title and filter run with the rights of its table''s owner, and that role is, or can make itself, a superuser; only a superuser or a member of that role may write expressions it runs.',
+                  HINT = format('Give the table to a role without those powers, or rag_unwatch it; or, having read its expressions in rag.watches, have a superuser take them on: UPDATE rag.watches SET written_by = current_user WHERE id = %s.', w.id);
     END IF;
     RETURN v_owner;
 END $$;
@@ -705,7 +717,8 @@ $$;
 CREATE FUNCTION rag._watch_owner_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY['rag._wake_worker()', 'rag._restrict_to_current_user()', 'rag._may_queue_batch(integer, name, bigint)',
-                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()', 'rag._watch_filter_may_run(integer, oid, oid)']
+                 'rag._watch_keys_taken(integer, oid)', 'rag._watch_key()', 'rag._watch_filter_may_run(integer, oid, oid)',
+                 'rag._superuser_powers(oid)']
 $$;
 
 -- Owners of watched tables who lack what the watch's triggers need (rag._grant_watch_owner): REASSIGN OWNED gave
@@ -880,25 +893,20 @@ BEGIN
     -- A filter runs here as this function's owner. Where that owner has a superuser's powers (a superuser's
     -- pg_restore --no-owner makes such a copy without any install; a role granted pg_read_server_files after
     -- its table was handed over is another), it asks first whether such a role wrote the filter
-    -- (rag._watch_filter_may_run); for anyone else the look costs four role lookups. Without its watch's row in
+    -- (rag._watch_filter_may_run); for anyone else the look costs a walk up pg_auth_members. Without its watch's row in
     -- this snapshot it runs nothing and queues nothing: a restore without rag's rows, or one not restored yet (a
     -- data-only replay, which v_restore_session also lets pass), or, under REPEATABLE READ, a watch made after
     -- the transaction began (a serialization failure: retried, the row is queued).
     v_insert_keys := CASE WHEN v_mode = 'gather' AND w.filter_expr IS NULL THEN v_take_keys
                           WHEN w.filter_expr IS NULL
                           THEN format('SELECT %s INTO v_keys, v_key_values FROM new_rows r WHERE %s;', v_aggregate, e.filter)
-                          ELSE format($f$IF (SELECT r.rolsuper OR (r.rolcreaterole AND %4$s) FROM pg_catalog.pg_roles r
-                    WHERE r.rolname = current_user)
-                   OR pg_catalog.pg_has_role('pg_execute_server_program', 'MEMBER')
-                   OR pg_catalog.pg_has_role('pg_write_server_files', 'MEMBER')
-                   OR pg_catalog.pg_has_role('pg_read_server_files', 'MEMBER') THEN
-                    IF NOT rag._watch_filter_may_run(%1$s, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), TG_RELID) THEN
+                          ELSE format($f$v_runs_as := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user);
+                IF pg_catalog.cardinality(rag._superuser_powers(v_runs_as)) > 0 THEN
+                    IF NOT rag._watch_filter_may_run(%1$s, v_runs_as, TG_RELID) THEN
                         RETURN NULL;
                     END IF;
                 END IF;
-                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter,
-                          CASE WHEN pg_catalog.current_setting('server_version_num')::integer < 160000
-                               THEN 'true' ELSE 'false' END) END;
+                SELECT %2$s INTO v_keys, v_key_values FROM new_rows r WHERE %3$s;$f$, w.id, v_aggregate, e.filter) END;
     v_delete_keys := CASE WHEN v_mode = 'gather' THEN v_take_keys
                           ELSE format('SELECT %s INTO v_keys, v_key_values FROM old_rows r;', v_aggregate) END;
     v_function := format('rag.%I', '_watch_' || w.id);
@@ -913,6 +921,7 @@ BEGIN
             v_keys jsonb;
             v_key_values text;
             v_row_security_off boolean := false;
+            v_runs_as oid;
         BEGIN
             -- The owner's filter runs in the writer's statement: as the owner, in a security-restricted
             -- operation, the way PostgreSQL runs an index expression (and rag refuses to act for anyone there).
@@ -1848,6 +1857,33 @@ BEGIN
 END $$;
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
+
+-- What a watch runs, on which table, and who wrote it are written only by rag's own functions (as rag's owner)
+-- or by a superuser (the hint of rag._watch_runs_as asks one to take a watch's expressions on). Row-level
+-- security keeps other roles out, but not one with BYPASSRLS and pg_write_all_data, which writes every table
+-- past its privileges: it rewrote a superuser-owned table's watch (or its written_by), and the worker ran its
+-- expression as that superuser (helper-97). Columns rag keeps up to date for any caller (read_columns,
+-- source_name) stay writable. A trigger, not a privilege: pg_write_all_data passes every GRANT.
+CREATE FUNCTION rag._watches_written_by_rag() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (TG_OP = 'INSERT'
+        OR ROW(NEW.id, NEW.source, NEW.collection_id, NEW.content_expr, NEW.title_expr, NEW.filter_expr,
+               NEW.key_columns, NEW.metadata_columns, NEW.format, NEW.written_by)
+           IS DISTINCT FROM ROW(OLD.id, OLD.source, OLD.collection_id, OLD.content_expr, OLD.title_expr,
+                                OLD.filter_expr, OLD.key_columns, OLD.metadata_columns, OLD.format, OLD.written_by))
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
+       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
+                             WHERE e.extname = 'rag') THEN
+        RAISE EXCEPTION 'only rag''s functions or a superuser may write what a watch runs, on which table, or who wrote it'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Use rag_watch and rag_unwatch.';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE ON rag.watches
+    FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
+ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
 
 -- A watched table that becomes a partition or an inheritance child (ATTACH PARTITION, INHERIT), or stops being
 -- one, gets the triggers its new place needs (rag._watch_trigger_mode): its triggers are made again whenever

@@ -1977,14 +1977,49 @@ INSERT INTO sec_author.notes VALUES (1, 'written once its owner could run progra
 SELECT rag_reindex('sec_author.notes'::regclass);
 \set VERBOSITY default
 SELECT count(*) AS shell_ran FROM sec_author.shell_runs;
--- An author with such powers may hand the table to a role with them.
+-- An author who may act as the new owner already (a member of that role) may hand the table over; an author
+-- with powers of their own may not, as theirs may be less than the owner's (pg_read_server_files against a
+-- superuser's: helper-97).
 REVOKE pg_execute_server_program FROM sec_heir2;
 ALTER TABLE sec_author.notes OWNER TO sec_author;
 GRANT pg_write_server_files TO sec_author;
+\set VERBOSITY terse
+ALTER TABLE sec_author.notes OWNER TO sec_etl;
+\set VERBOSITY default
+GRANT sec_etl TO sec_author;
 ALTER TABLE sec_author.notes OWNER TO sec_etl;
 SELECT pg_get_userbyid(relowner) AS owner FROM pg_class WHERE oid = 'sec_author.notes'::regclass;
 ALTER TABLE sec_author.notes OWNER TO sec_author;
+REVOKE sec_etl FROM sec_author;
 REVOKE pg_write_server_files FROM sec_author;
+-- A member of a superuser role is refused too: it can give a SECURITY DEFINER function of its own to that role
+-- and call it (helper-97 ran a program as the server so, from the trigger and from the worker).
+CREATE ROLE sec_su SUPERUSER;
+CREATE ROLE sec_ops IN ROLE sec_su;
+GRANT USAGE ON SCHEMA sec_author TO sec_ops;
+SELECT rag._superuser_powers('sec_ops'::regrole) AS through_a_superuser;
+\set VERBOSITY terse
+ALTER TABLE sec_author.notes OWNER TO sec_ops;
+\set VERBOSITY default
+REVOKE USAGE ON SCHEMA sec_author FROM sec_ops;
+DROP ROLE sec_ops, sec_su;
+-- What a watch runs and who wrote it are written by rag's functions or a superuser only. A role that writes
+-- every table past its privileges and its policies (pg_write_all_data, BYPASSRLS) rewrote a superuser-owned
+-- table's watch, and the worker ran it as that superuser (helper-97).
+CREATE ROLE sec_all_writer BYPASSRLS IN ROLE pg_write_all_data, pg_read_all_data;
+SET ROLE sec_all_writer;
+\set VERBOSITY terse
+UPDATE rag.watches SET content_expr = 'sec_author.shell(body)::text' WHERE source = 'sec_author.notes'::regclass;
+UPDATE rag.watches SET written_by = 'postgres' WHERE source = 'sec_author.notes'::regclass;
+INSERT INTO rag.watches (source, source_name, collection_id, content_expr, key_columns, written_by)
+SELECT 'sec_author.shell_runs'::regclass, 'sec_author.shell_runs', collection_id, 'ran_as', '{ran_as}', 'postgres'
+  FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
+\set VERBOSITY default
+-- What rag keeps up to date for any caller stays writable.
+UPDATE rag.watches SET source_name = source_name WHERE source = 'sec_author.notes'::regclass;
+RESET ROLE;
+SELECT content_expr, written_by FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
+DROP ROLE sec_all_writer;
 SELECT rag_unwatch('sec_author.notes', drop_documents => true) AS unwatched, rag_drop_collection('author-notes') AS dropped;
 DROP SCHEMA sec_author CASCADE;
 DROP OWNED BY sec_author, sec_etl, sec_shell, sec_heir2;
