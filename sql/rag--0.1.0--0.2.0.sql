@@ -2576,6 +2576,19 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+CREATE OR REPLACE FUNCTION rag._written_by_rag_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
+       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
+                             WHERE e.extname = 'rag') THEN
+        RAISE EXCEPTION 'only rag''s functions or a superuser may write %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Use rag_create_provider, rag_drop_provider, rag_allow_key and rag_disallow_key.';
+    END IF;
+    RETURN NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag._require_direct_use(p_provider text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -7037,6 +7050,13 @@ CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE A
 CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE ON rag.watches
     FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
 ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
+-- Where keys go is written by rag's functions or a superuser only (ingest.sql, rag._written_by_rag_only).
+CREATE TRIGGER providers_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.providers
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
+ALTER TABLE rag.providers ENABLE ALWAYS TRIGGER providers_written_by_rag;
+CREATE TRIGGER key_grants_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.key_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
+ALTER TABLE rag.key_grants ENABLE ALWAYS TRIGGER key_grants_written_by_rag;
 
 -- A restored batch whose id a trigger's batch took goes past every row (watch.sql, rag._row_batch_free_id).
 CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW

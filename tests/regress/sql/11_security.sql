@@ -2014,10 +2014,19 @@ UPDATE rag.watches SET written_by = 'postgres' WHERE source = 'sec_author.notes'
 INSERT INTO rag.watches (source, source_name, collection_id, content_expr, key_columns, written_by)
 SELECT 'sec_author.shell_runs'::regclass, 'sec_author.shell_runs', collection_id, 'ran_as', '{ran_as}', 'postgres'
   FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
+-- Nor may it say where keys go: it pointed every provider at a server of its own, and the worker sent the key
+-- there (helper-98).
+UPDATE rag.providers SET base_url = 'http://127.0.0.1:9/v1';
+INSERT INTO rag.providers (name, kind, base_url, api_key_setting) VALUES ('sec_mine', 'openai', 'http://127.0.0.1:9/v1', 'file:openai');
+INSERT INTO rag.key_grants (api_key_setting, base_url, granted_by) VALUES ('file:openai', 'http://127.0.0.1:9/v1', 'postgres');
+DELETE FROM rag.key_grants;
 \set VERBOSITY default
 -- What rag keeps up to date for any caller stays writable.
 UPDATE rag.watches SET source_name = source_name WHERE source = 'sec_author.notes'::regclass;
 RESET ROLE;
+SELECT count(*) FILTER (WHERE base_url = 'http://127.0.0.1:9/v1') AS redirected,
+       count(*) FILTER (WHERE name = 'sec_mine') AS planted
+  FROM rag.providers;
 SELECT content_expr, written_by FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
 DROP ROLE sec_all_writer;
 SELECT rag_unwatch('sec_author.notes', drop_documents => true) AS unwatched, rag_drop_collection('author-notes') AS dropped;
