@@ -92,9 +92,10 @@ $$;
 
 -- The role whose rights a watch's expressions run with: the owner of the watched table (or p_owner, whom it is
 -- being given to), unless that is a superuser, or a role with a superuser's powers, who did not write them
--- (rag._watch_owner_untrusted), which is refused. Every evaluation of the expressions asks it: rag_watch's check, rag_reindex, rag_watch_status, the
--- worker, the triggers' install (ALTER TABLE … OWNER TO), REASSIGN OWNED, and a filtered INSERT's trigger when
--- it runs as a superuser.
+-- (rag._watch_owner_untrusted), which is refused. Every evaluation of the expressions asks it: rag_watch's
+-- check, rag_reindex, rag_watch_status, the worker, the triggers' install (ALTER TABLE … OWNER TO), REASSIGN
+-- OWNED, and a filtered INSERT's trigger when its function's owner has such powers
+-- (rag._watch_filter_may_run).
 CREATE FUNCTION rag._watch_runs_as(w rag.watches, p_owner oid DEFAULT NULL) RETURNS oid
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
