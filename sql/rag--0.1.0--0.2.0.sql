@@ -5993,7 +5993,7 @@ END $$;
 CREATE OR REPLACE FUNCTION rag._watches_written_by_rag() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (TG_OP = 'INSERT'
+    IF (TG_OP IN ('INSERT', 'DELETE')
         OR ROW(NEW.id, NEW.source, NEW.collection_id, NEW.content_expr, NEW.title_expr, NEW.filter_expr,
                NEW.key_columns, NEW.metadata_columns, NEW.format, NEW.written_by)
            IS DISTINCT FROM ROW(OLD.id, OLD.source, OLD.collection_id, OLD.content_expr, OLD.title_expr,
@@ -6005,7 +6005,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Use rag_watch and rag_unwatch.';
     END IF;
-    RETURN NEW;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._on_alter_table() RETURNS event_trigger
@@ -7047,7 +7047,7 @@ CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE A
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
 -- Only rag's functions or a superuser write what a watch runs and who wrote it (watch.sql,
 -- rag._watches_written_by_rag).
-CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE ON rag.watches
+CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE OR DELETE ON rag.watches
     FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
 ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
 -- Where keys go is written by rag's functions or a superuser only (ingest.sql, rag._written_by_rag_only).

@@ -1864,11 +1864,14 @@ CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE A
 -- security keeps other roles out, but not one with BYPASSRLS and pg_write_all_data, which writes every table
 -- past its privileges: it rewrote a superuser-owned table's watch (or its written_by), and the worker ran its
 -- expression as that superuser (helper-97). Columns rag keeps up to date for any caller (read_columns,
--- source_name) stay writable. A trigger, not a privilege: pg_write_all_data passes every GRANT.
+-- source_name) stay writable. A trigger, not a privilege: pg_write_all_data passes every GRANT. Nor may such a
+-- role delete a watch: its documents then had no watch_id, which the documents' policy lets every reader of the
+-- collection read, rows the table's own policies hid included (helper-98); rag_unwatch, a DROP TABLE (the
+-- sql_drop event trigger) and a dropped collection's cascade all delete as rag's owner.
 CREATE FUNCTION rag._watches_written_by_rag() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (TG_OP = 'INSERT'
+    IF (TG_OP IN ('INSERT', 'DELETE')
         OR ROW(NEW.id, NEW.source, NEW.collection_id, NEW.content_expr, NEW.title_expr, NEW.filter_expr,
                NEW.key_columns, NEW.metadata_columns, NEW.format, NEW.written_by)
            IS DISTINCT FROM ROW(OLD.id, OLD.source, OLD.collection_id, OLD.content_expr, OLD.title_expr,
@@ -1880,9 +1883,9 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Use rag_watch and rag_unwatch.';
     END IF;
-    RETURN NEW;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
 END $$;
-CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE ON rag.watches
+CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE OR DELETE ON rag.watches
     FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
 ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
 

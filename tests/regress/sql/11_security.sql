@@ -2014,6 +2014,9 @@ UPDATE rag.watches SET written_by = 'postgres' WHERE source = 'sec_author.notes'
 INSERT INTO rag.watches (source, source_name, collection_id, content_expr, key_columns, written_by)
 SELECT 'sec_author.shell_runs'::regclass, 'sec_author.shell_runs', collection_id, 'ran_as', '{ran_as}', 'postgres'
   FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
+-- Nor delete a watch: its documents lost their watch, and with it the check of the table's own rules, so every
+-- reader of the collection read rows those rules hid (helper-98).
+DELETE FROM rag.watches WHERE source = 'sec_author.notes'::regclass;
 -- Nor may it say where keys go: it pointed every provider at a server of its own, and the worker sent the key
 -- there (helper-98).
 UPDATE rag.providers SET base_url = 'http://127.0.0.1:9/v1';
