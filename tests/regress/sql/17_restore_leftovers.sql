@@ -481,7 +481,7 @@ CREATE FUNCTION rag._watch_9996(integer) RETURNS integer LANGUAGE sql AS $f$ SEL
 SELECT p.oid::regprocedure AS untouched FROM pg_proc p
  WHERE p.proname IN ('_watch_9998', '_watch_9997', '_watch_9996')
    AND p.prosrc <> rag._watch_body_mark() || E'\n' || 'BEGIN RETURN NULL; END'
- ORDER BY 1::text;
+ ORDER BY p.proname;
 -- An ordinary role's CREATE FUNCTION (in its temporary schema) fires the event trigger too, which then runs none
 -- of rag's internal functions (not the role's to execute).
 SET ROLE leftover_new;
