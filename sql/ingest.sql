@@ -157,30 +157,10 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- Where keys go is written by rag's functions (as rag's owner) or a superuser only. rag.providers and
--- rag.key_grants hold no secret, so every role may read them and no row-level security guards them; their
--- privileges kept other roles out, but pg_write_all_data passes every privilege: such a role pointed every
--- provider at a server of its own (or added a provider naming a key, or a key grant), and the worker sent the
--- key there (helper-98). rag_create_provider's check is the only place that decides where a key may go, so
--- nothing may write these tables around it. A statement trigger: once per statement, whatever it writes.
-CREATE FUNCTION rag._written_by_rag_only() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
-       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
-                             WHERE e.extname = 'rag') THEN
-        RAISE EXCEPTION 'only rag''s functions or a superuser may write %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Use rag_create_provider, rag_drop_provider, rag_allow_key and rag_disallow_key.';
-    END IF;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER providers_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.providers
-    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
-ALTER TABLE rag.providers ENABLE ALWAYS TRIGGER providers_written_by_rag;
-CREATE TRIGGER key_grants_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.key_grants
-    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
-ALTER TABLE rag.key_grants ENABLE ALWAYS TRIGGER key_grants_written_by_rag;
+-- Where keys go is written by rag's functions (as rag's owner) or a superuser only: rag_create_provider's check
+-- is the only place that decides where a key may go, and a role with pg_write_all_data, which passes every
+-- privilege, pointed every provider at a server of its own, and the worker sent the key there (helper-98).
+-- rag._written_by_rag_only guards every table of rag's (security.sql).
 
 -- Raises unless the caller may call the provider directly (rag_embed, rag_models): one that sends an API key
 -- bills every call to that key, and its model list shows the account behind it, so only its creator (or a role

@@ -722,6 +722,11 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'require_privilege_wrapper';
 
+CREATE OR REPLACE FUNCTION rag."_row_batches_policy_kept"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_row_batches_policy_kept_wrapper';
+
 CREATE OR REPLACE FUNCTION rag."_count_latest"(
 	"p_what" TEXT, /* & str */
 	"p_ids" oid[] /* Vec < pg_sys :: Oid > */
@@ -787,6 +792,11 @@ CREATE OR REPLACE FUNCTION rag."_search_rows"(
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'search_rows_wrapper';
+
+CREATE OR REPLACE FUNCTION rag."_written_by_rag_only"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_written_by_rag_only_wrapper';
 
 CREATE OR REPLACE FUNCTION rag."_validate_chunking"(
 	"size" INT, /* i32 */
@@ -2574,19 +2584,6 @@ BEGIN
     END IF;
     DELETE FROM rag.providers p WHERE p.name = rag_drop_provider.name;
     RETURN FOUND;
-END $$;
-
-CREATE OR REPLACE FUNCTION rag._written_by_rag_only() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
-       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
-                             WHERE e.extname = 'rag') THEN
-        RAISE EXCEPTION 'only rag''s functions or a superuser may write %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Use rag_create_provider, rag_drop_provider, rag_allow_key and rag_disallow_key.';
-    END IF;
-    RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION rag._require_direct_use(p_provider text) RETURNS void
@@ -5990,24 +5987,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE FUNCTION rag._watches_written_by_rag() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF (TG_OP IN ('INSERT', 'DELETE')
-        OR ROW(NEW.id, NEW.source, NEW.collection_id, NEW.content_expr, NEW.title_expr, NEW.filter_expr,
-               NEW.key_columns, NEW.metadata_columns, NEW.format, NEW.written_by)
-           IS DISTINCT FROM ROW(OLD.id, OLD.source, OLD.collection_id, OLD.content_expr, OLD.title_expr,
-                                OLD.filter_expr, OLD.key_columns, OLD.metadata_columns, OLD.format, OLD.written_by))
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
-       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
-                             WHERE e.extname = 'rag') THEN
-        RAISE EXCEPTION 'only rag''s functions or a superuser may write what a watch runs, on which table, or who wrote it'
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Use rag_watch and rag_unwatch.';
-    END IF;
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
-END $$;
-
 CREATE OR REPLACE FUNCTION rag._on_alter_table() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -6123,14 +6102,21 @@ BEGIN
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
     END LOOP;
-    -- The same command on rag.row_batches makes its own trigger ORIGIN, which a replay run with
-    -- session_replication_role = replica must fire too (rag._row_batch_free_id).
-    IF 'rag.row_batches'::pg_catalog.regclass = ANY (v_altered)
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_free_id'
-                      AND t.tgenabled = 'O') THEN
-        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
-    END IF;
+    -- The same command on rag's own tables (a restore with --disable-triggers runs it on every table whose
+    -- rows it loads, partitions of rag.chunks included) makes their triggers ORIGIN, which
+    -- session_replication_role = replica skips: a replay run so must still give restored batches free ids
+    -- (rag._row_batch_free_id), and a role allowed to set it wrote rag's tables past their guard
+    -- (rag._written_by_rag_only, security.sql; helper-99). A trigger left disabled stays so.
+    FOR v_replica_table, v_replica_enables IN
+        SELECT t.tgrelid::pg_catalog.regclass::text,
+               string_agg(format('ENABLE ALWAYS TRIGGER %I', t.tgname), ', ' ORDER BY t.tgname)
+          FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+         WHERE t.tgrelid = ANY (v_altered) AND c.relnamespace = 'rag'::pg_catalog.regnamespace
+           AND t.tgname IN ('written_by_rag', 'row_batches_free_id', 'row_batches_policy_kept') AND t.tgenabled = 'O'
+         GROUP BY t.tgrelid
+    LOOP
+        EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
+    END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):
@@ -6723,6 +6709,52 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 
 DO $$
 DECLARE
+    v_table name;
+    v_hint text;
+BEGIN
+    FOR v_table IN
+        SELECT c.relname FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+           AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                            WHERE t.tgrelid = c.oid AND t.tgname = 'written_by_rag')
+         ORDER BY c.relname
+    LOOP
+        v_hint := CASE v_table
+            WHEN 'providers' THEN 'Use rag_create_provider and rag_drop_provider.'
+            WHEN 'key_grants' THEN 'Use rag_allow_key and rag_disallow_key.'
+            WHEN 'watches' THEN 'Use rag_watch, rag_reindex and rag_unwatch.'
+            WHEN 'collections' THEN 'Use rag_create_collection, rag_set_search, rag_set_reranker, '
+                                    'rag_set_embedding_model and rag_drop_collection.'
+            WHEN 'collection_grants' THEN 'Use rag_grant and rag_revoke.'
+            WHEN 'migrations' THEN 'Use rag_set_embedding_model and rag_cancel_embedding_model.'
+            WHEN 'prices' THEN 'Use rag_set_price.'
+            WHEN 'documents' THEN 'Use rag_ingest, rag_ingest_file and rag_delete_document; rag''s worker writes '
+                                  'what they queue.'
+            WHEN 'conversations' THEN 'Use rag_conversation_start and rag_conversation_delete.'
+            ELSE 'rag''s functions and its worker write this table.' END;
+        EXECUTE format('CREATE TRIGGER written_by_rag BEFORE %s ON rag.%I FOR EACH %s '
+                       'EXECUTE FUNCTION rag._written_by_rag_only(%L)',
+                       CASE v_table WHEN 'chunks' THEN 'INSERT OR UPDATE OR DELETE'
+                                    WHEN 'row_batches' THEN 'UPDATE OR DELETE OR TRUNCATE'
+                                    ELSE 'INSERT OR UPDATE OR DELETE OR TRUNCATE' END,
+                       v_table, CASE v_table WHEN 'chunks' THEN 'ROW' ELSE 'STATEMENT' END, v_hint);
+        EXECUTE format('ALTER TABLE rag.%I ENABLE ALWAYS TRIGGER written_by_rag', v_table);
+    END LOOP;
+    -- The queue's policy, for a role that BYPASSRLS lets past it (src/api/written_by_rag.rs); named to fire
+    -- after row_batches_free_id, as the policy is checked after every BEFORE trigger.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_policy_kept') THEN
+        CREATE TRIGGER row_batches_policy_kept BEFORE INSERT ON rag.row_batches
+            FOR EACH ROW EXECUTE FUNCTION rag._row_batches_policy_kept();
+        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_policy_kept;
+    END IF;
+END $$;
+
+DO $$
+DECLARE
     v_trigger name;
 BEGIN
     FOR v_trigger IN SELECT t.evtname FROM pg_catalog.pg_event_trigger t
@@ -7045,18 +7077,6 @@ CREATE EVENT TRIGGER rag_watch_alter ON ddl_command_end
 -- A watch that ends keeps the ledger's older answers from admins (watch.sql, rag._watches_ended).
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
--- Only rag's functions or a superuser write what a watch runs and who wrote it (watch.sql,
--- rag._watches_written_by_rag).
-CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE OR DELETE ON rag.watches
-    FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
-ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
--- Where keys go is written by rag's functions or a superuser only (ingest.sql, rag._written_by_rag_only).
-CREATE TRIGGER providers_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.providers
-    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
-ALTER TABLE rag.providers ENABLE ALWAYS TRIGGER providers_written_by_rag;
-CREATE TRIGGER key_grants_written_by_rag BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON rag.key_grants
-    FOR EACH STATEMENT EXECUTE FUNCTION rag._written_by_rag_only();
-ALTER TABLE rag.key_grants ENABLE ALWAYS TRIGGER key_grants_written_by_rag;
 
 -- A restored batch whose id a trigger's batch took goes past every row (watch.sql, rag._row_batch_free_id).
 CREATE TRIGGER row_batches_free_id BEFORE INSERT ON rag.row_batches FOR EACH ROW

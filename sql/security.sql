@@ -82,6 +82,61 @@ GRANT SELECT ON rag.ledger_daily TO rag_admin;
 GRANT SELECT ON rag.watches, rag.watch_status TO rag_reader;
 GRANT SELECT ON rag.migrations TO rag_reader;
 
+-- Every table of rag's is written by rag's functions (as the tables' owner) or by a superuser only, whatever
+-- privileges and policies the writer passes: pg_write_all_data with BYPASSRLS passes all of them, and such a
+-- role had the worker send keys to its own server, run its expression as a superuser, or show every reader
+-- rows a watched table's own policies hid (src/api/written_by_rag.rs). Every table the extension owns, so that
+-- one added later is guarded too; once per statement, but per row on rag.chunks, whose partitions (tables of
+-- the database, written directly past the parent's statement triggers) take its row triggers, those made
+-- later and those a restore attaches included. The one write other roles make, a watch trigger's insert into
+-- rag.row_batches, has its policy (watch.sql, rag._may_queue_batch). An update from 0.1.0 runs this block too.
+-- A restore with --disable-triggers leaves these triggers ORIGIN; rag._on_alter_table makes them ALWAYS again.
+DO $$
+DECLARE
+    v_table name;
+    v_hint text;
+BEGIN
+    FOR v_table IN
+        SELECT c.relname FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+           AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                            WHERE t.tgrelid = c.oid AND t.tgname = 'written_by_rag')
+         ORDER BY c.relname
+    LOOP
+        v_hint := CASE v_table
+            WHEN 'providers' THEN 'Use rag_create_provider and rag_drop_provider.'
+            WHEN 'key_grants' THEN 'Use rag_allow_key and rag_disallow_key.'
+            WHEN 'watches' THEN 'Use rag_watch, rag_reindex and rag_unwatch.'
+            WHEN 'collections' THEN 'Use rag_create_collection, rag_set_search, rag_set_reranker, '
+                                    'rag_set_embedding_model and rag_drop_collection.'
+            WHEN 'collection_grants' THEN 'Use rag_grant and rag_revoke.'
+            WHEN 'migrations' THEN 'Use rag_set_embedding_model and rag_cancel_embedding_model.'
+            WHEN 'prices' THEN 'Use rag_set_price.'
+            WHEN 'documents' THEN 'Use rag_ingest, rag_ingest_file and rag_delete_document; rag''s worker writes '
+                                  'what they queue.'
+            WHEN 'conversations' THEN 'Use rag_conversation_start and rag_conversation_delete.'
+            ELSE 'rag''s functions and its worker write this table.' END;
+        EXECUTE format('CREATE TRIGGER written_by_rag BEFORE %s ON rag.%I FOR EACH %s '
+                       'EXECUTE FUNCTION rag._written_by_rag_only(%L)',
+                       CASE v_table WHEN 'chunks' THEN 'INSERT OR UPDATE OR DELETE'
+                                    WHEN 'row_batches' THEN 'UPDATE OR DELETE OR TRUNCATE'
+                                    ELSE 'INSERT OR UPDATE OR DELETE OR TRUNCATE' END,
+                       v_table, CASE v_table WHEN 'chunks' THEN 'ROW' ELSE 'STATEMENT' END, v_hint);
+        EXECUTE format('ALTER TABLE rag.%I ENABLE ALWAYS TRIGGER written_by_rag', v_table);
+    END LOOP;
+    -- The queue's policy, for a role that BYPASSRLS lets past it (src/api/written_by_rag.rs); named to fire
+    -- after row_batches_free_id, as the policy is checked after every BEFORE trigger.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_policy_kept') THEN
+        CREATE TRIGGER row_batches_policy_kept BEFORE INSERT ON rag.row_batches
+            FOR EACH ROW EXECUTE FUNCTION rag._row_batches_policy_kept();
+        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_policy_kept;
+    END IF;
+END $$;
+
 -- rag's event triggers fire whatever session_replication_role says: in replica mode (a role a superuser let set
 -- it) a DROP TABLE of a watched table left its watch naming the table's oid, which a dump writes as a bare
 -- number that may name another table after a restore (red team 15).

@@ -1859,36 +1859,6 @@ END $$;
 CREATE TRIGGER watches_ended AFTER DELETE ON rag.watches REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION rag._watches_ended();
 
--- What a watch runs, on which table, and who wrote it are written only by rag's own functions (as rag's owner)
--- or by a superuser (the hint of rag._watch_runs_as asks one to take a watch's expressions on). Row-level
--- security keeps other roles out, but not one with BYPASSRLS and pg_write_all_data, which writes every table
--- past its privileges: it rewrote a superuser-owned table's watch (or its written_by), and the worker ran its
--- expression as that superuser (helper-97). Columns rag keeps up to date for any caller (read_columns,
--- source_name) stay writable. A trigger, not a privilege: pg_write_all_data passes every GRANT. Nor may such a
--- role delete a watch: its documents then had no watch_id, which the documents' policy lets every reader of the
--- collection read, rows the table's own policies hid included (helper-98); rag_unwatch, a DROP TABLE (the
--- sql_drop event trigger) and a dropped collection's cascade all delete as rag's owner.
-CREATE FUNCTION rag._watches_written_by_rag() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF (TG_OP IN ('INSERT', 'DELETE')
-        OR ROW(NEW.id, NEW.source, NEW.collection_id, NEW.content_expr, NEW.title_expr, NEW.filter_expr,
-               NEW.key_columns, NEW.metadata_columns, NEW.format, NEW.written_by)
-           IS DISTINCT FROM ROW(OLD.id, OLD.source, OLD.collection_id, OLD.content_expr, OLD.title_expr,
-                                OLD.filter_expr, OLD.key_columns, OLD.metadata_columns, OLD.format, OLD.written_by))
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
-       AND current_user <> (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e
-                             WHERE e.extname = 'rag') THEN
-        RAISE EXCEPTION 'only rag''s functions or a superuser may write what a watch runs, on which table, or who wrote it'
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Use rag_watch and rag_unwatch.';
-    END IF;
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
-END $$;
-CREATE TRIGGER watches_written_by_rag BEFORE INSERT OR UPDATE OR DELETE ON rag.watches
-    FOR EACH ROW EXECUTE FUNCTION rag._watches_written_by_rag();
-ALTER TABLE rag.watches ENABLE ALWAYS TRIGGER watches_written_by_rag;
-
 -- A watched table that becomes a partition or an inheritance child (ATTACH PARTITION, INHERIT), or stops being
 -- one, gets the triggers its new place needs (rag._watch_trigger_mode): its triggers are made again whenever
 -- they no longer match (not while its set is not whole: a restore makes them itself), or when the table
@@ -2008,14 +1978,21 @@ BEGIN
     LOOP
         EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
     END LOOP;
-    -- The same command on rag.row_batches makes its own trigger ORIGIN, which a replay run with
-    -- session_replication_role = replica must fire too (rag._row_batch_free_id).
-    IF 'rag.row_batches'::pg_catalog.regclass = ANY (v_altered)
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgrelid = 'rag.row_batches'::pg_catalog.regclass AND t.tgname = 'row_batches_free_id'
-                      AND t.tgenabled = 'O') THEN
-        ALTER TABLE rag.row_batches ENABLE ALWAYS TRIGGER row_batches_free_id;
-    END IF;
+    -- The same command on rag's own tables (a restore with --disable-triggers runs it on every table whose
+    -- rows it loads, partitions of rag.chunks included) makes their triggers ORIGIN, which
+    -- session_replication_role = replica skips: a replay run so must still give restored batches free ids
+    -- (rag._row_batch_free_id), and a role allowed to set it wrote rag's tables past their guard
+    -- (rag._written_by_rag_only, security.sql; helper-99). A trigger left disabled stays so.
+    FOR v_replica_table, v_replica_enables IN
+        SELECT t.tgrelid::pg_catalog.regclass::text,
+               string_agg(format('ENABLE ALWAYS TRIGGER %I', t.tgname), ', ' ORDER BY t.tgname)
+          FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+         WHERE t.tgrelid = ANY (v_altered) AND c.relnamespace = 'rag'::pg_catalog.regnamespace
+           AND t.tgname IN ('written_by_rag', 'row_batches_free_id', 'row_batches_policy_kept') AND t.tgenabled = 'O'
+         GROUP BY t.tgrelid
+    LOOP
+        EXECUTE format('ALTER TABLE %s %s', v_replica_table, v_replica_enables);
+    END LOOP;
     -- A table renamed or moved to another schema goes by its new name in its watch and its documents'
     -- "source" (the name is text there: it is what citations show). Only the watches of the tables this
     -- command altered, or of the tables in a schema it altered (ALTER SCHEMA … RENAME names the schema):

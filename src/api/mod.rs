@@ -13,6 +13,7 @@ pub mod roles;
 pub mod search;
 pub mod watch;
 pub mod watch_keys;
+pub mod written_by_rag;
 
 /// The interrupt hook for a provider call made in a user's session: a cancel request or statement_timeout
 /// raises its ERROR from inside the call's wait, like any other statement's.
