@@ -1,5 +1,5 @@
 //! rag's tables are written by rag's own functions (which run as the tables' owner: SECURITY DEFINER entry
-//! points, the worker, foreign keys' actions) or by a superuser, and by nobody else, whatever privileges or
+//! points, foreign keys' actions) or by a superuser (the worker, restores), and by nobody else, whatever privileges or
 //! policies they pass. Privileges and row-level security keep ordinary roles out, but not a role with
 //! `pg_write_all_data` and `BYPASSRLS`, which writes every table past both: it pointed providers at a server
 //! of its own and the worker sent their keys there, it rewrote a superuser's watch for the worker to run as
@@ -71,10 +71,11 @@ pub mod rag {
         })
     }
 
-    /// The guard of every table of rag's (`BEFORE INSERT OR UPDATE OR DELETE`, per statement, or per row on
-    /// `rag.chunks`, whose partitions a role may write directly and which take a row trigger of their
-    /// parent's; optional argument: the hint naming the functions that write the table). Costs a comparison
-    /// and a cached role lookup per call.
+    /// The guard of every table of rag's (`BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE` per statement,
+    /// without INSERT on `rag.row_batches`; `BEFORE INSERT OR UPDATE OR DELETE` per row on `rag.chunks`, whose
+    /// partitions a role may write directly and which take a row trigger of their parent's; optional
+    /// argument: the hint naming the functions that write the table). Costs a comparison and a cached role
+    /// lookup per call; it has no SET clause, so PostgreSQL calls it directly (sql/security.sql).
     #[pg_trigger]
     fn _written_by_rag_only<'a>(
         trigger: &'a PgTrigger<'a>,
@@ -91,13 +92,21 @@ pub mod rag {
     /// keys, for a table their role owns), kept for a role with BYPASSRLS, which PostgreSQL does not hold to
     /// it (`BEFORE INSERT … FOR EACH ROW`, enabled ALWAYS, after `row_batches_free_id`). Such a role queued a
     /// batch due at infinity for another owner's row, and every later change to that row, a redaction
-    /// included, was never indexed: readers were shown the old text (helper-99). Any other role pays a role
-    /// lookup in the cache.
+    /// included, was never indexed: readers were shown the old text (helper-99). Any other role pays two
+    /// role lookups in the cache, and the call through PostgreSQL's handler for functions with a SET clause
+    /// (the check runs SQL, with rag's search_path).
     #[pg_trigger]
     fn _row_batches_policy_kept<'a>(
         trigger: &'a PgTrigger<'a>,
     ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, std::convert::Infallible> {
         let row = trigger.new();
+        // Attached anywhere else (a row DELETE: no NEW), returning no row would skip the write without a word.
+        if row.is_none() {
+            Err::<(), _>(RagError::Internal(
+                "rag._row_batches_policy_kept is a BEFORE INSERT … FOR EACH ROW trigger".into(),
+            ))
+            .unwrap_or_raise();
+        }
         // SAFETY: PostgreSQL called this as a trigger (PgTrigger checked), so its TriggerData is live for the
         // call; has_bypassrls_privilege looks the current user up in the role cache.
         let bypasses = unsafe {

@@ -12,7 +12,8 @@ SELECT p.oid::regprocedure AS function_without_search_path
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag') AND d.deptype = 'e'
    AND d.classid = 'pg_proc'::regclass
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure,
+                   'rag._written_by_rag_only()'::regprocedure)
    AND p.prokind <> 'p'
    AND NOT (NOT p.prosecdef
             AND (p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'rag') AND p.proname LIKE 'rag\_%'

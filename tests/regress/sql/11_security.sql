@@ -491,22 +491,24 @@ DROP FUNCTION public.sec_texteq(text, text), public.btrim(text), public.jsonb_ty
 DROP TABLE public.sec_shadow_log;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 -- Every function of the extension runs with pg_catalog, rag and pg_temp on its path and nothing else (no
--- schema others may create objects in), but the planner support function and the row trigger that gathers a
--- watch's keys, which run no SQL (a SET clause would put every planning of a call to rag, or every row
--- written to a watched table, through the definer call handler), and the entry points'
+-- schema others may create objects in), but the planner support function, the row trigger that gathers a
+-- watch's keys and the guard of rag's tables, which run no SQL (a SET clause would put every planning of a
+-- call to rag, or every row written to a watched table or to rag.chunks, through the definer call handler), and the entry points'
 -- wrappers, which run as their caller with the caller's path and call their body by its schema (00_install
 -- pins their text).
 SELECT count(*) AS functions_with_another_path
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
  WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'rag')
    AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s = 'search_path=pg_catalog, rag, pg_temp')
-   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+   AND p.oid NOT IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure,
+                   'rag._written_by_rag_only()'::regprocedure)
    AND p.prokind <> 'p'  -- rag_await, which may not have a SET clause (00_install)
    AND NOT (NOT p.prosecdef AND p.prosrc LIKE 'SELECT %rag\_definer.' || p.proname || '(%'
             AND p.pronamespace IN ((SELECT extnamespace FROM pg_extension WHERE extname = 'rag'), 'rag'::regnamespace));
 SELECT p.oid::regprocedure AS function, p.proconfig IS NULL AS unconfigured, NOT p.prosecdef AS invoker,
        p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
-  FROM pg_proc p WHERE p.oid IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure)
+  FROM pg_proc p WHERE p.oid IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure,
+                   'rag._written_by_rag_only()'::regprocedure)
  ORDER BY 1;
 
 ------------------------------------------------------------------------------------------------------------
@@ -2049,6 +2051,14 @@ GRANT SELECT ON public.sec_all_rows TO sec_all_reader;
 SELECT rag_grant('sec-all', 'sec_all_reader', 'read') IS NULL AS granted;
 SELECT set_config('sec.all_partition', (SELECT tableoid::regclass::text FROM rag.chunks LIMIT 1), false) IS NOT NULL
        AS partition_known;
+-- Tries a statement on chunks, the partition's name (which holds the collection's id) left out of what it says.
+CREATE FUNCTION pg_temp.sec_try(p_statement text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format(p_statement, current_setting('sec.all_partition'));
+    RETURN 'written';
+EXCEPTION WHEN insufficient_privilege THEN
+    RETURN regexp_replace(SQLERRM, 'chunks_[0-9a-z_]+', 'chunks_N');
+END $$;
 SET ROLE sec_all_writer;
 \set VERBOSITY terse
 UPDATE rag.documents SET watch_id = NULL;
@@ -2058,19 +2068,12 @@ UPDATE rag.migrations SET embedding_provider = embedding_provider;
 DELETE FROM rag.queries;
 DELETE FROM rag.row_batches;
 \set VERBOSITY default
--- Chunks, through the parent and straight to the partition, whose name holds the collection's id.
-CREATE FUNCTION pg_temp.sec_try(p_statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE format(p_statement, current_setting('sec.all_partition'));
-    RETURN 'written';
-EXCEPTION WHEN insufficient_privilege THEN
-    RETURN regexp_replace(SQLERRM, 'chunks_[0-9a-z_]+', 'chunks_N');
-END $$;
+-- Chunks, through the parent and straight to the partition.
 SELECT pg_temp.sec_try(s) AS outcome
   FROM unnest(ARRAY['UPDATE rag.chunks SET document_id = (SELECT min(document_id) FROM rag.chunks)',
                     'DELETE FROM rag.chunks',
                     'UPDATE %1$s SET document_id = (SELECT max(document_id) FROM %1$s)',
-                    'INSERT INTO %1$s SELECT * FROM %1$s']) WITH ORDINALITY AS t(s, n)
+                    'INSERT INTO %1$s OVERRIDING SYSTEM VALUE SELECT * FROM %1$s']) WITH ORDINALITY AS t(s, n)
  ORDER BY n;
 -- BYPASSRLS skips the queue's insert policy, which a trigger keeps: a batch due at infinity for another owner's
 -- row kept every later change to the row, a redaction included, out of the index (helper-99).
