@@ -509,7 +509,7 @@ SELECT p.oid::regprocedure AS function, p.proconfig IS NULL AS unconfigured, NOT
        p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c') AS in_c
   FROM pg_proc p WHERE p.oid IN ('rag._load_library(internal)'::regprocedure, 'rag._watch_key()'::regprocedure,
                    'rag._written_by_rag_only()'::regprocedure)
- ORDER BY 1;
+ ORDER BY p.proname;
 
 ------------------------------------------------------------------------------------------------------------
 -- 7. Keys go only where a superuser allowed them.
