@@ -682,6 +682,10 @@ BEGIN
         EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
                        v_partition || '_pending', v_partition);
         PERFORM rag._hide_statistics(format('rag.%I', v_partition)::regclass);
+        -- Read through rag.chunks, whose policies apply to it; named directly, it shows its rows to rag's owner
+        -- and superusers only: pg_read_all_data, which passes no policy, read hidden rows' text and other
+        -- collections' chunks straight from the partition, which had none (helper-101). A dump keeps it.
+        EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_partition);
         PERFORM rag._ensure_keyword_index(p_collection_id);
         EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
                        p_collection_id);

@@ -1508,6 +1508,10 @@ BEGIN
         EXECUTE format('CREATE INDEX %I ON rag.%I (document_id, ordinal) WHERE embedding IS NULL',
                        v_partition || '_pending', v_partition);
         PERFORM rag._hide_statistics(format('rag.%I', v_partition)::regclass);
+        -- Read through rag.chunks, whose policies apply to it; named directly, it shows its rows to rag's owner
+        -- and superusers only: pg_read_all_data, which passes no policy, read hidden rows' text and other
+        -- collections' chunks straight from the partition, which had none (helper-101). A dump keeps it.
+        EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_partition);
         PERFORM rag._ensure_keyword_index(p_collection_id);
         EXECUTE format('ALTER TABLE rag.chunks ATTACH PARTITION rag.%I FOR VALUES IN (%s)', v_partition,
                        p_collection_id);
@@ -6780,13 +6784,34 @@ DECLARE
 BEGIN
     FOR v_table IN SELECT c.oid FROM pg_catalog.pg_class c
                     WHERE c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relrowsecurity
-                      AND c.relkind IN ('r', 'p') LOOP
+                      AND c.relkind IN ('r', 'p')
+                      -- Not those no policy lets anyone but rag's owner read (below): the worker's plans
+                      -- over its queues keep their statistics, which nobody else is shown.
+                      AND (c.relispartition OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))
+                  LOOP
         PERFORM rag._hide_statistics(v_table);
     END LOOP;
     DELETE FROM pg_catalog.pg_statistic s
      USING pg_catalog.pg_class c, pg_catalog.pg_attribute a
      WHERE c.oid = s.starelid AND a.attrelid = s.starelid AND a.attnum = s.staattnum
        AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND a.attstattarget = 0;
+END $$;
+
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN
+        SELECT c.oid FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+           AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
+           AND NOT c.relrowsecurity AND NOT pg_catalog.has_table_privilege('rag_reader', c.oid, 'SELECT')
+         ORDER BY c.relname
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', v_table);
+    END LOOP;
 END $$;
 
 COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';

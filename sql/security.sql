@@ -165,13 +165,40 @@ DECLARE
 BEGIN
     FOR v_table IN SELECT c.oid FROM pg_catalog.pg_class c
                     WHERE c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relrowsecurity
-                      AND c.relkind IN ('r', 'p') LOOP
+                      AND c.relkind IN ('r', 'p')
+                      -- Not those no policy lets anyone but rag's owner read (below): the worker's plans
+                      -- over its queues keep their statistics, which nobody else is shown.
+                      AND (c.relispartition OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))
+                  LOOP
         PERFORM rag._hide_statistics(v_table);
     END LOOP;
     DELETE FROM pg_catalog.pg_statistic s
      USING pg_catalog.pg_class c, pg_catalog.pg_attribute a
      WHERE c.oid = s.starelid AND a.attrelid = s.starelid AND a.attnum = s.staattnum
        AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND a.attstattarget = 0;
+END $$;
+
+-- The tables no rag role reads (the queues, the chunks set aside while a document is replaced, upkeep's
+-- failures, where keys may go) are read by rag's owner and superusers only, whatever privileges the reader
+-- holds: pg_read_all_data, which does not pass row-level security, read the keys and quoted values of hidden
+-- rows in rag.row_queue and the text of chunks set aside (helper-101). Row-level security without a policy
+-- shows them nobody else, their statistics included (pg_stats hides a table whose security would apply).
+-- rag.chunks' partitions get the same in rag._ensure_partition. An update from 0.1.0 runs this block too.
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN
+        SELECT c.oid FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
+           AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
+           AND NOT c.relrowsecurity AND NOT pg_catalog.has_table_privilege('rag_reader', c.oid, 'SELECT')
+         ORDER BY c.relname
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', v_table);
+    END LOOP;
 END $$;
 
 -- Every entry point that runs as rag's owner is entered through a wrapper of the same name and signature that
