@@ -6719,16 +6719,27 @@ GRANT SELECT ON rag.migrations TO rag_reader;
 DO $$
 DECLARE
     v_table name;
+    v_unread boolean;
     v_hint text;
 BEGIN
-    FOR v_table IN
-        SELECT c.relname FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
+    FOR v_table, v_unread IN
+        SELECT c.relname, NOT c.relrowsecurity AND NOT pg_catalog.has_table_privilege('rag_reader', c.oid, 'SELECT')
+          FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
          WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
            AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
            AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
            AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
          ORDER BY c.relname
     LOOP
+        -- A table no rag role reads (the queues, the chunks set aside while a document is replaced, upkeep's
+        -- failures, where keys may go) is read by rag's owner and superusers only, whatever privileges the
+        -- reader holds: pg_read_all_data, which does not pass row-level security, read the keys and quoted
+        -- values of hidden rows in rag.row_queue and the text of chunks set aside (helper-101). Row-level
+        -- security without a policy shows it nobody else, its statistics included (pg_stats hides a table
+        -- whose security would apply). rag.chunks' partitions get the same in rag._ensure_partition.
+        IF v_unread THEN
+            EXECUTE format('ALTER TABLE rag.%I ENABLE ROW LEVEL SECURITY', v_table);
+        END IF;
         -- A later update finds it made, and makes it ALWAYS again whatever a command of its own left it (its
         -- ALTER TABLEs are the extension's, which rag._on_alter_table leaves alone).
         IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
@@ -6785,7 +6796,7 @@ BEGIN
     FOR v_table IN SELECT c.oid FROM pg_catalog.pg_class c
                     WHERE c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relrowsecurity
                       AND c.relkind IN ('r', 'p')
-                      -- Not those no policy lets anyone but rag's owner read (below): the worker's plans
+                      -- Not those no policy lets anyone but rag's owner read (above): the worker's plans
                       -- over its queues keep their statistics, which nobody else is shown.
                       AND (c.relispartition OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))
                   LOOP
@@ -6795,23 +6806,6 @@ BEGIN
      USING pg_catalog.pg_class c, pg_catalog.pg_attribute a
      WHERE c.oid = s.starelid AND a.attrelid = s.starelid AND a.attnum = s.staattnum
        AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND a.attstattarget = 0;
-END $$;
-
-DO $$
-DECLARE
-    v_table regclass;
-BEGIN
-    FOR v_table IN
-        SELECT c.oid FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
-         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
-           AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-           AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'rag')
-           AND c.relnamespace = 'rag'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p')
-           AND NOT c.relrowsecurity AND NOT pg_catalog.has_table_privilege('rag_reader', c.oid, 'SELECT')
-         ORDER BY c.relname
-    LOOP
-        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', v_table);
-    END LOOP;
 END $$;
 
 COMMENT ON SCHEMA rag_definer IS 'The SECURITY DEFINER bodies of the rag extension''s public functions, called by them';
